@@ -1,0 +1,25 @@
+# Every target creates .venv from requirements.txt when it is missing, so a fresh clone needs only make.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: test study bench clean-venv
+
+$(STAMP): requirements.txt setup.py
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q -r requirements.txt
+	$(BIN)/python -m pip install -q --no-deps -e .
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q tests
+
+study: $(STAMP)
+	$(BIN)/python -m experiments.study --config experiments/configs/study_offline.toml
+
+bench: $(STAMP)
+	$(BIN)/python -m experiments.bench
+
+clean-venv:
+	rm -rf $(VENV)
