@@ -1,0 +1,26 @@
+"""freeze: adaptive layer freezing for data-parallel fine-tuning.
+
+    from freeze import Freezer, split_blocks, make_policy
+    freezer = Freezer(model, split_blocks(model), make_policy("autofreeze", percentile=50))
+"""
+
+from freeze.blocks import Block, BlockError, split_blocks
+from freeze.freezer import Freezer, FreezerCounters
+from freeze.monitor import GradNormMonitor, IntervalStats
+from freeze.policies import POLICIES, Policy, PolicyError, Progress, make_policy, parse_policy
+
+__all__ = [
+    "Block",
+    "BlockError",
+    "Freezer",
+    "FreezerCounters",
+    "GradNormMonitor",
+    "IntervalStats",
+    "POLICIES",
+    "Policy",
+    "PolicyError",
+    "Progress",
+    "make_policy",
+    "parse_policy",
+    "split_blocks",
+]

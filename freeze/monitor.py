@@ -1,0 +1,195 @@
+"""Per-block gradient-norm monitor.
+
+Reads the (already all-reduced) gradients of the active blocks once per optimizer step and keeps,
+per block and per evaluation interval:
+
+* ``summed_grad_norm``: the norm of the gradient SUMMED over the interval, ``||sum_t g_t||``. This is
+  the statistic AutoFreeze and the reference study compare between intervals.
+* ``mean_step_grad_norm``: the mean over the interval's steps of the per-step norm ``||g_t||``.
+
+Per step it only launches foreach kernels: no ``.item()`` and no host sync, so it does not stall a
+CUDA stream. The host sees numbers once per interval, in :meth:`GradNormMonitor.close_interval`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Sequence
+
+import torch
+
+from freeze.blocks import Block
+
+
+@dataclass(frozen=True)
+class IntervalStats:
+    """What the monitor measured over one evaluation interval. ``None`` marks a block that was
+    frozen (not observed) during the interval."""
+
+    index: int  # 0-based interval number
+    epoch: int  # 0-based epoch in which the interval ended
+    end_step: int  # optimizer steps completed when the interval ended
+    steps: int  # optimizer steps observed in the interval
+    boundary: int  # boundary k in force when the interval ended
+    summed_grad_norm: tuple[float | None, ...]
+    mean_step_grad_norm: tuple[float | None, ...]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "IntervalStats":
+        return cls(
+            index=int(d["index"]),
+            epoch=int(d["epoch"]),
+            end_step=int(d["end_step"]),
+            steps=int(d["steps"]),
+            boundary=int(d["boundary"]),
+            summed_grad_norm=tuple(d["summed_grad_norm"]),
+            mean_step_grad_norm=tuple(d["mean_step_grad_norm"]),
+        )
+
+
+def relative_change(prev: IntervalStats, cur: IntervalStats) -> list[float | None]:
+    """eta_l = |G_prev - G_cur| / G_prev per block (AutoFreeze's gradient-norm change).
+
+    ``None`` where either interval did not observe the block or G_prev is zero/non-finite."""
+    out: list[float | None] = []
+    for g_prev, g_cur in zip(prev.summed_grad_norm, cur.summed_grad_norm):
+        if g_prev is None or g_cur is None or not math.isfinite(g_prev) or g_prev <= 0.0:
+            out.append(None)
+        else:
+            out.append(abs(g_prev - g_cur) / g_prev)
+    return out
+
+
+class GradNormMonitor:
+    """Accumulates per-block gradient statistics over intervals; keeps the closed intervals."""
+
+    def __init__(self, blocks: Sequence[Block], track_summed: bool = True):
+        self.blocks = list(blocks)
+        self.track_summed = track_summed
+        self.history: list[IntervalStats] = []
+        self.total_steps = 0
+        self._first_active = 0
+        # Flat parameter list and the block index of each: per-block norms are then one
+        # segment-sum over one foreach norm, whatever the number of blocks.
+        self._params: list[torch.nn.Parameter] = [p for b in self.blocks for p in b.params]
+        self._param_block = [i for i, b in enumerate(self.blocks) for _ in b.params]
+        self._summed: dict[int, torch.Tensor] = {}  # param position -> summed gradient
+        self._norm_sum: torch.Tensor | None = None  # [num_blocks] sum of per-step norms
+        self._block_steps = [0] * len(self.blocks)  # steps each block was observed this interval
+        self._interval_steps = 0
+
+    # ---------------------------------------------------------------- per step
+    def set_first_active(self, first_active: int) -> None:
+        """Blocks before ``first_active`` are frozen: stop observing them and free their sums."""
+        self._first_active = first_active
+        for pos in [pos for pos in self._summed if self._param_block[pos] < first_active]:
+            del self._summed[pos]
+
+    @torch.no_grad()
+    def observe(self) -> None:
+        """Read the current gradients of the active blocks (call once per optimizer step)."""
+        positions = [
+            pos
+            for pos, p in enumerate(self._params)
+            if self._param_block[pos] >= self._first_active and p.grad is not None
+        ]
+        self.total_steps += 1
+        self._interval_steps += 1
+        for b in range(self._first_active, len(self.blocks)):
+            self._block_steps[b] += 1
+        if not positions:
+            return
+        grads = [self._params[pos].grad for pos in positions]
+        device = grads[0].device
+        sq = torch.stack([n.float() for n in torch._foreach_norm(grads)]).square()
+        block_ids = torch.tensor([self._param_block[pos] for pos in positions], device=device)
+        step_sq = torch.zeros(len(self.blocks), device=device).index_add_(0, block_ids, sq)
+        if self._norm_sum is None or self._norm_sum.device != device:
+            self._norm_sum = torch.zeros(len(self.blocks), device=device)
+        self._norm_sum.add_(step_sq.sqrt())
+        if self.track_summed:
+            for pos, g in zip(positions, grads):
+                if pos not in self._summed:
+                    self._summed[pos] = torch.zeros_like(g)
+            torch._foreach_add_([self._summed[pos] for pos in positions], grads)
+
+    # ---------------------------------------------------------------- per interval
+    @torch.no_grad()
+    def close_interval(self, epoch: int, boundary: int) -> IntervalStats:
+        """Turn the running sums into one :class:`IntervalStats` (one host sync) and reset."""
+        num_blocks = len(self.blocks)
+        summed: list[float | None] = [None] * num_blocks
+        mean: list[float | None] = [None] * num_blocks
+        if self.track_summed and self._summed:
+            positions = sorted(self._summed)
+            tensors = [self._summed[pos] for pos in positions]
+            device = tensors[0].device
+            sq = torch.stack([n.float() for n in torch._foreach_norm(tensors)]).square()
+            ids = torch.tensor([self._param_block[pos] for pos in positions], device=device)
+            per_block = torch.zeros(num_blocks, device=device).index_add_(0, ids, sq).sqrt()
+            values = per_block.cpu().tolist()
+            observed = {self._param_block[pos] for pos in positions}
+            summed = [values[b] if b in observed else None for b in range(num_blocks)]
+            torch._foreach_zero_(tensors)
+        if self._norm_sum is not None:
+            sums = self._norm_sum.cpu().tolist()
+            mean = [
+                sums[b] / self._block_steps[b] if self._block_steps[b] > 0 else None
+                for b in range(num_blocks)
+            ]
+            self._norm_sum.zero_()
+        # A block frozen for the whole interval was never observed.
+        for b in range(min(self._first_active, num_blocks)):
+            summed[b] = None
+            mean[b] = None
+        stats = IntervalStats(
+            index=len(self.history),
+            epoch=epoch,
+            end_step=self.total_steps,
+            steps=self._interval_steps,
+            boundary=boundary,
+            summed_grad_norm=tuple(summed),
+            mean_step_grad_norm=tuple(mean),
+        )
+        self.history.append(stats)
+        self._block_steps = [0] * num_blocks
+        self._interval_steps = 0
+        return stats
+
+    @property
+    def interval_steps(self) -> int:
+        return self._interval_steps
+
+    # ---------------------------------------------------------------- state
+    def state_dict(self) -> dict:
+        return {
+            "history": [s.to_dict() for s in self.history],
+            "total_steps": self.total_steps,
+            "first_active": self._first_active,
+            "interval_steps": self._interval_steps,
+            "block_steps": list(self._block_steps),
+            # Partial sums, so a run checkpointed mid-interval resumes with the same statistics.
+            "summed": {pos: t.detach().cpu().clone() for pos, t in self._summed.items()},
+            "norm_sum": None if self._norm_sum is None else self._norm_sum.detach().cpu().clone(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.history = [IntervalStats.from_dict(d) for d in state["history"]]
+        self.total_steps = int(state["total_steps"])
+        self._first_active = int(state["first_active"])
+        self._interval_steps = int(state["interval_steps"])
+        self._block_steps = [int(s) for s in state["block_steps"]]
+        self._summed = {}
+        for pos, t in state["summed"].items():
+            p = self._params[int(pos)]
+            self._summed[int(pos)] = t.to(device=p.device, dtype=p.dtype)
+        norm_sum = state["norm_sum"]
+        if norm_sum is None:
+            self._norm_sum = None
+        else:
+            device = self._params[0].device if self._params else torch.device("cpu")
+            self._norm_sum = norm_sum.to(device)

@@ -1,0 +1,57 @@
+import pytest
+import torchvision
+from torch import nn
+
+from freeze import BlockError, split_blocks
+from tests.tiny_models import TinyNet
+
+
+def test_resnet18_splits_into_stem_residual_blocks_and_head():
+    model = torchvision.models.resnet18(num_classes=10)
+    blocks = split_blocks(model)
+    assert [b.name for b in blocks] == ["stem"] + [f"layer{i}.{j}" for i in range(1, 5) for j in range(2)] + ["fc"]
+    assert sum(b.num_params for b in blocks) == sum(p.numel() for p in model.parameters())
+    assert blocks[0].module_names == ("conv1", "bn1")
+    assert blocks[-1].param_bytes == (512 * 10 + 10) * 4
+
+
+@pytest.mark.parametrize("depth, residual_blocks", [(34, 16), (50, 16)])
+def test_deeper_resnets(depth, residual_blocks):
+    model = getattr(torchvision.models, f"resnet{depth}")()
+    assert len(split_blocks(model)) == residual_blocks + 2
+
+
+def test_children_split_is_the_reference_studys_seven_groups():
+    model = torchvision.models.resnet18()
+    names = [n for n, m in model.named_children() if any(True for _ in m.parameters())]
+    assert names == ["conv1", "bn1", "layer1", "layer2", "layer3", "layer4", "fc"]
+    assert [b.name for b in split_blocks(model, names)] == names
+
+
+def test_generic_model_uses_parameter_owning_children_in_order():
+    blocks = split_blocks(TinyNet())
+    assert [b.name for b in blocks] == ["stem", "block1", "block2", "head"]  # pool/flatten own nothing
+    assert [len(b.batchnorms()) for b in blocks] == [1, 1, 1, 0]
+    assert {n for n, _, _ in blocks[0].buffers()} == {"stem.1.running_mean", "stem.1.running_var", "stem.1.num_batches_tracked"}
+
+
+@pytest.mark.parametrize(
+    "names, message",
+    [
+        (["stem", "nope", "head"], "no module named 'nope'"),
+        (["stem", "block1", "block2"], "belong to no block: head.weight"),
+        (["stem", "stem.0", "block1", "block2", "head"], "claimed by block 'stem' and by block 'stem.0'"),
+        (["stem", "pool", "block1", "block2", "head"], "block 'pool' owns no parameters"),
+    ],
+)
+def test_bad_block_specs_are_one_line_errors(names, message):
+    with pytest.raises(BlockError, match=message) as e:
+        split_blocks(TinyNet(), names)
+    assert "\n" not in str(e.value)
+
+
+def test_multi_module_block():
+    model = nn.Sequential(nn.Linear(2, 3), nn.Linear(3, 3), nn.Linear(3, 1))
+    blocks = split_blocks(model, [["0", "1"], "2"])
+    assert [b.name for b in blocks] == ["0+1", "2"]
+    assert blocks[0].param_names == ("0.weight", "0.bias", "1.weight", "1.bias")

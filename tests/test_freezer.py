@@ -1,0 +1,163 @@
+"""Freezer behaviour in one process (no process group): the same object serves debugging."""
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from freeze import Freezer, make_policy, split_blocks
+from freeze.checkpointing import is_checkpointed
+from tests.tiny_models import TinyNet, global_batch
+
+
+def _step(freezer, optimizer, step, batch=8):
+    x, y = global_batch(step, batch)
+    optimizer.zero_grad(set_to_none=True)
+    loss = F.cross_entropy(freezer.ddp(x), y)
+    loss.backward()
+    freezer.after_backward()
+    optimizer.step()
+    return loss
+
+
+def test_frozen_block_is_frozen_for_real():
+    torch.manual_seed(0)
+    model = TinyNet()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-3)
+    freezer = Freezer(model, split_blocks(model), optimizer=optimizer)
+    _step(freezer, optimizer, 0)
+    assert model.stem[0].weight in optimizer.state  # momentum buffer exists
+    freezer.set_boundary(2)
+    assert model.stem[0].weight not in optimizer.state  # dropped on freezing
+    assert model.stem[0].weight.grad is None and not model.stem[0].weight.requires_grad
+    model.train()  # a plain train() call must not wake frozen BN up
+    stem_bn = model.stem[1]
+    before = copy.deepcopy(model.stem.state_dict())
+    _step(freezer, optimizer, 1)
+    assert not stem_bn.training
+    for k, v in model.stem.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    assert model.block2[1].training  # trainable BN still trains
+    assert freezer.counters.allreduce_bytes_last_step == 0  # single process: nothing on the wire
+    assert freezer.frozen_blocks == ["stem", "block1"]
+    total = sum(p.numel() for p in model.parameters())
+    frozen = sum(p.numel() for p in list(model.stem.parameters()) + list(model.block1.parameters()))
+    assert freezer.frozen_param_fraction == pytest.approx(frozen / total)
+
+
+def test_frozen_prefix_runs_without_autograd_and_grad_mode_is_restored():
+    model = TinyNet()
+    freezer = Freezer(model, split_blocks(model))
+    freezer.set_boundary(2)
+    seen = {}
+    # observed from inside the frozen block (the Freezer's own hooks wrap the block itself)
+    model.block1[0].register_forward_hook(lambda m, a, out: seen.update(prefix=out.grad_fn, mode=torch.is_grad_enabled()))
+    out = model(torch.randn(2, 3, 8, 8))
+    assert seen["prefix"] is None and seen["mode"] is False
+    assert torch.is_grad_enabled() and out.requires_grad
+    # an exception inside the frozen prefix must not leave grad mode disabled
+    with pytest.raises(RuntimeError):
+        model(torch.randn(2, 5, 8, 8))
+    assert torch.is_grad_enabled()
+
+
+def test_unfreezing_restores_training():
+    model = TinyNet()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    freezer = Freezer(model, split_blocks(model), optimizer=optimizer)
+    freezer.set_boundary(3)
+    freezer.set_boundary(0)
+    freezer.train()
+    assert all(p.requires_grad for p in model.parameters())
+    assert model.stem[1].training
+    _step(freezer, optimizer, 0)
+    assert model.stem[0].weight.grad is not None
+
+
+@pytest.mark.parametrize("bad", [-1, 4, 10])
+def test_set_boundary_out_of_range(bad):
+    model = TinyNet()
+    freezer = Freezer(model, split_blocks(model))
+    with pytest.raises(ValueError, match=r"accepted: 0\.\.3"):
+        freezer.set_boundary(bad)
+
+
+def test_grad_checkpointing_matches_plain_backward_including_bn_statistics():
+    torch.manual_seed(0)
+    plain = TinyNet()
+    ckpt = copy.deepcopy(plain)
+    fp = Freezer(plain, split_blocks(plain))
+    fc = Freezer(ckpt, split_blocks(ckpt), grad_checkpointing=True)
+    for f in (fp, fc):
+        f.set_boundary(1)  # the first trainable block follows a frozen prefix (the reentrant-variant bug)
+        f.train()
+    assert is_checkpointed(ckpt.block1) and not is_checkpointed(ckpt.stem)
+    x, y = global_batch(0, 8)
+    for model in (plain, ckpt):
+        F.cross_entropy(model(x), y).backward()
+    for (n, p), q in zip(plain.named_parameters(), ckpt.parameters()):
+        if p.requires_grad:
+            assert q.grad is not None, n
+            torch.testing.assert_close(p.grad, q.grad, msg=n)
+    for (n, b), c in zip(plain.named_buffers(), ckpt.buffers()):
+        assert torch.equal(b, c), f"{n}: BN statistics updated twice under checkpointing"
+
+
+def test_restored_freezer_makes_the_same_next_decision():
+    """Run autofreeze for a few epochs; checkpoint; continue the original and a restored copy."""
+
+    def build(seed=0):
+        torch.manual_seed(seed)
+        model = TinyNet()
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        fr = Freezer(model, split_blocks(model), make_policy("autofreeze", percentile=50), optimizer=opt, epochs=6)
+        return model, opt, fr
+
+    model, opt, freezer = build()
+    step = 0
+    for epoch in range(3):
+        freezer.train()
+        for _ in range(3):
+            _step(freezer, opt, step)
+            step += 1
+        freezer.end_epoch(epoch)
+    saved = {"model": copy.deepcopy(model.state_dict()), "opt": copy.deepcopy(opt.state_dict()), "freezer": freezer.state_dict()}
+
+    model2, opt2, freezer2 = build(seed=1)  # different init: everything must come from the checkpoint
+    model2.load_state_dict(saved["model"])
+    freezer2.load_state_dict(saved["freezer"])
+    opt2.load_state_dict(saved["opt"])
+    assert freezer2.boundary == freezer.boundary
+    boundaries = []
+    for f, m, o in ((freezer, model, opt), (freezer2, model2, opt2)):
+        s = step
+        for epoch in range(3, 6):
+            f.train()
+            for _ in range(3):
+                _step(f, o, s)
+                s += 1
+            f.end_epoch(epoch)
+        boundaries.append([d.boundary_after for d in f.decisions])
+    assert boundaries[0] == boundaries[1]
+    assert freezer.history == freezer2.history
+    for p, q in zip(model.parameters(), model2.parameters()):
+        assert torch.equal(p, q)
+
+
+def test_interval_policy_decides_in_after_step():
+    torch.manual_seed(0)
+    model = TinyNet()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    freezer = Freezer(model, split_blocks(model), make_policy("geometric", alpha=0.5), interval_steps=2)
+    for s in range(4):
+        _step(freezer, opt, s)
+        freezer.after_step()
+    assert len(freezer.history) == 2
+    assert freezer.end_epoch(0) is False  # per-epoch evaluation is off when interval_steps > 0
+
+
+def test_run_length_policies_require_epochs():
+    model = TinyNet()
+    with pytest.raises(ValueError, match="needs the run length"):
+        Freezer(model, split_blocks(model), make_policy("freezeout"))

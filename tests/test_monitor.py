@@ -1,0 +1,72 @@
+import math
+
+import torch
+from torch import nn
+
+from freeze import GradNormMonitor, split_blocks
+from freeze.monitor import IntervalStats, relative_change
+
+
+def _model():
+    return nn.Sequential(nn.Linear(3, 2, bias=False), nn.Linear(2, 2, bias=False), nn.Linear(2, 1, bias=False))
+
+
+def _set_grads(model, grads):
+    for p, g in zip(model.parameters(), grads):
+        p.grad = None if g is None else torch.full_like(p, g)
+
+
+def test_summed_and_mean_norms_match_hand_computation():
+    model = _model()
+    mon = GradNormMonitor(split_blocks(model))
+    _set_grads(model, [1.0, 2.0, 3.0])
+    mon.observe()
+    _set_grads(model, [-1.0, 2.0, 1.0])
+    mon.observe()
+    s = mon.close_interval(epoch=0, boundary=0)
+    n = [6, 4, 2]  # elements per block
+    # block 0: grads cancel -> summed norm 0; mean per-step norm = sqrt(6)
+    assert s.summed_grad_norm[0] == 0.0
+    assert math.isclose(s.mean_step_grad_norm[0], math.sqrt(n[0]), rel_tol=1e-6)
+    assert math.isclose(s.summed_grad_norm[1], 4.0 * math.sqrt(n[1]), rel_tol=1e-6)
+    assert math.isclose(s.summed_grad_norm[2], 4.0 * math.sqrt(n[2]), rel_tol=1e-6)
+    assert math.isclose(s.mean_step_grad_norm[2], 2.0 * math.sqrt(n[2]), rel_tol=1e-6)
+    assert (s.steps, s.end_step, s.index) == (2, 2, 0)
+    # the next interval starts from zero
+    _set_grads(model, [1.0, 1.0, 1.0])
+    mon.observe()
+    s2 = mon.close_interval(epoch=1, boundary=0)
+    assert math.isclose(s2.summed_grad_norm[0], math.sqrt(6), rel_tol=1e-6)
+
+
+def test_frozen_blocks_are_not_observed():
+    model = _model()
+    mon = GradNormMonitor(split_blocks(model))
+    mon.set_first_active(1)
+    _set_grads(model, [5.0, 1.0, 1.0])
+    mon.observe()
+    s = mon.close_interval(epoch=0, boundary=1)
+    assert s.summed_grad_norm[0] is None and s.mean_step_grad_norm[0] is None
+    assert s.summed_grad_norm[1] is not None
+
+
+def test_state_round_trip_mid_interval_gives_identical_statistics():
+    model = _model()
+    mon = GradNormMonitor(split_blocks(model))
+    _set_grads(model, [1.0, 2.0, 3.0])
+    mon.observe()
+    mon.close_interval(0, 0)
+    mon.observe()  # one step into the next interval
+    restored = GradNormMonitor(split_blocks(model))
+    restored.load_state_dict(mon.state_dict())
+    _set_grads(model, [0.5, 0.5, 0.5])
+    mon.observe()
+    restored.observe()
+    assert mon.close_interval(1, 0) == restored.close_interval(1, 0)
+    assert len(restored.history) == 2
+
+
+def test_relative_change():
+    a = IntervalStats(0, 0, 1, 1, 0, (2.0, None, 0.0, 4.0), (0, 0, 0, 0))
+    b = IntervalStats(1, 1, 2, 1, 0, (1.0, 1.0, 1.0, 5.0), (0, 0, 0, 0))
+    assert relative_change(a, b) == [0.5, None, None, 0.25]

@@ -1,0 +1,347 @@
+"""Each policy rule of algorithms.md checked on hand-made monitor histories and schedules."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from freeze.monitor import IntervalStats
+from freeze.policies import (
+    POLICIES,
+    AutoFreeze,
+    CS744Freeze,
+    FreezeOut,
+    GeometricFreeze,
+    GradualUnfreeze,
+    LinearFreeze,
+    PolicyError,
+    Progress,
+    StaticFreeze,
+    make_policy,
+    parse_policy,
+)
+
+PROGRESS = Progress(epoch=3, epochs_total=10, step=400, steps_total=1000)
+
+
+def interval(index: int, norms: list[float | None], boundary: int = 0) -> IntervalStats:
+    return IntervalStats(
+        index=index,
+        epoch=index,
+        end_step=10 * (index + 1),
+        steps=10,
+        boundary=boundary,
+        summed_grad_norm=tuple(norms),
+        mean_step_grad_norm=tuple(norms),
+    )
+
+
+def eta_history(etas: list[float | None], boundary: int = 0) -> list[IntervalStats]:
+    """Two intervals whose relative change per block is exactly ``etas`` (None: block not observed).
+
+    G_prev = 10 and G_cur = 10 * (1 - eta): |10 - 10 (1 - eta)| / 10 is exact for one-decimal etas."""
+    prev = [None if e is None else 10.0 for e in etas]
+    cur = [None if e is None else 10.0 - 10.0 * e for e in etas]
+    return [interval(0, prev, boundary), interval(1, cur, boundary)]
+
+
+def at_fraction(f: float) -> Progress:
+    return Progress(epoch=0, epochs_total=1, step=round(f * 1000), steps_total=1000)
+
+
+def at_epoch(epoch: int, epochs_total: int = 50) -> Progress:
+    return Progress(epoch=epoch, epochs_total=epochs_total, step=0, steps_total=0)
+
+
+def one_line_error(fn, *args, **kwargs) -> str:
+    with pytest.raises(PolicyError) as info:
+        fn(*args, **kwargs)
+    message = str(info.value)
+    assert "\n" not in message and "accepted:" in message
+    return message
+
+
+# ------------------------------------------------------------------------------------ progress
+def test_progress_fraction_by_steps_then_epochs_clipped():
+    assert Progress(epoch=0, epochs_total=4, step=250, steps_total=1000).fraction == 0.25
+    assert Progress(epoch=4, epochs_total=10, step=7, steps_total=0).fraction == 0.5
+    assert Progress(epoch=0, epochs_total=2, step=1500, steps_total=1000).fraction == 1.0
+    with pytest.raises(ValueError, match="epochs_total"):
+        Progress(epoch=0, epochs_total=0, step=0, steps_total=0)
+
+
+# ------------------------------------------------------------------------------------ autofreeze
+def test_autofreeze_freezes_leading_run_below_median_and_stops_at_first_above():
+    # Active etas sorted: 0.05 0.1 0.2 0.3 0.4 0.5 -> median 0.25. Blocks 0, 1 freeze; block 2
+    # (0.5) stops the run, so block 3 stays active although its eta (0.05) is the smallest.
+    history = eta_history([0.1, 0.2, 0.5, 0.05, 0.4, 0.3])
+    assert AutoFreeze().decide(0, history, PROGRESS, 6) == 2
+
+
+def test_autofreeze_other_percentile_and_active_blocks_only():
+    history = eta_history([0.1, 0.2, 0.5, 0.05, 0.4, 0.3])
+    # 25th percentile of 6 values: 0.1 + 0.25 * (0.2 - 0.1) = 0.125 -> only block 0 (0.1) freezes.
+    assert AutoFreeze(percentile=25).decide(0, history, PROGRESS, 6) == 1
+    # Boundary 1: block 0 is frozen (not observed); active etas 0.05 0.2 0.3 0.4 0.5 -> median 0.3,
+    # block 1 (0.2) freezes, block 2 (0.5) stops.
+    frozen0 = eta_history([None, 0.2, 0.5, 0.05, 0.4, 0.3], boundary=1)
+    assert AutoFreeze().decide(1, frozen0, PROGRESS, 6) == 2
+    # A block below the boundary must not enter the percentile even if its eta is in the history:
+    # active etas 0.3 0.4 0.5 0.6 -> p25 = 0.375, block 1 (0.3) freezes; counting block 0's 0.0
+    # would give p25 = 0.3 and block 1 would stay.
+    decisive = eta_history([0.0, 0.3, 0.6, 0.4, 0.5], boundary=1)
+    assert AutoFreeze(percentile=25).decide(1, decisive, PROGRESS, 5) == 2
+
+
+def test_autofreeze_percentile_edges():
+    history = eta_history([0.1, 0.2, 0.3, 0.4, 0.5])
+    # p = 0: threshold is the minimum, nothing is strictly below it.
+    assert AutoFreeze(percentile=0).decide(0, history, PROGRESS, 5) == 0
+    assert AutoFreeze(percentile=0).decide(0, eta_history([0.05, 0.2, 0.3, 0.4, 0.5]), PROGRESS, 5) == 0
+    # p = 100: threshold is the maximum (the head's here): every block but the head freezes.
+    assert AutoFreeze(percentile=100).decide(0, history, PROGRESS, 5) == 4
+    # p = 100 with the maximum in the middle: the run stops there.
+    assert AutoFreeze(percentile=100).decide(0, eta_history([0.1, 0.2, 0.9, 0.4, 0.5]), PROGRESS, 5) == 2
+
+
+def test_autofreeze_never_freezes_head_and_stops_at_undefined_eta():
+    # Head undefined (G_prev = 0): the threshold is block 2's eta 0.9 (p = 100), blocks 0, 1 freeze.
+    history = [interval(0, [10.0, 10.0, 10.0, 0.0]), interval(1, [9.0, 8.0, 1.0, 5.0])]
+    assert AutoFreeze(percentile=100).decide(0, history, PROGRESS, 4) == 2
+    assert AutoFreeze().decide(3, eta_history([None, None, None, 0.0]), PROGRESS, 4) == 3
+    # Block 1 undefined stops the run even though block 2 is far below the threshold.
+    gap = [interval(0, [10.0, 0.0, 10.0, 10.0, 10.0]), interval(1, [9.0, 3.0, 9.5, 1.0, 2.0])]
+    assert AutoFreeze().decide(0, gap, PROGRESS, 5) == 1
+
+
+def test_autofreeze_waits_for_min_intervals_and_uses_last_two():
+    two = eta_history([0.1, 0.2, 0.5, 0.4])
+    assert AutoFreeze().decide(0, two[:1], PROGRESS, 4) == 0
+    assert AutoFreeze(min_intervals=3).decide(0, two, PROGRESS, 4) == 0
+    # An older first interval must be ignored: G 1 -> 10 would give eta 9 for every block.
+    three = [interval(0, [1.0, 1.0, 1.0, 1.0]), two[0], interval(2, list(two[1].summed_grad_norm))]
+    # Last two intervals: G 10 -> 9, 8, 5, 6: etas 0.1 0.2 0.5 0.4 -> median 0.3 -> k = 2.
+    assert AutoFreeze(min_intervals=3).decide(0, three, PROGRESS, 4) == 2
+
+
+def test_gradient_policies_reject_history_of_wrong_width():
+    message = one_line_error(AutoFreeze().decide, 0, eta_history([0.1, 0.2, 0.3]), PROGRESS, 4)
+    assert "num_blocks = 4" in message
+    one_line_error(CS744Freeze().decide, 0, eta_history([0.1, 0.2, 0.3]), PROGRESS, 4)
+
+
+# ------------------------------------------------------------------------------------ cs744
+def test_cs744_freezes_first_block_only_when_it_has_the_smallest_eta():
+    policy = CS744Freeze()
+    assert policy.decide(0, eta_history([0.1, 0.3, 0.2, 0.4]), PROGRESS, 4) == 1
+    # Block 0 is not the minimum (block 2 is): nothing freezes, and block 2 is not frozen either.
+    assert policy.decide(0, eta_history([0.3, 0.4, 0.1, 0.5]), PROGRESS, 4) == 0
+    # Tie with the minimum freezes.
+    assert policy.decide(0, eta_history([0.1, 0.3, 0.1, 0.4]), PROGRESS, 4) == 1
+    # At most one block even when every leading block is smaller than the rest.
+    assert policy.decide(0, eta_history([0.1, 0.1, 0.1, 0.9]), PROGRESS, 4) == 1
+    # Only active blocks compete: block 0 (frozen, eta 0.0 left in history) does not count.
+    assert policy.decide(1, eta_history([0.0, 0.2, 0.3, 0.4], boundary=1), PROGRESS, 4) == 2
+
+
+def test_cs744_never_freezes_head_and_needs_two_intervals():
+    policy = CS744Freeze()
+    assert policy.decide(3, eta_history([None, None, None, 0.1]), PROGRESS, 4) == 3
+    assert policy.decide(0, eta_history([0.1, 0.3, 0.2, 0.4])[:1], PROGRESS, 4) == 0
+    # First active block undefined: no freeze.
+    undefined = [interval(0, [0.0, 10.0, 10.0]), interval(1, [1.0, 9.0, 8.0])]
+    assert policy.decide(0, undefined, PROGRESS, 3) == 0
+
+
+# ------------------------------------------------------------------------------------ freezeout
+@pytest.mark.parametrize(
+    "scale, expected",
+    [
+        ("linear", [0.8, 0.85, 0.9, 0.95, 1.0]),
+        ("squared", [0.64, 0.7225, 0.81, 0.9025, 1.0]),
+        ("cubic", [0.512, 0.614125, 0.729, 0.857375, 1.0]),
+    ],
+)
+def test_freezeout_fractions_per_scaling(scale, expected):
+    assert FreezeOut(t0=0.8, scale=scale).freeze_fractions(5) == pytest.approx(expected, abs=1e-12)
+
+
+@pytest.mark.parametrize(
+    "fraction, k",
+    [(0.0, 0), (0.5, 0), (0.512, 1), (0.6, 1), (0.7, 2), (0.8, 3), (0.9, 4), (1.0, 4)],
+)
+def test_freezeout_cubic_boundary_at_fraction(fraction, k):
+    assert FreezeOut().decide(0, [], at_fraction(fraction), 5) == k
+
+
+def test_freezeout_linear_exact_thresholds_and_monotone():
+    policy = FreezeOut(scale="linear")
+    # 0.85 is block 1's t exactly (computed as 0.8500000000000001): it must freeze on time.
+    assert policy.decide(0, [], at_fraction(0.85), 5) == 2
+    assert policy.decide(0, [], at_fraction(0.849), 5) == 1
+    assert policy.decide(3, [], at_fraction(0.1), 5) == 3
+    assert FreezeOut().freeze_fractions(1) == [1.0]
+    assert FreezeOut().decide(0, [], at_fraction(1.0), 1) == 0
+
+
+# ------------------------------------------------------------------------------------ linear
+@pytest.mark.parametrize(
+    "fraction, level, k",
+    [(0.3, 1.0, 0), (0.5, 1.0, 0), (0.6, 1.0, 2), (0.75, 1.0, 5), (0.95, 1.0, 9), (1.0, 1.0, 9),
+     (0.8, 0.5, 3), (1.0, 0.5, 5)],
+)
+def test_linear_schedule(fraction, level, k):
+    assert LinearFreeze(freeze_start=0.5, freeze_level=level).decide(0, [], at_fraction(fraction), 10) == k
+
+
+def test_linear_never_decreases_and_uses_epochs_without_step_total():
+    assert LinearFreeze().decide(7, [], at_fraction(0.6), 10) == 7
+    # 8 of 10 epochs done -> fraction 0.8 -> (0.8 - 0.5) / 0.5 = 0.6 of 10 blocks.
+    assert LinearFreeze().decide(0, [], at_epoch(7, epochs_total=10), 10) == 6
+
+
+# ------------------------------------------------------------------------------------ geometric
+def test_geometric_count_per_epoch_alpha_third():
+    # floor(10 * (1 - (2/3)^e)): 3.33 5.56 7.04 8.02 8.68 9.12 -> capped at the head (9).
+    counts = [GeometricFreeze().decide(0, [], at_epoch(e), 10) for e in range(8)]
+    assert counts == [3, 5, 7, 8, 8, 9, 9, 9]
+    assert GeometricFreeze(alpha=0.5).decide(0, [], at_epoch(0), 4) == 2
+    assert GeometricFreeze().decide(6, [], at_epoch(0), 10) == 6
+
+
+# ------------------------------------------------------------------- gradual-unfreeze, static, none
+def test_gradual_unfreeze_schedule():
+    policy = GradualUnfreeze(every_epochs=2)
+    boundary = policy.initial_boundary(5)
+    assert boundary == 4
+    seen = []
+    for epoch in range(12):
+        boundary = policy.decide(boundary, [], at_epoch(epoch), 5)
+        seen.append(boundary)
+    assert seen == [4, 3, 3, 2, 2, 1, 1, 0, 0, 0, 0, 0]
+    assert [GradualUnfreeze().decide(4, [], at_epoch(e), 5) for e in range(5)] == [3, 2, 1, 0, 0]
+    # A block already unfrozen is not frozen again when the schedule lags behind the boundary.
+    assert GradualUnfreeze().decide(1, [], at_epoch(0), 5) == 1
+    assert GradualUnfreeze.may_unfreeze and not AutoFreeze.may_unfreeze
+
+
+def test_static_and_none():
+    assert StaticFreeze(k=4).initial_boundary(10) == 4
+    assert StaticFreeze(k=4).decide(4, [], PROGRESS, 10) == 4
+    assert StaticFreeze(k=12).initial_boundary(5) == 4
+    assert StaticFreeze(k=12).decide(4, [], PROGRESS, 5) == 4
+    assert make_policy("none").initial_boundary(5) == 0
+    assert [make_policy("none").decide(0, [], at_epoch(e), 5) for e in range(3)] == [0, 0, 0]
+    message = one_line_error(make_policy, "static", k=-1)
+    assert "'k'" in message and "int >= 0" in message
+
+
+# ------------------------------------------------------------------------------------ every policy
+def test_every_policy_stays_in_range_and_forward_only():
+    history = eta_history([0.1, 0.1, 0.1, 0.1, 0.1])
+    for name, cls in POLICIES.items():
+        policy = cls()
+        for boundary in range(5):
+            for f in (0.0, 0.5, 1.0):
+                k = policy.decide(boundary, history, at_fraction(f), 5)
+                assert 0 <= k <= 4, name
+                assert k >= boundary or cls.may_unfreeze, name
+
+
+def test_flags():
+    assert {n for n, c in POLICIES.items() if c.uses_gradients} == {"autofreeze", "cs744"}
+    assert {n for n, c in POLICIES.items() if c.needs_run_length} == {"freezeout", "linear"}
+    assert {n for n, c in POLICIES.items() if c.may_unfreeze} == {"gradual-unfreeze"}
+    assert set(POLICIES) == {
+        "none", "static", "freezeout", "linear", "geometric", "autofreeze", "cs744", "gradual-unfreeze"
+    }
+
+
+NON_DEFAULT = {
+    "none": {},
+    "static": {"k": 3},
+    "freezeout": {"t0": 0.5, "scale": "squared"},
+    "linear": {"freeze_start": 0.25, "freeze_level": 0.75},
+    "geometric": {"alpha": 0.2},
+    "autofreeze": {"percentile": 30.0, "min_intervals": 4},
+    "cs744": {},
+    "gradual-unfreeze": {"every_epochs": 3},
+}
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_spec_round_trip(name):
+    for params in ({}, NON_DEFAULT[name]):
+        policy = make_policy(name, **params)
+        assert parse_policy(policy.spec()) == policy
+        assert parse_policy(policy.spec()).spec() == policy.spec()
+
+
+def test_spec_strings():
+    assert make_policy("autofreeze", percentile=50).spec() == "autofreeze:percentile=50.0,min_intervals=2"
+    assert parse_policy("none").spec() == "none"
+    assert parse_policy(" static : k = 4 ") == StaticFreeze(k=4)
+    assert parse_policy("freezeout:t0=0.8,scale=cubic") == FreezeOut()
+    assert parse_policy("geometric").alpha == 1.0 / 3.0
+    # Strings and typed values give the same policy; an int for a float parameter becomes a float.
+    assert parse_policy("autofreeze:percentile=50") == make_policy("autofreeze", percentile="50")
+    assert isinstance(make_policy("autofreeze", percentile=50).percentile, float)
+
+
+@pytest.mark.parametrize(
+    "spec, needle",
+    [
+        ("frezeout", "accepted: none, static, freezeout"),
+        ("", "none, static, freezeout"),
+        ("autofreeze:pct=50", "accepted: percentile, min_intervals"),
+        ("none:k=1", "accepted: no parameters"),
+        ("autofreeze:percentile=abc", "accepted: float in [0, 100]"),
+        ("autofreeze:percentile=150", "accepted: float in [0, 100]"),
+        ("autofreeze:percentile=nan", "accepted: float in [0, 100]"),
+        ("autofreeze:min_intervals=1", "accepted: int >= 2"),
+        ("autofreeze:min_intervals=2.5", "accepted: int >= 2"),
+        ("freezeout:scale=quartic", "accepted: one of linear, squared, cubic"),
+        ("freezeout:t0=1.5", "accepted: float in [0, 1]"),
+        ("linear:freeze_start=1", "accepted: float in [0, 1)"),
+        ("geometric:alpha=0", "accepted: float in (0, 1]"),
+        ("gradual-unfreeze:every_epochs=0", "accepted: int >= 1"),
+        ("static:k", "accepted: param=value pairs"),
+        ("static:k=1,k=2", "at most once"),
+    ],
+)
+def test_parse_errors_are_one_line_naming_accepted_values(spec, needle):
+    assert needle in one_line_error(parse_policy, spec)
+
+
+def test_other_error_paths():
+    assert "accepted: float in [0, 100]" in one_line_error(AutoFreeze, percentile=True)
+    assert "'pct'" in one_line_error(make_policy, "autofreeze", pct=50)
+    assert "accepted: 0..3" in one_line_error(AutoFreeze().decide, 4, [], PROGRESS, 4)
+    assert "num_blocks" in one_line_error(FreezeOut().freeze_fractions, 0)
+    assert "accepted: a state_dict written by policy 'static'" in one_line_error(
+        StaticFreeze().load_state_dict, AutoFreeze().state_dict()
+    )
+
+
+# ------------------------------------------------------------------------------------ purity / state
+def test_decisions_are_pure():
+    history = eta_history([0.1, 0.2, 0.5, 0.05, 0.4, 0.3])
+    snapshot = [s.to_dict() for s in history]
+    for name in POLICIES:
+        policy = make_policy(name)
+        first = policy.decide(1, history, PROGRESS, 6)
+        assert policy.decide(1, history, PROGRESS, 6) == first
+        assert make_policy(name).decide(1, history, PROGRESS, 6) == first
+    assert [s.to_dict() for s in history] == snapshot
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_state_dict_round_trip(name):
+    original = make_policy(name, **NON_DEFAULT[name])
+    state = json.loads(json.dumps(original.state_dict()))  # checkpoint-safe plain data
+    restored = make_policy(name)
+    restored.load_state_dict(state)
+    assert restored == original and restored.spec() == original.spec()
+    history = eta_history([0.1, 0.2, 0.5, 0.05, 0.4, 0.3])
+    assert restored.decide(1, history, PROGRESS, 6) == original.decide(1, history, PROGRESS, 6)

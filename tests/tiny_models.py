@@ -1,0 +1,29 @@
+"""Tiny models for engine tests: the structure that matters (conv + BN blocks, a head) at toy size."""
+
+import torch
+from torch import nn
+
+
+class TinyNet(nn.Module):
+    """Four parameter-owning blocks (stem, block1, block2, head) with BatchNorm, plus
+    parameter-free modules in between (pool, flatten) that must not become blocks."""
+
+    def __init__(self, num_classes: int = 5, width: int = 8):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU())
+        self.block1 = nn.Sequential(nn.Conv2d(width, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU())
+        self.block2 = nn.Sequential(nn.Conv2d(width, 2 * width, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(2 * width), nn.ReLU())
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.flatten = nn.Flatten()
+        self.head = nn.Linear(2 * width, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.flatten(self.pool(self.block2(self.block1(self.stem(x))))))
+
+
+def global_batch(step: int, size: int, num_classes: int = 5, hw: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same global batch on every rank for a given step (ranks then take their slice)."""
+    g = torch.Generator().manual_seed(1000 + step)
+    x = torch.randn(size, 3, hw, hw, generator=g)
+    y = torch.randint(0, num_classes, (size,), generator=g)
+    return x, y
