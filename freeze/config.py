@@ -1,0 +1,475 @@
+"""The run configuration: nested frozen dataclasses, TOML in and out, ``section.key=value`` overrides.
+
+A config is data. It is read from one TOML file, changed by command-line overrides, validated once
+here at the edge (:func:`validate`), and written back beside the results with every default spelled
+out (:func:`config_to_toml`), so a run directory alone says exactly what ran.
+
+    config = load_config("experiments/configs/study.toml", ["optim.lr=0.05", "freeze.policy=autofreeze:percentile=50"])
+    config.run_dir()                     # runs/<study>/<name>
+    replace_key(config, "run.seed", 1)   # sweeps
+
+Every bad input raises :class:`ConfigError` with one line naming the dotted key (or the file) and
+what is accepted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import tomllib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Sequence
+
+
+class ConfigError(ValueError):
+    """A config file, override or value that is not accepted; the message is one line."""
+
+    def __init__(self, message: str):
+        super().__init__(" ".join(str(message).splitlines()))
+
+
+@dataclass(frozen=True)
+class Range:
+    """Closed/open bounds of a numeric field, checked by :func:`validate`."""
+
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
+
+    def contains(self, value: float) -> bool:
+        return not (
+            (self.ge is not None and value < self.ge)
+            or (self.gt is not None and value <= self.gt)
+            or (self.le is not None and value > self.le)
+            or (self.lt is not None and value >= self.lt)
+        )
+
+    def describe(self) -> str:
+        low = self.ge if self.ge is not None else self.gt
+        high = self.le if self.le is not None else self.lt
+        if low is not None and high is not None:
+            opening, closing = "[" if self.ge is not None else "(", "]" if self.le is not None else ")"
+            return f"in {opening}{_num(low)}, {_num(high)}{closing}"
+        if low is not None:
+            return f"{'>=' if self.ge is not None else '>'} {_num(low)}"
+        if high is not None:
+            return f"{'<=' if self.le is not None else '<'} {_num(high)}"
+        return ""
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else repr(x)
+
+
+def _f(default: Any, **bounds: float) -> Any:
+    """A dataclass field with a numeric range (``ge``, ``gt``, ``le``, ``lt``)."""
+    return field(default=default, metadata={"range": Range(**bounds)})
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    name: str = "run"
+    study: str = "default"
+    out_dir: str = "runs"
+    seed: int = _f(0, ge=0)
+    group: str = ""  # "" -> the policy spec (see Config.run_group)
+    checkpoint_every_epochs: int = _f(1, ge=1)
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    dataset: Literal["cifar10", "synthetic-source", "synthetic-target"] = "cifar10"
+    root: str = "data"
+    download: bool = False
+    val_size: int = _f(5000, ge=0)  # images held out of the training set
+    train_size: int = _f(0, ge=0)  # 0 = all remaining training images, else the first N after the val split
+    test_size: int = _f(0, ge=0)  # 0 = all
+    augment: bool = True
+    synthetic_train_size: int = _f(20000, ge=1)
+    synthetic_test_size: int = _f(4000, ge=1)
+    synthetic_seed: int = _f(0, ge=0)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    arch: str = "resnet18"  # a torchvision classification model name
+    stem: Literal["imagenet", "cifar"] = "imagenet"
+    weights: str = "none"  # "none", "imagenet", or the path of an existing file
+    # "children" = parameter-owning top-level children (the reference study's 7 groups of a ResNet)
+    blocks: Literal["default", "children"] = "default"
+
+
+@dataclass(frozen=True)
+class FreezeConfig:
+    policy: str = "none"  # a policy spec, e.g. "autofreeze:percentile=50" (freeze.policies.parse_policy)
+    interval_steps: int = _f(0, ge=0)  # 0 = evaluate once per epoch
+    comm_hook: Literal["allreduce", "bf16"] = "allreduce"
+    bucket_cap_mb: float = _f(25.0, gt=0)
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    name: Literal["sgd", "adamw"] = "sgd"
+    lr: float = _f(0.1, gt=0)
+    momentum: float = _f(0.9, ge=0, lt=1)
+    nesterov: bool = False
+    weight_decay: float = _f(1e-4, ge=0)
+    betas: tuple[float, float] = _f((0.9, 0.999), ge=0, lt=1)
+    eps: float = _f(1e-8, gt=0)
+    grad_clip_norm: float = _f(0.0, ge=0)  # 0 = off
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    name: Literal["constant", "step", "cosine", "exponential"] = "constant"
+    warmup_epochs: float = _f(0.0, ge=0)
+    step_size_epochs: int = _f(30, ge=1)
+    gamma: float = _f(0.1, gt=0, le=1)
+    min_lr: float = _f(0.0, ge=0)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    epochs: int = _f(50, ge=1)
+    batch_size: int = _f(64, ge=1)  # per worker per micro-step
+    accumulate_steps: int = _f(1, ge=1)
+    label_smoothing: float = _f(0.0, ge=0, lt=1)
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    grad_checkpointing: bool = False
+    eval_every_epochs: int = _f(1, ge=1)  # the last epoch is always evaluated
+    max_steps_per_epoch: int = _f(0, ge=0)  # 0 = full epoch
+    eval_batch_size: int = _f(256, ge=1)
+
+
+@dataclass(frozen=True)
+class DistConfig:
+    nproc: int = _f(1, ge=1)  # workers run.py starts itself when not under torchrun
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    timeout_s: int = _f(300, ge=1)
+    threads_per_worker: int = _f(0, ge=0)  # 0 = cores / local workers
+
+
+@dataclass(frozen=True)
+class Config:
+    run: RunConfig = field(default_factory=RunConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    freeze: FreezeConfig = field(default_factory=FreezeConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
+
+    def run_dir(self) -> Path:
+        return Path(self.run.out_dir) / self.run.study / self.run.name
+
+    def run_group(self) -> str:
+        """The variant label: runs that differ only in seed share it ("" means the policy spec)."""
+        return self.run.group or self.freeze.policy
+
+
+SECTIONS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Config))
+
+
+def _section_class(section: str) -> type:
+    return typing.get_type_hints(Config)[section]
+
+
+def section_keys(section: str) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(_section_class(section)))
+
+
+# ---------------------------------------------------------------------------------------------
+# dict <-> Config (structure only; types and ranges are checked by validate)
+
+
+def config_to_dict(config: Config) -> dict[str, dict[str, Any]]:
+    """Plain nested dict (tuples become lists), ready for TOML or JSON."""
+    return {
+        section: {
+            key: list(value) if isinstance(value, tuple) else value
+            for key, value in dataclasses.asdict(getattr(config, section)).items()
+        }
+        for section in SECTIONS
+    }
+
+
+def _unknown_key_error(section: str, key: str) -> ConfigError:
+    keys = section_keys(section)
+    close = difflib.get_close_matches(key, keys, n=1)
+    hint = f" (did you mean '{section}.{close[0]}'?)" if close else ""
+    return ConfigError(f"config: unknown key '{section}.{key}'{hint}; keys in [{section}]: {', '.join(keys)}")
+
+
+def _unknown_section_error(section: str) -> ConfigError:
+    close = difflib.get_close_matches(section, SECTIONS, n=1)
+    hint = f" (did you mean [{close[0]}]?)" if close else ""
+    return ConfigError(f"config: unknown section [{section}]{hint}; sections: {', '.join(SECTIONS)}")
+
+
+def _check_table(section: str, values: Any) -> None:
+    if not isinstance(values, dict):
+        keys = ", ".join(section_keys(section))
+        raise ConfigError(f"config: [{section}] must be a table of keys ({keys}), got {_show(values)}")
+
+
+def config_from_dict(data: dict[str, Any]) -> Config:
+    """Build a Config from a nested dict; missing keys take their defaults. Does not validate."""
+    sections = {}
+    for section, values in data.items():
+        if section not in SECTIONS:
+            raise _unknown_section_error(section)
+        _check_table(section, values)
+        keys = section_keys(section)
+        for key in values:
+            if key not in keys:
+                raise _unknown_key_error(section, key)
+        # Lists become tuples so that the frozen dataclass stays hashable and compares by value.
+        sections[section] = _section_class(section)(
+            **{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+        )
+    return Config(**sections)
+
+
+# ---------------------------------------------------------------------------------------------
+# validation
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_show(v) for v in value) + "]"
+    return repr(value)
+
+
+def _check_number(dotted: str, value: Any, kind: type, bounds: Range | None) -> int | float:
+    """Type- and range-check one int or float; ints are accepted (and converted) for floats."""
+    desc = "an integer" if kind is int else "a number"
+    rng = bounds.describe() if bounds else ""
+    expected = f"expected {desc}{' ' + rng if rng else ''}, got {_show(value)}"
+    # bool is a subclass of int: `epochs = true` must not silently mean 1.
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
+        raise ConfigError(f"{dotted}: {expected}")
+    if kind is float:
+        value = float(value)
+        if not math.isfinite(value):
+            raise ConfigError(f"{dotted}: expected a finite number{' ' + rng if rng else ''}, got {_show(value)}")
+    if bounds and not bounds.contains(value):
+        raise ConfigError(f"{dotted}: {expected}")
+    return value
+
+
+def _check_value(dotted: str, value: Any, hint: Any, bounds: Range | None) -> Any:
+    origin = typing.get_origin(hint)
+    if origin is Literal:
+        accepted = typing.get_args(hint)
+        if not isinstance(value, str) or value not in accepted:
+            raise ConfigError(f"{dotted}: {_show(value)} is not accepted; accepted: {', '.join(accepted)}")
+        return value
+    if origin is tuple:
+        args = typing.get_args(hint)
+        rng = f" {bounds.describe()}" if bounds else ""
+        if not isinstance(value, (list, tuple)) or len(value) != len(args):
+            raise ConfigError(f"{dotted}: expected a list of {len(args)} numbers{rng}, got {_show(value)}")
+        try:
+            return tuple(_check_number(dotted, v, a, bounds) for v, a in zip(value, args))
+        except ConfigError:
+            raise ConfigError(f"{dotted}: expected a list of {len(args)} numbers{rng}, got {_show(value)}") from None
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{dotted}: expected true or false, got {_show(value)}")
+        return value
+    if hint is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{dotted}: expected a string, got {_show(value)}")
+        return value
+    if hint in (int, float):
+        return _check_number(dotted, value, hint, bounds)
+    raise TypeError(f"{dotted}: no validation rule for annotation {hint!r}")
+
+
+def _check_path_component(dotted: str, value: str) -> None:
+    # run.name and run.study become directory names under run.out_dir.
+    if not value or value in (".", "..") or "/" in value or "\\" in value:
+        raise ConfigError(f"{dotted}: expected a non-empty name without '/' (it names a directory), got {_show(value)}")
+
+
+def _check_arch(arch: str) -> None:
+    import torchvision  # deferred: importing this module must stay cheap
+
+    names = torchvision.models.list_models(module=torchvision.models)
+    if arch not in names:
+        close = difflib.get_close_matches(arch, names, n=3)
+        hint = f"; closest: {', '.join(close)}" if close else ""
+        raise ConfigError(
+            f"model.arch: {arch!r} is not accepted; accepted: a torchvision classification model name "
+            f"({len(names)} names, e.g. resnet18, resnet50, mobilenet_v3_small; "
+            f"see torchvision.models.list_models(module=torchvision.models)){hint}"
+        )
+
+
+def _check_weights(weights: str, check_files: bool) -> None:
+    if weights in ("none", "imagenet") or not check_files:
+        return
+    accepted = "(accepted: none, imagenet, or a path to a weights file)"
+    path = Path(weights)
+    if not path.exists():
+        raise ConfigError(f"model.weights: file {weights!r} does not exist {accepted}")
+    if not path.is_file():
+        raise ConfigError(f"model.weights: {weights!r} is not a file {accepted}")
+
+
+def _check_policy(spec: str) -> None:
+    # Imported here: freeze.policies may import heavier modules, and config must load without them.
+    from freeze.policies import parse_policy
+
+    try:
+        parse_policy(spec)
+    except ValueError as err:
+        message = str(err)
+        raise ConfigError(message if message.startswith("freeze.policy") else f"freeze.policy: {message}") from None
+
+
+def validate(config: Config, check_files: bool = True) -> Config:
+    """Check every value of ``config``; return it normalized (ints in float fields become floats).
+
+    ``check_files=False`` skips the existence check of ``model.weights``, for reading a finished
+    run directory on a machine that does not have the weights file.
+    """
+    normalized = {}
+    for section in SECTIONS:
+        cls = _section_class(section)
+        hints = typing.get_type_hints(cls, include_extras=False)
+        values = {}
+        for f in dataclasses.fields(cls):
+            value = getattr(getattr(config, section), f.name)
+            values[f.name] = _check_value(f"{section}.{f.name}", value, hints[f.name], f.metadata.get("range"))
+        normalized[section] = cls(**values)
+    config = Config(**normalized)
+
+    _check_path_component("run.name", config.run.name)
+    _check_path_component("run.study", config.run.study)
+    if not config.run.out_dir:
+        raise ConfigError("run.out_dir: expected a non-empty directory path, got ''")
+    if config.optim.nesterov and config.optim.name == "sgd" and config.optim.momentum == 0:
+        # torch.optim.SGD would refuse this only when the optimizer is built, inside every worker.
+        raise ConfigError("optim.nesterov: true requires optim.momentum > 0, got optim.momentum = 0")
+    _check_weights(config.model.weights, check_files)
+    _check_arch(config.model.arch)
+    _check_policy(config.freeze.policy)
+    return config
+
+
+# ---------------------------------------------------------------------------------------------
+# loading, overrides, writing
+
+
+def _parse_override_value(text: str) -> Any:
+    """A TOML value when ``text`` is one (0.05, true, [0.9, 0.95], "x"), else the text itself."""
+    try:
+        parsed = tomllib.loads(f"value = {text}")
+    except tomllib.TOMLDecodeError:
+        return text
+    # "1\nother = 2" parses too, but is not one value.
+    return parsed["value"] if set(parsed) == {"value"} else text
+
+
+def apply_override(data: dict[str, dict[str, Any]], override: str) -> None:
+    """Apply one ``section.key=value`` to a nested dict in place (split at the first '=')."""
+    dotted, sep, text = override.partition("=")
+    dotted = dotted.strip()
+    section, dot, key = dotted.partition(".")
+    if not sep or not dot or not section or not key:
+        raise ConfigError(f"override {override!r}: expected section.key=value, e.g. optim.lr=0.05")
+    if section not in SECTIONS:
+        raise _unknown_section_error(section)
+    if key not in section_keys(section):
+        raise _unknown_key_error(section, key)
+    value = _parse_override_value(text.strip())
+    hint = typing.get_type_hints(_section_class(section))[key]
+    if (hint is str or typing.get_origin(hint) is Literal) and not isinstance(value, str):
+        # run.name=123 or run.name=true means the name "123"/"true", not a type error.
+        value = text.strip()
+    data.setdefault(section, {})[key] = value
+
+
+def load_config(
+    path: str | Path | None, overrides: Sequence[str] = (), check_files: bool = True
+) -> Config:
+    """Read a TOML file (None: all defaults), apply ``section.key=value`` overrides, validate."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise ConfigError(f"config: file '{path}' does not exist") from None
+        except (IsADirectoryError, PermissionError, UnicodeDecodeError) as err:
+            raise ConfigError(f"config: cannot read '{path}' as a UTF-8 text file: {err}") from None
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as err:
+            # The tomllib message ends with "(at line L, column C)".
+            raise ConfigError(f"config: '{path}' is not valid TOML: {err}") from None
+    for section, values in data.items():
+        if section in SECTIONS:
+            _check_table(section, values)  # before overrides write keys into it
+    for override in overrides:
+        apply_override(data, override)
+    return validate(config_from_dict(data), check_files=check_files)
+
+
+def replace_key(config: Config, dotted: str, value: Any) -> Config:
+    """A copy of ``config`` with one dotted key changed (for sweeps); validated."""
+    section, dot, key = dotted.partition(".")
+    if not dot:
+        raise ConfigError(f"config: expected a dotted key such as optim.lr, got {dotted!r}")
+    if section not in SECTIONS:
+        raise _unknown_section_error(section)
+    if key not in section_keys(section):
+        raise _unknown_key_error(section, key)
+    data = config_to_dict(config)
+    data[section][key] = value
+    return validate(config_from_dict(data))
+
+
+_TOML_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        # repr is the shortest string that round-trips exactly; inf/nan are spelled as TOML spells them.
+        return repr(value)
+    if isinstance(value, str):
+        out = []
+        for ch in value:
+            if ch in _TOML_ESCAPES:
+                out.append(_TOML_ESCAPES[ch])
+            elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+                out.append(f"\\u{ord(ch):04x}")
+            else:
+                out.append(ch)
+        return '"' + "".join(out) + '"'
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"config_to_toml: cannot write a value of type {type(value).__name__}: {value!r}")
+
+
+def config_to_toml(config: Config) -> str:
+    """The resolved config as TOML, every key written out; ``load_config`` of it gives it back."""
+    lines = ["# Resolved config: every key written out (freeze.config.config_to_toml)."]
+    for section, values in config_to_dict(config).items():
+        lines.append("")
+        lines.append(f"[{section}]")
+        lines.extend(f"{key} = {_toml_value(value)}" for key, value in values.items())
+    return "\n".join(lines) + "\n"

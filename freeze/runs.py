@@ -1,0 +1,376 @@
+"""The run directory: config.toml, manifest.json, metrics.jsonl, checkpoint.pt, log.txt.
+
+Everything a run leaves behind goes through here, and every file that a crash could leave half
+written is written atomically (temp file in the same directory, fsync, rename, fsync of the
+directory), so after a kill the directory holds either the old or the new version of each file.
+metrics.jsonl is the exception: it only grows, one fsynced line per epoch, and a half-written last
+line is dropped on read.
+
+A run whose manifest says "complete" is never overwritten; a run that has metrics or a checkpoint
+is continued only on request (``resume=True``) and only with the identical config.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import platform
+import subprocess
+import tempfile
+import tomllib
+import zipfile
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Iterator, Literal
+
+import torch
+
+RunStatus = Literal["absent", "running", "complete", "failed"]
+_MANIFEST_STATUSES = ("running", "complete", "failed")
+
+
+class RunError(RuntimeError):
+    """A run directory that cannot be used as asked; the message is one line."""
+
+
+def now_iso() -> str:
+    """Local time with its UTC offset, to the second: 2025-01-31T14:05:09+01:00."""
+    return datetime.now().astimezone().isoformat(timespec="seconds")
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+# ---------------------------------------------------------------------------------------------
+# atomic writes
+
+
+def _fsync_dir(directory: Path) -> None:
+    # The rename is durable only once the directory entry itself is on disk.
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _temp_in(path: Path) -> tuple[int, Path]:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.fchmod(fd, 0o644)  # mkstemp makes 0600; results are meant to be read by others
+    return fd, Path(tmp)
+
+
+def _commit(tmp: Path, path: Path) -> None:
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    path = Path(path)
+    fd, tmp = _temp_in(path)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        _commit(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_json(path: str | Path, obj: Any) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2) + "\n")
+
+
+def save_checkpoint(obj: Any, path: str | Path) -> None:
+    """torch.save ``obj`` to ``path`` atomically: a crash mid-save leaves the previous file intact."""
+    path = Path(path)
+    fd, tmp = _temp_in(path)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        _commit(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def load_checkpoint(path: str | Path, map_location: Any = "cpu", weights_only: bool = False) -> Any:
+    """Load a checkpoint written by :func:`save_checkpoint`.
+
+    ``weights_only`` defaults to False because these are files this package wrote into its own run
+    directory, holding RNG and policy state that torch's restricted unpickler rejects; pass True
+    for a file of unknown origin.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise RunError(f"checkpoint {path} does not exist")
+    try:
+        return torch.load(path, map_location=map_location, weights_only=weights_only)
+    except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError, OSError) as err:
+        # torch's messages run on for several sentences; the first one says what went wrong.
+        detail = _one_line(str(err)).split(". ")[0] or type(err).__name__
+        raise RunError(
+            f"checkpoint {path} cannot be loaded (truncated or corrupt?): {detail}; "
+            "delete it to start the run from scratch"
+        ) from None
+
+
+# ---------------------------------------------------------------------------------------------
+# the run directory
+
+
+def _flatten(data: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict):
+            yield from _flatten(value, dotted + ".")
+        else:
+            yield dotted, value
+
+
+def first_differing_key(old_toml: str, new_toml: str) -> tuple[str, Any, Any] | None:
+    """(dotted key, old value, new value) of the first key that differs, or None if equal as data."""
+    old = dict(_flatten(tomllib.loads(old_toml)))
+    new = dict(_flatten(tomllib.loads(new_toml)))
+    missing = object()
+    for key in list(old) + [k for k in new if k not in old]:
+        if old.get(key, missing) != new.get(key, missing):
+            return key, old.get(key), new.get(key)
+    return None
+
+
+class RunDir:
+    """One run directory: runs/<study>/<run-name>/."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.config_path = self.path / "config.toml"
+        self.manifest_path = self.path / "manifest.json"
+        self.metrics_path = self.path / "metrics.jsonl"
+        self.checkpoint_path = self.path / "checkpoint.pt"
+        self.log_path = self.path / "log.txt"
+
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.path)!r})"
+
+    def has_progress(self) -> bool:
+        """True when the run has trained at least something (a metrics line or a checkpoint)."""
+        metrics_size = self.metrics_path.stat().st_size if self.metrics_path.is_file() else 0
+        return metrics_size > 0 or self.checkpoint_path.exists()
+
+    def status(self) -> RunStatus:
+        """"absent" when no manifest exists; else the manifest's status.
+
+        "running" also describes a run whose process was killed: nothing marks the run as
+        stopped. Resuming it is the way to find out.
+        """
+        if not self.manifest_path.exists():
+            return "absent"
+        status = self.read_manifest().get("status")
+        if status not in _MANIFEST_STATUSES:
+            raise RunError(f"{self.manifest_path}: status {status!r} is not one of {', '.join(_MANIFEST_STATUSES)}")
+        return status
+
+    def create(self, config_toml: str, manifest: dict[str, Any], resume: bool) -> None:
+        """Start (or, with ``resume``, continue) the run: write config.toml and a "running" manifest.
+
+        On resume the original start_time is kept; the caller's other manifest fields win.
+        """
+        status = self.status()
+        if status == "complete":
+            raise RunError(f"run {self.path} is complete; it is never overwritten: choose another run.name")
+        if self.has_progress() and not resume:
+            raise RunError(
+                f"run {self.path} already has metrics or a checkpoint (status {status}); "
+                "pass --resume to continue it, or choose another run.name"
+            )
+        previous: dict[str, Any] = {}
+        if resume and self.config_path.exists():
+            self._check_same_config(config_toml)
+            if status != "absent":
+                previous = self.read_manifest()
+        self.path.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(self.config_path, config_toml)
+        record = {**previous, **manifest, "status": "running", "error": None, "end_time": None}
+        record["start_time"] = previous.get("start_time") or manifest.get("start_time") or now_iso()
+        atomic_write_json(self.manifest_path, record)
+
+    def _check_same_config(self, config_toml: str) -> None:
+        stored = self.config_path.read_text(encoding="utf-8")
+        if stored == config_toml:
+            return
+        try:
+            diff = first_differing_key(stored, config_toml)
+        except tomllib.TOMLDecodeError as err:
+            raise RunError(f"cannot resume {self.path}: {self.config_path} is not valid TOML: {err}") from None
+        if diff is None:
+            return  # same data, different formatting
+        key, old, new = diff
+        raise RunError(
+            f"cannot resume {self.path} with a different config: {key} was {old!r}, now {new!r}; "
+            "resume with the stored config, or choose another run.name"
+        )
+
+    # --- manifest
+
+    def read_manifest(self) -> dict[str, Any]:
+        try:
+            text = self.manifest_path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise RunError(f"{self.manifest_path} does not exist") from None
+        try:
+            manifest = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise RunError(f"{self.manifest_path} is not valid JSON: {err}") from None
+        if not isinstance(manifest, dict):
+            raise RunError(f"{self.manifest_path}: expected a JSON object, got {type(manifest).__name__}")
+        return manifest
+
+    def update_manifest(self, **fields: Any) -> dict[str, Any]:
+        manifest = {**self.read_manifest(), **fields}
+        atomic_write_json(self.manifest_path, manifest)
+        return manifest
+
+    def finish(self, status: Literal["complete", "failed"], error: str | None = None) -> dict[str, Any]:
+        if status not in ("complete", "failed"):
+            raise ValueError(f"finish: status {status!r} is not accepted; accepted: complete, failed")
+        return self.update_manifest(
+            status=status, end_time=now_iso(), error=None if error is None else _one_line(error)
+        )
+
+    # --- metrics
+
+    def append_metrics(self, record: dict[str, Any]) -> None:
+        """Append one JSON line and fsync it: the newline marks the record as complete."""
+        line = (json.dumps(record, separators=(",", ":")) + "\n").encode("utf-8")
+        if self.metrics_path.exists():
+            # A crash may have left a torn last line; appending after it would bury it mid-file.
+            _, valid_bytes = self._scan_metrics()
+            if valid_bytes < self.metrics_path.stat().st_size:
+                with open(self.metrics_path, "r+b") as f:
+                    f.truncate(valid_bytes)
+        with open(self.metrics_path, "ab") as f:
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
+
+    def read_metrics(self) -> list[dict[str, Any]]:
+        """All complete metric records; a half-written last line (no newline, or not JSON) is dropped."""
+        if not self.metrics_path.exists():
+            return []
+        return self._scan_metrics()[0]
+
+    def _scan_metrics(self) -> tuple[list[dict[str, Any]], int]:
+        """(complete records, byte length of the prefix that holds them)."""
+        data = self.metrics_path.read_bytes()
+        # The last element after split is the text after the final newline: never a complete record.
+        lines = data.split(b"\n")
+        complete, tail = lines[:-1], lines[-1]
+        records: list[dict[str, Any]] = []
+        valid_bytes = 0
+        for number, raw in enumerate(complete, start=1):
+            if raw.strip():
+                try:
+                    record = json.loads(raw)
+                except (json.JSONDecodeError, UnicodeDecodeError) as err:
+                    if number == len(complete) and not tail.strip(b"\0 \t\r"):
+                        break  # torn final line, e.g. zero-filled blocks after a crash
+                    raise RunError(f"{self.metrics_path}: line {number} is not valid JSON: {err}") from None
+                if not isinstance(record, dict):
+                    raise RunError(f"{self.metrics_path}: line {number} is not a JSON object")
+                records.append(record)
+            valid_bytes += len(raw) + 1
+        return records, valid_bytes
+
+    def truncate_metrics(self, num_epochs: int) -> list[dict[str, Any]]:
+        """Keep only the records of epochs < ``num_epochs`` (atomic rewrite); used on resume."""
+        records = self.read_metrics()
+        for record in records:
+            if not isinstance(record.get("epoch"), int):
+                raise RunError(f"{self.metrics_path}: a record has no integer 'epoch': {str(record)[:120]}")
+        kept = [r for r in records if r["epoch"] < num_epochs]
+        if self.metrics_path.exists():
+            atomic_write_text(self.metrics_path, "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in kept))
+        return kept
+
+
+# ---------------------------------------------------------------------------------------------
+# environment
+
+
+_REPO_DIR = Path(__file__).resolve().parent.parent
+
+
+def _git(*args: str) -> str | None:
+    try:
+        done = subprocess.run(
+            ["git", *args], cwd=_REPO_DIR, capture_output=True, text=True, timeout=10, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def git_commit() -> str | None:
+    """HEAD of the repository this package lives in, "+dirty" when tracked files changed."""
+    # Without this check an installed copy in site-packages would report an unrelated outer repo.
+    if not (_REPO_DIR / ".git").exists():
+        return None
+    commit = _git("rev-parse", "HEAD")
+    if not commit:
+        return None
+    changes = _git("status", "--porcelain", "--untracked-files=no")
+    return commit + "+dirty" if changes else commit
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def _version(module: str) -> str | None:
+    try:
+        return __import__(module).__version__
+    except ImportError:
+        return None
+
+
+def environment_info(device: str | None = None) -> dict[str, Any]:
+    """git_commit, versions and hardware for the manifest.
+
+    ``device`` is the device the run uses ("cpu" or "cuda"); by default, cuda when one is visible.
+    """
+    gpus = []
+    if torch.cuda.is_available():
+        gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return {
+        "git_commit": git_commit(),
+        "versions": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "torchvision": _version("torchvision"),
+            "numpy": _version("numpy"),
+        },
+        "hardware": {
+            "cpu": _cpu_name(),
+            "cores": os.cpu_count(),
+            "gpus": gpus,
+            "device": device or ("cuda" if gpus else "cpu"),
+        },
+    }
