@@ -1,0 +1,230 @@
+"""Read run directories (the contract in freeze/runs.py) into plain Python + pandas objects.
+
+report/ never imports the training code: a run directory is the only interface, so a report can be
+rebuilt from copied results on a machine without torch. Every contract violation raises
+:class:`ReportInputError` with one line naming the file (and line) at fault.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+# Phases summed per epoch in metrics.jsonl; "eval" is logged but is not part of epoch_wall_s.
+PHASE_NAMES = ("data", "forward", "backward", "optimizer", "freezer", "eval")
+STATUSES = ("running", "complete", "failed")
+
+_MANIFEST_KEYS = {
+    "group": str,
+    "policy": str,
+    "seed": int,
+    "world_size": int,
+    "status": str,
+    "epochs_planned": int,
+    "epochs_done": int,
+    "block_names": list,
+}
+# Metric keys the report reads; the other contract keys are carried along when present.
+_METRIC_KEYS = (
+    "epoch",
+    "boundary",
+    "frozen_param_fraction",
+    "val_acc",
+    "test_acc",
+    "epoch_wall_s",
+    "cumulative_wall_s",
+    "phase_s",
+    "allreduce_bytes",
+    "grad_norm",
+)
+_OPTIONAL_SCALARS = (
+    "step",
+    "lr",
+    "boundary_during",
+    "train_loss",
+    "train_acc",
+    "val_loss",
+    "test_loss",
+    "allreduce_bytes_per_step",
+    "rewraps",
+    "rewrap_s",
+)
+
+
+class ReportInputError(ValueError):
+    """A run directory (or the report's arguments) breaks the contract; the message is one line."""
+
+
+@dataclass(frozen=True, eq=False)
+class Run:
+    """One run directory: its manifest, its config (display only) and its per-epoch metrics."""
+
+    run_dir: Path
+    manifest: dict
+    config: dict
+    metrics: pd.DataFrame  # one row per completed epoch, phase times as phase_<name>_s columns
+    eta: np.ndarray  # epochs x blocks, NaN where the log has null
+
+    @property
+    def name(self) -> str:
+        return str(self.manifest.get("run_name") or self.run_dir.name)
+
+    @property
+    def group(self) -> str:
+        return self.manifest["group"]
+
+    @property
+    def policy(self) -> str:
+        return self.manifest["policy"]
+
+    @property
+    def seed(self) -> int:
+        return self.manifest["seed"]
+
+    @property
+    def world_size(self) -> int:
+        return self.manifest["world_size"]
+
+    @property
+    def status(self) -> str:
+        return self.manifest["status"]
+
+    @property
+    def block_names(self) -> list[str]:
+        return [str(b) for b in self.manifest["block_names"]]
+
+    @property
+    def incomplete_reason(self) -> str | None:
+        """Why this run must stay out of every mean, or None for a finished run."""
+        done, planned = self.manifest["epochs_done"], self.manifest["epochs_planned"]
+        if self.status != "complete":
+            error = self.manifest.get("error")
+            return f"{self.status}: {error}" if error else self.status
+        if done < planned:
+            return f"epochs_done {done} < epochs_planned {planned}"
+        if len(self.metrics) < planned:
+            return f"metrics.jsonl has {len(self.metrics)} of {planned} epochs"
+        return None
+
+    @property
+    def is_complete(self) -> bool:
+        return self.incomplete_reason is None
+
+
+def find_run_dirs(runs_dir: Path) -> list[Path]:
+    """Every directory below ``runs_dir`` (itself included) holding a manifest.json, sorted."""
+    return sorted(p.parent for p in Path(runs_dir).rglob("manifest.json") if p.is_file())
+
+
+def load_runs(runs_dir: str | Path) -> list[Run]:
+    runs_dir = Path(runs_dir)
+    if not runs_dir.is_dir():
+        raise ReportInputError(f"runs directory not found: {runs_dir}")
+    run_dirs = find_run_dirs(runs_dir)
+    if not run_dirs:
+        raise ReportInputError(f"no run directories (a folder with manifest.json) found under {runs_dir}")
+    return [load_run(d) for d in run_dirs]
+
+
+def load_run(run_dir: Path) -> Run:
+    manifest = read_manifest(run_dir / "manifest.json")
+    metrics, eta = read_metrics(run_dir / "metrics.jsonl", n_blocks=len(manifest["block_names"]))
+    return Run(run_dir, manifest, read_config(run_dir / "config.toml"), metrics, eta)
+
+
+def read_manifest(path: Path) -> dict:
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ReportInputError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ReportInputError(f"{path}: cannot read ({exc})") from None
+    if not isinstance(manifest, dict):
+        raise ReportInputError(f"{path}: expected a JSON object, got {type(manifest).__name__}")
+    for key, kind in _MANIFEST_KEYS.items():
+        value = manifest.get(key)
+        # bool is an int subclass; a seed of true is still a broken manifest.
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise ReportInputError(f"{path}: key '{key}' must be {kind.__name__}, got {value!r}")
+    if manifest["status"] not in STATUSES:
+        raise ReportInputError(f"{path}: status {manifest['status']!r} is not one of {', '.join(STATUSES)}")
+    return manifest
+
+
+def read_config(path: Path) -> dict:
+    """The resolved config, for display only; a run without one is still reportable."""
+    if not path.is_file():
+        return {}
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ReportInputError(f"{path}: not valid TOML ({exc})") from None
+
+
+def read_metrics(path: Path, n_blocks: int) -> tuple[pd.DataFrame, np.ndarray]:
+    """Parse metrics.jsonl; a run that died before its first epoch may have none (empty frame)."""
+    rows: list[dict] = []
+    eta_rows: list[list[float]] = []
+    if path.is_file():
+        lines = path.read_text(encoding="utf-8").splitlines()
+        for line_no, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            row, eta = _parse_metrics_line(line, f"{path}:{line_no}", n_blocks)
+            if rows and row["epoch"] <= rows[-1]["epoch"]:
+                raise ReportInputError(
+                    f"{path}:{line_no}: epoch {row['epoch']:g} does not follow epoch {rows[-1]['epoch']:g} "
+                    "(lines must be in epoch order)"
+                )
+            rows.append(row)
+            eta_rows.append(eta)
+    columns = ["epoch", *_OPTIONAL_SCALARS, *[k for k in _METRIC_KEYS if k not in ("epoch", "phase_s", "grad_norm")]]
+    columns += [f"phase_{name}_s" for name in PHASE_NAMES]
+    frame = pd.DataFrame(rows, columns=columns).astype(float).astype({"epoch": int})
+    eta = np.array(eta_rows, dtype=float).reshape(len(eta_rows), n_blocks)
+    return frame, eta
+
+
+def _parse_metrics_line(line: str, where: str, n_blocks: int) -> tuple[dict, list[float]]:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ReportInputError(f"{where}: malformed metrics line ({exc.msg} at column {exc.colno})") from None
+    if not isinstance(record, dict):
+        raise ReportInputError(f"{where}: malformed metrics line (expected a JSON object)")
+    missing = [k for k in _METRIC_KEYS if k not in record]
+    if missing:
+        raise ReportInputError(f"{where}: malformed metrics line (missing keys: {', '.join(missing)})")
+    row = {"epoch": _number(record["epoch"], "epoch", where, nullable=False)}
+    for key in _METRIC_KEYS:
+        if key not in ("epoch", "phase_s", "grad_norm"):
+            row[key] = _number(record[key], key, where, nullable=key in ("val_acc", "test_acc"))
+    for key in _OPTIONAL_SCALARS:
+        row[key] = _number(record.get(key), key, where, nullable=True)
+    phase_s = record["phase_s"]
+    if not isinstance(phase_s, dict):
+        raise ReportInputError(f"{where}: malformed metrics line (phase_s must be an object)")
+    for name in PHASE_NAMES:
+        row[f"phase_{name}_s"] = _number(phase_s.get(name), f"phase_s.{name}", where, nullable=name == "eval")
+    eta = record["grad_norm"].get("eta") if isinstance(record["grad_norm"], dict) else None
+    if not isinstance(eta, list) or len(eta) != n_blocks:
+        raise ReportInputError(
+            f"{where}: malformed metrics line "
+            f"(grad_norm.eta must be a list of {n_blocks} numbers or nulls, one per block)"
+        )
+    return row, [_number(v, "grad_norm.eta", where, nullable=True) for v in eta]
+
+
+def _number(value, key: str, where: str, nullable: bool) -> float:
+    if value is None and nullable:
+        return math.nan
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        accepted = "a number or null" if nullable else "a number"
+        raise ReportInputError(f"{where}: malformed metrics line ({key} must be {accepted}, got {value!r})")
+    return float(value)

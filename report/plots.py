@@ -1,0 +1,162 @@
+"""Run directories -> PNG figures (matplotlib's Agg canvas; no pyplot, so no display and no global state).
+
+Only complete runs are drawn, the same runs the tables average. A group's line is the mean over its
+seeds and its band spans min..max over seeds, so one bad seed stays visible.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+from matplotlib import colormaps
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from report.load import Run
+from report.tables import PHASE_COLUMNS, GroupKey, complete_groups
+
+_DPI = 110
+_STACKED_PHASES = ("data", "forward", "backward", "optimizer", "freezer")
+
+
+def _label(key: GroupKey, multi_world_size: bool) -> str:
+    group, world_size = key
+    return f"{group} ({world_size} workers)" if multi_world_size else group
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_") or "group"
+
+
+def _per_epoch(members: list[Run], column: str) -> np.ndarray:
+    """seeds x epochs, NaN-padded when seeds ran different numbers of epochs."""
+    n_epochs = max(len(r.metrics) for r in members)
+    out = np.full((len(members), n_epochs), np.nan)
+    for i, run in enumerate(members):
+        out[i, : len(run.metrics)] = run.metrics[column].to_numpy(dtype=float)
+    return out
+
+
+def _mean_min_max(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    # NaN propagates on purpose: an epoch some seed did not evaluate is skipped rather than drawn as a
+    # mean over fewer seeds, which would make the line jump between different subsets.
+    return values.mean(axis=0), values.min(axis=0), values.max(axis=0)
+
+
+def _draw_band(ax, x: np.ndarray, values: np.ndarray, label: str) -> None:
+    mean, low, high = _mean_min_max(values)
+    ok = np.isfinite(mean) & np.isfinite(x)
+    line = ax.plot(x[ok], mean[ok], marker="o", markersize=3, label=label)[0]
+    if len(values) > 1:
+        ax.fill_between(x[ok], low[ok], high[ok], color=line.get_color(), alpha=0.2, linewidth=0)
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=_DPI)
+    return path
+
+
+def plot_accuracy_vs_epoch(groups: dict[GroupKey, list[Run]], path: Path) -> Path:
+    fig = Figure(figsize=(7, 4.5))
+    ax = fig.add_subplot()
+    multi = len({ws for _, ws in groups}) > 1
+    for key, members in groups.items():
+        acc = 100 * _per_epoch(members, "test_acc")
+        _draw_band(ax, np.arange(1, acc.shape[1] + 1, dtype=float), acc, _label(key, multi))
+    ax.set_xlabel("epoch (1 = after the first epoch)")
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_title("Test accuracy per epoch (mean over seeds, band = min..max)")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    return _save(fig, path)
+
+
+def plot_accuracy_vs_time(groups: dict[GroupKey, list[Run]], path: Path) -> Path:
+    fig = Figure(figsize=(7, 4.5))
+    ax = fig.add_subplot()
+    multi = len({ws for _, ws in groups}) > 1
+    for key, members in groups.items():
+        minutes, _, _ = _mean_min_max(_per_epoch(members, "cumulative_wall_s") / 60)
+        _draw_band(ax, minutes, 100 * _per_epoch(members, "test_acc"), _label(key, multi))
+    ax.set_xlabel("cumulative training wall time (min, no eval; mean over seeds)")
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_title("Test accuracy vs training time (band = min..max over seeds)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    return _save(fig, path)
+
+
+def plot_freeze_boundary(groups: dict[GroupKey, list[Run]], path: Path) -> Path:
+    fig = Figure(figsize=(7, 4.5))
+    ax = fig.add_subplot()
+    multi = len({ws for _, ws in groups}) > 1
+    for key, members in groups.items():
+        boundary = _per_epoch(members, "boundary")
+        _draw_band(ax, np.arange(1, boundary.shape[1] + 1, dtype=float), boundary, _label(key, multi))
+    ax.set_xlabel("epoch (1 = after the first epoch)")
+    ax.set_ylabel("frozen leading blocks k (end of epoch)")
+    ax.set_title("Freeze boundary per epoch (mean over seeds, band = min..max)")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    return _save(fig, path)
+
+
+def plot_eta_heatmap(key: GroupKey, run: Run, path: Path) -> Path:
+    """Per-block eta over epochs for one run; grey cells are null (frozen, or no previous interval)."""
+    eta = np.ma.masked_invalid(run.eta.T)  # blocks x epochs
+    fig = Figure(figsize=(max(6.5, 0.35 * eta.shape[1] + 3), max(3.5, 0.3 * eta.shape[0] + 2.0)))
+    ax = fig.add_subplot()
+    vmax = float(eta.max()) if eta.count() else 1.0
+    image = ax.imshow(eta, aspect="auto", interpolation="nearest", vmin=0.0, vmax=vmax or 1.0,
+                      cmap=colormaps["viridis"].with_extremes(bad="lightgrey"),
+                      extent=(0.5, eta.shape[1] + 0.5, eta.shape[0] - 0.5, -0.5))
+    ax.set_yticks(range(len(run.block_names)), run.block_names, fontsize="small")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("epoch (1 = first epoch)")
+    ax.set_ylabel("block (input at top)")
+    ax.set_title(f"{key[0]} ({key[1]} workers), seed {run.seed}\n"
+                 "eta = |G_prev - G_cur| / G_prev; grey = null (frozen or undefined)", fontsize="small")
+    fig.colorbar(image, ax=ax, label="eta (unitless)")
+    return _save(fig, path)
+
+
+def plot_phase_times(groups: dict[GroupKey, list[Run]], path: Path) -> Path:
+    fig = Figure(figsize=(max(6.0, 1.2 * len(groups) + 3), 4.5))
+    ax = fig.add_subplot()
+    multi = len({ws for _, ws in groups}) > 1
+    x = np.arange(len(groups))
+    bottom = np.zeros(len(groups))
+    for phase in _STACKED_PHASES:
+        seconds = np.array([np.mean([r.metrics[PHASE_COLUMNS[phase]].mean() for r in m]) for m in groups.values()])
+        ax.bar(x, seconds, bottom=bottom, label=phase)
+        bottom += seconds
+    ax.set_xticks(x, [_label(key, multi) for key in groups], rotation=20, ha="right", fontsize="small")
+    ax.set_xlabel("group")
+    ax.set_ylabel("seconds per epoch (mean over epochs and seeds)")
+    ax.set_title("Per-epoch phase times (backward includes communication; no eval)")
+    ax.legend(fontsize="small")
+    ax.grid(axis="y", alpha=0.3)
+    return _save(fig, path)
+
+
+def write_plots(runs: list[Run], out_dir: Path) -> dict[str, Path]:
+    """All figures for the complete runs; returns file name -> path (nothing when none is complete)."""
+    groups = complete_groups(runs)
+    if not groups:
+        return {}
+    out_dir = Path(out_dir)
+    paths = [
+        plot_accuracy_vs_epoch(groups, out_dir / "accuracy_vs_epoch.png"),
+        plot_accuracy_vs_time(groups, out_dir / "accuracy_vs_time.png"),
+        plot_freeze_boundary(groups, out_dir / "freeze_boundary.png"),
+        plot_phase_times(groups, out_dir / "phase_times.png"),
+    ]
+    for key, members in groups.items():
+        paths.append(plot_eta_heatmap(key, members[0], out_dir / f"eta_{_slug(key[0])}_ws{key[1]}.png"))
+    return {p.name: p for p in paths}

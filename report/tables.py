@@ -1,0 +1,407 @@
+"""Run directories -> the study's tables (raw numbers for CSV, formatted strings for md/tex).
+
+Rules that every table follows, because they decide what a number means:
+* only complete runs enter a mean; the others are listed in the incomplete-runs table;
+* accuracy is the LAST epoch's test accuracy, never the best epoch's (choosing the best epoch on the
+  test set is selection on the test set);
+* comparisons are made within one world size, against the baseline group's runs of that size.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from report.load import ReportInputError, Run
+
+GroupKey = tuple[str, int]  # (group, world_size)
+PHASE_COLUMNS = {  # table phase name -> metrics column; total is epoch_wall_s (no eval)
+    "data": "phase_data_s",
+    "forward": "phase_forward_s",
+    "backward": "phase_backward_s",
+    "optimizer": "phase_optimizer_s",
+    "freezer": "phase_freezer_s",
+    "total": "epoch_wall_s",
+}
+NA = "n/a"
+
+
+@dataclass(frozen=True, eq=False)
+class Table:
+    name: str  # file stem: main, static_sweep, phases, incomplete
+    title: str
+    caption: str  # one line: what the numbers are and how many runs back them
+    data: pd.DataFrame  # full-precision values, written to CSV
+    display: pd.DataFrame  # formatted strings, written to markdown and LaTeX
+    align: tuple[str, ...]  # "l" or "r" per display column
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Baseline:
+    group: str | None  # None: no baseline, comparison columns are omitted
+    note: str
+
+
+def complete_groups(runs: list[Run]) -> dict[GroupKey, list[Run]]:
+    """Complete runs by (group, world_size), sorted; each seed at most once per group."""
+    groups: dict[GroupKey, list[Run]] = {}
+    for run in runs:
+        if run.is_complete:
+            groups.setdefault((run.group, run.world_size), []).append(run)
+    for (group, world_size), members in groups.items():
+        members.sort(key=lambda r: (r.seed, r.name))
+        for a, b in zip(members, members[1:]):
+            if a.seed == b.seed:
+                raise ReportInputError(
+                    f"group {group!r} (world_size {world_size}) has two complete runs with seed {a.seed}: "
+                    f"{a.run_dir} and {b.run_dir}"
+                )
+    return dict(sorted(groups.items()))
+
+
+def resolve_baseline(runs: list[Run], baseline: str | None) -> Baseline:
+    if baseline is not None:
+        known = sorted({r.group for r in runs})
+        if baseline not in known:
+            raise ReportInputError(f"--baseline {baseline!r} is not a group of these runs; groups: {', '.join(known)}")
+        return Baseline(baseline, f"baseline: group {baseline!r} (--baseline)")
+    candidates = sorted({r.group for r in runs if r.is_complete and r.policy == "none"})
+    if not candidates:
+        return Baseline(None, "no complete group with policy 'none': comparison columns omitted "
+                              "(choose one with --baseline GROUP)")
+    chosen = "none" if "none" in candidates else candidates[0]
+    others = [c for c in candidates if c != chosen]
+    extra = f"; other policy-none groups not used: {', '.join(others)}" if others else ""
+    return Baseline(chosen, f"baseline: group {chosen!r} (policy none){extra}")
+
+
+def final_test_acc(run: Run) -> float:
+    value = float(run.metrics["test_acc"].iloc[-1])
+    if math.isnan(value):
+        raise ReportInputError(
+            f"{run.run_dir / 'metrics.jsonl'}: last epoch has test_acc null; the final epoch must be evaluated"
+        )
+    return value
+
+
+def mean_ci95(values: list[float]) -> tuple[float, float]:
+    """Mean and 95% CI half-width (Student t, n-1 dof); the half-width is NaN for n < 2."""
+    n = len(values)
+    if n == 0:
+        return math.nan, math.nan
+    mean = float(np.mean(values))
+    if n < 2:
+        return mean, math.nan
+    return mean, float(stats.t.ppf(0.975, n - 1) * np.std(values, ddof=1) / math.sqrt(n))
+
+
+def compare_seeds(row: dict[int, float], base: dict[int, float]) -> tuple[float, str]:
+    """p-value and test name: paired over shared seeds when >= 2 pairs, else Welch, else n/a."""
+    shared = sorted(row.keys() & base.keys())
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        # Identical samples give p = NaN with a precision warning; NaN is shown as n/a.
+        warnings.simplefilter("ignore", RuntimeWarning)
+        if len(shared) >= 2:
+            return float(stats.ttest_rel([row[s] for s in shared], [base[s] for s in shared]).pvalue), "paired"
+        if len(row) >= 2 and len(base) >= 2:
+            return float(stats.ttest_ind(list(row.values()), list(base.values()), equal_var=False).pvalue), "welch"
+    return math.nan, NA
+
+
+def time_to_target_s(run: Run, target_val_acc: float) -> float | None:
+    """First cumulative training wall time at which val accuracy reached the target, else None."""
+    hits = run.metrics[run.metrics["val_acc"] >= target_val_acc]
+    return float(hits["cumulative_wall_s"].iloc[0]) if len(hits) else None
+
+
+def _per_run_mean(runs: list[Run], column: str) -> float:
+    """Mean over seeds of each run's mean over epochs."""
+    return float(np.mean([r.metrics[column].mean() for r in runs])) if runs else math.nan
+
+
+def _ratio(numerator: float, denominator: float) -> float:
+    ok = all(math.isfinite(v) and v > 0 for v in (numerator, denominator))
+    return numerator / denominator if ok else math.nan
+
+
+def _fmt(value: float, spec: str, suffix: str = "") -> str:
+    return format(value, spec) + suffix if math.isfinite(value) else NA
+
+
+def _fmt_acc(mean: float, half: float) -> str:
+    return f"{_fmt(100 * mean, '.2f')} ± {_fmt(100 * half, '.2f')}"
+
+
+def _fmt_p(p: float) -> str:
+    if not math.isfinite(p):
+        return NA
+    return "<0.0001" if p < 1e-4 else f"{p:.4f}"
+
+
+def main_table(runs: list[Run], baseline: Baseline, target_fraction: float) -> Table:
+    groups = complete_groups(runs)
+    compare = baseline.group is not None
+    rows = []
+    for (group, world_size), members in groups.items():
+        row = _main_row(members)
+        if compare:
+            base_runs = groups.get((baseline.group, world_size))
+            row.update(_comparison(members, row, base_runs, target_fraction))
+        rows.append(row)
+    columns = [  # header, alignment, formatter of one raw row
+        ("group", "l", lambda r: r["group"]),
+        ("workers", "r", lambda r: str(r["world_size"])),
+        ("policy", "l", lambda r: r["policy"]),
+        ("n", "r", lambda r: str(r["n_runs"])),
+        ("test acc % (final epoch)", "r", lambda r: _fmt_acc(r["test_acc_mean"], r["test_acc_ci95"])),
+    ]
+    if compare:
+        columns += [
+            ("diff vs baseline (points)", "r",
+             lambda r: "—" if r["test"] == "baseline" else _fmt(r["diff_points"], "+.2f")),
+            ("p", "r", lambda r: "—" if r["test"] == "baseline" else _fmt_p(r["p_value"])),
+            ("test", "l", lambda r: r["test"]),
+        ]
+    columns.append(("train time (min)", "r", lambda r: _fmt(r["wall_min"], ".2f")))
+    if compare:
+        columns += [
+            ("speedup", "r", lambda r: _fmt(r["speedup"], ".2f", "x")),
+            (f"time to {target_fraction:g} x baseline val acc (min)", "r", _fmt_time_to_target),
+            ("reached", "r",
+             lambda r: f"{r['ttt_reached']}/{r['n_runs']}" if math.isfinite(r["ttt_target_val_acc"]) else NA),
+        ]
+    columns += [
+        ("all-reduced (GB)", "r", lambda r: _fmt(r["allreduce_gb"], ".3f")),
+        ("frozen param fraction", "r", lambda r: _fmt(r["frozen_fraction"], ".3f")),
+    ]
+    display = pd.DataFrame([[fmt(r) for _, _, fmt in columns] for r in rows], columns=[c[0] for c in columns])
+    notes = [baseline.note]
+    missing = sorted({ws for _, ws in groups} - {ws for g, ws in groups if g == baseline.group})
+    if compare and missing:
+        notes.append(f"no complete baseline runs with world_size {', '.join(map(str, missing))}: comparisons n/a there")
+    n_runs, n_incomplete = sum(map(len, groups.values())), sum(not r.is_complete for r in runs)
+    caption = (
+        f"Main results: {n_runs} complete runs in {len(groups)} groups ({n_incomplete} incomplete "
+        f"{'run' if n_incomplete == 1 else 'runs'} excluded, listed separately); accuracy is the final-epoch test "
+        "accuracy (mean ± 95% CI half-width over seeds, Student t), never the best epoch; train time is training "
+        "wall time without evaluation; time to target is the first cumulative train time at which val accuracy "
+        f"reaches {target_fraction:g} x the baseline's mean final val accuracy (mean over seeds, only when all "
+        "reached)."
+    )
+    align = tuple(c[1] for c in columns)
+    return Table("main", "Main results", caption, pd.DataFrame(rows), display, align, tuple(notes))
+
+
+def _main_row(members: list[Run]) -> dict:
+    """The numbers of one (group, world_size) that need no baseline."""
+    acc_by_seed = {r.seed: final_test_acc(r) for r in members}
+    acc_mean, acc_half = mean_ci95(list(acc_by_seed.values()))
+    return {
+        "group": members[0].group,
+        "world_size": members[0].world_size,
+        "policy": members[0].policy,
+        "n_runs": len(members),
+        "seeds": " ".join(str(s) for s in acc_by_seed),
+        "test_acc_mean": acc_mean,
+        "test_acc_ci95": acc_half,
+        "wall_min": float(np.mean([r.metrics["cumulative_wall_s"].iloc[-1] for r in members])) / 60,
+        "allreduce_gb": float(np.mean([r.metrics["allreduce_bytes"].sum() / 1e9 for r in members])),
+        "frozen_fraction": _per_run_mean(members, "frozen_param_fraction"),
+    }
+
+
+def _comparison(members: list[Run], row: dict, base_runs: list[Run] | None, target_fraction: float) -> dict:
+    """Difference, test, speedup and time to target against the baseline runs of the same world size."""
+    if not base_runs:
+        return {"baseline_group": "", "diff_points": math.nan, "p_value": math.nan, "test": NA,
+                "speedup": math.nan, "ttt_target_val_acc": math.nan, "ttt_min": math.nan, "ttt_reached": 0}
+    base_acc = {r.seed: final_test_acc(r) for r in base_runs}
+    if members[0].group == base_runs[0].group:
+        p_value, test = math.nan, "baseline"
+    else:
+        p_value, test = compare_seeds({r.seed: final_test_acc(r) for r in members}, base_acc)
+    base_wall_min = float(np.mean([r.metrics["cumulative_wall_s"].iloc[-1] for r in base_runs])) / 60
+    target = target_fraction * float(np.mean([r.metrics["val_acc"].iloc[-1] for r in base_runs]))
+    times = [time_to_target_s(r, target) for r in members] if math.isfinite(target) else []
+    reached = [t for t in times if t is not None]
+    return {
+        "baseline_group": base_runs[0].group,
+        "diff_points": 100 * (row["test_acc_mean"] - float(np.mean(list(base_acc.values())))),
+        "p_value": p_value,
+        "test": test,
+        "speedup": _ratio(base_wall_min, row["wall_min"]),
+        "ttt_target_val_acc": target,
+        "ttt_min": float(np.mean(reached)) / 60 if reached and len(reached) == len(members) else math.nan,
+        "ttt_reached": len(reached),
+    }
+
+
+def _fmt_time_to_target(row: dict) -> str:
+    if not math.isfinite(row["ttt_target_val_acc"]):
+        return NA  # no baseline runs at this world size, or the baseline logged no val accuracy
+    return "not reached" if row["ttt_reached"] < row["n_runs"] else _fmt(row["ttt_min"], ".2f")
+
+
+def static_k(policy: str) -> int | None:
+    """k of a "static:k=K" spec, 0 for "none", None for any other policy."""
+    if policy == "none":
+        return 0
+    name, _, params = policy.partition(":")
+    if name.strip() != "static":
+        return None
+    for item in params.split(","):
+        key, _, value = item.partition("=")
+        if key.strip() == "k" and value.strip().isdigit():
+            return int(value)
+    return None
+
+
+def static_sweep_table(runs: list[Run], baseline: Baseline) -> Table:
+    groups = {key: m for key, m in complete_groups(runs).items() if static_k(m[0].policy) is not None}
+    k_of = {key: static_k(members[0].policy) for key, members in groups.items()}
+    order = sorted(groups, key=lambda key: (key[1], k_of[key], key[0]))
+    notes = []
+    rows, cells = [], []
+    for key in order:
+        members = groups[key]
+        # The k = 0 reference: the chosen baseline when it is a k = 0 group, else policy none first.
+        zero = sorted((z for z in order if z[1] == key[1] and k_of[z] == 0),
+                      key=lambda z: (z[0] != baseline.group, groups[z][0].policy != "none", z[0]))
+        s_per_epoch = _per_run_mean(members, "epoch_wall_s")
+        ref_s = _per_run_mean(groups[zero[0]], "epoch_wall_s") if zero else math.nan
+        acc_mean, acc_half = mean_ci95([final_test_acc(r) for r in members])
+        row = {"k": k_of[key], "group": key[0], "world_size": key[1], "n_runs": len(members),
+               "epoch_wall_s": s_per_epoch, "test_acc_mean": acc_mean, "test_acc_ci95": acc_half,
+               "reference_group": zero[0][0] if zero else "", "speedup_per_epoch": _ratio(ref_s, s_per_epoch)}
+        rows.append(row)
+        cells.append([str(row["k"]), key[0], str(key[1]), str(len(members)), _fmt(s_per_epoch, ".2f"),
+                      _fmt_acc(acc_mean, acc_half), _fmt(row["speedup_per_epoch"], ".2f", "x")])
+        if not zero:
+            notes.append(f"no k = 0 group with world_size {key[1]}: speedup n/a")
+    if not groups:
+        notes.append("no complete groups with policy 'static:k=K' or 'none'")
+    headers = ["k", "group", "workers", "n", "s/epoch", "test acc % (final epoch)", "speedup per epoch vs k=0"]
+    caption = (
+        "Static-k sweep (the reference study's view): the first k blocks frozen from the first step, policy none "
+        f"as k = 0; {sum(r['n_runs'] for r in rows)} complete runs; s/epoch is the mean training wall time per "
+        "epoch (no eval); accuracy is the final-epoch test accuracy (mean ± 95% CI half-width)."
+    )
+    return Table("static_sweep", "Static-k sweep", caption, pd.DataFrame(rows), pd.DataFrame(cells, columns=headers),
+                 ("r", "l", "r", "r", "r", "r", "r"), tuple(dict.fromkeys(notes)))
+
+
+def phase_table(runs: list[Run], baseline: Baseline) -> Table:
+    groups = complete_groups(runs)
+    rows, cells = [], []
+    for (group, world_size), members in groups.items():
+        base_runs = groups.get((baseline.group, world_size)) if baseline.group else None
+        row = {"group": group, "world_size": world_size, "n_runs": len(members)}
+        cell = [group, str(world_size), str(len(members))]
+        for phase, column in PHASE_COLUMNS.items():
+            seconds = _per_run_mean(members, column)
+            speedup = _ratio(_per_run_mean(base_runs, column), seconds) if base_runs else math.nan
+            row[f"{phase}_s"], row[f"{phase}_speedup"] = seconds, speedup
+            cell.append(_fmt(seconds, ".2f") + (f" ({_fmt(speedup, '.2f', 'x')})" if baseline.group else ""))
+        rows.append(row)
+        cells.append(cell)
+    headers = ["group", "workers", "n", *[f"{phase} (s)" for phase in PHASE_COLUMNS]]
+    vs = ""
+    if baseline.group:
+        vs = f"; in brackets the speedup vs the baseline {baseline.group!r} (n/a when a side is 0)"
+    caption = (
+        f"Mean per-epoch phase times in seconds over {sum(map(len, groups.values()))} complete runs; backward includes "
+        f"communication; total is epoch_wall_s (no eval){vs}."
+    )
+    return Table("phases", "Phase times per epoch", caption, pd.DataFrame(rows), pd.DataFrame(cells, columns=headers),
+                 ("l", "r", "r", *["r"] * len(PHASE_COLUMNS)), (baseline.note,))
+
+
+def incomplete_table(runs: list[Run]) -> Table:
+    members = sorted((r for r in runs if not r.is_complete), key=lambda r: (r.group, r.world_size, r.seed, r.name))
+    rows = [{"run": r.name, "group": r.group, "world_size": r.world_size, "seed": r.seed, "status": r.status,
+             "epochs_done": r.manifest["epochs_done"], "epochs_planned": r.manifest["epochs_planned"],
+             "reason": r.incomplete_reason} for r in members]
+    cells = [[row["run"], row["group"], str(row["world_size"]), str(row["seed"]), row["status"],
+              f"{row['epochs_done']}/{row['epochs_planned']}", row["reason"]] for row in rows]
+    headers = ["run", "group", "workers", "seed", "status", "epochs", "reason"]
+    caption = (
+        f"Incomplete runs ({len(rows)}): status running or failed, or fewer epochs than planned; "
+        "excluded from every mean above."
+    )
+    frame_columns = ["run", "group", "world_size", "seed", "status", "epochs_done", "epochs_planned", "reason"]
+    frame = pd.DataFrame(rows, columns=frame_columns)
+    return Table("incomplete", "Incomplete runs", caption, frame, pd.DataFrame(cells, columns=headers),
+                 ("l", "l", "r", "r", "l", "r", "l"), () if rows else ("none",))
+
+
+def build_tables(runs: list[Run], baseline: str | None = None, target_fraction: float = 0.95) -> list[Table]:
+    chosen = resolve_baseline(runs, baseline)
+    return [main_table(runs, chosen, target_fraction), static_sweep_table(runs, chosen), phase_table(runs, chosen),
+            incomplete_table(runs)]
+
+
+_SETUP_KEYS = (("data", "dataset"), ("model", "arch"), ("model", "weights"), ("train", "epochs"),
+               ("train", "batch_size"), ("optim", "name"), ("optim", "lr"), ("schedule", "name"))
+_LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{",
+                  "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "±": r"$\pm$", "—": "---",
+                  "<": r"$<$", ">": r"$>$"}
+
+
+def setup_line(runs: list[Run]) -> str:
+    """One line naming the setup all runs share (values that differ are joined by ' / ')."""
+    parts = []
+    for section, key in _SETUP_KEYS:
+        values = sorted({str(r.config[section][key]) for r in runs
+                         if isinstance(r.config.get(section), dict) and key in r.config[section]})
+        if values:
+            parts.append(f"{section}.{key}={' / '.join(values)}")
+    hardware = set()
+    for run in runs:
+        hw = run.manifest.get("hardware") if isinstance(run.manifest.get("hardware"), dict) else {}
+        gpus = hw.get("gpus") or []
+        hardware.add(f"{hw.get('device', '?')}: {gpus[0] if gpus else hw.get('cpu', '?')}")
+    parts.append(f"hardware={' / '.join(sorted(hardware))}")
+    return f"Setup ({len(runs)} run directories): " + "; ".join(parts)
+
+
+def latex_escape(text: str) -> str:
+    return "".join(_LATEX_SPECIAL.get(c, c) for c in text)
+
+
+def _md_cell(text: str) -> str:
+    return str(text).replace("|", r"\|").replace("\n", " ")
+
+
+def to_markdown(table: Table) -> str:
+    lines = ["| " + " | ".join(map(_md_cell, table.display.columns)) + " |",
+             "|" + "|".join("---:" if a == "r" else "---" for a in table.align) + "|"]
+    for row in table.display.itertuples(index=False, name=None):
+        lines.append("| " + " | ".join(map(_md_cell, row)) + " |")
+    if table.notes:
+        lines += ["", *[f"Note: {note}" for note in table.notes]]
+    return "\n".join(lines) + "\n"
+
+
+def to_latex(table: Table) -> str:
+    """A booktabs table environment, ready for \\input."""
+    lines = [r"\begin{table}[t]", r"\centering", rf"\caption{{{latex_escape(table.caption)}}}",
+             rf"\label{{tab:{table.name}}}", rf"\begin{{tabular}}{{{''.join(table.align)}}}", r"\toprule",
+             " & ".join(map(latex_escape, table.display.columns)) + r" \\", r"\midrule"]
+    for row in table.display.itertuples(index=False, name=None):
+        lines.append(" & ".join(latex_escape(str(c)) for c in row) + r" \\")
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    lines += [rf"\par\smallskip{{\footnotesize Note: {latex_escape(note)}}}" for note in table.notes]
+    return "\n".join([*lines, r"\end{table}"]) + "\n"
+
+
+def combined_markdown(tables: list[Table], runs: list[Run]) -> str:
+    parts = ["# Tables", "", setup_line(runs), ""]
+    for table in tables:
+        parts += [f"## {table.title}", "", table.caption, "", to_markdown(table)]
+    return "\n".join(parts)

@@ -1,0 +1,259 @@
+"""report/: tables and figures from the hand-written fixture under tests/fixtures/runs.
+
+Expected numbers are computed here from the fixture's literal values (plain arithmetic + scipy's t
+distribution), never by calling the report's own statistics.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from scipy import stats
+
+from report import build_report
+from report.__main__ import main
+
+FIXTURES = Path(__file__).parent / "fixtures"
+RUNS = FIXTURES / "runs"
+STUDY = RUNS / "fixture_study"
+AF = "autofreeze:percentile=50"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+# Final-epoch values of the fixture (see the metrics.jsonl files).
+NONE_FINAL_TEST = [0.70, 0.72]  # none-s1's best epoch is 0.74 (epoch 1): must NOT be used
+AF_FINAL_TEST = [0.66, 0.69]
+STATIC_FINAL_TEST = [0.55]
+NONE_WALL_S = [300.0, 330.0]
+AF_WALL_S = [240.0, 270.0]
+STATIC_WALL_S = [180.0]
+TARGET_VAL_ACC = 0.95 * (0.72 + 0.74) / 2  # 0.6935
+
+
+def _ci95(values: list[float]) -> float:
+    return stats.t.ppf(0.975, len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("report")
+    return out, build_report(RUNS, out)
+
+
+def _rows(path: Path) -> dict[str, dict]:
+    # Empty CSV cells are missing numbers; the literal "n/a" is a value (e.g. "no test possible").
+    frame = pd.read_csv(path, keep_default_na=False, na_values=[""])
+    return {row["group"]: row for row in frame.to_dict("records")}
+
+
+def _copy_study(tmp_path: Path) -> Path:
+    runs = tmp_path / "runs"
+    shutil.copytree(RUNS, runs)
+    return runs
+
+
+def _edit_manifest(runs: Path, run_name: str, **changes) -> None:
+    path = runs / "fixture_study" / run_name / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest.update(changes)
+    path.write_text(json.dumps(manifest))
+
+
+def test_main_table_numbers_match_hand_computation(report):
+    out, _ = report
+    rows = _rows(out / "main.csv")
+    none, af, static = rows["none"], rows[AF], rows["static:k=2"]
+    assert (none["n_runs"], af["n_runs"], static["n_runs"]) == (2, 2, 1)
+    assert none["test_acc_mean"] == pytest.approx(0.71, abs=1e-12)
+    assert af["test_acc_mean"] == pytest.approx(0.675, abs=1e-12)
+    assert none["test_acc_ci95"] == pytest.approx(_ci95(NONE_FINAL_TEST), rel=1e-9)
+    assert none["test_acc_ci95"] == pytest.approx(12.706204736 * 0.01, rel=1e-8)  # t(0.975, 1) * sd / sqrt(2)
+    assert af["test_acc_ci95"] == pytest.approx(12.706204736 * 0.015, rel=1e-8)
+    assert math.isnan(static["test_acc_ci95"])  # one seed: no CI
+    assert af["diff_points"] == pytest.approx(-3.5, abs=1e-9)
+    assert static["diff_points"] == pytest.approx(-16.0, abs=1e-9)
+    # Paired over seeds 0 and 1: differences -0.04, -0.03 -> t = -0.035 / (0.00707107 / sqrt 2) = -7, 1 dof.
+    diffs = [a - b for a, b in zip(AF_FINAL_TEST, NONE_FINAL_TEST)]
+    t_stat = statistics.mean(diffs) / (statistics.stdev(diffs) / math.sqrt(2))
+    assert t_stat == pytest.approx(-7.0, rel=1e-9)
+    assert af["p_value"] == pytest.approx(2 * stats.t.sf(abs(t_stat), 1), rel=1e-9)
+    assert af["p_value"] == pytest.approx(1 - 2 * math.atan(7) / math.pi, rel=1e-9)  # closed form for 1 dof
+    assert af["test"] == "paired"
+    assert static["test"] == "n/a" and math.isnan(static["p_value"])  # one pair, one run: no test
+    assert none["wall_min"] == pytest.approx(315 / 60)
+    assert af["speedup"] == pytest.approx(statistics.mean(NONE_WALL_S) / statistics.mean(AF_WALL_S))
+    assert static["speedup"] == pytest.approx(315 / 180)
+    # Time to target 0.6935: none reaches at 300 s and 220 s, autofreeze at 240 s and 270 s, static never.
+    assert none["ttt_target_val_acc"] == pytest.approx(TARGET_VAL_ACC)
+    assert none["ttt_min"] == pytest.approx((300 + 220) / 2 / 60)
+    assert af["ttt_min"] == pytest.approx((240 + 270) / 2 / 60)
+    assert (af["ttt_reached"], static["ttt_reached"]) == (2, 0) and math.isnan(static["ttt_min"])
+    assert none["allreduce_gb"] == pytest.approx(3.0)
+    assert af["allreduce_gb"] == pytest.approx(((1.0 + 0.9 + 0.7) + (1.0 + 0.9 + 0.9)) / 2)
+    assert af["frozen_fraction"] == pytest.approx(((0 + 0.1 + 0.3) / 3 + (0 + 0.1 + 0.1) / 3) / 2)
+    assert static["frozen_fraction"] == pytest.approx(0.3)
+
+
+def test_accuracy_is_final_epoch_not_best(report):
+    out, _ = report
+    none = _rows(out / "main.csv")["none"]
+    best_epoch_mean = (0.70 + 0.74) / 2
+    assert none["test_acc_mean"] == pytest.approx(statistics.mean(NONE_FINAL_TEST))
+    assert abs(none["test_acc_mean"] - best_epoch_mean) > 0.005
+
+
+def test_failed_run_only_in_incomplete_table(report):
+    out, _ = report
+    incomplete = pd.read_csv(out / "incomplete.csv")
+    assert incomplete["run"].tolist() == ["autofreeze-s2"]
+    assert incomplete["status"].tolist() == ["failed"]
+    assert "gloo timeout" in incomplete["reason"][0]
+    af = _rows(out / "main.csv")[AF]
+    assert str(af["seeds"]) == "0 1"  # seed 2 (test_acc 0.99) stayed out of the mean
+    for name in ("main.md", "static_sweep.md", "phases.md"):
+        assert "autofreeze-s2" not in (out / name).read_text()
+    assert "| autofreeze-s2 | autofreeze:percentile=50 | 2 | 2 | failed | 1/3 |" in (out / "incomplete.md").read_text()
+
+
+def test_main_markdown_matches_stored_expected_file(report):
+    out, _ = report
+    expected = (FIXTURES / "expected_main_table.md").read_text(encoding="utf-8")
+    assert (out / "main.md").read_text(encoding="utf-8") == expected
+
+
+def test_static_sweep_and_phase_tables(report):
+    out, _ = report
+    sweep = pd.read_csv(out / "static_sweep.csv")
+    assert sweep["k"].tolist() == [0, 2] and sweep["group"].tolist() == ["none", "static:k=2"]
+    assert sweep["epoch_wall_s"].tolist() == pytest.approx([105.0, 60.0])
+    assert sweep["speedup_per_epoch"].tolist() == pytest.approx([1.0, 105.0 / 60.0])
+    phases = _rows(out / "phases.csv")
+    af_backward_s = ((50 + 32 + 16) / 3 + (55 + 38 + 20) / 3) / 2
+    assert phases[AF]["backward_s"] == pytest.approx(af_backward_s)
+    assert phases[AF]["backward_speedup"] == pytest.approx(52.5 / af_backward_s)
+    assert phases[AF]["total_s"] == pytest.approx(85.0)
+    assert math.isnan(phases[AF]["freezer_speedup"])  # baseline freezer time is 0: no ratio
+
+
+def test_combined_markdown_and_latex(report):
+    out, written = report
+    tables_md = (out / "tables.md").read_text(encoding="utf-8")
+    assert "5 complete runs in 3 groups (1 incomplete run excluded" in tables_md
+    assert "final-epoch test accuracy" in tables_md
+    assert tables_md.count("\n## ") == 4
+    main_tex = (out / "main.tex").read_text(encoding="utf-8")
+    assert r"\toprule" in main_tex and r"\bottomrule" in main_tex and r"test acc \% (final epoch)" in main_tex
+    assert r"67.50 $\pm$ 19.06" in main_tex
+    assert r"epoch\_wall\_s" in (out / "phases.tex").read_text(encoding="utf-8")
+    for name in ("main", "static_sweep", "phases", "incomplete"):
+        assert {f"{name}.md", f"{name}.tex", f"{name}.csv"} <= set(written)
+
+
+def test_pngs_are_written_and_valid(report):
+    out, written = report
+    pngs = sorted(name for name in written if name.endswith(".png"))
+    assert pngs == sorted([
+        "accuracy_vs_epoch.png", "accuracy_vs_time.png", "freeze_boundary.png", "phase_times.png",
+        "eta_autofreeze_percentile_50_ws2.png", "eta_none_ws2.png", "eta_static_k_2_ws2.png",
+    ])
+    for name in pngs:
+        data = (out / name).read_bytes()
+        assert data[:8] == PNG_MAGIC and len(data) > 5000, name
+
+
+def test_welch_when_no_shared_seeds(tmp_path):
+    runs = _copy_study(tmp_path)
+    _edit_manifest(runs, "autofreeze-s0", seed=5)
+    _edit_manifest(runs, "autofreeze-s1", seed=6)
+    build_report(runs, tmp_path / "out", formats=("csv",))
+    af = _rows(tmp_path / "out" / "main.csv")[AF]
+    v1, v2 = statistics.variance(AF_FINAL_TEST) / 2, statistics.variance(NONE_FINAL_TEST) / 2
+    t_stat = (statistics.mean(AF_FINAL_TEST) - statistics.mean(NONE_FINAL_TEST)) / math.sqrt(v1 + v2)
+    dof = (v1 + v2) ** 2 / (v1**2 + v2**2)  # Welch-Satterthwaite with n - 1 = 1 on both sides
+    assert af["test"] == "welch"
+    assert af["p_value"] == pytest.approx(2 * stats.t.sf(abs(t_stat), dof), rel=1e-9)
+
+
+def test_baseline_within_world_size_and_missing_baseline(tmp_path):
+    runs = _copy_study(tmp_path)
+    _edit_manifest(runs, "static-k2-s0", world_size=4)
+    build_report(runs, tmp_path / "out", formats=("md", "csv"))
+    static = _rows(tmp_path / "out" / "main.csv")["static:k=2"]
+    assert static["test"] == "n/a" and math.isnan(static["speedup"]) and math.isnan(static["diff_points"])
+    assert "no complete baseline runs with world_size 4" in (tmp_path / "out" / "main.md").read_text()
+    for name in ("none-s0", "none-s1"):
+        shutil.rmtree(runs / "fixture_study" / name)
+    build_report(runs, tmp_path / "out2", formats=("md", "csv"))
+    assert "diff_points" not in pd.read_csv(tmp_path / "out2" / "main.csv").columns
+    assert "comparison columns omitted" in (tmp_path / "out2" / "main.md").read_text()
+
+
+def test_explicit_baseline_and_short_run_is_incomplete(tmp_path):
+    runs = _copy_study(tmp_path)
+    _edit_manifest(runs, "none-s1", epochs_done=2)  # "complete" but short: must not be averaged
+    build_report(runs, tmp_path / "out", baseline="static:k=2", formats=("csv",))
+    rows = _rows(tmp_path / "out" / "main.csv")
+    assert rows["none"]["n_runs"] == 1 and rows["none"]["test_acc_mean"] == pytest.approx(0.70)
+    assert rows[AF]["speedup"] == pytest.approx(180 / 255)
+    assert rows[AF]["test"] == "n/a"  # one shared seed and a one-run baseline
+    incomplete = pd.read_csv(tmp_path / "out" / "incomplete.csv")
+    assert incomplete["run"].tolist() == ["autofreeze-s2", "none-s1"]
+    assert "epochs_done 2 < epochs_planned 3" in incomplete["reason"][1]
+
+
+def test_main_default_out_dir(tmp_path, capsys):
+    runs = _copy_study(tmp_path)
+    assert main([str(runs), "--formats", "md"]) == 0
+    assert (runs / "report" / "main.md").read_text() == (FIXTURES / "expected_main_table.md").read_text()
+    assert not (runs / "report" / "main.csv").exists()
+
+
+def _assert_one_line_error(capsys, argv: list[str], *fragments: str) -> None:
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert "\n" not in err and err.startswith("report: error:"), err
+    for fragment in fragments:
+        assert fragment in err, err
+
+
+def test_error_missing_and_empty_dir(tmp_path, capsys):
+    _assert_one_line_error(capsys, [str(tmp_path / "nope")], "not found", "nope")
+    (tmp_path / "empty").mkdir()
+    _assert_one_line_error(capsys, [str(tmp_path / "empty")], "no run directories")
+
+
+def test_error_corrupt_manifest(tmp_path, capsys):
+    runs = _copy_study(tmp_path)
+    manifest = runs / "fixture_study" / "none-s0" / "manifest.json"
+    manifest.write_text('{"group": "none", ')
+    _assert_one_line_error(capsys, [str(runs)], str(manifest), "not valid JSON")
+
+
+def test_error_malformed_metrics_line(tmp_path, capsys):
+    runs = _copy_study(tmp_path)
+    metrics = runs / "fixture_study" / "autofreeze-s1" / "metrics.jsonl"
+    lines = metrics.read_text().splitlines()
+    lines[1] = lines[1][:40]  # a truncated line 2
+    metrics.write_text("\n".join(lines) + "\n")
+    _assert_one_line_error(capsys, [str(runs)], f"{metrics}:2", "malformed metrics line")
+
+
+def test_error_bad_arguments(tmp_path, capsys):
+    _assert_one_line_error(capsys, [str(RUNS), "--out", str(tmp_path), "--formats", "md,pdf"], "pdf", "accepted")
+    _assert_one_line_error(capsys, [str(RUNS), "--out", str(tmp_path), "--baseline", "nope"], "nope", "groups:")
+    _assert_one_line_error(capsys, [str(RUNS), "--bogus"], "unrecognized arguments")
+
+
+def test_module_entry_point_exit_code(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "report", str(tmp_path / "missing")], capture_output=True, text=True,
+                            cwd=Path(__file__).parents[1], timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0 and "not found" in result.stderr
