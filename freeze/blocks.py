@@ -70,6 +70,12 @@ def default_block_names(model: nn.Module) -> list[list[str]]:
             names += [[f"layer{i}.{j}"] for j in range(len(layer))]
         names.append(["fc"])
         return names
+    return children_block_names(model)
+
+
+def children_block_names(model: nn.Module) -> list[list[str]]:
+    """Parameter-owning top-level children, one block each (for a ResNet: conv1, bn1, layer1..4, fc,
+    the reference study's 7 freezable groups)."""
     return [[n] for n, m in model.named_children() if any(True for _ in m.parameters())]
 
 

@@ -1,0 +1,104 @@
+"""One training run.
+
+    # one process
+    python -m experiments.run --config experiments/configs/smoke.toml
+    # N local workers (this command starts them through torchrun's launcher)
+    python -m experiments.run --config experiments/configs/smoke.toml dist.nproc=2
+    # under torchrun, one node or many (gloo on CPU, nccl on CUDA)
+    torchrun --nnodes=4 --nproc-per-node=1 --rdzv-backend=c10d --rdzv-endpoint=HOST:29400 \
+        --rdzv-id=study --max-restarts=1 -m experiments.run --config experiments/configs/reference_fixed.toml
+
+Overrides are ``section.key=value``; the resolved config is written into the run directory.
+Exit codes: 0 complete, 2 bad input (one line on stderr, nothing written), 1 the run failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+
+from freeze.config import ConfigError, load_config
+from freeze.runs import RunDir, RunError
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m experiments.run", description="Run one freeze experiment.")
+    parser.add_argument("--config", required=True, help="TOML config file")
+    parser.add_argument("--resume", action="store_true", help="continue the run from its last checkpoint")
+    parser.add_argument("--nproc", type=int, default=None, help="local workers to start (overrides dist.nproc)")
+    parser.add_argument("--max-restarts", type=int, default=0, help="torchrun restarts after a worker failure")
+    parser.add_argument("overrides", nargs="*", help="section.key=value")
+    return parser.parse_args(argv)
+
+
+def _under_launcher() -> bool:
+    return "WORLD_SIZE" in os.environ and "RANK" in os.environ
+
+
+def _launch_local(args: argparse.Namespace, nproc: int) -> int:
+    """Start ``nproc`` workers on this machine with torchrun's launcher (same code path as a
+    multi-node torchrun, including --max-restarts)."""
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+        f"--max-restarts={args.max_restarts}", "-m", "experiments.run", "--config", args.config,
+    ]
+    cmd += (["--resume"] if args.resume else []) + list(args.overrides) + [f"dist.nproc={nproc}"]
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return subprocess.run(cmd, env=env).returncode
+
+
+def _mark_failed(config, error: BaseException) -> None:
+    run = RunDir(config.run_dir())
+    try:
+        if run.status() == "running":
+            run.finish("failed", f"{type(error).__name__}: {error}")
+    except RunError:
+        pass  # the manifest itself is unreadable: nothing more can be recorded
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    overrides = list(args.overrides) + ([f"dist.nproc={args.nproc}"] if args.nproc is not None else [])
+    try:
+        config = load_config(args.config, overrides)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if not _under_launcher() and config.dist.nproc > 1:
+        run = RunDir(config.run_dir())
+        try:  # refuse before starting workers, so bad input costs nothing
+            if run.status() == "complete":
+                raise RunError(f"run {run.path} is complete; it is never overwritten: choose another run.name")
+        except RunError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        return _launch_local(args, config.dist.nproc)
+
+    # Heavy imports only in the worker: the launcher process stays light.
+    from freeze.data import DataError
+    from freeze.distributed import setup_worker, teardown_worker
+    from freeze.models import ModelError
+    from freeze.train import train_worker
+
+    ctx = None
+    try:
+        ctx = setup_worker(config.dist)
+        train_worker(config, ctx, resume=args.resume)
+        return 0
+    except (RunError, DataError, ModelError) as e:  # bad input: raised before the run writes anything
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:
+        if ctx is None or ctx.is_main:
+            _mark_failed(config, e)
+        raise
+    finally:
+        teardown_worker()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""End-to-end runs of experiments.run on tiny synthetic data (real processes, real gloo)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+SMOKE = REPO / "experiments" / "configs" / "smoke.toml"
+# 3 epochs of 4 steps, a policy evaluation every 2 steps: autofreeze makes decisions within the run.
+TINY = ["freeze.interval_steps=2", "train.epochs=3", "data.train_size=256", "train.batch_size=32"]
+
+
+def _env() -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def _run(args: list[str], timeout_s: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "experiments.run", *args], cwd=REPO, env=_env(),
+        capture_output=True, text=True, timeout=timeout_s,
+    )
+
+
+def _common(tmp_path: Path, name: str) -> list[str]:
+    return ["--config", str(SMOKE), f"run.out_dir={tmp_path / 'runs'}", f"run.name={name}",
+            f"data.root={tmp_path / 'data'}", *TINY]
+
+
+def _final(tmp_path: Path, name: str) -> tuple[dict, list[dict], dict]:
+    run_dir = tmp_path / "runs" / "smoke" / name
+    ckpt = torch.load(run_dir / "checkpoint.pt", map_location="cpu", weights_only=False)
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    return ckpt, metrics, manifest
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        text = (task / "children").read_text().split()
+        kids += [int(k) for k in text]
+    return kids
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("pipeline")
+    proc = _run(_common(tmp_path, "straight") + ["dist.nproc=2"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return tmp_path, _final(tmp_path, "straight")
+
+
+def test_two_worker_run_end_to_end(uninterrupted):
+    _, (ckpt, metrics, manifest) = uninterrupted
+    assert manifest["status"] == "complete" and manifest["world_size"] == 2
+    assert [m["epoch"] for m in metrics] == [0, 1, 2]
+    block_bytes = manifest["block_param_bytes"]
+    for m in metrics:
+        # every step all-reduces exactly the gradients of the blocks trainable at the end of the epoch
+        assert m["allreduce_bytes_per_step"] == sum(block_bytes[m["boundary"]:]) or m["boundary"] != m["boundary_during"]
+        assert 0.0 <= m["test_acc"] <= 1.0 and m["val_acc"] is not None
+        assert set(m["phase_s"]) == {"data", "forward", "backward", "optimizer", "freezer", "eval"}
+        assert m["epoch_wall_s"] > 0 and len(m["grad_norm"]["summed"]) == len(block_bytes)
+    assert metrics[-1]["cumulative_wall_s"] == pytest.approx(sum(m["epoch_wall_s"] for m in metrics))
+    assert len(ckpt["freezer"]["monitor"]["history"]) == 6  # 12 steps / interval of 2
+
+
+def test_killed_worker_is_restarted_and_resumes_to_the_same_result(uninterrupted, tmp_path):
+    """torchrun --max-restarts 1: one worker is SIGKILLed after the first checkpoint; all workers
+    restart, resume from the checkpoint, and finish with the uninterrupted run's exact parameters
+    and freeze decisions."""
+    straight_tmp, (ref_ckpt, ref_metrics, _) = uninterrupted
+    args = _common(straight_tmp, "killed") + ["dist.nproc=2"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+           "--max-restarts=1", "-m", "experiments.run", *args]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    ckpt_path = straight_tmp / "runs" / "smoke" / "killed" / "checkpoint.pt"
+    deadline = time.monotonic() + 180
+    try:
+        while not ckpt_path.exists():
+            assert proc.poll() is None, proc.stdout.read()[-3000:]
+            assert time.monotonic() < deadline, "no checkpoint within the deadline"
+            time.sleep(0.05)
+        workers = _children(proc.pid)
+        assert len(workers) == 2
+        os.kill(workers[1], signal.SIGKILL)
+        out, _ = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, out[-3000:]
+    assert "resumed" in out
+    ckpt, metrics, manifest = _final(straight_tmp, "killed")
+    assert manifest["status"] == "complete"
+    assert [m["epoch"] for m in metrics] == [0, 1, 2]  # re-run epochs are not duplicated
+    assert [m["boundary"] for m in metrics] == [m["boundary"] for m in ref_metrics]
+    assert ckpt["freezer"]["decisions"] == ref_ckpt["freezer"]["decisions"]
+    for name, ref in ref_ckpt["model"].items():
+        assert torch.equal(ckpt["model"][name], ref), name
+
+
+def test_completed_run_is_never_overwritten(uninterrupted):
+    tmp_path, _ = uninterrupted
+    before = (tmp_path / "runs" / "smoke" / "straight" / "metrics.jsonl").read_bytes()
+    proc = _run(_common(tmp_path, "straight") + ["dist.nproc=2"])
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "is complete" in proc.stderr
+    assert (tmp_path / "runs" / "smoke" / "straight" / "metrics.jsonl").read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("optim.name=adam", "optim.name"),
+        ("train.epochs=0", "train.epochs"),
+        ("freeze.policy=autofreeze:pct=5", "percentile"),
+        ("model.weights=/nonexistent.pt", "model.weights"),
+        ("data.dataset=imagenet", "data.dataset"),
+    ],
+)
+def test_bad_config_is_one_line_and_writes_nothing(tmp_path, override, expected):
+    proc = _run(_common(tmp_path, "bad") + [override], timeout_s=60)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and expected in lines[0], proc.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_missing_dataset_is_one_line_error(tmp_path):
+    proc = _run(_common(tmp_path, "nodata") + ["data.dataset=cifar10", "dist.nproc=1"], timeout_s=120)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "cifar-10-batches-py" in lines[0], proc.stderr
+    assert not (tmp_path / "runs" / "smoke" / "nodata" / "manifest.json").exists()
