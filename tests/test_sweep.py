@@ -1,0 +1,152 @@
+"""A tiny sweep end to end: interrupted, re-run (skip complete, resume the rest), failures
+recorded, and the report's main table checked against numbers computed here from metrics.jsonl."""
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from experiments.study import splice_tables
+from experiments.sweep import SweepError, expand, read_sweep
+
+REPO = Path(__file__).resolve().parents[1]
+SMOKE = REPO / "experiments" / "configs" / "smoke.toml"
+TINY = ["train.epochs=2", "data.train_size=128", "train.batch_size=32", "dist.nproc=1", "freeze.interval_steps=2"]
+
+
+def _env():
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def _write_sweep(tmp_path: Path, grid: str, name: str = "sweep.toml") -> Path:
+    overrides = TINY + [f"data.root={tmp_path / 'data'}"]
+    path = tmp_path / name
+    path.write_text(
+        f'[sweep]\nbase = "{SMOKE}"\nstudy = "tiny"\noverrides = {json.dumps(overrides)}\n[grid]\n{grid}\n'
+    )
+    return path
+
+
+def _sweep(path: Path, out_dir: Path, **kw):
+    cmd = [sys.executable, "-m", "experiments.sweep", "--sweep", str(path), "--out-dir", str(out_dir)]
+    return subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, **kw)
+
+
+GRID = '"freeze.policy" = ["none", "static:k=3"]\n"run.seed" = [0, 1]'
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("sweep")
+    path = _write_sweep(tmp_path, GRID)
+    out_dir = tmp_path / "runs"
+    first = out_dir / "tiny" / "none_seed=0" / "manifest.json"
+    second_metrics = out_dir / "tiny" / "none_seed=1" / "metrics.jsonl"
+    proc = _sweep(path, out_dir)
+    deadline = time.monotonic() + 180
+    try:  # interrupt the sweep once run 2 has finished an epoch
+        while not (first.exists() and second_metrics.exists() and second_metrics.read_text().strip()):
+            assert proc.poll() is None, proc.stdout.read()
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    interrupted = json.loads((out_dir / "tiny" / "none_seed=1" / "manifest.json").read_text())
+    proc = _sweep(path, out_dir)
+    out, _ = proc.communicate(timeout=300)
+    return tmp_path, out_dir / "tiny", interrupted, proc.returncode, out
+
+
+def test_rerun_skips_complete_and_resumes_interrupted(swept):
+    _, runs, interrupted, code, out = swept
+    assert interrupted["status"] == "running"  # killed, not finished
+    assert code == 0, out
+    assert "none_seed=0: complete, skipped" in out
+    assert "none_seed=1: resuming" in out
+    assert "4 ran" not in out and "1 skipped (complete), 0 failed" in out
+    for name in ("none_seed=0", "none_seed=1", "static-k=3_seed=0", "static-k=3_seed=1"):
+        manifest = json.loads((runs / name / "manifest.json").read_text())
+        assert manifest["status"] == "complete", name
+        lines = (runs / name / "metrics.jsonl").read_text().splitlines()
+        assert [json.loads(line)["epoch"] for line in lines] == [0, 1]
+
+
+def _final(runs: Path, name: str, key: str) -> float:
+    lines = (runs / name / "metrics.jsonl").read_text().splitlines()
+    return json.loads(lines[-1])[key]
+
+
+def test_report_main_table_matches_hand_computation(swept):
+    from report import build_report
+
+    tmp_path, runs, *_ = swept
+    written = build_report(runs, tmp_path / "report", formats=("md", "csv"))
+    rows = {r["group"]: r for r in csv.DictReader(open(tmp_path / "report" / "main.csv"))}
+    assert set(rows) == {"none", "static-k=3"}
+    base = [_final(runs, f"none_seed={s}", "test_acc") for s in (0, 1)]
+    static = [_final(runs, f"static-k=3_seed={s}", "test_acc") for s in (0, 1)]
+    row = rows["static-k=3"]
+    assert float(row["test_acc_mean"]) == pytest.approx(np.mean(static), abs=1e-12)
+    expected_half = stats.t.ppf(0.975, 1) * np.std(static, ddof=1) / np.sqrt(2)
+    assert float(row["test_acc_ci95"] or 0.0) == pytest.approx(expected_half, abs=1e-12)
+    assert float(row["diff_points"]) == pytest.approx(100 * (np.mean(static) - np.mean(base)), abs=1e-9)
+    if np.std(np.array(static) - np.array(base)) > 0:
+        assert row["test"] == "paired"
+        assert float(row["p_value"]) == pytest.approx(stats.ttest_rel(static, base).pvalue, rel=1e-9)
+    base_time = np.mean([_final(runs, f"none_seed={s}", "cumulative_wall_s") for s in (0, 1)])
+    static_time = np.mean([_final(runs, f"static-k=3_seed={s}", "cumulative_wall_s") for s in (0, 1)])
+    assert float(row["wall_min"]) == pytest.approx(static_time / 60, rel=1e-12)
+    assert float(row["speedup"]) == pytest.approx(base_time / static_time, rel=1e-12)
+    gb = np.mean([
+        sum(json.loads(line)["allreduce_bytes"] for line in (runs / f"static-k=3_seed={s}" / "metrics.jsonl").read_text().splitlines())
+        for s in (0, 1)
+    ]) / 1e9
+    assert float(row["allreduce_gb"]) == pytest.approx(gb, abs=1e-12)
+    frozen = np.mean([
+        json.loads(line)["frozen_param_fraction"]
+        for s in (0, 1) for line in (runs / f"static-k=3_seed={s}" / "metrics.jsonl").read_text().splitlines()
+    ])
+    assert float(row["frozen_fraction"]) == pytest.approx(frozen, abs=1e-12)
+    assert frozen > 0.0
+    # REPORT.md-style splicing of the generated table
+    doc = tmp_path / "REPORT.md"
+    doc.write_text("intro\n<!-- generated:main -->\nold\n<!-- /generated:main -->\nend\n")
+    assert splice_tables(doc, tmp_path / "report") == ["main"]
+    assert (tmp_path / "report" / "main.md").read_text().strip() in doc.read_text()
+    assert "old" not in doc.read_text()
+    assert any(str(p).endswith("main.md") for p in written.values())
+
+
+def test_failing_run_is_recorded_and_the_sweep_goes_on(tmp_path):
+    grid = '"train.precision" = ["fp16", "fp32"]\n"freeze.policy" = ["none"]'
+    path = _write_sweep(tmp_path, grid)
+    proc = _sweep(path, tmp_path / "runs")
+    out, _ = proc.communicate(timeout=240)
+    assert proc.returncode == 1, out
+    failed = json.loads((tmp_path / "runs" / "tiny" / "precision=fp16_none" / "manifest.json").read_text())
+    assert failed["status"] == "failed" and "fp16" in failed["error"]
+    ok = json.loads((tmp_path / "runs" / "tiny" / "precision=fp32_none" / "manifest.json").read_text())
+    assert ok["status"] == "complete"
+    assert "1 failed" in out and "failed: precision=fp16_none" in out
+
+
+def test_bad_sweep_files_are_one_line_errors(tmp_path):
+    with pytest.raises(SweepError, match="does not exist"):
+        read_sweep(tmp_path / "missing.toml")
+    bad = _write_sweep(tmp_path, '"optim.name" = ["adam"]')
+    sweep = read_sweep(bad)
+    with pytest.raises(SweepError, match=r"optim\.name: 'adam' is not accepted; accepted: sgd, adamw") as e:
+        expand(sweep["base"], sweep["study"], sweep["grid"], sweep["overrides"])
+    assert "\n" not in str(e.value)
