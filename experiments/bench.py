@@ -1,0 +1,430 @@
+"""Where a freezing step's time goes: the freeze engine against the other ways to freeze under DDP.
+
+    .venv/bin/python -m experiments.bench            # default: ResNet-18, 2 gloo workers, k = 0..9
+    .venv/bin/python -m experiments.bench --quick    # ~1-2 min smoke run
+    .venv/bin/python -m experiments.bench --steps 40 --rounds 5
+
+For every boundary k and approach (freeze engine, static limit, find-unused, per-parameter) it
+measures the median step time, the bytes all-reduced per step and the phase split, plus the
+monitor's overhead, the re-wrap cost and a communication estimate against a no-communication run.
+Writes ``<out-dir>/bench.csv`` and ``<out-dir>/BENCH.md``; no number in BENCH.md is typed by hand.
+The worker processes live in :mod:`experiments.bench_workers`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import platform
+import shlex
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+import torchvision
+
+from experiments import bench_workers as bw
+
+CSV_COLUMNS = (
+    "approach", "k", "frozen_param_fraction", "median_ms", "iqr_ms", "p10_ms", "steps", "allreduce_bytes_per_step",
+    "trainable_grad_bytes", "ratio_to_static", "forward_ms", "backward_ms", "monitor_ms", "optimizer_ms",
+    "comm_est_ms", "bytes_match_trainable", "rounds",
+)
+QUICK_STEPS, QUICK_ROUNDS = 4, 1
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    workers: int = 2
+    model: str = "resnet18"
+    batch_size: int = 64  # per worker
+    image_size: int = 32
+    steps: int = 7  # timed steps per approach per (round, k)
+    rounds: int = 2  # passes over every k (up, then down); medians pool all rounds
+    warmup: int = 2  # untimed steps per approach per (round, k): DDP rebuilds its buckets after the first iteration
+    ks: tuple[int, ...] | None = None  # None: every boundary 0 .. blocks-1
+    phase_ks: tuple[int, ...] | None = None  # no-comm runs here; None: 0, middle, the last two
+    lr: float = 0.01
+    seed: int = 0
+    collective_timeout_s: float = 300.0
+
+    def validate(self) -> None:
+        for name in ("workers", "batch_size", "image_size", "steps", "rounds", "warmup"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"bench: {name} must be >= 1, got {getattr(self, name)}")
+        if self.model not in bw.MODELS:
+            raise ValueError(f"bench: model '{self.model}' is not accepted; accepted: {', '.join(bw.MODELS)}")
+        if not self.lr > 0:
+            raise ValueError(f"bench: lr must be > 0, got {self.lr}")
+
+    def resolved(self, num_blocks: int) -> "BenchConfig":
+        """ks / phase_ks filled in and checked against the model's blocks."""
+        ks = tuple(range(num_blocks)) if self.ks is None else tuple(sorted(set(self.ks)))
+        for k in ks:
+            if not 0 <= k <= num_blocks - 1:
+                raise ValueError(f"bench: ks contains {k}; accepted: 0..{num_blocks - 1} for {self.model}")
+        default_phase = {0, num_blocks // 2, num_blocks - 2, num_blocks - 1}
+        phase = default_phase if self.phase_ks is None else set(self.phase_ks)
+        stray = sorted(phase - set(ks)) if self.phase_ks is not None else []
+        if stray:
+            raise ValueError(f"bench: phase_ks {stray} are not among the measured ks {list(ks)}")
+        return replace(self, ks=ks, phase_ks=tuple(sorted(phase & set(ks))))
+
+
+# ---------------------------------------------------------------------------------------- analysis
+def bootstrap_ci(stat, *samples: np.ndarray, resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """95% interval of ``stat(median(a), median(b), ...)`` from resampling each cell's steps.
+    Neighbouring steps share machine load, so this is if anything too narrow."""
+    rng = np.random.default_rng(seed)
+    medians = [np.median(rng.choice(s, (resamples, len(s))), axis=1) for s in samples]
+    lo, hi = np.percentile(stat(*medians), [2.5, 97.5])
+    return float(lo), float(hi)
+
+
+def summarize(cells: dict[tuple[str, int], dict[str, np.ndarray]], block_bytes: list[int]) -> list[dict]:
+    """One CSV row per (approach, k)."""
+    total_bytes = sum(block_bytes)
+    rows = []
+    for (name, k), cell in sorted(cells.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        step = cell["step_ms"]
+        trainable = sum(block_bytes[k:])
+        sent = [b for b in cell["bytes"] if b is not None]
+        static = cells.get((bw.STATIC, k))
+        no_comm = cells.get((bw.NO_COMM, k))
+        comm_est = None
+        if no_comm is not None and name != bw.NO_COMM:
+            comm_est = float(np.median(cell["backward_ms"]) - np.median(no_comm["backward_ms"]))
+        rows.append({
+            "approach": name,
+            "k": k,
+            "frozen_param_fraction": (total_bytes - trainable) / total_bytes,
+            "median_ms": float(np.median(step)),
+            "iqr_ms": float(np.subtract(*np.percentile(step, [75, 25]))),
+            "p10_ms": float(np.percentile(step, 10)),  # less sensitive to other jobs on the machine
+            "steps": len(step),
+            "allreduce_bytes_per_step": int(np.median(sent)) if sent else None,
+            "trainable_grad_bytes": trainable,
+            "ratio_to_static": float(np.median(step) / np.median(static["step_ms"])) if static is not None else None,
+            "forward_ms": float(np.median(cell["forward_ms"])),
+            "backward_ms": float(np.median(cell["backward_ms"])),
+            "monitor_ms": float(np.median(cell["monitor_ms"])),
+            "optimizer_ms": float(np.median(cell["optimizer_ms"])),
+            "comm_est_ms": comm_est,
+            # Every step, not just the median, and the same count on every rank.
+            "bytes_match_trainable": (
+                all(b == trainable for b in sent) and bool(cell["bytes_agree"].all()) if sent and name != bw.NO_COMM else None
+            ),
+            "rounds": len(set(cell["round"].tolist())),
+        })
+    return rows
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.4f}" if abs(value) < 10 else f"{value:.2f}"
+    return str(value)
+
+
+def write_csv(rows: list[dict], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".csv.tmp")
+    with open(tmp, "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(CSV_COLUMNS)
+        for row in rows:
+            writer.writerow([_fmt(row[c]) for c in CSV_COLUMNS])
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------------------------------- report
+TARGET_RATIO_TO_STATIC = 1.05
+TARGET_MONITOR_PCT = 2.0
+TARGET_REWRAP_MS = 20.0
+NAMES = {
+    bw.ENGINE: "freeze engine", bw.STATIC: "static limit", bw.FIND_UNUSED: "find-unused",
+    bw.PER_PARAMETER: "per-parameter", bw.NO_COMM: "no-comm", bw.ENGINE_NO_MONITOR: "freeze engine, no monitor",
+}
+
+
+def _get(rows: list[dict], name: str, k: int) -> dict | None:
+    return next((r for r in rows if r["approach"] == name and r["k"] == k), None)
+
+
+def _size(num_bytes: int | None) -> str:
+    if num_bytes is None:
+        return "-"
+    return f"{num_bytes / 1e6:.2f} MB" if num_bytes >= 1e5 else f"{num_bytes / 1e3:.1f} kB"
+
+
+def _verdict(ok: bool, beyond_noise: bool = True) -> str:
+    if ok:
+        return "met"
+    return "**MISSED**" if beyond_noise else "**MISSED** (within noise)"
+
+
+def evaluate_targets(cfg: BenchConfig, rows: list[dict], cells: dict, rewrap_ms: list[float]) -> list[tuple[str, str, str]]:
+    """(target, verdict, measured) for every target. A miss whose 95% interval still reaches the
+    target is marked "within noise": on a shared machine that is a different finding."""
+    ks = list(cfg.ks)
+    eng = {k: _get(rows, bw.ENGINE, k) for k in ks}
+    steps = {key: cell["step_ms"] for key, cell in cells.items()}
+    out = []
+    exact = {n: [k for k in ks if not _get(rows, n, k)["bytes_match_trainable"]] for n in (bw.ENGINE, bw.STATIC, bw.PER_PARAMETER)}
+    fu_bytes = {_get(rows, bw.FIND_UNUSED, k)["allreduce_bytes_per_step"] for k in ks}
+    measured = "; ".join(f"{NAMES[n]}: {'every step at every k' if not bad else f'differs at k={bad}'}" for n, bad in exact.items())
+    measured += f" (k={ks[0]}: {_size(eng[ks[0]]['trainable_grad_bytes'])}, k={ks[-1]}: {_size(eng[ks[-1]]['trainable_grad_bytes'])}); "
+    measured += f"find-unused sends {', '.join(_size(b) for b in sorted(fu_bytes))} at every k"
+    out.append(("bytes all-reduced per step = trainable gradient bytes", _verdict(not any(exact.values())), measured))
+
+    ratio_ci = {k: bootstrap_ci(np.divide, steps[(bw.ENGINE, k)], steps[(bw.STATIC, k)]) for k in ks}
+    over = [k for k in ks if eng[k]["ratio_to_static"] > TARGET_RATIO_TO_STATIC]
+    worst = max(ks, key=lambda k: eng[k]["ratio_to_static"])
+    p10 = {k: eng[k]["p10_ms"] / _get(rows, bw.STATIC, k)["p10_ms"] for k in ks}
+    text = (f"worst k={worst}: {eng[worst]['ratio_to_static']:.3f} (95% CI {ratio_ci[worst][0]:.3f}..{ratio_ci[worst][1]:.3f}; "
+            f"{eng[worst]['median_ms']:.1f} vs {_get(rows, bw.STATIC, worst)['median_ms']:.1f} ms); over {TARGET_RATIO_TO_STATIC - 1:.0%} at "
+            f"k={over}; ratio of 10th percentiles {min(p10.values()):.3f}..{max(p10.values()):.3f}")
+    out.append((f"freeze engine within {TARGET_RATIO_TO_STATIC - 1:.0%} of the static limit at every k",
+                _verdict(not over, any(ratio_ci[k][0] > TARGET_RATIO_TO_STATIC for k in over)), text))
+
+    speed = {k: _get(rows, bw.PER_PARAMETER, k)["median_ms"] / eng[k]["median_ms"] for k in ks}
+    slow = [k for k in ks if speed[k] <= 1.0]
+    diff_ci = {k: bootstrap_ci(np.subtract, steps[(bw.ENGINE, k)], steps[(bw.PER_PARAMETER, k)]) for k in slow}
+    text = f"per-parameter / engine = {min(speed.values()):.2f}..{max(speed.values()):.2f}"
+    text += "".join(f"; k={k}: engine {eng[k]['median_ms'] - _get(rows, bw.PER_PARAMETER, k)['median_ms']:+.1f} ms "
+                    f"(95% CI {diff_ci[k][0]:+.1f}..{diff_ci[k][1]:+.1f})" for k in slow)
+    out.append(("faster than per-parameter at every k", _verdict(not slow, any(diff_ci[k][0] > 0 for k in slow)), text))
+
+    half = [k for k in ks if eng[k]["frozen_param_fraction"] >= 0.5]
+    rest = [k for k in ks if k not in half]
+    fu = {k: _get(rows, bw.FIND_UNUSED, k)["median_ms"] for k in ks}
+    diff_ci = {k: bootstrap_ci(np.subtract, steps[(bw.ENGINE, k)], steps[(bw.FIND_UNUSED, k)]) for k in ks}
+    not_faster = [k for k in half if eng[k]["median_ms"] >= fu[k]]
+    slower = [k for k in rest if diff_ci[k][0] > 0]  # the rule for "slower beyond noise"
+    ratios = ", ".join(f"{fu[k] / eng[k]['median_ms']:.2f}" for k in half)
+    text = f"k={half}: find-unused / engine = {ratios}" if half else "no k with >= half frozen"
+    if rest:
+        w = max(rest, key=lambda k: eng[k]["median_ms"] - fu[k])
+        text += (f"; elsewhere worst k={w}: engine {eng[w]['median_ms'] - fu[w]:+.1f} ms vs find-unused "
+                 f"(95% CI {diff_ci[w][0]:+.1f}..{diff_ci[w][1]:+.1f})") + (f"; slower beyond noise at k={slower}" if slower else "")
+    text += f"; not faster at k={not_faster}" if not_faster else ""
+    out.append(("faster than find-unused where >= half the parameters are frozen, not slower beyond noise elsewhere",
+                _verdict(not not_faster and not slower, bool(slower) or any(diff_ci[k][0] > 0 for k in not_faster)), text))
+
+    without = _get(rows, bw.ENGINE_NO_MONITOR, 0)
+    if without is None or eng.get(0) is None:
+        out.append((f"monitor overhead < {TARGET_MONITOR_PCT:g}% of step time", "n/a", "k=0 not measured"))
+    else:
+        # The i-th step of each ran in the same rotation cycle: paired differences cancel load drift.
+        diff = steps[(bw.ENGINE, 0)] - steps[(bw.ENGINE_NO_MONITOR, 0)]
+        lo, hi = (v / without["median_ms"] * 100 for v in bootstrap_ci(lambda d: d, diff))
+        pct = float(np.median(diff)) / without["median_ms"] * 100
+        direct = eng[0]["monitor_ms"] / eng[0]["median_ms"] * 100
+        # after_backward is timed inside every engine step, so its share is precise; the paired
+        # with/without difference also catches indirect costs but is as noisy as the machine.
+        out.append((f"monitor overhead < {TARGET_MONITOR_PCT:g}% of step time (k=0)",
+                    _verdict(direct < TARGET_MONITOR_PCT and lo < TARGET_MONITOR_PCT),
+                    f"after_backward takes {eng[0]['monitor_ms']:.2f} ms = {direct:.1f}% of the {eng[0]['median_ms']:.1f} ms step; "
+                    f"with vs. without after_backward (paired steps): {pct:+.1f}% (95% CI {lo:+.1f}..{hi:+.1f}%)"))
+    if rewrap_ms:
+        out.append((f"re-wrap < {TARGET_REWRAP_MS:g} ms (median over boundary changes)",
+                    _verdict(float(np.median(rewrap_ms)) < TARGET_REWRAP_MS),
+                    f"median {np.median(rewrap_ms):.1f} ms, max {max(rewrap_ms):.1f} ms over {len(rewrap_ms)} re-wraps"))
+    else:
+        out.append((f"re-wrap < {TARGET_REWRAP_MS:g} ms", "n/a", "no boundary change measured (one k only)"))
+    return out
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def write_markdown(path: Path, cfg: BenchConfig, rows: list[dict], cells: dict, rewrap_ms: list[float], run: dict) -> None:
+    ks = list(cfg.ks)
+    main = (bw.ENGINE, bw.STATIC, bw.FIND_UNUSED, bw.PER_PARAMETER)
+    lines = [
+        "# Freezing under DDP: where a step's time goes",
+        "",
+        f"Generated by `{run['command']}` in {run['wall_s']:.0f} s wall time. Every number comes from that run "
+        "(also in `bench.csv`); nothing is typed by hand.",
+        "",
+        "## Setup",
+        f"- Hardware: {_cpu_model()}, {os.cpu_count()} cores; {cfg.workers} gloo workers x {run['threads']} thread(s), one machine.",
+        f"- Load average (1 min) before / after: {run['load_avg'][0]:.2f} / {run['load_avg'][1]:.2f}. The machine may have been "
+        "shared with other jobs during the run: read differences of a few percent as noise.",
+        f"- Versions: torch {torch.__version__}, torchvision {torchvision.__version__}, Python {platform.python_version()}, "
+        f"{platform.system()} {platform.release()}.",
+        f"- Model: {cfg.model} ({bw.NUM_CLASSES} classes), input 3x{cfg.image_size}x{cfg.image_size}, batch {cfg.batch_size} per worker, "
+        f"SGD lr {cfg.lr} momentum 0.9, fresh synthetic random batch each step (generated outside the clock).",
+        f"- Blocks (split_blocks default, k freezes blocks 0..k-1): {', '.join(run['block_names'])}.",
+        f"- Per cell (approach x k): {cfg.rounds} round(s) x {cfg.steps} timed steps = {cfg.rounds * cfg.steps} steps, after "
+        f"{cfg.warmup} untimed warm-up steps per round. Rounds visit k up, then down; at each k the approaches take turns "
+        "step by step (order rotating every cycle), so all of them see the same machine load.",
+        "- A step = zero_grad, forward, loss, backward (+ blocking comm), after_backward (engine only), SGD step; the clock "
+        "starts after `dist.barrier()`; a step's time is the slowest rank's. ms = median over all timed steps, +- = half the IQR.",
+        "",
+        "## Approaches",
+        "- **freeze engine**: `Freezer.set_boundary(k)` (re-wrapped DDP), `freezer.after_backward()` every step.",
+        "- **static limit**: a DDP built once per k over a model whose prefix was frozen before wrapping (frozen BN in eval, "
+        "frozen buffers ignored, as in the engine); the best any dynamic scheme can do.",
+        "- **find-unused**: ONE DDP built before freezing with `find_unused_parameters=True`, then `requires_grad=False` "
+        "on the prefix (BN left in train mode): what most trainers do.",
+        "- **per-parameter**: plain model, backward, then one blocking `dist.all_reduce` per trainable gradient, divided by world size.",
+        "- **no-comm** (phase table only): plain model, same frozen prefix, no communication.",
+        "",
+        "## Main table (ms per step)",
+        "",
+        "| k | frozen params | trainable grads | freeze engine | static limit | find-unused | per-parameter | engine / static "
+        "| same, 10th pct. | engine bytes/step | find-unused bytes/step |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for k in ks:
+        r = {n: _get(rows, n, k) for n in main}
+        e = r[bw.ENGINE]
+        lines.append(
+            f"| {k} | {e['frozen_param_fraction']:.1%} | {_size(e['trainable_grad_bytes'])} | "
+            + " | ".join(f"{r[n]['median_ms']:.1f} +-{r[n]['iqr_ms'] / 2:.1f}" for n in main)
+            + f" | {e['ratio_to_static']:.3f} | {e['p10_ms'] / r[bw.STATIC]['p10_ms']:.3f} | {_size(e['allreduce_bytes_per_step'])} | "
+            f"{_size(r[bw.FIND_UNUSED]['allreduce_bytes_per_step'])} |"
+        )
+    lines += ["", "## Targets", "", "| target | verdict | measured |", "|---|---|---|"]
+    targets = evaluate_targets(cfg, rows, cells, rewrap_ms)
+    lines += [f"| {t} | {v} | {m} |" for t, v, m in targets]
+    lines += [
+        "",
+        "Noise: 95% intervals come from resampling each cell's steps (bootstrap of the median). \"Slower beyond noise\" "
+        "means the interval of the difference lies above 0; a miss marked \"within noise\" has an interval that still "
+        "reaches the target. Neighbouring steps share machine load, so the intervals are if anything too narrow. "
+        "10th percentiles are shown because other jobs only ever add time.",
+        "",
+        "## Overheads",
+        "",
+        f"- Monitor (`freezer.after_backward()`): {targets[4][2]}.",
+        f"- Re-wrap (`freezer.counters.rewrap_s_last` after each `set_boundary` that changed k, slowest rank): {targets[5][2]}"
+        + (f"; all: {', '.join(f'{ms:.1f}' for ms in rewrap_ms)} ms." if rewrap_ms else "."),
+        "- Communication not hidden behind backward (freeze engine, comm est. below): "
+        + ", ".join(f"k={k}: {_get(rows, bw.ENGINE, k)['comm_est_ms']:.1f} ms" for k in cfg.phase_ks) + ".",
+        "",
+        "## Phase split (ms, medians per phase; they need not add up to the step median)",
+        "",
+        "comm est. = backward of the approach minus backward of the no-comm run at the same k "
+        "(communication not hidden behind the backward pass).",
+        "",
+        "| approach | k | step | forward | backward (incl. comm) | after_backward | optimizer | comm est. |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for k in cfg.phase_ks:
+        for n in main + (bw.NO_COMM,):
+            r = _get(rows, n, k)
+            est = "-" if r["comm_est_ms"] is None else f"{r['comm_est_ms']:.1f}"
+            lines.append(f"| {NAMES[n]} | {k} | {r['median_ms']:.1f} | {r['forward_ms']:.1f} | {r['backward_ms']:.1f} | "
+                         f"{r['monitor_ms']:.2f} | {r['optimizer_ms']:.1f} | {est} |")
+    lines.append("")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".md.tmp")
+    tmp.write_text("\n".join(lines), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def run_benchmark(
+    cfg: BenchConfig,
+    out_dir: Path,
+    *,
+    workdir: Path | None = None,
+    deadline_s: float = 3600.0,
+    command: str = "",
+) -> list[dict]:
+    """Measure, then write ``out_dir/bench.csv`` and ``out_dir/BENCH.md``; returns the CSV rows."""
+    cfg.validate()
+    start_s = time.perf_counter()
+    load_before = os.getloadavg()
+    cfg = cfg.resolved(len(bw.split_blocks(bw.build_model(cfg.model, cfg.image_size))))
+    if workdir is None:
+        with tempfile.TemporaryDirectory(prefix="bench-rdzv-") as tmp:
+            ranks = bw.launch(asdict(cfg), Path(tmp), deadline_s)
+    else:
+        ranks = bw.launch(asdict(cfg), Path(workdir), deadline_s)
+    cells = bw.combine_ranks(ranks)
+    rows = summarize(cells, ranks[0]["block_param_bytes"])
+    out_dir = Path(out_dir)
+    write_csv(rows, out_dir / "bench.csv")
+    # Each re-wrap happened on every rank; the slowest rank's time is the one training waits for.
+    rewrap_ms = [max(ms) for ms in zip(*(r["rewrap_ms"] for r in ranks))]
+    run = {
+        "command": command or "(called from Python)",
+        "wall_s": time.perf_counter() - start_s,
+        "load_avg": (load_before[0], os.getloadavg()[0]),
+        "threads": ranks[0]["threads"],
+        "block_names": ranks[0]["block_names"],
+    }
+    write_markdown(out_dir / "BENCH.md", cfg, rows, cells, rewrap_ms, run)
+    return rows
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got '{text}'") from None
+
+
+def get_args_parser() -> argparse.ArgumentParser:
+    d = BenchConfig()
+    p = argparse.ArgumentParser(prog="python -m experiments.bench", description=__doc__.split("\n")[0])
+    p.add_argument("--workers", type=int, default=d.workers, help="gloo ranks on this machine")
+    p.add_argument("--model", default=d.model, choices=bw.MODELS)
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help="per worker")
+    p.add_argument("--image-size", type=int, default=d.image_size)
+    p.add_argument("--steps", type=int, default=None, help=f"timed steps per block (default {d.steps}, --quick {QUICK_STEPS})")
+    p.add_argument("--rounds", type=int, default=None, help=f"rounds over all blocks (default {d.rounds}, --quick {QUICK_ROUNDS})")
+    p.add_argument("--warmup", type=int, default=d.warmup, help="untimed steps per block")
+    p.add_argument("--ks", type=_int_list, default=None, help="boundaries to measure, e.g. 0,5,9 (default: all)")
+    p.add_argument("--phase-ks", type=_int_list, default=None, help="boundaries with a no-comm run (default: 0, middle, last two)")
+    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--quick", action="store_true", help="a ~1-2 minute run: fewer steps, one round")
+    p.add_argument("--out-dir", type=Path, default=Path("report"))
+    p.add_argument("--deadline-s", type=float, default=3600.0, help="kill the workers after this long")
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> BenchConfig:
+    """--quick only changes the defaults: an explicit --steps / --rounds still wins."""
+    d = BenchConfig()
+    return BenchConfig(
+        workers=args.workers, model=args.model, batch_size=args.batch_size, image_size=args.image_size,
+        steps=args.steps if args.steps is not None else (QUICK_STEPS if args.quick else d.steps),
+        rounds=args.rounds if args.rounds is not None else (QUICK_ROUNDS if args.quick else d.rounds),
+        warmup=args.warmup, ks=args.ks, phase_ks=args.phase_ks, lr=args.lr, seed=args.seed,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = get_args_parser().parse_args(argv)
+    cfg = config_from_args(args)
+    try:
+        cfg.validate()
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    command = shlex.join(getattr(sys, "orig_argv", [sys.executable, "-m", "experiments.bench", *(argv or [])]))
+    run_benchmark(cfg, args.out_dir, deadline_s=args.deadline_s, command=command)
+    print(f"bench: wrote {args.out_dir / 'bench.csv'} and {args.out_dir / 'BENCH.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,377 @@
+"""Worker side of ``experiments.bench``: one process per rank, every approach measured in it.
+
+Each approach owns its own model replica: two DDP wrappers over one model would both reduce every
+gradient. Rounds go over the boundaries k; at each k the approaches take turns step by step, so the
+load of a shared machine hits all of them alike. Rank 0 gathers every rank's samples and pickles
+them for the parent (:func:`launch`), which turns them into the CSV and the markdown report.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import pickle
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+import torch.multiprocessing as mp
+import torchvision
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from freeze import Freezer, comm, split_blocks
+from freeze.blocks import Block
+from freeze.log import get_logger
+
+NUM_CLASSES = 10
+RESNETS = ("resnet18", "resnet34", "resnet50")
+MODELS = RESNETS + ("mlp",)
+
+ENGINE = "freeze_engine"
+ENGINE_NO_MONITOR = "freeze_engine_no_monitor"
+STATIC = "static_limit"
+FIND_UNUSED = "find_unused"
+PER_PARAMETER = "per_parameter"
+NO_COMM = "no_comm"
+# Measured at every k; NO_COMM only at the phase boundaries, ENGINE_NO_MONITOR only at k=0.
+MAIN_APPROACHES = (ENGINE, STATIC, FIND_UNUSED, PER_PARAMETER)
+
+# One sample per (rank, measured step): (approach, k, round, step_ms, forward_ms, backward_ms,
+# monitor_ms, optimizer_ms, allreduce_bytes or None).
+Sample = tuple
+
+
+def build_model(name: str, image_size: int) -> nn.Module:
+    if name in RESNETS:
+        return getattr(torchvision.models, name)(num_classes=NUM_CLASSES)
+    if name == "mlp":
+        width = 128
+        return nn.Sequential(
+            nn.Flatten(),
+            nn.Linear(3 * image_size * image_size, width),
+            nn.ReLU(),
+            nn.Linear(width, width),
+            nn.ReLU(),
+            nn.Linear(width, width),
+            nn.ReLU(),
+            nn.Linear(width, NUM_CLASSES),
+        )
+    raise ValueError(f"model: '{name}' is not accepted; accepted: {', '.join(MODELS)}")
+
+
+def _frozen_names(blocks: list[Block], k: int) -> list[str]:
+    return [n for b in blocks[:k] for n in b.param_names] + [n for b in blocks[:k] for n, _, _ in b.buffers()]
+
+
+def freeze_prefix(model: nn.Module, blocks: list[Block], k: int, bn_eval: bool) -> None:
+    """Blocks 0..k-1 frozen the plain way: requires_grad=False and grad=None (a zero gradient would
+    still feed momentum). ``bn_eval`` keeps their BatchNorm in eval, as the engine does."""
+    for i, block in enumerate(blocks):
+        for p in block.params:
+            p.requires_grad_(i >= k)
+            if i < k:
+                p.grad = None
+    model.train()
+    if bn_eval:
+        for block in blocks[:k]:
+            for bn in block.batchnorms():
+                bn.eval()
+
+
+class _Runner:
+    """One approach: a model replica, its optimizer and what runs forward/after backward."""
+
+    def __init__(self, cfg: dict):
+        torch.manual_seed(cfg["seed"])  # identical replicas on every rank and across approaches
+        self.model = build_model(cfg["model"], cfg["image_size"])
+        self.blocks = split_blocks(self.model)
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=cfg["lr"], momentum=0.9)
+        self.k = -1
+        self._bytes_last: int | None = 0
+
+    @property
+    def module(self) -> nn.Module:
+        return self.model
+
+    def set_k(self, k: int) -> None:
+        if k != self.k:
+            freeze_prefix(self.model, self.blocks, k, bn_eval=True)
+            self.k = k
+
+    def communicate(self) -> None:
+        """Runs right after loss.backward(), inside the backward phase."""
+
+    def after_backward(self) -> None:
+        """Runs between backward and the optimizer step (the engine's monitor)."""
+
+    def step_bytes(self) -> int | None:
+        return self._bytes_last
+
+
+class _CountingDDPRunner(_Runner):
+    def __init__(self, cfg: dict):
+        super().__init__(cfg)
+        self.counter = comm.CommCounter()
+        self.ddp: DistributedDataParallel | None = None
+        self._bytes_before = 0
+
+    @property
+    def module(self) -> nn.Module:
+        return self.ddp
+
+    def _wrap(self, **ddp_kwargs) -> None:
+        self.ddp = None  # a live old wrapper would keep reducing into its own buckets
+        self.ddp = DistributedDataParallel(self.model, **ddp_kwargs)
+        self.ddp.register_comm_hook(self.counter, comm._counting_allreduce_hook)
+
+    def communicate(self) -> None:
+        self._bytes_last = self.counter.allreduce_bytes_total - self._bytes_before
+        self._bytes_before = self.counter.allreduce_bytes_total
+
+
+class StaticRunner(_CountingDDPRunner):
+    """DDP built over a model whose prefix is already frozen: the best a dynamic scheme can reach.
+    Frozen BN in eval and frozen buffers ignored, as the engine does, so only dynamism differs."""
+
+    def set_k(self, k: int) -> None:
+        if k != self.k:
+            self.ddp = None
+            freeze_prefix(self.model, self.blocks, k, bn_eval=True)
+            DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(self.model, _frozen_names(self.blocks, k))
+            self._wrap()
+            self.k = k
+
+
+class FindUnusedRunner(_CountingDDPRunner):
+    """What most trainers do: one DDP built before freezing with find_unused_parameters=True, then
+    requires_grad=False on the prefix. BatchNorm is left as model.train() sets it."""
+
+    def __init__(self, cfg: dict):
+        super().__init__(cfg)
+        self._wrap(find_unused_parameters=True)
+
+    def set_k(self, k: int) -> None:
+        if k != self.k:
+            freeze_prefix(self.model, self.blocks, k, bn_eval=False)
+            self.k = k
+
+
+class PerParameterRunner(_Runner):
+    """The reference study's loop: plain model, then one blocking all-reduce per trainable gradient."""
+
+    def communicate(self) -> None:
+        world_size = dist.get_world_size()
+        sent = 0
+        for p in self.model.parameters():
+            if p.grad is not None:
+                dist.all_reduce(p.grad)
+                p.grad.div_(world_size)
+                sent += p.grad.numel() * p.grad.element_size()
+        self._bytes_last = sent
+
+
+class NoCommRunner(_Runner):
+    """Plain model with the same frozen prefix and no communication: the compute floor."""
+
+
+class EngineRunner(_Runner):
+    """This project's Freezer; ``monitor=False`` never calls after_backward (monitor-overhead cell)."""
+
+    def __init__(self, cfg: dict, monitor: bool = True):
+        super().__init__(cfg)
+        self.freezer = Freezer(self.model, self.blocks, optimizer=self.optimizer)
+        self.monitor = monitor
+        self.rewrap_ms: list[float] = []
+
+    @property
+    def module(self) -> nn.Module:
+        return self.freezer.ddp
+
+    def set_k(self, k: int) -> None:
+        rewraps_before = self.freezer.counters.rewraps
+        self.freezer.set_boundary(k)
+        if self.freezer.counters.rewraps > rewraps_before:
+            self.rewrap_ms.append(self.freezer.counters.rewrap_s_last * 1e3)
+        self.freezer.train()
+        self.k = k
+
+    def after_backward(self) -> None:
+        if self.monitor:
+            self.freezer.after_backward()
+
+    def step_bytes(self) -> int | None:
+        # Without after_backward the counters are not updated: no per-step byte count exists.
+        return self.freezer.counters.allreduce_bytes_last_step if self.monitor else None
+
+
+def timed_step(runner: _Runner, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float, float, float, float]:
+    """zero_grad + forward + loss | backward (+ blocking comm) | after_backward | optimizer step, ms."""
+    dist.barrier()  # every rank starts the clock together
+    t0 = time.perf_counter()
+    runner.optimizer.zero_grad(set_to_none=True)
+    loss = F.cross_entropy(runner.module(x), y)
+    t1 = time.perf_counter()
+    loss.backward()  # DDP's reducer waits for its all-reduces before backward returns
+    runner.communicate()
+    t2 = time.perf_counter()
+    runner.after_backward()
+    t3 = time.perf_counter()
+    runner.optimizer.step()
+    t4 = time.perf_counter()
+    ms = 1e3
+    return (t4 - t0) * ms, (t1 - t0) * ms, (t2 - t1) * ms, (t3 - t2) * ms, (t4 - t3) * ms
+
+
+def schedule(ks: tuple[int, ...], phase_ks: tuple[int, ...], rounds: int) -> list[tuple[int, int, tuple[str, ...]]]:
+    """(round, k, approaches) groups. Boundaries go up in even rounds and down in odd ones, so the
+    engine re-wraps in both directions and slow drift does not line up with k."""
+    out = []
+    for r in range(rounds):
+        for k in ks if r % 2 == 0 else tuple(reversed(ks)):
+            names = MAIN_APPROACHES + ((ENGINE_NO_MONITOR,) if k == 0 else ()) + ((NO_COMM,) if k in phase_ks else ())
+            out.append((r, k, names))
+    return out
+
+
+def measure(cfg: dict, rank: int, log) -> dict:
+    """Within a (round, k) group the approaches take turns step by step (order rotating every
+    cycle), so each sees the same machine load: on a shared machine load changes within seconds."""
+    runners: dict[str, _Runner] = {
+        ENGINE: EngineRunner(cfg),
+        # Its own Freezer: skipping after_backward on the main one would fold the skipped steps'
+        # bytes into its next per-step count.
+        ENGINE_NO_MONITOR: EngineRunner(cfg, monitor=False),
+        STATIC: StaticRunner(cfg),
+        FIND_UNUSED: FindUnusedRunner(cfg),
+        PER_PARAMETER: PerParameterRunner(cfg),
+        NO_COMM: NoCommRunner(cfg),
+    }
+    gen = torch.Generator().manual_seed(cfg["seed"] + rank)
+    shape = (cfg["batch_size"], 3, cfg["image_size"], cfg["image_size"])
+    samples: list[Sample] = []
+    plan = schedule(tuple(cfg["ks"]), tuple(cfg["phase_ks"]), cfg["rounds"])
+    start_s = time.perf_counter()
+    for index, (r, k, names) in enumerate(plan):
+        for name in names:
+            runners[name].set_k(k)
+        for cycle in range(cfg["warmup"] + cfg["steps"]):
+            shift = (cycle + r) % len(names)
+            for name in names[shift:] + names[:shift]:
+                # Fresh random data every step (outside the clock): a fixed batch would be
+                # memorised and drive gradients towards denormals.
+                x = torch.randn(shape, generator=gen)
+                y = torch.randint(0, NUM_CLASSES, (cfg["batch_size"],), generator=gen)
+                times = timed_step(runners[name], x, y)
+                if cycle >= cfg["warmup"]:
+                    samples.append((name, k, r, *times, runners[name].step_bytes()))
+        done_s = time.perf_counter() - start_s
+        log.info(f"bench: round {r + 1}/{cfg['rounds']} k={k} done ({index + 1}/{len(plan)} groups), "
+                 f"{done_s:.0f} s elapsed")
+    engine = runners[ENGINE]
+    return {
+        "samples": samples,
+        "rewrap_ms": engine.rewrap_ms,
+        "block_names": [b.name for b in engine.blocks],
+        "block_param_bytes": [b.param_bytes for b in engine.blocks],
+        "threads": torch.get_num_threads(),
+    }
+
+
+def worker_main(rank: int, cfg: dict, workdir: str) -> None:
+    """Entry point of one spawned rank. Each writes ``rank<r>.pkl`` (ok or its traceback); rank 0's
+    holds every rank's measurements."""
+    torch.set_num_threads(cfg["threads_per_worker"])
+    torch.set_flush_denormal(True)
+    log = get_logger(rank)
+    out = Path(workdir) / f"rank{rank}.pkl"
+    try:
+        dist.init_process_group(
+            "gloo",
+            init_method=f"file://{workdir}/rendezvous",
+            rank=rank,
+            world_size=cfg["workers"],
+            timeout=datetime.timedelta(seconds=cfg["collective_timeout_s"]),
+        )
+        result = measure(cfg, rank, log)
+        gathered: list[dict] | None = [None] * cfg["workers"] if rank == 0 else None
+        dist.gather_object(result, gathered, dst=0)
+        payload = {"ok": True, "ranks": gathered}
+    except BaseException:  # noqa: BLE001 - the parent re-raises with the traceback
+        payload = {"ok": False, "error": traceback.format_exc()}
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    tmp = out.with_suffix(".tmp")
+    with open(tmp, "wb") as f:
+        pickle.dump(payload, f)
+    os.replace(tmp, out)
+
+
+SAMPLE_FIELDS = ("step_ms", "forward_ms", "backward_ms", "monitor_ms", "optimizer_ms")
+
+
+def combine_ranks(ranks: list[dict]) -> dict[tuple[str, int], dict[str, np.ndarray]]:
+    """Per (approach, k): each step's times as the slowest rank's (the one the others wait for),
+    bytes as rank 0 counted them. Ranks run the same schedule, so samples line up by index."""
+    per_rank = [r["samples"] for r in ranks]
+    if len({len(s) for s in per_rank}) != 1:
+        raise RuntimeError("bench: ranks recorded different numbers of steps")
+    cells: dict[tuple[str, int], dict[str, list]] = {}
+    for steps in zip(*per_rank):
+        name, k, rnd = steps[0][:3]
+        cell = cells.setdefault((name, k), {f: [] for f in SAMPLE_FIELDS} | {"bytes": [], "round": [], "bytes_agree": []})
+        for i, field in enumerate(SAMPLE_FIELDS):
+            cell[field].append(max(s[3 + i] for s in steps))
+        cell["bytes"].append(steps[0][8])
+        cell["bytes_agree"].append(len({s[8] for s in steps}) == 1)
+        cell["round"].append(rnd)
+    return {key: {f: np.asarray(v) for f, v in cell.items()} for key, cell in cells.items()}
+
+
+def threads_per_worker(workers: int) -> int:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // workers)
+
+
+def launch(cfg: dict, workdir: Path, deadline_s: float) -> list[dict]:
+    """Spawn the ranks (file:// rendezvous in ``workdir``), wait with a deadline, kill leftovers;
+    return every rank's measurements as gathered by rank 0."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    workers = cfg["workers"]
+    worker_cfg = cfg | {"threads_per_worker": threads_per_worker(workers)}
+    env_backup = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = str(worker_cfg["threads_per_worker"])
+    try:
+        ctx = mp.start_processes(
+            worker_main, args=(worker_cfg, str(workdir)), nprocs=workers, join=False, start_method="spawn"
+        )
+    finally:
+        if env_backup is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = env_backup
+    deadline = time.monotonic() + deadline_s
+    try:
+        while not ctx.join(timeout=1.0):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"bench: workers did not finish within {deadline_s:.0f} s")
+    except (mp.ProcessRaisedException, mp.ProcessExitedException) as e:  # raised outside worker_main's try, or killed (e.g. out of memory)
+        raise RuntimeError(f"bench: a worker died: {e}") from None
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.kill()
+            p.join(timeout=5)
+    payloads = []
+    for r in range(workers):
+        with open(workdir / f"rank{r}.pkl", "rb") as f:
+            payloads.append(pickle.load(f))
+    for r, payload in enumerate(payloads):
+        if not payload["ok"]:
+            raise RuntimeError(f"bench: rank {r} failed:\n{payload['error']}")
+    return payloads[0]["ranks"]

@@ -1,0 +1,119 @@
+"""experiments.bench: the real launcher and workers on 2 gloo ranks with a tiny MLP, plus the pure parts.
+
+No timing is asserted (the machine is shared); what must hold exactly is the shape of the CSV and the
+bytes each approach all-reduces per step.
+"""
+
+import csv
+
+import pytest
+
+from experiments import bench
+from experiments import bench_workers as bw
+from freeze import split_blocks
+
+TINY = bench.BenchConfig(
+    workers=2, model="mlp", batch_size=4, image_size=4, steps=2, rounds=2, warmup=1, ks=(0, 2), phase_ks=(0,),
+    collective_timeout_s=30.0,
+)
+
+
+@pytest.fixture(scope="module")
+def bench_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("bench")
+    bench.run_benchmark(TINY, tmp / "out", workdir=tmp / "rdzv", deadline_s=50.0, command="pytest tiny bench")
+    with open(tmp / "out" / "bench.csv", newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f)
+        header = reader.fieldnames
+        rows = {(r["approach"], int(r["k"])): r for r in reader}
+    return header, rows, (tmp / "out" / "BENCH.md").read_text(encoding="utf-8")
+
+
+def _param_bytes_from(k: int) -> int:
+    blocks = split_blocks(bw.build_model("mlp", TINY.image_size))
+    return sum(p.numel() * p.element_size() for b in blocks[k:] for p in b.params)
+
+
+def test_csv_has_one_row_per_approach_and_k(bench_run):
+    header, rows, _ = bench_run
+    assert tuple(header) == bench.CSV_COLUMNS
+    expected = {(a, k) for a in bw.MAIN_APPROACHES for k in (0, 2)}
+    expected |= {(bw.NO_COMM, 0), (bw.ENGINE_NO_MONITOR, 0)}
+    assert set(rows) == expected
+    for row in rows.values():
+        assert int(row["steps"]) == TINY.rounds * TINY.steps
+        assert int(row["rounds"]) == TINY.rounds
+        assert float(row["median_ms"]) > 0
+        assert float(row["iqr_ms"]) >= 0
+    assert float(rows[(bw.ENGINE, 0)]["frozen_param_fraction"]) == 0.0
+    assert 0.0 < float(rows[(bw.ENGINE, 2)]["frozen_param_fraction"]) < 1.0
+    assert float(rows[(bw.STATIC, 2)]["ratio_to_static"]) == pytest.approx(1.0)
+    # comm estimate only where a no-comm run exists
+    assert rows[(bw.ENGINE, 0)]["comm_est_ms"] != ""
+    assert rows[(bw.ENGINE, 2)]["comm_est_ms"] == ""
+
+
+@pytest.mark.parametrize("approach", [bw.ENGINE, bw.STATIC, bw.PER_PARAMETER])
+@pytest.mark.parametrize("k", [0, 2])
+def test_bytes_per_step_equal_trainable_bytes(bench_run, approach, k):
+    _, rows, _ = bench_run
+    row = rows[(approach, k)]
+    assert int(row["trainable_grad_bytes"]) == _param_bytes_from(k)
+    assert int(row["allreduce_bytes_per_step"]) == _param_bytes_from(k)
+    assert row["bytes_match_trainable"] == "True"  # every step, on every rank
+
+
+@pytest.mark.parametrize("k", [0, 2])
+def test_find_unused_sends_every_gradient(bench_run, k):
+    _, rows, _ = bench_run
+    assert int(rows[(bw.FIND_UNUSED, k)]["allreduce_bytes_per_step"]) == _param_bytes_from(0)
+    assert rows[(bw.FIND_UNUSED, k)]["bytes_match_trainable"] == ("True" if k == 0 else "False")
+    assert rows[(bw.NO_COMM, 0)]["allreduce_bytes_per_step"] == "0"
+
+
+def test_markdown_report(bench_run):
+    _, _, md = bench_run
+    assert "`pytest tiny bench`" in md
+    assert "| 2 |" in md and "| 0 |" in md  # main-table rows
+    targets = md.split("## Targets", 1)[1].split("\n\n", 2)[1].splitlines()[2:]
+    assert len(targets) == 6
+    assert all(("| met |" in t) or ("| **MISSED**" in t) for t in targets)
+    assert "bytes all-reduced per step = trainable gradient bytes | met |" in md
+
+
+def test_schedule_visits_k_up_then_down_with_extra_cells():
+    plan = bw.schedule((0, 1, 2), phase_ks=(2,), rounds=2)
+    assert [(r, k) for r, k, _ in plan] == [(0, 0), (0, 1), (0, 2), (1, 2), (1, 1), (1, 0)]
+    names = {(r, k): set(n) for r, k, n in plan}
+    assert bw.ENGINE_NO_MONITOR in names[(0, 0)] and bw.ENGINE_NO_MONITOR not in names[(0, 1)]
+    assert bw.NO_COMM in names[(1, 2)] and bw.NO_COMM not in names[(1, 0)]
+    assert all(set(bw.MAIN_APPROACHES) <= n for n in names.values())
+
+
+def test_config_rejects_bad_values():
+    with pytest.raises(ValueError, match="model 'vgg' is not accepted; accepted: resnet18"):
+        bench.BenchConfig(model="vgg").validate()
+    with pytest.raises(ValueError, match="steps must be >= 1"):
+        bench.BenchConfig(steps=0).validate()
+    with pytest.raises(ValueError, match=r"ks contains 4; accepted: 0..3"):
+        bench.BenchConfig(model="mlp", ks=(0, 4)).resolved(4)
+    with pytest.raises(ValueError, match=r"phase_ks \[1\] are not among"):
+        bench.BenchConfig(model="mlp", ks=(0, 2), phase_ks=(1,)).resolved(4)
+    resolved = bench.BenchConfig(model="resnet18").resolved(10)
+    assert resolved.ks == tuple(range(10)) and resolved.phase_ks == (0, 5, 8, 9)
+
+
+def test_cli_quick_sets_defaults_that_explicit_flags_override():
+    parse = bench.get_args_parser().parse_args
+    assert bench.config_from_args(parse([])).steps == bench.BenchConfig().steps
+    quick = bench.config_from_args(parse(["--quick"]))
+    assert (quick.steps, quick.rounds) == (bench.QUICK_STEPS, bench.QUICK_ROUNDS)
+    assert bench.config_from_args(parse(["--quick", "--steps", "7"])).steps == 7
+    assert bench.config_from_args(parse(["--ks", "0,5,9"])).ks == (0, 5, 9)
+
+
+def test_cli_rejects_bad_input(capsys):
+    assert bench.main(["--model", "mlp", "--steps", "0"]) == 2
+    assert "steps must be >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.main(["--ks", "a,b"])
