@@ -109,6 +109,9 @@ class FreezeConfig:
     interval_steps: int = _f(0, ge=0)  # 0 = evaluate once per epoch
     comm_hook: Literal["allreduce", "bf16"] = "allreduce"
     bucket_cap_mb: float = _f(25.0, gt=0)
+    # Record summed-gradient norms (eta heatmaps) also for policies that do not read them. Off by
+    # default: it costs a few % of a step, which would bias timing comparisons against the baseline.
+    track_summed_grads: bool = False
 
 
 @dataclass(frozen=True)

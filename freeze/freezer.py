@@ -89,7 +89,7 @@ class Freezer:
         ddp_kwargs: dict | None = None,
         comm_hook: comm.CommHook = "allreduce",
         process_group=None,
-        track_summed_grads: bool = True,
+        track_summed_grads: bool | None = None,
         grad_checkpointing: bool = False,
     ):
         if not blocks:
@@ -110,6 +110,11 @@ class Freezer:
         self.process_group = process_group
         self.grad_checkpointing = grad_checkpointing
         self.distributed = comm.is_distributed()
+        # Summing gradients over an interval reads and writes every trainable gradient each step
+        # (measured: ~2.6% of a 2-rank ResNet-18 CPU step), so by default only policies that read
+        # the sums pay for it; True records them anyway (eta heatmaps for every policy).
+        if track_summed_grads is None:
+            track_summed_grads = self.policy.uses_gradients
         self.monitor = GradNormMonitor(self.blocks, track_summed=track_summed_grads or self.policy.uses_gradients)
         self.counters = FreezerCounters()
         self.decisions: list[Decision] = []

@@ -189,7 +189,8 @@ def train_worker(cfg: Config, ctx: WorkerContext, resume: bool) -> dict:
     freezer = Freezer(model, blocks, policy, optimizer=optimizer, epochs=cfg.train.epochs,
                       steps_per_epoch=steps_per_epoch, interval_steps=cfg.freeze.interval_steps,
                       ddp_kwargs=ddp_kwargs, comm_hook=cfg.freeze.comm_hook,
-                      grad_checkpointing=cfg.train.grad_checkpointing)
+                      grad_checkpointing=cfg.train.grad_checkpointing,
+                      track_summed_grads=cfg.freeze.track_summed_grads or None)
 
     start_epoch, cumulative_wall_s = 0, 0.0
     if resume and run.checkpoint_path.exists():
