@@ -1,0 +1,464 @@
+"""CIFAR-10 in its official python format, a synthetic stand-in written in that same format, and
+in-memory loaders that keep the whole dataset on the training device.
+
+Layout read and written: ``<root>/cifar-10-batches-py/{data_batch_1..5, test_batch, batches.meta}``,
+each a pickle dict (``b'data'`` uint8 [n, 3072] channel-planar RGB, ``b'labels'``, ...). Synthetic
+directories carry a ``SYNTHETIC.json`` marker, which is the only thing that lets the reader skip the
+official md5 checksums; everything else goes through the same reader, so the real and the offline
+pipelines differ only in where the bytes came from.
+
+Loaders: one permutation of the GLOBAL dataset per epoch, seeded by (seed, epoch); rank r takes its
+contiguous slice of every global batch, and crop/flip parameters are drawn per global position, so
+1 process with batch G sees exactly the batches that W processes with batch G/W see together.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import torch
+from torchvision.datasets import CIFAR10
+from torchvision.datasets.utils import check_integrity, download_and_extract_archive
+
+from freeze.synthetic import SYNTHETIC_VERSION, TASKS as SYNTHETIC_TASKS, render_synthetic_split, synthetic_class_names
+
+CIFAR10_FOLDER = CIFAR10.base_folder
+CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)  # per-channel mean of the 50k training images, [0, 1] scale
+CIFAR10_STD = (0.2470, 0.2435, 0.2616)  # per-channel (population) std of the same images
+NUM_CLASSES = 10
+IMAGE_BYTES = 3 * 32 * 32
+SYNTHETIC_MARKER = "SYNTHETIC.json"
+DATASET_NAMES = ("cifar10", "synthetic-source", "synthetic-target")
+_TRAIN_FILES = tuple((name, md5) for name, md5 in CIFAR10.train_list)
+_TEST_FILES = tuple((name, md5) for name, md5 in CIFAR10.test_list)
+_META_FILE = (CIFAR10.meta["filename"], CIFAR10.meta["md5"])
+
+
+class DataError(Exception):
+    """A dataset problem, as one line that names the file and what to do about it."""
+
+
+@dataclass(frozen=True, eq=False)
+class CifarArrays:
+    train_x: torch.Tensor  # uint8 [N, 3, 32, 32]
+    train_y: torch.Tensor  # int64 [N]
+    test_x: torch.Tensor
+    test_y: torch.Tensor
+    classes: tuple[str, ...]
+    synthetic: bool
+
+
+@dataclass(frozen=True, eq=False)
+class DataSplit:
+    train_x: torch.Tensor
+    train_y: torch.Tensor
+    val_x: torch.Tensor
+    val_y: torch.Tensor
+    test_x: torch.Tensor
+    test_y: torch.Tensor
+
+
+# --------------------------------------------------------------------------------------- reading
+def _redo(path: Path, synthetic: bool) -> str:
+    """What to do about a bad file: synthetic data is regenerated, official data downloaded again."""
+    return f"delete {path.parent.parent} and it is regenerated" if synthetic else "delete it and download again"
+
+
+def _load_pickle(path: Path, synthetic: bool) -> dict:
+    redo = _redo(path, synthetic)
+    try:
+        with open(path, "rb") as f:
+            # encoding="bytes" is what the official Python 3 snippet uses: keys come back as b'data'.
+            obj = pickle.load(f, encoding="bytes")
+    except FileNotFoundError:
+        raise DataError(f"{path} is missing: run with data.download=true or place the official archive there") from None
+    except Exception as exc:  # truncated files raise EOFError, garbage raises UnpicklingError/ValueError/...
+        raise DataError(f"{path} is truncated or corrupt (pickle error: {type(exc).__name__}): {redo}") from None
+    if not isinstance(obj, dict):
+        raise DataError(f"{path} holds a {type(obj).__name__}, not the official pickle dict: {redo}")
+    return obj
+
+
+def _read_batch(path: Path, synthetic: bool) -> tuple[np.ndarray, np.ndarray]:
+    batch = _load_pickle(path, synthetic)
+    missing = [k.decode() for k in (b"data", b"labels") if k not in batch]
+    if missing:
+        raise DataError(f"{path} lacks the key(s) {missing}: it is not an official CIFAR-10 batch file")
+    data = batch[b"data"]
+    if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != IMAGE_BYTES:
+        shape = getattr(data, "shape", None)
+        raise DataError(
+            f"{path}: b'data' must be a uint8 array of shape [n, {IMAGE_BYTES}], got {shape}: {_redo(path, synthetic)}"
+        )
+    try:
+        labels = np.asarray(batch[b"labels"], dtype=np.int64)
+    except (TypeError, ValueError):
+        raise DataError(f"{path}: b'labels' must be a list of integers 0..9: {_redo(path, synthetic)}") from None
+    if labels.shape != (data.shape[0],):
+        raise DataError(f"{path}: {labels.size} labels for {data.shape[0]} images: {_redo(path, synthetic)}")
+    bad = labels[(labels < 0) | (labels >= NUM_CLASSES)]
+    if bad.size:
+        raise DataError(f"{path}: label {int(bad[0])} is outside 0..9: {_redo(path, synthetic)}")
+    return data, labels
+
+
+def _read_classes(path: Path, synthetic: bool) -> tuple[str, ...]:
+    meta = _load_pickle(path, synthetic)
+    names = meta.get(b"label_names")
+    if not isinstance(names, list) or len(names) != NUM_CLASSES:
+        raise DataError(f"{path}: b'label_names' must be a list of {NUM_CLASSES} class names")
+    return tuple(n.decode() if isinstance(n, bytes) else str(n) for n in names)
+
+
+def _to_tensors(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[torch.Tensor, torch.Tensor]:
+    x = np.concatenate([p[0] for p in parts]).reshape(-1, 3, 32, 32)
+    y = np.concatenate([p[1] for p in parts])
+    return torch.from_numpy(x), torch.from_numpy(y)
+
+
+def read_cifar10(root: str | Path) -> CifarArrays:
+    """Read ``<root>/cifar-10-batches-py``; official data must match torchvision's md5 sums."""
+    folder = Path(root) / CIFAR10_FOLDER
+    if not folder.is_dir():
+        raise DataError(f"{folder} is missing: run with data.download=true or place the official archive there")
+    synthetic = (folder / SYNTHETIC_MARKER).is_file()
+    for name, md5 in _TRAIN_FILES + _TEST_FILES + (_META_FILE,):
+        path = folder / name
+        if not path.is_file() and synthetic:
+            raise DataError(f"{path} is missing: {_redo(path, synthetic)}")
+        if not path.is_file():
+            raise DataError(f"{path} is missing: run with data.download=true or place the official archive there")
+        if not synthetic and not check_integrity(str(path), md5):
+            raise DataError(f"{path} fails the official md5 checksum ({md5}): delete it and download again")
+    train_x, train_y = _to_tensors([_read_batch(folder / n, synthetic) for n, _ in _TRAIN_FILES])
+    test_x, test_y = _to_tensors([_read_batch(folder / n, synthetic) for n, _ in _TEST_FILES])
+    classes = _read_classes(folder / _META_FILE[0], synthetic)
+    return CifarArrays(train_x, train_y, test_x, test_y, classes, synthetic)
+
+
+def _official_files_valid(folder: Path) -> bool:
+    return all(check_integrity(str(folder / n), md5) for n, md5 in _TRAIN_FILES + _TEST_FILES + (_META_FILE,))
+
+
+def download_cifar10(root: str | Path) -> None:
+    """Fetch and extract the official archive into ``root`` unless a valid copy is already there."""
+    root = Path(root)
+    if _official_files_valid(root / CIFAR10_FOLDER):
+        return
+    try:
+        download_and_extract_archive(CIFAR10.url, str(root), filename=CIFAR10.filename, md5=CIFAR10.tgz_md5)
+    except Exception as exc:  # offline: URLError/OSError; bad archive: RuntimeError
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise DataError(
+            f"could not download {CIFAR10.url} into {root} ({reason}): "
+            f"place the official {CIFAR10.filename} there, extracted, or use a synthetic dataset"
+        ) from None
+
+
+# --------------------------------------------------------------------------------------- writing
+class _Py2StrPickler(pickle._Pickler):  # the pure-Python pickler: its dispatch table is open
+    """Protocol 2 with ``bytes`` written as Python 2 ``str`` opcodes, as in the official files, so
+    ``encoding="bytes"`` readers get ``b'data'`` and ``encoding="latin1"`` ones (torchvision) ``'data'``."""
+
+    dispatch = dict(pickle._Pickler.dispatch)
+
+    def save_bytes(self, obj: bytes) -> None:
+        size = len(obj)
+        header = pickle.SHORT_BINSTRING + bytes([size]) if size < 256 else pickle.BINSTRING + size.to_bytes(4, "little")
+        self.write(header + obj)
+        self.memoize(obj)
+
+    dispatch[bytes] = save_bytes
+
+
+def _dump(path: Path, obj: dict) -> None:
+    with open(path, "wb") as f:
+        _Py2StrPickler(f, protocol=2).dump(obj)
+
+
+def write_synthetic_cifar(root: str | Path, task: str, n_train: int, n_test: int, seed: int) -> Path:
+    """Write a synthetic task in the official layout under ``<root>/cifar-10-batches-py``; returns
+    that folder. ``task``: "source" or "target" (different classes built from the same primitives)."""
+    for field, value, low in (("n_train", n_train, 5), ("n_test", n_test, 1), ("seed", seed, 0)):
+        if not isinstance(value, int) or value < low:
+            raise DataError(f"synthetic {field} must be an integer >= {low}, got {value!r}")
+    if task not in SYNTHETIC_TASKS:
+        raise DataError(f"synthetic task must be one of {', '.join(SYNTHETIC_TASKS)}, got {task!r}")
+    names = synthetic_class_names(task)
+    folder = Path(root) / CIFAR10_FOLDER
+    folder.mkdir(parents=True, exist_ok=True)
+    train_x, train_y = render_synthetic_split(task, n_train, seed, split="train")
+    test_x, test_y = render_synthetic_split(task, n_test, seed, split="test")
+    flat = train_x.reshape(n_train, IMAGE_BYTES)
+    for i, idx in enumerate(np.array_split(np.arange(n_train), len(_TRAIN_FILES))):
+        _dump(folder / _TRAIN_FILES[i][0], {
+            b"batch_label": f"training batch {i + 1} of {len(_TRAIN_FILES)}".encode(),
+            b"labels": train_y[idx].tolist(),
+            b"data": flat[idx],
+            b"filenames": [f"synthetic_{task}_{j:06d}.png".encode() for j in idx],
+        })
+    _dump(folder / _TEST_FILES[0][0], {
+        b"batch_label": b"testing batch 1 of 1",
+        b"labels": test_y.tolist(),
+        b"data": test_x.reshape(n_test, IMAGE_BYTES),
+        b"filenames": [f"synthetic_{task}_test_{j:06d}.png".encode() for j in range(n_test)],
+    })
+    _dump(folder / _META_FILE[0], {
+        b"num_cases_per_batch": int(np.ceil(n_train / len(_TRAIN_FILES))),
+        b"label_names": [n.encode() for n in names],
+        b"num_vis": IMAGE_BYTES,
+        b"synthetic": True,
+    })
+    marker = {"task": task, "n_train": n_train, "n_test": n_test, "seed": seed, "version": SYNTHETIC_VERSION}
+    (folder / SYNTHETIC_MARKER).write_text(json.dumps(marker, indent=1) + "\n")
+    return folder
+
+
+def _synthetic_root(root: Path, task: str, n_train: int, n_test: int, seed: int) -> Path:
+    target = root / f"synthetic-{task}-n{n_train}-{n_test}-s{seed}"
+    if not (target / CIFAR10_FOLDER).is_dir():
+        # Written in a temp dir and renamed, so a crash never leaves a half-written dataset and
+        # concurrent ranks race harmlessly: the first rename wins, the others discard their copy.
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{target.name}-", dir=root))
+        except OSError as exc:
+            reason = exc.strerror or type(exc).__name__
+            raise DataError(f"cannot write a synthetic dataset under {root} ({reason}): choose another root") from None
+        try:
+            write_synthetic_cifar(tmp, task, n_train, n_test, seed)
+            tmp.chmod(0o755)  # mkdtemp makes it private; the dataset is not
+            os.rename(tmp, target)
+        except OSError as exc:
+            if not (target / CIFAR10_FOLDER).is_dir():
+                raise DataError(f"cannot write {target} ({exc.strerror}): choose a writable data root") from None
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    marker = target / CIFAR10_FOLDER / SYNTHETIC_MARKER
+    try:
+        version = json.loads(marker.read_text()).get("version")
+    except (OSError, ValueError):
+        raise DataError(f"{marker} is missing or unreadable: delete {target} and it is regenerated") from None
+    if version != SYNTHETIC_VERSION:
+        raise DataError(
+            f"{target} was written by synthetic generator v{version}, this is v{SYNTHETIC_VERSION}: delete it"
+        )
+    return target
+
+
+def load_dataset(
+    name: str,
+    root: str | Path,
+    download: bool = False,
+    synthetic_train_size: int = 20000,
+    synthetic_test_size: int = 4000,
+    synthetic_seed: int = 0,
+) -> CifarArrays:
+    """``name``: "cifar10" (official files under ``root``) or "synthetic-source"/"synthetic-target"
+    (generated once under ``root``, then read by the same reader)."""
+    root = Path(root)
+    if name == "cifar10":
+        if download:
+            download_cifar10(root)
+        return read_cifar10(root)
+    if name in ("synthetic-source", "synthetic-target"):
+        task = name.removeprefix("synthetic-")
+        return read_cifar10(_synthetic_root(root, task, synthetic_train_size, synthetic_test_size, synthetic_seed))
+    raise DataError(f"unknown data.name {name!r}: accepted {', '.join(DATASET_NAMES)}")
+
+
+# ------------------------------------------------------------------------------------- splitting
+def _stratified_counts(labels: torch.Tensor, total: int) -> torch.Tensor:
+    """Per-class counts summing to ``total``, proportional to class frequency (largest remainder)."""
+    freq = torch.bincount(labels, minlength=NUM_CLASSES).double()
+    exact = freq * total / freq.sum()
+    counts = exact.floor().long()
+    remainder_order = torch.argsort(exact - counts, descending=True, stable=True)
+    counts[remainder_order[: total - int(counts.sum())]] += 1
+    return counts
+
+
+def split_validation(
+    arrays: CifarArrays, val_size: int, seed: int, train_size: int = 0, test_size: int = 0
+) -> DataSplit:
+    """Hold out a stratified validation set of ``val_size`` training images. ``train_size`` and
+    ``test_size``: 0 keeps all, N keeps the first N after a shuffle seeded by ``seed``."""
+    n_train = arrays.train_y.numel()
+    if not 0 <= val_size < n_train:
+        raise DataError(f"data.val_size must be in 0..{n_train - 1} (training images available), got {val_size}")
+    gen = torch.Generator().manual_seed(seed)
+    order = torch.randperm(n_train, generator=gen)
+    counts = _stratified_counts(arrays.train_y, val_size)
+    shuffled_y = arrays.train_y[order]
+    # rank of each shuffled image within its own class: the first counts[c] of class c go to val
+    rank_in_class = torch.zeros(n_train, dtype=torch.long)
+    for c in range(NUM_CLASSES):
+        in_c = shuffled_y == c
+        rank_in_class[in_c] = torch.arange(int(in_c.sum()))
+    is_val = rank_in_class < counts[shuffled_y]
+    val_idx, train_idx = order[is_val], order[~is_val]
+    if train_size:
+        if not 0 < train_size <= train_idx.numel():
+            raise DataError(f"data.train_size must be 0 (all) or 1..{train_idx.numel()}, got {train_size}")
+        train_idx = train_idx[:train_size]
+    n_test = arrays.test_y.numel()
+    test_idx = torch.arange(n_test)
+    if test_size:
+        if not 0 < test_size <= n_test:
+            raise DataError(f"data.test_size must be 0 (all) or 1..{n_test}, got {test_size}")
+        test_idx = torch.randperm(n_test, generator=gen)[:test_size]
+    x, y = arrays.train_x, arrays.train_y
+    test_x, test_y = arrays.test_x[test_idx], arrays.test_y[test_idx]
+    return DataSplit(x[train_idx], y[train_idx], x[val_idx], y[val_idx], test_x, test_y)
+
+
+# --------------------------------------------------------------------------------------- loading
+def _check_shard_args(batch_size: int, rank: int, world_size: int) -> None:
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise DataError(f"batch_size must be a positive integer (per rank), got {batch_size!r}")
+    if not isinstance(world_size, int) or world_size < 1:
+        raise DataError(f"world_size must be a positive integer, got {world_size!r}")
+    if not isinstance(rank, int) or not 0 <= rank < world_size:
+        raise DataError(f"rank must be in 0..{world_size - 1}, got {rank!r}")
+
+
+def _check_images(x: torch.Tensor, y: torch.Tensor) -> None:
+    if x.dtype != torch.uint8 or x.ndim != 4 or x.shape[1] != 3:
+        raise DataError(f"images must be a uint8 tensor [N, 3, H, W], got {x.dtype} {tuple(x.shape)}")
+    if y.shape != (x.shape[0],):
+        raise DataError(f"labels must be a tensor [{x.shape[0]}], got {tuple(y.shape)}")
+
+
+def normalize_uint8(x: torch.Tensor) -> torch.Tensor:
+    """uint8 [B, 3, H, W] -> float32 normalized with the CIFAR-10 mean/std (the one formula both
+    loaders use, so "no augmentation" means exactly these values)."""
+    mean = torch.tensor(CIFAR10_MEAN, device=x.device).view(1, 3, 1, 1)
+    std = torch.tensor(CIFAR10_STD, device=x.device).view(1, 3, 1, 1)
+    return (x.float().div_(255.0) - mean) / std
+
+
+def epoch_generator(seed: int, epoch: int) -> torch.Generator:
+    """The CPU generator of one epoch: a pure function of (seed, epoch), so resume needs no RNG state."""
+    if seed < 0 or epoch < 0:
+        raise DataError(f"seed and epoch must be >= 0, got seed={seed} epoch={epoch}")
+    mixed = np.random.SeedSequence([seed, epoch]).generate_state(1, dtype=np.uint64)[0]
+    return torch.Generator().manual_seed(int(mixed))
+
+
+def crop_flip(x: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, flip: torch.Tensor, pad: int) -> torch.Tensor:
+    """Batched random crop (offsets ``dy``, ``dx`` in 0..2*pad into the zero-padded image) and
+    horizontal flip, as ONE gather over flat indices: no per-image Python loop, and ~3x faster on
+    CPU than 4-D advanced indexing. A flip just reads the columns backwards."""
+    b, c, h, w = x.shape
+    hp, wp = h + 2 * pad, w + 2 * pad
+    padded = torch.nn.functional.pad(x, (pad, pad, pad, pad)).reshape(b, c * hp * wp)
+    ar_w = torch.arange(w, device=x.device)
+    cols = dx[:, None] + torch.where(flip[:, None], w - 1 - ar_w, ar_w)  # [B, W]
+    rows = (dy[:, None] + torch.arange(h, device=x.device)) * wp  # [B, H]
+    chans = torch.arange(c, device=x.device) * (hp * wp)
+    flat = rows[:, None, :, None] + cols[:, None, None, :] + chans[None, :, None, None]  # [B, C, H, W]
+    return padded.gather(1, flat.reshape(b, -1)).reshape(b, c, h, w)
+
+
+class TrainLoader:
+    """Shuffled, augmented batches of this rank's slice of every global batch (see module doc).
+
+    ``len(loader)`` is the number of steps in a full epoch; after ``set_epoch(e, start_step=s)`` an
+    iteration yields steps s..len-1 of epoch e. With ``drop_last=False`` the last, partial global
+    batch is split into ``world_size`` near-equal parts (dropped if smaller than ``world_size``)."""
+
+    pad = 4  # pixels of zero padding for the random crop, as in the standard CIFAR recipe
+
+    def __init__(
+        self,
+        x_uint8: torch.Tensor,
+        y: torch.Tensor,
+        batch_size: int,
+        rank: int,
+        world_size: int,
+        seed: int,
+        augment: bool = True,
+        device: str | torch.device = "cpu",
+        drop_last: bool = True,
+    ) -> None:
+        _check_images(x_uint8, y)
+        _check_shard_args(batch_size, rank, world_size)
+        self.device = torch.device(device)
+        self.x = x_uint8.to(self.device)
+        self.y = y.to(self.device, torch.int64)
+        self.batch_size, self.rank, self.world_size = batch_size, rank, world_size
+        self.global_batch_size = batch_size * world_size
+        self.seed, self.augment, self.drop_last = seed, augment, drop_last
+        n = self.x.shape[0]
+        full, partial = divmod(n, self.global_batch_size)
+        self.steps_per_epoch = full + int(not drop_last and partial >= world_size)
+        if self.steps_per_epoch == 0:
+            raise DataError(f"{n} training images are fewer than one global batch ({batch_size} x {world_size} ranks)")
+        self.epoch, self.start_step = 0, 0
+
+    def set_epoch(self, epoch: int, start_step: int = 0) -> None:
+        if not 0 <= start_step <= self.steps_per_epoch:
+            raise DataError(f"start_step must be in 0..{self.steps_per_epoch}, got {start_step}")
+        self.epoch, self.start_step = epoch, start_step
+
+    def __len__(self) -> int:
+        return self.steps_per_epoch
+
+    def _rank_slice(self, step: int) -> slice:
+        begin = step * self.global_batch_size
+        length = min(self.global_batch_size, self.x.shape[0] - begin)
+        if length == self.global_batch_size:
+            return slice(begin + self.rank * self.batch_size, begin + (self.rank + 1) * self.batch_size)
+        bounds = [begin + length * r // self.world_size for r in range(self.world_size + 1)]
+        return slice(bounds[self.rank], bounds[self.rank + 1])
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        n = self.x.shape[0]
+        gen = epoch_generator(self.seed, self.epoch)
+        # Every random number is drawn per GLOBAL position of the epoch, so a rank's batch does
+        # not depend on how many ranks share the global batch.
+        perm = torch.randperm(n, generator=gen).to(self.device)
+        if self.augment:
+            offsets = torch.randint(0, 2 * self.pad + 1, (2, n), generator=gen).to(self.device)
+            flips = torch.randint(0, 2, (n,), generator=gen).bool().to(self.device)
+        for step in range(self.start_step, self.steps_per_epoch):
+            part = self._rank_slice(step)
+            idx = perm[part]
+            x = self.x[idx]
+            if self.augment:
+                x = crop_flip(x, offsets[0, part], offsets[1, part], flips[part], self.pad)
+            yield normalize_uint8(x), self.y[idx]
+
+
+class EvalLoader:
+    """In-order, unaugmented batches of this rank's contiguous shard; the shards of all ranks cover
+    every sample exactly once (ranks may differ by one sample; the caller all-reduces counts)."""
+
+    def __init__(
+        self, x: torch.Tensor, y: torch.Tensor, batch_size: int, rank: int, world_size: int,
+        device: str | torch.device = "cpu",
+    ) -> None:
+        _check_images(x, y)
+        _check_shard_args(batch_size, rank, world_size)
+        n = x.shape[0]
+        begin, end = n * rank // world_size, n * (rank + 1) // world_size
+        self.device = torch.device(device)
+        self.x = x[begin:end].to(self.device)
+        self.y = y[begin:end].to(self.device, torch.int64)
+        self.batch_size = batch_size
+
+    def __len__(self) -> int:
+        return -(-self.x.shape[0] // self.batch_size)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for begin in range(0, self.x.shape[0], self.batch_size):
+            end = begin + self.batch_size
+            yield normalize_uint8(self.x[begin:end]), self.y[begin:end]

@@ -1,0 +1,157 @@
+"""Model factory: any torchvision classification model, an optional CIFAR stem for ResNets, and
+weights from torchvision (ImageNet), a state-dict file or one of our checkpoints.
+
+Weights are loaded leniently in one precise sense: tensors whose SHAPE differs from the model's
+(a new classification head, a different stem) are skipped and reported; a name that exists on only
+one side is an error, because that means the file belongs to a different architecture.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import pickle
+import re
+from pathlib import Path
+from typing import Mapping
+
+import torch
+import torchvision
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+STEMS = ("imagenet", "cifar")
+_WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # added by DDP / DataParallel and by torch.compile
+
+
+class ModelError(Exception):
+    """A model or weights problem, as one line naming the field or file and the accepted values."""
+
+
+def classification_models() -> list[str]:
+    return torchvision.models.list_models(module=torchvision.models)
+
+
+def _check_arch(arch: str) -> None:
+    names = classification_models()
+    if arch in names:
+        return
+    close = difflib.get_close_matches(str(arch), names, n=3)
+    hint = f" (did you mean {', '.join(close)}?)" if close else ""
+    families = sorted({re.match(r"(wide_)?[a-z]+", n).group(0) for n in names})
+    raise ModelError(
+        f"unknown model.arch {arch!r}{hint}: accepted are the {len(names)} torchvision classification "
+        f"models, e.g. resnet18, resnet50, mobilenet_v3_small, efficientnet_b0, vgg11_bn "
+        f"(families: {', '.join(families)})"
+    )
+
+
+def _cifar_stem(model: nn.Module, arch: str) -> None:
+    """3x3 stride-1 conv and no max-pool: keeps 32x32 inputs at 32x32 into layer1, the standard
+    CIFAR ResNet; the ImageNet stem shrinks them to 8x8 first (16x fewer FLOPs, lower accuracy)."""
+    conv = getattr(model, "conv1", None)
+    if not (isinstance(conv, nn.Conv2d) and isinstance(getattr(model, "maxpool", None), nn.Module)
+            and hasattr(model, "layer1")):
+        raise ModelError(
+            f"model.stem='cifar' is supported only for ResNets (resnet*, resnext*, wide_resnet*), not {arch!r}"
+        )
+    model.conv1 = nn.Conv2d(conv.in_channels, conv.out_channels, kernel_size=3, stride=1, padding=1, bias=False)
+    nn.init.kaiming_normal_(model.conv1.weight, mode="fan_out", nonlinearity="relu")  # as torchvision's ResNet
+    model.maxpool = nn.Identity()
+
+
+def _imagenet_state_dict(arch: str) -> dict[str, torch.Tensor]:
+    weights = torchvision.models.get_model_weights(arch).DEFAULT
+    try:
+        return weights.get_state_dict(progress=False)
+    except Exception as exc:  # offline: URLError / OSError; a broken download: RuntimeError
+        reason = (str(exc).splitlines() or [type(exc).__name__])[0]
+        filename = weights.url.rsplit("/", 1)[-1]
+        raise ModelError(
+            f"could not download the ImageNet weights for {arch} from {weights.url} ({reason}): "
+            f"fetch that file where there is internet and pass model.weights=/path/to/{filename}"
+        ) from None
+
+
+def build_model(
+    arch: str = "resnet18", num_classes: int = 10, stem: str = "imagenet", weights: str | Path = "none"
+) -> nn.Module:
+    """A torchvision classification model with a ``num_classes`` head.
+
+    ``stem``: "imagenet" (as torchvision builds it) or "cifar" (ResNets only). ``weights``: "none",
+    "imagenet" (torchvision's download) or a path to a state dict / checkpoint; tensors whose shape
+    does not fit (head, stem) keep their fresh initialization and are logged.
+    """
+    _check_arch(arch)
+    if not isinstance(num_classes, int) or num_classes < 1:
+        raise ModelError(f"model.num_classes must be a positive integer, got {num_classes!r}")
+    if stem not in STEMS:
+        raise ModelError(f"model.stem must be one of {', '.join(STEMS)}, got {stem!r}")
+    # Every torchvision builder sizes its own head from num_classes (fc, classifier[-1], heads.head,
+    # ...), so no architecture-specific head surgery is needed; pretrained tensors are loaded after.
+    model = torchvision.models.get_model(arch, weights=None, num_classes=num_classes)
+    if stem == "cifar":
+        _cifar_stem(model, arch)
+    if weights == "none":
+        return model
+    source: Mapping[str, torch.Tensor] | str | Path = _imagenet_state_dict(arch) if weights == "imagenet" else weights
+    load_weights(model, source)  # logs the skipped keys; call it directly to get them
+    return model
+
+
+def _read_state_dict(path: Path) -> Mapping[str, object]:
+    if not path.is_file():
+        raise ModelError(f"model.weights file {path} does not exist: give 'none', 'imagenet' or a path to a state dict")
+    try:
+        try:
+            obj = torch.load(path, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError:
+            # Our own checkpoints also hold optimizer/RNG state that the weights-only unpickler may
+            # refuse; the file is the user's own, so a full load is acceptable here.
+            obj = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as exc:
+        reason = type(exc).__name__
+        raise ModelError(f"{path} is not a readable torch file ({reason}): give a state dict or a checkpoint") from None
+    if isinstance(obj, Mapping) and isinstance(obj.get("model"), Mapping):
+        obj = obj["model"]  # one of our checkpoints
+    if not (isinstance(obj, Mapping) and obj and all(isinstance(v, torch.Tensor) for v in obj.values())):
+        raise ModelError(
+            f"{path} holds no state dict: expected a dict of tensors or a checkpoint dict with key 'model'"
+        )
+    return obj
+
+
+def _strip_wrappers(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    out = {}
+    for key, value in state.items():
+        for prefix in _WRAPPER_PREFIXES:
+            key = key.removeprefix(prefix)
+        out[key] = value
+    return out
+
+
+def load_weights(model: nn.Module, source: str | Path | Mapping[str, torch.Tensor]) -> list[str]:
+    """Copy the tensors of ``source`` (a file path or a state dict) into ``model``; return the keys
+    skipped because their shape differs from the model's (e.g. ``fc.weight``, ``fc.bias``)."""
+    where = str(source) if isinstance(source, (str, Path)) else "the given state dict"
+    state = _read_state_dict(Path(source)) if isinstance(source, (str, Path)) else source
+    state = _strip_wrappers(state)
+    own = model.state_dict()
+    unexpected = sorted(set(state) - set(own))
+    missing = sorted(set(own) - set(state))
+    if unexpected or missing:
+        shown = ", ".join((unexpected + missing)[:4])
+        raise ModelError(
+            f"{where} does not match the model ({len(unexpected)} unexpected, {len(missing)} missing keys, "
+            f"e.g. {shown}): is it a checkpoint of another architecture?"
+        )
+    skipped = sorted(k for k, v in state.items() if tuple(v.shape) != tuple(own[k].shape))
+    if len(skipped) == len(own):
+        raise ModelError(f"{where}: no tensor has the model's shape: is it a checkpoint of another architecture?")
+    result = model.load_state_dict({k: v for k, v in state.items() if k not in skipped}, strict=False)
+    if sorted(result.missing_keys) != skipped or result.unexpected_keys:  # guards the filtering above
+        raise ModelError(f"{where}: loading left {result.missing_keys} unset")
+    if skipped:
+        log.info("load_weights %s: skipped %s (shape differs from the model)", where, ", ".join(skipped))
+    return skipped

@@ -1,0 +1,130 @@
+import logging
+import urllib.error
+
+import numpy as np
+import pytest
+import torch
+import torchvision
+from torch import nn
+
+from freeze.models import ModelError, build_model, load_weights
+
+
+def _error_line(excinfo) -> str:
+    message = str(excinfo.value)
+    assert "\n" not in message
+    return message
+
+
+@pytest.fixture(scope="module")
+def five_class_state() -> dict[str, torch.Tensor]:
+    torch.manual_seed(1)
+    return build_model("resnet18", num_classes=5).state_dict()
+
+
+def test_resnet18_imagenet_and_cifar_stems():
+    imagenet = build_model("resnet18", num_classes=10)
+    assert imagenet.conv1.kernel_size == (7, 7) and isinstance(imagenet.maxpool, nn.MaxPool2d)
+    assert imagenet(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+    cifar = build_model("resnet18", num_classes=10, stem="cifar")
+    conv = cifar.conv1
+    assert (conv.kernel_size, conv.stride, conv.padding, conv.bias) == ((3, 3), (1, 1), (1, 1), None)
+    assert isinstance(cifar.maxpool, nn.Identity)
+    # the CIFAR stem keeps 32x32 into layer1 instead of 8x8
+    assert nn.Sequential(cifar.conv1, cifar.maxpool)(torch.randn(1, 3, 32, 32)).shape[-1] == 32
+    assert cifar(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+
+
+def test_other_families_get_a_sized_head():
+    model = build_model("mobilenet_v3_small", num_classes=7)
+    assert model.classifier[-1].out_features == 7
+    assert model(torch.randn(2, 3, 32, 32)).shape == (2, 7)
+
+
+def test_bad_arch_and_stem_are_one_clear_line():
+    with pytest.raises(ModelError) as err:
+        build_model("resnet19")
+    assert "unknown model.arch 'resnet19'" in _error_line(err) and "resnet18" in str(err.value)
+    with pytest.raises(ModelError) as err:
+        build_model("resnet18", stem="tiny")
+    assert "imagenet, cifar" in _error_line(err)
+    with pytest.raises(ModelError) as err:
+        build_model("mobilenet_v3_small", stem="cifar")
+    assert "only for ResNets" in _error_line(err)
+
+
+def test_head_of_another_size_is_skipped_and_the_rest_loaded_bit_exactly(tmp_path, five_class_state):
+    path = tmp_path / "five.pt"
+    torch.save(five_class_state, path)
+    torch.manual_seed(2)
+    model = build_model("resnet18", num_classes=10)
+    fresh_fc = model.fc.weight.detach().clone()
+    assert load_weights(model, path) == ["fc.bias", "fc.weight"]
+    loaded = model.state_dict()
+    for key, value in five_class_state.items():
+        if not key.startswith("fc."):
+            assert torch.equal(loaded[key], value), key
+    assert torch.equal(model.fc.weight, fresh_fc)
+
+
+def test_checkpoint_with_ddp_prefix_and_training_state(tmp_path, five_class_state):
+    checkpoint = {
+        "model": {f"module.{k}": v for k, v in five_class_state.items()},
+        "epoch": 3,
+        "numpy_rng": np.random.default_rng(0).bit_generator.state,  # not weights-only loadable
+        "legacy_rng": np.random.get_state(),
+    }
+    path = tmp_path / "checkpoint.pt"
+    torch.save(checkpoint, path)
+    model = build_model("resnet18", num_classes=5)
+    assert load_weights(model, path) == []
+    assert torch.equal(model.layer4[1].conv2.weight, five_class_state["layer4.1.conv2.weight"])
+
+
+def test_stem_mismatch_skips_conv1_and_build_model_logs_it(tmp_path, caplog):
+    path = tmp_path / "cifar_stem.pt"
+    torch.save(build_model("resnet18", num_classes=10, stem="cifar").state_dict(), path)
+    with caplog.at_level(logging.INFO, logger="freeze.models"):
+        model = build_model("resnet18", num_classes=10, weights=str(path))
+    assert model.conv1.kernel_size == (7, 7)
+    assert "conv1.weight" in caplog.text and "fc.weight" not in caplog.text
+    assert load_weights(build_model("resnet18", num_classes=10), path) == ["conv1.weight"]
+
+
+def test_bad_weight_files_name_the_path(tmp_path):
+    model = build_model("resnet18")
+    cases = {
+        "missing.pt": None,
+        "list.pt": [1, 2, 3],
+        "text.pt": "this is not a torch file",
+        "resnet34.pt": torchvision.models.resnet34(num_classes=10).state_dict(),
+    }
+    expected = {"missing.pt": "does not exist", "list.pt": "holds no state dict",
+                "text.pt": "not a readable torch file", "resnet34.pt": "does not match the model"}
+    for name, content in cases.items():
+        path = tmp_path / name
+        if name == "text.pt":
+            path.write_text(content)
+        elif content is not None:
+            torch.save(content, path)
+        with pytest.raises(ModelError) as err:
+            load_weights(model, path)
+        assert str(path) in _error_line(err) and expected[name] in str(err.value), name
+
+
+def test_imagenet_weights_offline_and_online(monkeypatch, five_class_state):
+    def offline(url, *args, **kwargs):
+        raise urllib.error.URLError("[Errno -3] Temporary failure in name resolution")
+
+    monkeypatch.setattr(torchvision.models._api, "load_state_dict_from_url", offline)
+    with pytest.raises(ModelError) as err:
+        build_model("resnet18", weights="imagenet")
+    assert "could not download the ImageNet weights for resnet18" in _error_line(err)
+    assert "model.weights=/path/to/resnet18-" in str(err.value)
+
+    torch.manual_seed(3)
+    imagenet_state = build_model("resnet18", num_classes=1000).state_dict()
+    monkeypatch.setattr(torchvision.models._api, "load_state_dict_from_url", lambda url, *a, **k: imagenet_state)
+    model = build_model("resnet18", num_classes=10, weights="imagenet")
+    assert torch.equal(model.layer1[0].conv1.weight, imagenet_state["layer1.0.conv1.weight"])
+    assert model.fc.out_features == 10
