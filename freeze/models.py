@@ -13,7 +13,7 @@ import logging
 import pickle
 import re
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import torch
 import torchvision
@@ -77,11 +77,14 @@ def _imagenet_state_dict(arch: str) -> dict[str, torch.Tensor]:
 def build_model(
     arch: str = "resnet18", num_classes: int = 10, stem: str = "imagenet", weights: str | Path = "none"
 ) -> nn.Module:
-    """A torchvision classification model with a ``num_classes`` head.
+    """A torchvision classification model with a fresh ``num_classes`` head.
 
     ``stem``: "imagenet" (as torchvision builds it) or "cifar" (ResNets only). ``weights``: "none",
-    "imagenet" (torchvision's download) or a path to a state dict / checkpoint; tensors whose shape
-    does not fit (head, stem) keep their fresh initialization and are logged.
+    "imagenet" (torchvision's download) or a path to a state dict / checkpoint. Weights initialise
+    everything but the head, which is always freshly initialised: a head trained on another task
+    predicts that task's classes confidently and wrongly even when its shape fits (the reference
+    study left the ImageNet head in place). Tensors whose shape does not fit (a CIFAR stem) also
+    keep their fresh initialization and are logged.
     """
     _check_arch(arch)
     if not isinstance(num_classes, int) or num_classes < 1:
@@ -96,8 +99,18 @@ def build_model(
     if weights == "none":
         return model
     source: Mapping[str, torch.Tensor] | str | Path = _imagenet_state_dict(arch) if weights == "imagenet" else weights
-    load_weights(model, source)  # logs the skipped keys; call it directly to get them
+    load_weights(model, source, keep_fresh=head_keys(model))  # logs the skipped keys
     return model
+
+
+def head_keys(model: nn.Module) -> list[str]:
+    """State-dict keys of the classifier head: the parameters of the model's last Linear module
+    (``fc`` in ResNets, ``classifier.N`` in VGG/MobileNet/EfficientNet, ``heads.head`` in ViT)."""
+    linears = [name for name, module in model.named_modules() if isinstance(module, nn.Linear)]
+    if not linears:
+        return []
+    head = linears[-1]
+    return [f"{head}.{name}" for name, _ in model.get_submodule(head).named_parameters(recurse=False)]
 
 
 def _read_state_dict(path: Path) -> Mapping[str, object]:
@@ -131,9 +144,11 @@ def _strip_wrappers(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor
     return out
 
 
-def load_weights(model: nn.Module, source: str | Path | Mapping[str, torch.Tensor]) -> list[str]:
-    """Copy the tensors of ``source`` (a file path or a state dict) into ``model``; return the keys
-    skipped because their shape differs from the model's (e.g. ``fc.weight``, ``fc.bias``)."""
+def load_weights(
+    model: nn.Module, source: str | Path | Mapping[str, torch.Tensor], keep_fresh: Sequence[str] = ()
+) -> list[str]:
+    """Copy the tensors of ``source`` (a file path or a state dict) into ``model``, except the keys in
+    ``keep_fresh``; return the keys not loaded: ``keep_fresh`` plus those whose shape differs."""
     where = str(source) if isinstance(source, (str, Path)) else "the given state dict"
     state = _read_state_dict(Path(source)) if isinstance(source, (str, Path)) else source
     state = _strip_wrappers(state)
@@ -146,12 +161,12 @@ def load_weights(model: nn.Module, source: str | Path | Mapping[str, torch.Tenso
             f"{where} does not match the model ({len(unexpected)} unexpected, {len(missing)} missing keys, "
             f"e.g. {shown}): is it a checkpoint of another architecture?"
         )
-    skipped = sorted(k for k, v in state.items() if tuple(v.shape) != tuple(own[k].shape))
+    skipped = sorted(k for k, v in state.items() if k in keep_fresh or tuple(v.shape) != tuple(own[k].shape))
     if len(skipped) == len(own):
         raise ModelError(f"{where}: no tensor has the model's shape: is it a checkpoint of another architecture?")
     result = model.load_state_dict({k: v for k, v in state.items() if k not in skipped}, strict=False)
     if sorted(result.missing_keys) != skipped or result.unexpected_keys:  # guards the filtering above
         raise ModelError(f"{where}: loading left {result.missing_keys} unset")
     if skipped:
-        log.info("load_weights %s: skipped %s (shape differs from the model)", where, ", ".join(skipped))
+        log.info("load_weights %s: kept fresh %s (the head, or shape differs)", where, ", ".join(skipped))
     return skipped

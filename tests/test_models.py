@@ -7,7 +7,7 @@ import torch
 import torchvision
 from torch import nn
 
-from freeze.models import ModelError, build_model, load_weights
+from freeze.models import ModelError, build_model, head_keys, load_weights
 
 
 def _error_line(excinfo) -> str:
@@ -87,8 +87,8 @@ def test_stem_mismatch_skips_conv1_and_build_model_logs_it(tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="freeze.models"):
         model = build_model("resnet18", num_classes=10, weights=str(path))
     assert model.conv1.kernel_size == (7, 7)
-    assert "conv1.weight" in caplog.text and "fc.weight" not in caplog.text
-    assert load_weights(build_model("resnet18", num_classes=10), path) == ["conv1.weight"]
+    assert "conv1.weight" in caplog.text and "fc.weight" in caplog.text  # the head is always kept fresh
+    assert load_weights(build_model("resnet18", num_classes=10), path) == ["conv1.weight"]  # load_weights alone: shape rule only
 
 
 def test_bad_weight_files_name_the_path(tmp_path):
@@ -128,3 +128,20 @@ def test_imagenet_weights_offline_and_online(monkeypatch, five_class_state):
     model = build_model("resnet18", num_classes=10, weights="imagenet")
     assert torch.equal(model.layer1[0].conv1.weight, imagenet_state["layer1.0.conv1.weight"])
     assert model.fc.out_features == 10
+
+
+def test_head_is_fresh_even_when_its_shape_fits(tmp_path):
+    """A same-shaped head from another task must not be loaded: it would predict that task's
+    classes (the reference study's 'head left in place' bug in another form)."""
+    torch.manual_seed(0)
+    source = build_model("resnet18", num_classes=10)
+    path = tmp_path / "source.pt"
+    torch.save({"model": source.state_dict()}, path)
+    torch.manual_seed(1)
+    model = build_model("resnet18", num_classes=10, weights=str(path))
+    assert head_keys(model) == ["fc.weight", "fc.bias"]
+    assert not torch.equal(model.fc.weight, source.fc.weight)
+    for name, tensor in source.state_dict().items():
+        if not name.startswith("fc."):
+            assert torch.equal(model.state_dict()[name], tensor), name
+    assert head_keys(build_model("mobilenet_v3_small", num_classes=7)) == ["classifier.3.weight", "classifier.3.bias"]
