@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 
 from freeze.config import ConfigError, load_config
@@ -39,16 +38,25 @@ def _under_launcher() -> bool:
 
 def _launch_local(args: argparse.Namespace, nproc: int) -> int:
     """Start ``nproc`` workers on this machine with torchrun's launcher (same code path as a
-    multi-node torchrun, including --max-restarts)."""
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-        f"--max-restarts={args.max_restarts}", "-m", "experiments.run", "--config", args.config,
+    multi-node torchrun, including --max-restarts). The launcher agent runs in this process: a
+    separate torchrun process would cost one more interpreter and torch import per run."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run
+
+    argv = [
+        "--standalone", f"--nproc-per-node={nproc}", f"--max-restarts={args.max_restarts}",
+        "-m", "experiments.run", "--config", args.config,
     ]
-    cmd += (["--resume"] if args.resume else []) + list(args.overrides) + [f"dist.nproc={nproc}"]
-    env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", "1")
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    return subprocess.run(cmd, env=env).returncode
+    argv += (["--resume"] if args.resume else []) + list(args.overrides) + [f"dist.nproc={nproc}"]
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # what torchrun sets for its workers when unset
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    try:
+        run(get_args_parser().parse_args(argv))
+    except ChildFailedError as e:
+        # torchrun has printed each worker's failure; exit with the first worker's exit code.
+        codes = [f.exitcode for f in e.failures.values()]
+        return next((c for c in codes if c and c > 0), 1)
+    return 0
 
 
 def _mark_failed(config, error: BaseException) -> None:

@@ -78,11 +78,13 @@ def main(argv: list[str] | None = None) -> int:
     start_s = time.perf_counter()
     try:
         study = read_study(args.config)
+        if study.get("report_md") and not Path(study["report_md"]).is_file():
+            raise SweepError(f"study file {args.config}: report_md '{study['report_md']}' does not exist")
         out_dir = args.out_dir or study.get("out_dir", "runs")
         overrides = list(study.get("overrides", []))
         pretrain_specs = []
         if study.get("pretrain"):
-            pretrain_specs = expand(study["pretrain"], f"{study['name']}-pretrain", {}, ["run.name=source"], out_dir)
+            pretrain_specs = expand(study["pretrain"], f"{study['name']}-pretrain", {}, [], out_dir)
             pretrain_cfg = load_config(study["pretrain"], pretrain_specs[0].overrides, check_files=False)
             overrides.append(f"model.weights={pretrain_cfg.run_dir() / 'checkpoint.pt'}")
         specs = expand(study["finetune"], study["name"], study["grid"], overrides, out_dir)

@@ -106,17 +106,18 @@ def expand(base: str, study: str, grid: dict, overrides: list[str], out_dir: str
     specs = []
     for values in itertools.product(*(grid[k] for k in keys)):
         pairs = list(zip(keys, values))
-        name = "_".join(_slug(k, v) for k, v in pairs) or "run"
-        group = "_".join(_slug(k, v) for k, v in pairs if k != SEED_KEY) or "run"
-        run_overrides = list(overrides) + [f"{k}={_override_value(v)}" for k, v in pairs]
-        run_overrides += [f"run.study={study}", f"run.name={name}", f"run.group={group}"]
+        run_overrides = list(overrides) + [f"{k}={_override_value(v)}" for k, v in pairs] + [f"run.study={study}"]
+        if pairs:  # an empty grid is one run that keeps the config's own run.name and run.group
+            name = "_".join(_slug(k, v) for k, v in pairs)
+            group = "_".join(_slug(k, v) for k, v in pairs if k != SEED_KEY) or name
+            run_overrides += [f"run.name={name}", f"run.group={group}"]
         if out_dir is not None:
             run_overrides.append(f"run.out_dir={out_dir}")
         try:
-            load_config(base, run_overrides, check_files=False)
+            config = load_config(base, run_overrides, check_files=False)
         except ConfigError as e:
-            raise SweepError(f"run {name}: {e}") from None
-        specs.append(RunSpec(name, group, tuple(run_overrides)))
+            raise SweepError(f"run {'_'.join(_slug(k, v) for k, v in pairs) or base}: {e}") from None
+        specs.append(RunSpec(config.run.name, config.run_group(), tuple(run_overrides)))
     names = [s.name for s in specs]
     if len(set(names)) != len(names):
         raise SweepError("sweep: two grid points map to the same run name; make the grid values distinct")
