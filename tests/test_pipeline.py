@@ -143,3 +143,20 @@ def test_missing_dataset_is_one_line_error(tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "cifar-10-batches-py" in lines[0], proc.stderr
     assert not (tmp_path / "runs" / "smoke" / "nodata" / "manifest.json").exists()
+
+
+def test_recipe_options_run_together(tmp_path):
+    """AdamW + cosine with warm-up + label smoothing + bf16 autocast + 2-step gradient accumulation +
+    gradient checkpointing + step-level policy evaluation, in one short run."""
+    proc = _run(_common(tmp_path, "recipe") + [
+        "dist.nproc=1", "train.epochs=1", "optim.name=adamw", "optim.lr=0.001", "schedule.name=cosine",
+        "schedule.warmup_epochs=0.5", "train.label_smoothing=0.1", "train.precision=bf16",
+        "train.accumulate_steps=2", "train.grad_checkpointing=true", "train.batch_size=16",
+    ])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    _, metrics, manifest = _final(tmp_path, "recipe")
+    assert manifest["status"] == "complete"
+    (m,) = metrics
+    assert m["step"] == 256 // 16 // 2  # one optimizer step per 2 micro-batches
+    assert m["lr"] == pytest.approx(0.0, abs=1e-12)  # cosine ends at min_lr = 0 after the last step
+    assert m["train_loss"] > 0 and 0.0 <= m["test_acc"] <= 1.0
