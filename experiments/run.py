@@ -36,18 +36,19 @@ def _under_launcher() -> bool:
     return "WORLD_SIZE" in os.environ and "RANK" in os.environ
 
 
-def _launch_local(args: argparse.Namespace, nproc: int) -> int:
+def launch_local(config_path: str, overrides: list[str], nproc: int, resume: bool = False, max_restarts: int = 0) -> int:
     """Start ``nproc`` workers on this machine with torchrun's launcher (same code path as a
-    multi-node torchrun, including --max-restarts). The launcher agent runs in this process: a
-    separate torchrun process would cost one more interpreter and torch import per run."""
+    multi-node torchrun, including --max-restarts) and return the run's exit code. The launcher
+    agent runs in the calling process: a separate torchrun process would cost one more interpreter
+    and torch import per run (sweeps call this directly for the same reason)."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
     argv = [
-        "--standalone", f"--nproc-per-node={nproc}", f"--max-restarts={args.max_restarts}",
-        "-m", "experiments.run", "--config", args.config,
+        "--standalone", f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}",
+        "-m", "experiments.run", "--config", config_path,
     ]
-    argv += (["--resume"] if args.resume else []) + list(args.overrides) + [f"dist.nproc={nproc}"]
+    argv += (["--resume"] if resume else []) + list(overrides) + [f"dist.nproc={nproc}"]
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # what torchrun sets for its workers when unset
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     try:
@@ -84,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         except RunError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
-        return _launch_local(args, config.dist.nproc)
+        return launch_local(args.config, list(args.overrides), config.dist.nproc, args.resume, args.max_restarts)
 
     # Heavy imports only in the worker: the launcher process stays light.
     from freeze.data import DataError

@@ -130,16 +130,18 @@ def test_report_main_table_matches_hand_computation(swept):
 
 
 def test_failing_run_is_recorded_and_the_sweep_goes_on(tmp_path):
-    grid = '"train.precision" = ["fp16", "fp32"]\n"freeze.policy" = ["none"]'
+    # 2 workers: the sweep hosts torchrun's agent in-process for these; a worker failure must
+    # come back as a failed run, not as an exception that ends the sweep.
+    grid = '"train.precision" = ["fp16", "fp32"]\n"freeze.policy" = ["none"]\n"dist.nproc" = [2]'
     path = _write_sweep(tmp_path, grid)
     proc = _sweep(path, tmp_path / "runs")
     out, _ = proc.communicate(timeout=240)
     assert proc.returncode == 1, out
-    failed = json.loads((tmp_path / "runs" / "tiny" / "precision=fp16_none" / "manifest.json").read_text())
+    failed = json.loads((tmp_path / "runs" / "tiny" / "precision=fp16_none_nproc=2" / "manifest.json").read_text())
     assert failed["status"] == "failed" and "fp16" in failed["error"]
-    ok = json.loads((tmp_path / "runs" / "tiny" / "precision=fp32_none" / "manifest.json").read_text())
-    assert ok["status"] == "complete"
-    assert "1 failed" in out and "failed: precision=fp16_none" in out
+    ok = json.loads((tmp_path / "runs" / "tiny" / "precision=fp32_none_nproc=2" / "manifest.json").read_text())
+    assert ok["status"] == "complete" and ok["world_size"] == 2
+    assert "1 failed" in out and "failed: precision=fp16_none_nproc=2" in out
 
 
 def test_bad_sweep_files_are_one_line_errors(tmp_path):
