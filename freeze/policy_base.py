@@ -1,0 +1,298 @@
+"""The policy interface, its registry and spec-string parsing (the rules live in policies.py).
+
+A policy is a frozen dataclass whose fields are its parameters and nothing else: ``decide`` is a
+pure function of its arguments, so every rank computes the same k from the same all-reduced
+statistics, and a run restored from a checkpoint (boundary + monitor history) decides as the run
+that wrote it did.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import numbers
+import typing
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Sequence
+
+from freeze.monitor import IntervalStats, relative_change
+
+# Schedule arithmetic in floats lands a hair off exact values (0.8 + 0.2 * 1/4 = 0.8500000000000001);
+# without this slack a block due exactly at an evaluation would freeze one evaluation late.
+SCHEDULE_EPS = 1e-9
+
+_BOOL_WORDS = {"true": True, "false": False, "1": True, "0": False, "yes": True, "no": False}
+
+
+class PolicyError(ValueError):
+    """A bad policy name, parameter, value or call; the message is one line naming the accepted values."""
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where training stands when a policy is asked."""
+
+    epoch: int  # 0-based epoch that just ended (or is running, for step-level evaluation)
+    epochs_total: int  # planned epochs (>= 1)
+    step: int  # optimizer steps completed so far
+    steps_total: int  # optimizer steps in the whole run; 0 if unknown
+
+    def __post_init__(self) -> None:
+        for name, low in (("epoch", 0), ("epochs_total", 1), ("step", 0), ("steps_total", 0)):
+            value = getattr(self, name)
+            if not _is_int(value) or value < low:
+                raise ValueError(f"Progress: {name} = {value!r}; accepted: int >= {low}")
+
+    @property
+    def fraction(self) -> float:
+        """Fraction of training done: by steps when their total is known, else by epochs."""
+        if self.steps_total:
+            done = self.step / self.steps_total
+        else:
+            done = (self.epoch + 1) / self.epochs_total
+        return min(max(done, 0.0), 1.0)
+
+
+def param(
+    default: Any,
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+    high_open: bool = False,
+    choices: tuple[str, ...] | None = None,
+) -> Any:
+    """A policy parameter: a dataclass field carrying its accepted values, checked on construction."""
+    limits = {"low": low, "high": high, "low_open": low_open, "high_open": high_open}
+    return field(default=default, metadata={**limits, "choices": choices})
+
+
+class Policy(ABC):
+    """Base of every policy. Concrete policies are ``@register_policy @dataclass(frozen=True)``."""
+
+    name: ClassVar[str]
+    uses_gradients: ClassVar[bool] = False  # decisions read the monitor history
+    needs_run_length: ClassVar[bool] = False  # decisions read progress.fraction
+    may_unfreeze: ClassVar[bool] = False  # may return k < boundary
+
+    def __post_init__(self) -> None:
+        # Coerce first so that Policy(percentile=50) and parse "percentile=50" are the same object.
+        for f in _fields(self):
+            object.__setattr__(self, f.name, _coerce(type(self), f, getattr(self, f.name)))
+
+    def initial_boundary(self, num_blocks: int) -> int:
+        self._check_blocks(num_blocks)
+        return 0
+
+    @abstractmethod
+    def decide(
+        self, boundary: int, history: Sequence[IntervalStats], progress: Progress, num_blocks: int
+    ) -> int:
+        """The boundary to apply now, in [0, num_blocks - 1]."""
+
+    def spec(self) -> str:
+        """Canonical config string with every parameter written out; parse_policy(p.spec()) == p."""
+        params = ",".join(f"{f.name}={_format(getattr(self, f.name))}" for f in _fields(self))
+        return f"{self.name}:{params}" if params else self.name
+
+    def state_dict(self) -> dict:
+        # Decisions are pure, so the parameters are the whole state.
+        return {"policy": self.name, "params": {f.name: getattr(self, f.name) for f in _fields(self)}}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Take the checkpoint's parameters, so a resumed run decides as the run that wrote it."""
+        found = state.get("policy") if isinstance(state, dict) else None
+        if found != self.name or not isinstance(state.get("params"), dict):
+            raise PolicyError(
+                f"policy '{self.name}': state_dict is for policy {found!r}; "
+                f"accepted: a state_dict written by policy '{self.name}'"
+            )
+        restored = make_policy(self.name, **state["params"])
+        for f in _fields(self):
+            object.__setattr__(self, f.name, getattr(restored, f.name))
+
+    # ---------------------------------------------------------------- shared checks
+    def _check_blocks(self, num_blocks: int) -> None:
+        if not _is_int(num_blocks) or num_blocks < 1:
+            raise PolicyError(f"policy '{self.name}': num_blocks = {num_blocks!r}; accepted: int >= 1")
+
+    def _check_call(self, boundary: int, num_blocks: int) -> None:
+        self._check_blocks(num_blocks)
+        if not _is_int(boundary) or not 0 <= boundary < num_blocks:
+            raise PolicyError(
+                f"policy '{self.name}': boundary = {boundary!r} with {num_blocks} blocks; "
+                f"accepted: 0..{num_blocks - 1}"
+            )
+
+    def _last_etas(self, history: Sequence[IntervalStats], num_blocks: int) -> list[float | None]:
+        """eta_l = |G_prev - G_cur| / G_prev per block between the last two intervals."""
+        prev, cur = history[-2], history[-1]
+        for stats in (prev, cur):
+            if len(stats.summed_grad_norm) != num_blocks:
+                raise PolicyError(
+                    f"policy '{self.name}': interval {stats.index} has {len(stats.summed_grad_norm)} "
+                    f"block statistics; accepted: exactly num_blocks = {num_blocks}"
+                )
+        return relative_change(prev, cur)
+
+
+# -------------------------------------------------------------------- registry and parsing
+POLICIES: dict[str, type[Policy]] = {}
+
+
+def register_policy(cls: type[Policy]) -> type[Policy]:
+    """Class decorator: make a frozen-dataclass policy reachable by its ``name``."""
+    if not (isinstance(cls, type) and issubclass(cls, Policy) and dataclasses.is_dataclass(cls)):
+        raise TypeError(f"register_policy: {cls!r} is not a dataclass subclass of Policy")
+    name = getattr(cls, "name", None)
+    if not isinstance(name, str) or not name or any(c in name for c in ":,= "):
+        raise PolicyError(
+            f"register_policy: {cls.__name__}.name = {name!r}; accepted: a non-empty name without ':,= '"
+        )
+    if name in POLICIES and POLICIES[name] is not cls:
+        raise PolicyError(
+            f"register_policy: policy '{name}' is already registered by {POLICIES[name].__name__}; "
+            "accepted: a new name"
+        )
+    POLICIES[name] = cls
+    return cls
+
+
+def make_policy(name: str, **params: Any) -> Policy:
+    """Build a registered policy; parameter values may be typed or strings."""
+    cls = _policy_class(name)
+    accepted = [f.name for f in _fields(cls)]
+    for key in params:
+        if key not in accepted:
+            raise PolicyError(
+                f"policy '{name}': unknown parameter '{key}'; "
+                f"accepted: {', '.join(accepted) or 'no parameters'}"
+            )
+    return cls(**params)
+
+
+def parse_policy(spec: str) -> Policy:
+    """``"name"`` or ``"name:param=value,param=value"`` -> policy."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise PolicyError(
+            f"empty policy spec {spec!r}; accepted: a policy name ({', '.join(POLICIES)}) "
+            "optionally followed by ':param=value,...'"
+        )
+    name, colon, rest = spec.strip().partition(":")
+    name = name.strip()
+    cls = _policy_class(name)
+    accepted = ", ".join(f.name for f in _fields(cls)) or "no parameters"
+    params: dict[str, str] = {}
+    if colon:
+        for item in rest.split(","):
+            key, eq, value = item.partition("=")
+            key = key.strip()
+            if not eq or not key:
+                raise PolicyError(
+                    f"policy '{name}': malformed parameter {item!r} in {spec!r}; "
+                    f"accepted: param=value pairs separated by ',' with param in {accepted}"
+                )
+            if key in params:
+                raise PolicyError(
+                    f"policy '{name}': parameter '{key}' given twice in {spec!r}; "
+                    f"accepted: each of {accepted} at most once"
+                )
+            params[key] = value
+    return make_policy(name, **params)
+
+
+def _policy_class(name: str) -> type[Policy]:
+    import freeze.policies  # noqa: F401  (registers the built-in policies; cached after the first call)
+
+    if name not in POLICIES:
+        raise PolicyError(f"unknown policy {name!r}; accepted: {', '.join(POLICIES)}")
+    return POLICIES[name]
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _fields(policy: Policy | type[Policy]) -> tuple[dataclasses.Field, ...]:
+    return dataclasses.fields(policy)  # type: ignore[arg-type]
+
+
+@functools.cache
+def _param_types(cls: type[Policy]) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _accepted(f: dataclasses.Field, typ: type) -> str:
+    meta = f.metadata
+    if meta.get("choices"):
+        return "one of " + ", ".join(meta["choices"])
+    low, high = meta.get("low"), meta.get("high")
+    if low is not None and high is not None:
+        left, right = "(" if meta["low_open"] else "[", ")" if meta["high_open"] else "]"
+        return f"{typ.__name__} in {left}{low:g}, {high:g}{right}"
+    if low is not None:
+        return f"{typ.__name__} {'>' if meta['low_open'] else '>='} {low:g}"
+    if high is not None:
+        return f"{typ.__name__} {'<' if meta['high_open'] else '<='} {high:g}"
+    return typ.__name__
+
+
+def _convert(typ: type, value: Any) -> Any:
+    """``value`` (typed, or a string from a spec) as ``typ``; None when it is not one."""
+    if isinstance(value, str):
+        text = value.strip()
+        if typ is str:
+            return text
+        if typ is bool:
+            return _BOOL_WORDS.get(text.lower())
+        try:
+            return typ(text)
+        except ValueError:
+            return None
+    if isinstance(value, bool):  # bool is an int subclass: True must not pass as k=1
+        return value if typ is bool else None
+    if typ is int and isinstance(value, numbers.Integral):
+        return int(value)
+    if typ is float and isinstance(value, numbers.Real):
+        return float(value)
+    return None
+
+
+def _coerce(cls: type[Policy], f: dataclasses.Field, value: Any) -> Any:
+    """Convert a parameter value to the field's type and check it against the accepted values."""
+    typ = _param_types(cls)[f.name]
+    if typ not in (int, float, str, bool):
+        raise TypeError(f"policy '{cls.name}': parameter '{f.name}' has unsupported type {typ!r}")
+    accepted = _accepted(f, typ)
+
+    def bad(why: str) -> PolicyError:
+        return PolicyError(
+            f"policy '{cls.name}': parameter '{f.name}' = {value!r} {why}; accepted: {accepted}"
+        )
+
+    out = _convert(typ, value)
+    if out is None or (typ is float and not math.isfinite(out)):
+        raise bad(f"is not a valid {typ.__name__}")
+    meta = f.metadata
+    if meta.get("choices") and out not in meta["choices"]:
+        raise bad("is not accepted")
+    low, high = meta.get("low"), meta.get("high")
+    if low is not None and (out < low or (meta["low_open"] and out == low)):
+        raise bad("is out of range")
+    if high is not None and (out > high or (meta["high_open"] and out == high)):
+        raise bad("is out of range")
+    return out
+
+
+def _format(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return repr(value)  # shortest string that parses back to the same float
+    return str(value)
+
+
+def floor_with_slack(x: float) -> int:
+    return math.floor(x + SCHEDULE_EPS)
