@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import pickle
 import time
 import traceback
 from pathlib import Path
@@ -19,7 +18,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-import torch.multiprocessing as mp
 import torchvision
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
@@ -27,6 +25,7 @@ from torch.nn.parallel import DistributedDataParallel
 from freeze import Freezer, comm, split_blocks
 from freeze.blocks import Block
 from freeze.log import get_logger
+from freeze.spawn import SpawnError, spawn_and_collect, write_payload
 
 NUM_CLASSES = 10
 RESNETS = ("resnet18", "resnet34", "resnet50")
@@ -288,7 +287,6 @@ def worker_main(rank: int, cfg: dict, workdir: str) -> None:
     torch.set_num_threads(cfg["threads_per_worker"])
     torch.set_flush_denormal(True)
     log = get_logger(rank)
-    out = Path(workdir) / f"rank{rank}.pkl"
     try:
         dist.init_process_group(
             "gloo",
@@ -306,10 +304,7 @@ def worker_main(rank: int, cfg: dict, workdir: str) -> None:
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-    tmp = out.with_suffix(".tmp")
-    with open(tmp, "wb") as f:
-        pickle.dump(payload, f)
-    os.replace(tmp, out)
+    write_payload(workdir, rank, payload)
 
 
 SAMPLE_FIELDS = ("step_ms", "forward_ms", "backward_ms", "monitor_ms", "optimizer_ms")
@@ -341,36 +336,15 @@ def threads_per_worker(workers: int) -> int:
 def launch(cfg: dict, workdir: Path, deadline_s: float) -> list[dict]:
     """Spawn the ranks (file:// rendezvous in ``workdir``), wait with a deadline, kill leftovers;
     return every rank's measurements as gathered by rank 0."""
-    workdir.mkdir(parents=True, exist_ok=True)
     workers = cfg["workers"]
     worker_cfg = cfg | {"threads_per_worker": threads_per_worker(workers)}
-    env_backup = os.environ.get("OMP_NUM_THREADS")
-    os.environ["OMP_NUM_THREADS"] = str(worker_cfg["threads_per_worker"])
     try:
-        ctx = mp.start_processes(
-            worker_main, args=(worker_cfg, str(workdir)), nprocs=workers, join=False, start_method="spawn"
-        )
-    finally:
-        if env_backup is None:
-            os.environ.pop("OMP_NUM_THREADS", None)
-        else:
-            os.environ["OMP_NUM_THREADS"] = env_backup
-    deadline = time.monotonic() + deadline_s
-    try:
-        while not ctx.join(timeout=1.0):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"bench: workers did not finish within {deadline_s:.0f} s")
-    except (mp.ProcessRaisedException, mp.ProcessExitedException) as e:  # raised outside worker_main's try, or killed (e.g. out of memory)
-        raise RuntimeError(f"bench: a worker died: {e}") from None
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
-            p.join(timeout=5)
-    payloads = []
-    for r in range(workers):
-        with open(workdir / f"rank{r}.pkl", "rb") as f:
-            payloads.append(pickle.load(f))
+        payloads = spawn_and_collect(worker_main, (worker_cfg, str(workdir)), workers, workdir, deadline_s,
+                                     threads_per_proc=worker_cfg["threads_per_worker"])
+    except TimeoutError:
+        raise TimeoutError(f"bench: workers did not finish within {deadline_s:.0f} s") from None
+    except SpawnError as e:  # raised outside worker_main's try, or killed (e.g. out of memory)
+        raise RuntimeError(f"bench: {e}") from None
     for r, payload in enumerate(payloads):
         if not payload["ok"]:
             raise RuntimeError(f"bench: rank {r} failed:\n{payload['error']}")

@@ -25,23 +25,16 @@ import re
 import shutil
 import sys
 import time
-import tomllib
 from pathlib import Path
 
-from experiments.sweep import SweepError, expand, run_specs
+from experiments.sweep import SweepError, expand, read_toml, run_specs
 from freeze.config import ConfigError, load_config
 
 _ALLOWED = {"name", "finetune", "pretrain", "overrides", "target_fraction", "report_md", "out_dir"}
 
 
 def read_study(path: str | Path) -> dict:
-    path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise SweepError(f"study file {path} does not exist") from None
-    except tomllib.TOMLDecodeError as e:
-        raise SweepError(f"study file {path}: {e}") from None
+    data = read_toml(path, "study")
     study = data.get("study")
     if not isinstance(study, dict) or "name" not in study or "finetune" not in study:
         raise SweepError(f"study file {path}: needs a [study] table with 'name' and 'finetune'")

@@ -80,14 +80,19 @@ def _override_value(value) -> str:
     return str(value)
 
 
-def read_sweep(path: str | Path) -> dict:
+def read_toml(path: str | Path, kind: str) -> dict:
+    """A sweep or study file as a dict; a missing file or bad TOML is one SweepError line."""
     path = Path(path)
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        return tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise SweepError(f"sweep file {path} does not exist") from None
+        raise SweepError(f"{kind} file {path} does not exist") from None
     except tomllib.TOMLDecodeError as e:
-        raise SweepError(f"sweep file {path}: {e}") from None
+        raise SweepError(f"{kind} file {path}: {e}") from None
+
+
+def read_sweep(path: str | Path) -> dict:
+    data = read_toml(path, "sweep")
     sweep = data.get("sweep")
     if not isinstance(sweep, dict) or "base" not in sweep or "study" not in sweep:
         raise SweepError(f"sweep file {path}: needs a [sweep] table with 'base' and 'study'")

@@ -22,7 +22,7 @@ import tomllib
 import zipfile
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Iterator, Literal
+from typing import Any, BinaryIO, Callable, Iterator, Literal
 
 import torch
 
@@ -67,18 +67,24 @@ def _commit(tmp: Path, path: Path) -> None:
     _fsync_dir(path.parent)
 
 
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+def _atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
+    """``write`` into a temp file beside ``path``, fsync, rename over ``path``, fsync the directory:
+    a crash at any point leaves either the old file or the new one, never a mix."""
     path = Path(path)
     fd, tmp = _temp_in(path)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         _commit(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    _atomic_write(path, lambda f: f.write(data))
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
@@ -91,17 +97,7 @@ def atomic_write_json(path: str | Path, obj: Any) -> None:
 
 def save_checkpoint(obj: Any, path: str | Path) -> None:
     """torch.save ``obj`` to ``path`` atomically: a crash mid-save leaves the previous file intact."""
-    path = Path(path)
-    fd, tmp = _temp_in(path)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        _commit(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    _atomic_write(path, lambda f: torch.save(obj, f))
 
 
 def load_checkpoint(path: str | Path, map_location: Any = "cpu", weights_only: bool = False) -> Any:

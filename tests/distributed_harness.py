@@ -8,21 +8,18 @@ deadline in the parent after which every worker is killed: a broken test fails, 
 from __future__ import annotations
 
 import datetime
-import os
-import pickle
-import time
 import traceback
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
+from freeze.spawn import SpawnError, spawn_and_collect, write_payload
 
 
 def _worker(rank: int, fn: Callable, world_size: int, workdir: str, args: tuple, collective_timeout_s: float) -> None:
     torch.set_num_threads(1)
-    out = Path(workdir) / f"rank{rank}.pkl"
     try:
         dist.init_process_group(
             "gloo",
@@ -38,8 +35,7 @@ def _worker(rank: int, fn: Callable, world_size: int, workdir: str, args: tuple,
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-    with open(out, "wb") as f:
-        pickle.dump(payload, f)
+    write_payload(workdir, rank, payload)
 
 
 def run_distributed(
@@ -55,39 +51,13 @@ def run_distributed(
     ``fn`` must be importable (module level). Raises AssertionError with the worker traceback if any
     rank failed, or TimeoutError after ``deadline_s``.
     """
-    workdir = Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
-    env_backup = os.environ.get("OMP_NUM_THREADS")
-    os.environ["OMP_NUM_THREADS"] = "1"
     try:
-        ctx = mp.start_processes(
-            _worker,
-            args=(fn, world_size, str(workdir), args, collective_timeout_s),
-            nprocs=world_size,
-            join=False,
-            start_method="spawn",
-        )
-    finally:
-        if env_backup is None:
-            os.environ.pop("OMP_NUM_THREADS", None)
-        else:
-            os.environ["OMP_NUM_THREADS"] = env_backup
-    deadline = time.monotonic() + deadline_s
-    try:
-        while not ctx.join(timeout=1.0):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"distributed test did not finish within {deadline_s:.0f} s")
-    except mp.ProcessRaisedException as e:  # a worker crashed outside our try (e.g. unpicklable fn)
+        payloads = spawn_and_collect(_worker, (fn, world_size, str(workdir), args, collective_timeout_s),
+                                     world_size, workdir, deadline_s)
+    except SpawnError as e:  # a worker crashed outside our try (e.g. unpicklable fn)
         raise AssertionError(str(e)) from None
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
-            p.join(timeout=5)
     results = []
-    for r in range(world_size):
-        with open(workdir / f"rank{r}.pkl", "rb") as f:
-            payload = pickle.load(f)
+    for r, payload in enumerate(payloads):
         if not payload["ok"]:
             raise AssertionError(f"rank {r} failed:\n{payload['error']}")
         results.append(payload["result"])

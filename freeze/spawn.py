@@ -1,0 +1,71 @@
+"""Spawn N local processes, wait with a deadline, and collect one pickled payload per rank.
+
+Used where torchrun is not: the engine benchmark and the multi-process tests. Spawn (not fork)
+start method, OMP_NUM_THREADS set for the children, a deadline after which every child is killed
+(a hang fails instead of blocking CI), and no child left running on any exit path.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch.multiprocessing as mp
+
+
+class SpawnError(RuntimeError):
+    """A child died outside its own error handling (crash, kill, unpicklable function)."""
+
+
+def payload_path(workdir: str | Path, rank: int) -> Path:
+    """Where rank ``rank`` writes its pickled payload (a dict with at least ``"ok"``)."""
+    return Path(workdir) / f"rank{rank}.pkl"
+
+
+def write_payload(workdir: str | Path, rank: int, payload: dict) -> None:
+    """Write atomically: a rank killed mid-write leaves no half payload for the parent to misread."""
+    path = payload_path(workdir, rank)
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "wb") as f:
+        pickle.dump(payload, f)
+    os.replace(tmp, path)
+
+
+def spawn_and_collect(
+    fn: Callable[..., None], args: tuple, nprocs: int, workdir: str | Path, deadline_s: float, threads_per_proc: int = 1
+) -> list[dict]:
+    """Run ``fn(rank, *args)`` in ``nprocs`` spawned processes; return their payloads in rank order.
+
+    ``fn`` must be importable (module level) and write its payload with :func:`write_payload`.
+    Raises TimeoutError after ``deadline_s``, SpawnError if a child died without a payload."""
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    saved = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = str(threads_per_proc)  # inherited by the spawned children
+    try:
+        ctx = mp.start_processes(fn, args=args, nprocs=nprocs, join=False, start_method="spawn")
+    finally:
+        if saved is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = saved
+    deadline = time.monotonic() + deadline_s
+    try:
+        while not ctx.join(timeout=1.0):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{nprocs} spawned processes did not finish within {deadline_s:.0f} s")
+    except (mp.ProcessRaisedException, mp.ProcessExitedException) as e:
+        raise SpawnError(f"a spawned process died: {e}") from None
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.kill()
+            p.join(timeout=5)
+    payloads = []
+    for rank in range(nprocs):
+        with open(payload_path(workdir, rank), "rb") as f:
+            payloads.append(pickle.load(f))
+    return payloads
