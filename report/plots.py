@@ -158,5 +158,8 @@ def write_plots(runs: list[Run], out_dir: Path) -> dict[str, Path]:
         plot_phase_times(groups, out_dir / "phase_times.png"),
     ]
     for key, members in groups.items():
-        paths.append(plot_eta_heatmap(key, members[0], out_dir / f"eta_{_slug(key[0])}_ws{key[1]}.png"))
+        # Runs record summed-gradient norms only when their policy reads them (or when
+        # freeze.track_summed_grads is set); an all-undefined heatmap would say nothing.
+        if np.isfinite(members[0].eta).any():
+            paths.append(plot_eta_heatmap(key, members[0], out_dir / f"eta_{_slug(key[0])}_ws{key[1]}.png"))
     return {p.name: p for p in paths}

@@ -257,3 +257,17 @@ def test_module_entry_point_exit_code(tmp_path):
                             cwd=Path(__file__).parents[1], timeout=60)
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0 and "not found" in result.stderr
+
+
+def test_no_eta_heatmap_for_a_group_that_recorded_no_summed_gradients(tmp_path):
+    study = tmp_path / "runs"
+    shutil.copytree(STUDY, study)
+    for run in ("none-s0", "none-s1"):  # what a run without freeze.track_summed_grads writes
+        path = study / run / "metrics.jsonl"
+        lines = [json.loads(line) for line in path.read_text().splitlines()]
+        for line in lines:
+            line["grad_norm"] = {key: [None] * len(value) for key, value in line["grad_norm"].items()}
+        path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    written = build_report(study, tmp_path / "out", formats=("png",))
+    heatmaps = sorted(name for name in written if name.startswith("eta_"))
+    assert heatmaps == ["eta_autofreeze_percentile_50_ws2.png", "eta_static_k_2_ws2.png"]
