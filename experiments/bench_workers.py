@@ -8,10 +8,8 @@ them for the parent (:func:`launch`), which turns them into the CSV and the mark
 
 from __future__ import annotations
 
-import datetime
 import os
 import time
-import traceback
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 from freeze import Freezer, comm, split_blocks
 from freeze.blocks import Block
 from freeze.log import get_logger
-from freeze.spawn import SpawnError, spawn_and_collect, write_payload
+from freeze.spawn import SpawnError, run_gloo_rank, spawn_and_collect
 
 NUM_CLASSES = 10
 RESNETS = ("resnet18", "resnet34", "resnet50")
@@ -287,24 +285,14 @@ def worker_main(rank: int, cfg: dict, workdir: str) -> None:
     torch.set_num_threads(cfg["threads_per_worker"])
     torch.set_flush_denormal(True)
     log = get_logger(rank)
-    try:
-        dist.init_process_group(
-            "gloo",
-            init_method=f"file://{workdir}/rendezvous",
-            rank=rank,
-            world_size=cfg["workers"],
-            timeout=datetime.timedelta(seconds=cfg["collective_timeout_s"]),
-        )
+
+    def body() -> list[dict] | None:
         result = measure(cfg, rank, log)
         gathered: list[dict] | None = [None] * cfg["workers"] if rank == 0 else None
         dist.gather_object(result, gathered, dst=0)
-        payload = {"ok": True, "ranks": gathered}
-    except BaseException:  # noqa: BLE001 - the parent re-raises with the traceback
-        payload = {"ok": False, "error": traceback.format_exc()}
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-    write_payload(workdir, rank, payload)
+        return gathered
+
+    run_gloo_rank(rank, cfg["workers"], workdir, cfg["collective_timeout_s"], body)
 
 
 SAMPLE_FIELDS = ("step_ms", "forward_ms", "backward_ms", "monitor_ms", "optimizer_ms")
@@ -348,4 +336,4 @@ def launch(cfg: dict, workdir: Path, deadline_s: float) -> list[dict]:
     for r, payload in enumerate(payloads):
         if not payload["ok"]:
             raise RuntimeError(f"bench: rank {r} failed:\n{payload['error']}")
-    return payloads[0]["ranks"]
+    return payloads[0]["result"]

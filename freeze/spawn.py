@@ -7,12 +7,15 @@ start method, OMP_NUM_THREADS set for the children, a deadline after which every
 
 from __future__ import annotations
 
+import datetime
 import os
 import pickle
 import time
+import traceback
 from pathlib import Path
 from typing import Callable
 
+import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
@@ -69,3 +72,27 @@ def spawn_and_collect(
         with open(payload_path(workdir, rank), "rb") as f:
             payloads.append(pickle.load(f))
     return payloads
+
+
+def run_gloo_rank(
+    rank: int, world_size: int, workdir: str | Path, collective_timeout_s: float, body: Callable[[], object]
+) -> None:
+    """Inside a spawned process: join a gloo group through ``file://<workdir>/rendezvous`` (no port
+    clashes), run ``body()``, leave the group, and write ``{"ok": True, "result": ...}`` or
+    ``{"ok": False, "error": traceback}``. The collective timeout makes a mismatched collective
+    raise instead of hanging until the parent's deadline."""
+    try:
+        dist.init_process_group(
+            "gloo",
+            init_method=f"file://{workdir}/rendezvous",
+            rank=rank,
+            world_size=world_size,
+            timeout=datetime.timedelta(seconds=collective_timeout_s),
+        )
+        payload = {"ok": True, "result": body()}
+    except BaseException:  # noqa: BLE001 - the parent re-raises with the traceback
+        payload = {"ok": False, "error": traceback.format_exc()}
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    write_payload(workdir, rank, payload)

@@ -7,35 +7,17 @@ deadline in the parent after which every worker is killed: a broken test fails, 
 
 from __future__ import annotations
 
-import datetime
-import traceback
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
-import torch.distributed as dist
 
-from freeze.spawn import SpawnError, spawn_and_collect, write_payload
+from freeze.spawn import SpawnError, run_gloo_rank, spawn_and_collect
 
 
 def _worker(rank: int, fn: Callable, world_size: int, workdir: str, args: tuple, collective_timeout_s: float) -> None:
     torch.set_num_threads(1)
-    try:
-        dist.init_process_group(
-            "gloo",
-            init_method=f"file://{workdir}/rendezvous",
-            rank=rank,
-            world_size=world_size,
-            timeout=datetime.timedelta(seconds=collective_timeout_s),
-        )
-        result = fn(rank, world_size, *args)
-        payload = {"ok": True, "result": result}
-    except BaseException:  # noqa: BLE001 - the parent re-raises with the traceback
-        payload = {"ok": False, "error": traceback.format_exc()}
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-    write_payload(workdir, rank, payload)
+    run_gloo_rank(rank, world_size, workdir, collective_timeout_s, lambda: fn(rank, world_size, *args))
 
 
 def run_distributed(
