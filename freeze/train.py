@@ -209,7 +209,7 @@ def train_worker(cfg: Config, ctx: WorkerContext, resume: bool) -> dict:
                 run.path, ctx.world_size, ctx.device, len(blocks), policy.spec(), steps_per_epoch)
 
     record: dict = {}
-    trainable = [p for p in model.parameters()]
+    params = list(model.parameters())
     for epoch in range(start_epoch, cfg.train.epochs):
         clock = PhaseClock(ctx.device)
         progress = ProgressLine(logger, epoch, cfg.train.epochs, rank=ctx.rank, device=ctx.device)
@@ -245,7 +245,7 @@ def train_worker(cfg: Config, ctx: WorkerContext, resume: bool) -> dict:
             step_ok = True
             if cfg.optim.grad_clip_norm > 0 or scaler.is_enabled():
                 max_norm = cfg.optim.grad_clip_norm if cfg.optim.grad_clip_norm > 0 else float("inf")
-                total_norm = torch.nn.utils.clip_grad_norm_([p for p in trainable if p.grad is not None], max_norm)
+                total_norm = torch.nn.utils.clip_grad_norm_([p for p in params if p.grad is not None], max_norm)
                 # fp16 only: GradScaler skips steps with overflowed gradients, and so must the monitor.
                 step_ok = not scaler.is_enabled() or bool(torch.isfinite(total_norm))
             if step_ok:
