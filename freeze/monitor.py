@@ -82,6 +82,14 @@ class GradNormMonitor:
         self._block_steps = [0] * len(self.blocks)  # steps each block was observed this interval
         self._interval_steps = 0
 
+    def _block_norms(self, positions: list[int], tensors: list[torch.Tensor]) -> torch.Tensor:
+        """[num_blocks] L2 norm per block of ``tensors`` (the tensors of parameters ``positions``):
+        one foreach norm and one segment-sum, whatever the number of blocks; 0 for blocks absent."""
+        device = tensors[0].device
+        sq = torch.stack([n.float() for n in torch._foreach_norm(tensors)]).square()
+        block_ids = torch.tensor([self._param_block[pos] for pos in positions], device=device)
+        return torch.zeros(len(self.blocks), device=device).index_add_(0, block_ids, sq).sqrt()
+
     # ---------------------------------------------------------------- per step
     def set_first_active(self, first_active: int) -> None:
         """Blocks before ``first_active`` are frozen: stop observing them and free their sums."""
@@ -104,13 +112,10 @@ class GradNormMonitor:
         if not positions:
             return
         grads = [self._params[pos].grad for pos in positions]
-        device = grads[0].device
-        sq = torch.stack([n.float() for n in torch._foreach_norm(grads)]).square()
-        block_ids = torch.tensor([self._param_block[pos] for pos in positions], device=device)
-        step_sq = torch.zeros(len(self.blocks), device=device).index_add_(0, block_ids, sq)
-        if self._norm_sum is None or self._norm_sum.device != device:
-            self._norm_sum = torch.zeros(len(self.blocks), device=device)
-        self._norm_sum.add_(step_sq.sqrt())
+        step_norms = self._block_norms(positions, grads)
+        if self._norm_sum is None or self._norm_sum.device != step_norms.device:
+            self._norm_sum = torch.zeros_like(step_norms)
+        self._norm_sum.add_(step_norms)
         if self.track_summed:
             for pos, g in zip(positions, grads):
                 if pos not in self._summed:
@@ -127,11 +132,7 @@ class GradNormMonitor:
         if self.track_summed and self._summed:
             positions = sorted(self._summed)
             tensors = [self._summed[pos] for pos in positions]
-            device = tensors[0].device
-            sq = torch.stack([n.float() for n in torch._foreach_norm(tensors)]).square()
-            ids = torch.tensor([self._param_block[pos] for pos in positions], device=device)
-            per_block = torch.zeros(num_blocks, device=device).index_add_(0, ids, sq).sqrt()
-            values = per_block.cpu().tolist()
+            values = self._block_norms(positions, tensors).cpu().tolist()
             observed = {self._param_block[pos] for pos in positions}
             summed = [values[b] if b in observed else None for b in range(num_blocks)]
             torch._foreach_zero_(tensors)
