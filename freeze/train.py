@@ -115,18 +115,20 @@ def _prepare_data(cfg: Config, ctx: WorkerContext) -> DataSplit:
             synthetic_test_size=cfg.data.synthetic_test_size, synthetic_seed=cfg.data.synthetic_seed,
         )
 
-    # One process per machine downloads or writes the files; the others read them afterwards.
-    error = None
+    # One process per machine downloads or writes the files (and keeps what it read); the others
+    # read them once it is done.
+    error, arrays = None, None
     if ctx.local_rank == 0:
         try:
-            load()
+            arrays = load()
         except DataError as e:
             error = str(e)
     error = agree_on_error(error)
     if error:
         raise DataError(error)
     barrier()
-    arrays = load()
+    if arrays is None:
+        arrays = load()
     return split_validation(arrays, cfg.data.val_size, cfg.run.seed, cfg.data.train_size, cfg.data.test_size)
 
 
