@@ -78,10 +78,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if not _under_launcher() and config.dist.nproc > 1:
-        run = RunDir(config.run_dir())
         try:  # refuse before starting workers, so bad input costs nothing
-            if run.status() == "complete":
-                raise RunError(f"run {run.path} is complete; it is never overwritten: choose another run.name")
+            RunDir(config.run_dir()).ensure_not_complete()
         except RunError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2

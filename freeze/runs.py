@@ -177,14 +177,19 @@ class RunDir:
             raise RunError(f"{self.manifest_path}: status {status!r} is not one of {', '.join(_MANIFEST_STATUSES)}")
         return status
 
+    def ensure_not_complete(self) -> RunStatus:
+        """The run's status; RunError if it is complete (a complete run is never overwritten)."""
+        status = self.status()
+        if status == "complete":
+            raise RunError(f"run {self.path} is complete; it is never overwritten: choose another run.name")
+        return status
+
     def create(self, config_toml: str, manifest: dict[str, Any], resume: bool) -> None:
         """Start (or, with ``resume``, continue) the run: write config.toml and a "running" manifest.
 
         On resume the original start_time is kept; the caller's other manifest fields win.
         """
-        status = self.status()
-        if status == "complete":
-            raise RunError(f"run {self.path} is complete; it is never overwritten: choose another run.name")
+        status = self.ensure_not_complete()
         if self.has_progress() and not resume:
             raise RunError(
                 f"run {self.path} already has metrics or a checkpoint (status {status}); "
