@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from experiments.sweep import SweepError, expand, read_toml, run_specs
-from freeze.config import ConfigError, load_config
+from freeze.config import ConfigError
 
 _ALLOWED = {"name", "finetune", "pretrain", "overrides", "target_fraction", "report_md", "out_dir"}
 
@@ -78,8 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         pretrain_specs = []
         if study.get("pretrain"):
             pretrain_specs = expand(study["pretrain"], f"{study['name']}-pretrain", {}, [], out_dir)
-            pretrain_cfg = load_config(study["pretrain"], pretrain_specs[0].overrides, check_files=False)
-            overrides.append(f"model.weights={pretrain_cfg.run_dir() / 'checkpoint.pt'}")
+            overrides.append(f"model.weights={pretrain_specs[0].config.run_dir() / 'checkpoint.pt'}")
         specs = expand(study["finetune"], study["name"], study["grid"], overrides, out_dir)
     except (SweepError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from experiments.run import launch_local
-from freeze.config import ConfigError, load_config
+from freeze.config import Config, ConfigError, load_config
 from freeze.runs import RunDir, RunError
 
 SEED_KEY = "run.seed"
@@ -46,6 +46,7 @@ class RunSpec:
     name: str
     group: str
     overrides: tuple[str, ...]  # everything passed to experiments.run after --config
+    config: Config  # the resolved config those overrides give (validated once, in expand)
 
 
 @dataclass
@@ -123,7 +124,7 @@ def expand(base: str, study: str, grid: dict, overrides: list[str], out_dir: str
             config = load_config(base, run_overrides, check_files=False)
         except ConfigError as e:
             raise SweepError(f"run {'_'.join(_slug(k, v) for k, v in pairs) or base}: {e}") from None
-        specs.append(RunSpec(config.run.name, config.run_group(), tuple(run_overrides)))
+        specs.append(RunSpec(config.run.name, config.run_group(), tuple(run_overrides), config))
     names = [s.name for s in specs]
     if len(set(names)) != len(names):
         raise SweepError("sweep: two grid points map to the same run name; make the grid values distinct")
@@ -133,7 +134,7 @@ def expand(base: str, study: str, grid: dict, overrides: list[str], out_dir: str
 def run_specs(base: str, specs: list[RunSpec], log=print) -> SweepSummary:
     summary = SweepSummary()
     for i, spec in enumerate(specs, 1):
-        config = load_config(base, spec.overrides, check_files=False)
+        config = spec.config
         run = RunDir(config.run_dir())
         try:
             status = run.status()
