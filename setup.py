@@ -2,17 +2,21 @@ from setuptools import find_packages, setup
 
 setup(
     name="freeze",
-    version="0.1.0",
+    version="0.2.0",
     description="Adaptive layer freezing for data-parallel fine-tuning in PyTorch",
     python_requires=">=3.11",
-    packages=find_packages(include=["freeze", "freeze.*", "experiments", "report"]),
+    # Only the freeze package is installed: experiments/ and report/ are folders of this repository
+    # (configs, research scripts, the write-up) and must not land in site-packages under generic
+    # names that other projects also use. Everything a console script needs lives in freeze.pipeline.
+    packages=find_packages(include=["freeze", "freeze.*"]),
     # Exact pins live in requirements.txt; these are the ranges the code is written against.
     install_requires=["torch>=2.4", "torchvision>=0.19", "numpy", "scipy", "pandas", "matplotlib"],
     entry_points={
         "console_scripts": [
-            "freeze-run=experiments.run:main",
-            "freeze-sweep=experiments.sweep:main",
-            "freeze-report=report.__main__:main",
+            "freeze-run=freeze.pipeline.run:main",
+            "freeze-sweep=freeze.pipeline.sweep:main",
+            "freeze-study=freeze.pipeline.study:main",
+            "freeze-report=freeze.pipeline.report.cli:main",
         ]
     },
 )

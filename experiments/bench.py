@@ -62,7 +62,7 @@ class BenchConfig:
         if not self.lr > 0:
             raise ValueError(f"bench: lr must be > 0, got {self.lr}")
 
-    def resolved(self, num_blocks: int) -> "BenchConfig":
+    def resolved(self, num_blocks: int) -> BenchConfig:
         """ks / phase_ks filled in and checked against the model's blocks."""
         ks = tuple(range(num_blocks)) if self.ks is None else tuple(sorted(set(self.ks)))
         for k in ks:

@@ -22,8 +22,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from freeze import Freezer, comm, split_blocks
 from freeze.blocks import Block
-from freeze.log import get_logger
-from freeze.spawn import SpawnError, run_gloo_rank, spawn_and_collect
+from freeze.pipeline.log import get_logger
+from freeze.testing import SpawnError, run_gloo_rank, spawn_and_collect
 
 NUM_CLASSES = 10
 RESNETS = ("resnet18", "resnet34", "resnet50")

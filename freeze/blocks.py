@@ -7,8 +7,8 @@ first k blocks" would leave parameters in no man's land or freeze them twice.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from torch import nn
 
@@ -33,7 +33,7 @@ class Block:
     def num_params(self) -> int:
         return sum(p.numel() for p in self.params)
 
-    def buffers(self) -> list[tuple[str, "nn.Module", str]]:
+    def buffers(self) -> list[tuple[str, nn.Module, str]]:
         """(qualified name, owning module, attribute name) of every buffer in the block."""
         out = []
         for mod_name, mod in zip(self.module_names, self.modules):
@@ -108,7 +108,7 @@ def split_blocks(model: nn.Module, names: Sequence[str | Sequence[str]] | None =
             mods.append(modules[mod_name])
         block_name = _block_name(entry)
         pnames, params = [], []
-        for mod_name, mod in zip(entry, mods):
+        for mod in mods:
             for p in mod.parameters():
                 if id(p) in owner:
                     raise BlockError(

@@ -10,7 +10,8 @@ unchanged, batch statistics - and therefore the output - identical) and restore 
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn

@@ -6,8 +6,9 @@ new wrapper whenever the frozen set changes. Everything about that construction 
 
 # No `from __future__ import annotations`: DDP checks the comm hooks' annotations at runtime.
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable, Literal
+from typing import Literal
 
 import torch
 import torch.distributed as dist

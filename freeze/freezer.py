@@ -17,8 +17,8 @@ Without an initialised process group the same object drives a plain model in one
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Sequence
 
 import torch
 from torch import nn
@@ -136,7 +136,7 @@ class Freezer:
         """The module to call for the forward pass: the current DDP wrapper, or the model itself."""
         return self._ddp if self._ddp is not None else self.model
 
-    def train(self, mode: bool = True) -> "Freezer":
+    def train(self, mode: bool = True) -> Freezer:
         """``model.train(mode)`` that keeps frozen BatchNorm in eval."""
         self.model.train(mode)
         for b in self.blocks[: self.boundary]:
@@ -144,7 +144,7 @@ class Freezer:
                 bn.eval()
         return self
 
-    def eval(self) -> "Freezer":
+    def eval(self) -> Freezer:
         self.model.eval()
         return self
 

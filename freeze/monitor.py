@@ -14,8 +14,8 @@ CUDA stream. The host sees numbers once per interval, in :meth:`GradNormMonitor.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Sequence
 
 import torch
 
@@ -39,7 +39,7 @@ class IntervalStats:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "IntervalStats":
+    def from_dict(cls, d: dict) -> IntervalStats:
         return cls(
             index=int(d["index"]),
             epoch=int(d["epoch"]),

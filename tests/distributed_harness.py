@@ -7,12 +7,13 @@ deadline in the parent after which every worker is killed: a broken test fails, 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
-from freeze.spawn import SpawnError, run_gloo_rank, spawn_and_collect
+from freeze.testing import SpawnError, run_gloo_rank, spawn_and_collect
 
 
 def _worker(rank: int, fn: Callable, world_size: int, workdir: str, args: tuple, collective_timeout_s: float) -> None:

@@ -130,7 +130,7 @@ def test_restored_freezer_makes_the_same_next_decision():
     opt2.load_state_dict(saved["opt"])
     assert freezer2.boundary == freezer.boundary
     boundaries = []
-    for f, m, o in ((freezer, model, opt), (freezer2, model2, opt2)):
+    for f, o in ((freezer, opt), (freezer2, opt2)):
         s = step
         for epoch in range(3, 6):
             f.train()

@@ -4,9 +4,9 @@ One schedule of boundaries freezes and later unfreezes blocks; every step record
 compare, so a single pair of processes per optimizer covers every claim.
 """
 
+import pytest
 import torch
 import torch.nn.functional as F
-import pytest
 
 from freeze import Freezer, split_blocks
 from tests.distributed_harness import run_distributed

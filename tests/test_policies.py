@@ -7,19 +7,15 @@ import json
 import pytest
 
 from freeze.monitor import IntervalStats
-from freeze.policies import (
-    POLICIES,
+from freeze.policies import POLICIES, PolicyError, Progress, make_policy, parse_policy
+from freeze.policies.rules import (
     AutoFreeze,
     CS744Freeze,
     FreezeOut,
     GeometricFreeze,
     GradualUnfreeze,
     LinearFreeze,
-    PolicyError,
-    Progress,
     StaticFreeze,
-    make_policy,
-    parse_policy,
 )
 
 PROGRESS = Progress(epoch=3, epochs_total=10, step=400, steps_total=1000)

@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from freeze.config import (
+from freeze.pipeline.config import (
     SECTIONS,
     Config,
     ConfigError,

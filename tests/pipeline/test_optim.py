@@ -4,7 +4,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from freeze.optim import build_optimizer, build_scheduler, lr_factor
+from freeze.pipeline.optim import build_optimizer, build_scheduler, lr_factor
 from tests.tiny_models import TinyNet
 
 

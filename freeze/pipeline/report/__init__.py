@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from report.load import ReportInputError, Run, load_runs
-from report.tables import Table, build_tables, combined_markdown, to_latex, to_markdown
+from freeze.pipeline.report.load import ReportInputError, Run, load_runs
+from freeze.pipeline.report.tables import Table, build_tables, combined_markdown, to_latex, to_markdown
 
 FORMATS = ("md", "tex", "csv", "png")
 
@@ -55,7 +55,7 @@ def build_report(
         write("tables.md", combined_markdown(tables, runs))
     if "png" in formats:
         # Imported here so table-only reports never pay for matplotlib.
-        from report.plots import write_plots
+        from freeze.pipeline.report.plots import write_plots
 
         written.update(write_plots(runs, out))
     return written

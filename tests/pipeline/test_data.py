@@ -8,8 +8,8 @@ import pytest
 import torch
 from torchvision.datasets import CIFAR10
 
-import freeze.data as data
-from freeze.data import (
+import freeze.pipeline.data as data
+from freeze.pipeline.data import (
     CIFAR10_MEAN,
     CIFAR10_STD,
     CifarArrays,
@@ -22,7 +22,7 @@ from freeze.data import (
     split_validation,
     write_synthetic_cifar,
 )
-from freeze.synthetic import render_synthetic_split, synthetic_class_names
+from freeze.pipeline.synthetic import render_synthetic_split, synthetic_class_names
 
 N_TRAIN, N_TEST = 200, 50
 
@@ -126,7 +126,7 @@ def test_unmarked_directory_is_checked_against_official_md5(copy_root):
 
 
 def test_load_dataset_writes_synthetic_once(tmp_path):
-    kwargs = dict(synthetic_train_size=60, synthetic_test_size=20, synthetic_seed=5)
+    kwargs = {"synthetic_train_size": 60, "synthetic_test_size": 20, "synthetic_seed": 5}
     first = load_dataset("synthetic-target", tmp_path, **kwargs)
     folder = tmp_path / "synthetic-target-n60-20-s5" / "cifar-10-batches-py"
     assert [p.name for p in tmp_path.iterdir()] == ["synthetic-target-n60-20-s5"]  # no temp leftovers

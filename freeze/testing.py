@@ -12,8 +12,8 @@ import os
 import pickle
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -90,7 +90,7 @@ def run_gloo_rank(
             timeout=datetime.timedelta(seconds=collective_timeout_s),
         )
         payload = {"ok": True, "result": body()}
-    except BaseException:  # noqa: BLE001 - the parent re-raises with the traceback
+    except BaseException:
         payload = {"ok": False, "error": traceback.format_exc()}
     finally:
         if dist.is_initialized():

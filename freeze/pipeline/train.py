@@ -21,16 +21,16 @@ import torch.nn.functional as F
 
 from freeze import comm
 from freeze.blocks import children_block_names, split_blocks
-from freeze.config import Config, config_to_toml
-from freeze.data import DataError, DataSplit, EvalLoader, TrainLoader, load_dataset, split_validation
-from freeze.distributed import WorkerContext, agree_on_error, barrier
 from freeze.freezer import Freezer
-from freeze.log import ProgressLine, get_logger
-from freeze.models import build_model
 from freeze.monitor import relative_change
-from freeze.optim import build_optimizer, build_scheduler
+from freeze.pipeline.config import Config, config_to_toml
+from freeze.pipeline.data import DataError, DataSplit, EvalLoader, TrainLoader, load_dataset, split_validation
+from freeze.pipeline.distributed import WorkerContext, agree_on_error, barrier
+from freeze.pipeline.log import ProgressLine, get_logger
+from freeze.pipeline.models import build_model
+from freeze.pipeline.optim import build_optimizer, build_scheduler
+from freeze.pipeline.runs import RunDir, RunError, environment_info, load_checkpoint, now_iso, save_checkpoint
 from freeze.policies import parse_policy
-from freeze.runs import RunDir, RunError, environment_info, load_checkpoint, now_iso, save_checkpoint
 
 PHASES = ("data", "forward", "backward", "optimizer", "freezer", "eval")
 
@@ -41,7 +41,7 @@ class PhaseClock:
     asynchronous kernels would be billed to whichever phase happens to wait for them."""
 
     device: torch.device
-    seconds: dict[str, float] = field(default_factory=lambda: {p: 0.0 for p in PHASES})
+    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
     _last: float = 0.0
 
     def start(self) -> None:

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from experiments.study import splice_tables
-from experiments.sweep import SweepError, expand, read_sweep
+from freeze.pipeline.study import splice_tables
+from freeze.pipeline.sweep import SweepError, expand, read_sweep
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SMOKE = REPO / "experiments" / "configs" / "smoke.toml"
 TINY = ["train.epochs=2", "data.train_size=128", "train.batch_size=32", "dist.nproc=1", "freeze.interval_steps=2"]
 
@@ -38,7 +38,7 @@ def _write_sweep(tmp_path: Path, grid: str, name: str = "sweep.toml") -> Path:
 
 
 def _sweep(path: Path, out_dir: Path, **kw):
-    cmd = [sys.executable, "-m", "experiments.sweep", "--sweep", str(path), "--out-dir", str(out_dir)]
+    cmd = [sys.executable, "-m", "freeze.pipeline.sweep", "--sweep", str(path), "--out-dir", str(out_dir)]
     return subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True, **kw)
 
@@ -89,11 +89,12 @@ def _final(runs: Path, name: str, key: str) -> float:
 
 
 def test_report_main_table_matches_hand_computation(swept):
-    from report import build_report
+    from freeze.pipeline.report import build_report
 
     tmp_path, runs, *_ = swept
     written = build_report(runs, tmp_path / "report", formats=("md", "csv"))
-    rows = {r["group"]: r for r in csv.DictReader(open(tmp_path / "report" / "main.csv"))}
+    with open(tmp_path / "report" / "main.csv") as f:
+        rows = {r["group"]: r for r in csv.DictReader(f)}
     assert set(rows) == {"none", "static-k=3"}
     base = [_final(runs, f"none_seed={s}", "test_acc") for s in (0, 1)]
     static = [_final(runs, f"static-k=3_seed={s}", "test_acc") for s in (0, 1)]

@@ -14,8 +14,8 @@ from matplotlib import colormaps
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from report.load import Run
-from report.tables import PHASE_COLUMNS, GroupKey, complete_groups
+from freeze.pipeline.report.load import Run
+from freeze.pipeline.report.tables import PHASE_COLUMNS, GroupKey, complete_groups
 
 _DPI = 110
 _STACKED_PHASES = ("data", "forward", "backward", "optimizer", "freezer")

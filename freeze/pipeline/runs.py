@@ -20,9 +20,10 @@ import subprocess
 import tempfile
 import tomllib
 import zipfile
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Iterator, Literal
+from typing import Any, BinaryIO, Literal
 
 import torch
 

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from report.load import ReportInputError, Run
+from freeze.pipeline.report.load import ReportInputError, Run
 
 GroupKey = tuple[str, int]  # (group, world_size)
 PHASE_COLUMNS = {  # table phase name -> metrics column; total is epoch_wall_s (no eval)
@@ -148,7 +148,7 @@ def main_table(runs: list[Run], baseline: Baseline, target_fraction: float) -> T
     groups = complete_groups(runs)
     compare = baseline.group is not None
     rows = []
-    for (group, world_size), members in groups.items():
+    for (_, world_size), members in groups.items():
         row = _main_row(members)
         if compare:
             base_runs = groups.get((baseline.group, world_size))

@@ -17,9 +17,9 @@ import logging
 import resource
 import sys
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Callable
 
 import torch
 

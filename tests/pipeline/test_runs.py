@@ -7,9 +7,9 @@ import subprocess
 import pytest
 import torch
 
-import freeze.runs as runs
-from freeze.log import ProgressLine, get_logger
-from freeze.runs import (
+import freeze.pipeline.runs as runs
+from freeze.pipeline.log import ProgressLine, get_logger
+from freeze.pipeline.runs import (
     RunDir,
     RunError,
     atomic_write_bytes,

@@ -19,9 +19,10 @@ import difflib
 import math
 import tomllib
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
 
 
 class ConfigError(ValueError):
@@ -470,7 +471,7 @@ def _toml_value(value: Any) -> str:
 
 def config_to_toml(config: Config) -> str:
     """The resolved config as TOML, every key written out; ``load_config`` of it gives it back."""
-    lines = ["# Resolved config: every key written out (freeze.config.config_to_toml)."]
+    lines = ["# Resolved config: every key written out (freeze.pipeline.config.config_to_toml)."]
     for section, values in config_to_dict(config).items():
         lines.append("")
         lines.append(f"[{section}]")

@@ -1,4 +1,4 @@
-"""End-to-end runs of experiments.run on tiny synthetic data (real processes, real gloo)."""
+"""End-to-end runs of freeze.pipeline.run on tiny synthetic data (real processes, real gloo)."""
 
 import json
 import os
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SMOKE = REPO / "experiments" / "configs" / "smoke.toml"
 # 3 epochs of 4 steps, a policy evaluation every 2 steps: autofreeze makes decisions within the run.
 TINY = ["freeze.interval_steps=2", "train.epochs=3", "data.train_size=256", "train.batch_size=32"]
@@ -25,7 +25,7 @@ def _env() -> dict:
 
 def _run(args: list[str], timeout_s: float = 240) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "experiments.run", *args], cwd=REPO, env=_env(),
+        [sys.executable, "-m", "freeze.pipeline.run", *args], cwd=REPO, env=_env(),
         capture_output=True, text=True, timeout=timeout_s,
     )
 
@@ -81,7 +81,7 @@ def test_killed_worker_is_restarted_and_resumes_to_the_same_result(uninterrupted
     straight_tmp, (ref_ckpt, ref_metrics, _) = uninterrupted
     args = _common(straight_tmp, "killed") + ["dist.nproc=2"]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           "--max-restarts=1", "-m", "experiments.run", *args]
+           "--max-restarts=1", "-m", "freeze.pipeline.run", *args]
     proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
     ckpt_path = straight_tmp / "runs" / "smoke" / "killed" / "checkpoint.pt"

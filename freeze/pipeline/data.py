@@ -19,16 +19,17 @@ import os
 import pickle
 import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import torch
 from torchvision.datasets import CIFAR10
 from torchvision.datasets.utils import check_integrity, download_and_extract_archive
 
-from freeze.synthetic import SYNTHETIC_VERSION, TASKS as SYNTHETIC_TASKS, render_synthetic_split, synthetic_class_names
+from freeze.pipeline.synthetic import SYNTHETIC_VERSION, render_synthetic_split, synthetic_class_names
+from freeze.pipeline.synthetic import TASKS as SYNTHETIC_TASKS
 
 CIFAR10_FOLDER = CIFAR10.base_folder
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)  # per-channel mean of the 50k training images, [0, 1] scale

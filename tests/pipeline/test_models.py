@@ -7,7 +7,7 @@ import torch
 import torchvision
 from torch import nn
 
-from freeze.models import ModelError, build_model, head_keys, load_weights
+from freeze.pipeline.models import ModelError, build_model, head_keys, load_weights
 
 
 def _error_line(excinfo) -> str:
@@ -84,7 +84,7 @@ def test_checkpoint_with_ddp_prefix_and_training_state(tmp_path, five_class_stat
 def test_stem_mismatch_skips_conv1_and_build_model_logs_it(tmp_path, caplog):
     path = tmp_path / "cifar_stem.pt"
     torch.save(build_model("resnet18", num_classes=10, stem="cifar").state_dict(), path)
-    with caplog.at_level(logging.INFO, logger="freeze.models"):
+    with caplog.at_level(logging.INFO, logger="freeze.pipeline.models"):
         model = build_model("resnet18", num_classes=10, weights=str(path))
     assert model.conv1.kernel_size == (7, 7)
     assert "conv1.weight" in caplog.text and "fc.weight" in caplog.text  # the head is always kept fresh

@@ -18,10 +18,10 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from report import build_report
-from report.__main__ import main
+from freeze.pipeline.report import build_report
+from freeze.pipeline.report.cli import main
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 RUNS = FIXTURES / "runs"
 STUDY = RUNS / "fixture_study"
 AF = "autofreeze:percentile=50"
@@ -254,7 +254,7 @@ def test_error_bad_arguments(tmp_path, capsys):
 
 def test_module_entry_point_exit_code(tmp_path):
     result = subprocess.run([sys.executable, "-m", "report", str(tmp_path / "missing")], capture_output=True, text=True,
-                            cwd=Path(__file__).parents[1], timeout=60)
+                            cwd=Path(__file__).parents[2], timeout=60)
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0 and "not found" in result.stderr
 

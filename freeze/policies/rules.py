@@ -15,26 +15,22 @@ from are in shared/design/algorithms.md.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Sequence
+from typing import ClassVar
 
 import numpy as np
 
 from freeze.monitor import IntervalStats
-from freeze.policy_base import (
-    POLICIES,
+from freeze.policies.base import (
     SCHEDULE_EPS,
     Policy,
-    PolicyError,
     Progress,
     floor_with_slack,
-    make_policy,
     param,
-    parse_policy,
     register_policy,
 )
 
-__all__ = ["POLICIES", "Policy", "PolicyError", "Progress", "make_policy", "parse_policy", "register_policy"]
 
 # -------------------------------------------------------------------- the policies
 @register_policy

@@ -12,8 +12,8 @@ import difflib
 import logging
 import pickle
 import re
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 import torch
 import torchvision

@@ -1,4 +1,4 @@
-"""The policy interface, its registry and spec-string parsing (the rules live in policies.py).
+"""The policy interface, its registry and spec-string parsing (the rules live in rules.py).
 
 A policy is a frozen dataclass whose fields are its parameters and nothing else: ``decide`` is a
 pure function of its arguments, so every rank computes the same k from the same all-reduced
@@ -14,8 +14,9 @@ import math
 import numbers
 import typing
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar
 
 from freeze.monitor import IntervalStats, relative_change
 
@@ -204,8 +205,8 @@ def parse_policy(spec: str) -> Policy:
 
 
 def _policy_class(name: str) -> type[Policy]:
-    import freeze.policies  # noqa: F401  (registers the built-in policies; cached after the first call)
-
+    # The built-in rules are registered by freeze/policies/__init__.py, which Python runs before
+    # this module (a submodule import runs its package first): no import is deferred here.
     if name not in POLICIES:
         raise PolicyError(f"unknown policy {name!r}; accepted: {', '.join(POLICIES)}")
     return POLICIES[name]

@@ -1,0 +1,46 @@
+"""Command line: ``python -m report <runs_dir>`` (console script ``freeze-report``).
+
+Example: python -m report runs/study --baseline none --formats md,png
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from freeze.pipeline.report import FORMATS, ReportInputError, build_report
+
+
+class _Parser(argparse.ArgumentParser):
+    # argparse prints usage + message over two lines; the contract is one line and exit code 2.
+    def error(self, message: str):
+        raise ReportInputError(message)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m report", description="Tables and figures from run directories.")
+    parser.add_argument("runs_dir", help="folder searched recursively for run directories (manifest.json)")
+    parser.add_argument("--out", default=None, help="output folder (default: <runs_dir>/report)")
+    parser.add_argument("--baseline", default=None,
+                        help="group to compare against (default: the group with policy none)")
+    parser.add_argument("--target-fraction", type=float, default=0.95,
+                        help="time-to-target threshold, as a fraction of the baseline's mean final val accuracy")
+    parser.add_argument("--formats", default=",".join(FORMATS), help=f"comma-separated subset of {','.join(FORMATS)}")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = _parser().parse_args(argv)
+        formats = tuple(f.strip() for f in args.formats.split(",") if f.strip())
+        written = build_report(args.runs_dir, args.out, args.baseline, args.target_fraction, formats)
+    except ReportInputError as exc:
+        print(f"report: error: {exc}", file=sys.stderr)
+        return 2
+    out_dirs = sorted({str(p.parent) for p in written.values()})
+    print(f"report: wrote {len(written)} files to {', '.join(out_dirs)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,196 @@
+"""A grid of runs (policies x parameters x seeds x worker counts x any config key), one after another.
+
+    python -m experiments.sweep --sweep experiments/configs/ablation_offline.toml
+
+Sweep file:
+
+    [sweep]
+    base = "experiments/configs/offline_finetune.toml"   # the run config every run starts from
+    study = "ablation"                                    # runs/<study>/<run-name>/
+    overrides = ["train.epochs=4"]                        # applied to every run
+    [grid]                                                # the cartesian product of these
+    "freeze.policy" = ["none", "autofreeze:percentile=50"]
+    "run.seed" = [0, 1, 2]
+    "dist.nproc" = [2]
+
+Re-running a sweep skips complete runs, resumes interrupted or failed ones from their checkpoint
+and never overwrites a result. A failing run is recorded as failed (its manifest holds the error)
+and the sweep goes on; the summary says what ran, what was skipped and what failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import re
+import subprocess
+import sys
+import time
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from freeze.pipeline.config import Config, ConfigError, load_config
+from freeze.pipeline.run import launch_local
+from freeze.pipeline.runs import RunDir, RunError
+
+SEED_KEY = "run.seed"
+
+
+class SweepError(ValueError):
+    """A sweep file that cannot be expanded; one line naming the file and the key."""
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    name: str
+    group: str
+    overrides: tuple[str, ...]  # everything passed to freeze.pipeline.run after --config
+    config: Config  # the resolved config those overrides give (validated once, in expand)
+
+
+@dataclass
+class SweepSummary:
+    ran: list[str] = field(default_factory=list)
+    resumed: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    failed: list[tuple[str, str]] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        out = [
+            f"sweep: {len(self.ran)} ran ({len(self.resumed)} of them resumed), "
+            f"{len(self.skipped)} skipped (complete), {len(self.failed)} failed"
+        ]
+        out += [f"  failed: {name}: {error}" for name, error in self.failed]
+        return out
+
+
+def _slug(key: str, value) -> str:
+    short = key.split(".")[-1]
+    text = str(value)
+    if key == "freeze.policy":
+        return re.sub(r"[^A-Za-z0-9.=_-]+", "-", text)
+    return re.sub(r"[^A-Za-z0-9.=_-]+", "-", f"{short}={text}")
+
+
+def _override_value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return "[" + ",".join(_override_value(v) for v in value) + "]"
+    return str(value)
+
+
+def read_toml(path: str | Path, kind: str) -> dict:
+    """A sweep or study file as a dict; a missing file or bad TOML is one SweepError line."""
+    path = Path(path)
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise SweepError(f"{kind} file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as e:
+        raise SweepError(f"{kind} file {path}: {e}") from None
+
+
+def read_sweep(path: str | Path) -> dict:
+    data = read_toml(path, "sweep")
+    sweep = data.get("sweep")
+    if not isinstance(sweep, dict) or "base" not in sweep or "study" not in sweep:
+        raise SweepError(f"sweep file {path}: needs a [sweep] table with 'base' and 'study'")
+    unknown = set(data) - {"sweep", "grid"}
+    if unknown:
+        raise SweepError(f"sweep file {path}: unknown table(s) {', '.join(sorted(unknown))}; accepted: sweep, grid")
+    grid = data.get("grid", {})
+    for key, values in grid.items():
+        if not isinstance(values, list) or not values:
+            raise SweepError(f"sweep file {path}: grid.\"{key}\" must be a non-empty list")
+    return {"base": sweep["base"], "study": sweep["study"], "overrides": list(sweep.get("overrides", [])), "grid": grid}
+
+
+def expand(base: str, study: str, grid: dict, overrides: list[str], out_dir: str | None = None) -> list[RunSpec]:
+    """Cartesian product of the grid, validated against the base config before anything runs."""
+    keys = list(grid)
+    specs = []
+    for values in itertools.product(*(grid[k] for k in keys)):
+        pairs = list(zip(keys, values))
+        run_overrides = list(overrides) + [f"{k}={_override_value(v)}" for k, v in pairs] + [f"run.study={study}"]
+        if pairs:  # an empty grid is one run that keeps the config's own run.name and run.group
+            name = "_".join(_slug(k, v) for k, v in pairs)
+            group = "_".join(_slug(k, v) for k, v in pairs if k != SEED_KEY) or name
+            run_overrides += [f"run.name={name}", f"run.group={group}"]
+        if out_dir is not None:
+            run_overrides.append(f"run.out_dir={out_dir}")
+        try:
+            config = load_config(base, run_overrides, check_files=False)
+        except ConfigError as e:
+            raise SweepError(f"run {'_'.join(_slug(k, v) for k, v in pairs) or base}: {e}") from None
+        specs.append(RunSpec(config.run.name, config.run_group(), tuple(run_overrides), config))
+    names = [s.name for s in specs]
+    if len(set(names)) != len(names):
+        raise SweepError("sweep: two grid points map to the same run name; make the grid values distinct")
+    return specs
+
+
+def run_specs(base: str, specs: list[RunSpec], log=print) -> SweepSummary:
+    summary = SweepSummary()
+    for i, spec in enumerate(specs, 1):
+        config = spec.config
+        run = RunDir(config.run_dir())
+        try:
+            status = run.status()
+        except RunError as e:
+            summary.failed.append((spec.name, str(e)))
+            continue
+        if status == "complete":
+            summary.skipped.append(spec.name)
+            log(f"[{i}/{len(specs)}] {spec.name}: complete, skipped")
+            continue
+        resume = run.has_progress()
+        log(f"[{i}/{len(specs)}] {spec.name}: {'resuming' if resume else 'starting'}")
+        start_s = time.perf_counter()
+        if config.dist.nproc > 1:
+            # Workers are separate processes either way; hosting torchrun's agent here saves a
+            # launcher process (interpreter + torch import, ~3 s) per run.
+            code = launch_local(base, list(spec.overrides), config.dist.nproc, resume)
+        else:  # a single-process run trains in its own process, so a crash cannot take the sweep down
+            cmd = [sys.executable, "-m", "freeze.pipeline.run", "--config", base, *spec.overrides]
+            code = subprocess.run(cmd + (["--resume"] if resume else [])).returncode
+        summary.ran.append(spec.name)
+        if resume:
+            summary.resumed.append(spec.name)
+        if code != 0:
+            error = f"exit code {code}"
+            with contextlib.suppress(RunError):  # an unreadable manifest: the exit code is all we know
+                error = run.read_manifest().get("error") or error
+            summary.failed.append((spec.name, error))
+            log(f"[{i}/{len(specs)}] {spec.name}: FAILED ({error})")
+        else:
+            log(f"[{i}/{len(specs)}] {spec.name}: complete in {time.perf_counter() - start_s:.1f} s")
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m experiments.sweep", description="Run a grid of experiments.")
+    parser.add_argument("--sweep", required=True, help="sweep TOML file")
+    parser.add_argument("--out-dir", default=None, help="override run.out_dir for every run")
+    parser.add_argument("--dry-run", action="store_true", help="list the runs and exit")
+    args = parser.parse_args(argv)
+    try:
+        sweep = read_sweep(args.sweep)
+        specs = expand(sweep["base"], sweep["study"], sweep["grid"], sweep["overrides"], args.out_dir)
+    except (SweepError, ConfigError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        for spec in specs:
+            print(spec.name)
+        return 0
+    summary = run_specs(sweep["base"], specs)
+    for line in summary.lines():
+        print(line)
+    return 1 if summary.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
