@@ -31,9 +31,23 @@ import torchvision
 from experiments import bench_workers as bw
 
 CSV_COLUMNS = (
-    "approach", "k", "frozen_param_fraction", "median_ms", "iqr_ms", "p10_ms", "steps", "allreduce_bytes_per_step",
-    "trainable_grad_bytes", "ratio_to_static", "forward_ms", "backward_ms", "monitor_ms", "optimizer_ms",
-    "comm_est_ms", "bytes_match_trainable", "rounds",
+    "approach",
+    "k",
+    "frozen_param_fraction",
+    "median_ms",
+    "iqr_ms",
+    "p10_ms",
+    "steps",
+    "allreduce_bytes_per_step",
+    "trainable_grad_bytes",
+    "ratio_to_static",
+    "forward_ms",
+    "backward_ms",
+    "monitor_ms",
+    "optimizer_ms",
+    "comm_est_ms",
+    "bytes_match_trainable",
+    "rounds",
 )
 QUICK_STEPS, QUICK_ROUNDS = 4, 1
 
@@ -99,28 +113,34 @@ def summarize(cells: dict[tuple[str, int], dict[str, np.ndarray]], block_bytes: 
         comm_est = None
         if no_comm is not None and name != bw.NO_COMM:
             comm_est = float(np.median(cell["backward_ms"]) - np.median(no_comm["backward_ms"]))
-        rows.append({
-            "approach": name,
-            "k": k,
-            "frozen_param_fraction": (total_bytes - trainable) / total_bytes,
-            "median_ms": float(np.median(step)),
-            "iqr_ms": float(np.subtract(*np.percentile(step, [75, 25]))),
-            "p10_ms": float(np.percentile(step, 10)),  # less sensitive to other jobs on the machine
-            "steps": len(step),
-            "allreduce_bytes_per_step": int(np.median(sent)) if sent else None,
-            "trainable_grad_bytes": trainable,
-            "ratio_to_static": float(np.median(step) / np.median(static["step_ms"])) if static is not None else None,
-            "forward_ms": float(np.median(cell["forward_ms"])),
-            "backward_ms": float(np.median(cell["backward_ms"])),
-            "monitor_ms": float(np.median(cell["monitor_ms"])),
-            "optimizer_ms": float(np.median(cell["optimizer_ms"])),
-            "comm_est_ms": comm_est,
-            # Every step, not just the median, and the same count on every rank.
-            "bytes_match_trainable": (
-                all(b == trainable for b in sent) and bool(cell["bytes_agree"].all()) if sent and name != bw.NO_COMM else None
-            ),
-            "rounds": len(set(cell["round"].tolist())),
-        })
+        rows.append(
+            {
+                "approach": name,
+                "k": k,
+                "frozen_param_fraction": (total_bytes - trainable) / total_bytes,
+                "median_ms": float(np.median(step)),
+                "iqr_ms": float(np.subtract(*np.percentile(step, [75, 25]))),
+                "p10_ms": float(np.percentile(step, 10)),  # less sensitive to other jobs on the machine
+                "steps": len(step),
+                "allreduce_bytes_per_step": int(np.median(sent)) if sent else None,
+                "trainable_grad_bytes": trainable,
+                "ratio_to_static": float(np.median(step) / np.median(static["step_ms"]))
+                if static is not None
+                else None,
+                "forward_ms": float(np.median(cell["forward_ms"])),
+                "backward_ms": float(np.median(cell["backward_ms"])),
+                "monitor_ms": float(np.median(cell["monitor_ms"])),
+                "optimizer_ms": float(np.median(cell["optimizer_ms"])),
+                "comm_est_ms": comm_est,
+                # Every step, not just the median, and the same count on every rank.
+                "bytes_match_trainable": (
+                    all(b == trainable for b in sent) and bool(cell["bytes_agree"].all())
+                    if sent and name != bw.NO_COMM
+                    else None
+                ),
+                "rounds": len(set(cell["round"].tolist())),
+            }
+        )
     return rows
 
 
@@ -148,8 +168,12 @@ TARGET_RATIO_TO_STATIC = 1.05
 TARGET_MONITOR_PCT = 2.0
 TARGET_REWRAP_MS = 20.0
 NAMES = {
-    bw.ENGINE: "freeze engine", bw.STATIC: "static limit", bw.FIND_UNUSED: "find-unused",
-    bw.PER_PARAMETER: "per-parameter", bw.NO_COMM: "no-comm", bw.ENGINE_NO_MONITOR: "freeze engine, no monitor",
+    bw.ENGINE: "freeze engine",
+    bw.STATIC: "static limit",
+    bw.FIND_UNUSED: "find-unused",
+    bw.PER_PARAMETER: "per-parameter",
+    bw.NO_COMM: "no-comm",
+    bw.ENGINE_NO_MONITOR: "freeze engine, no monitor",
 }
 
 
@@ -169,16 +193,23 @@ def _verdict(ok: bool, beyond_noise: bool = True) -> str:
     return "**MISSED**" if beyond_noise else "**MISSED** (within noise)"
 
 
-def evaluate_targets(cfg: BenchConfig, rows: list[dict], cells: dict, rewrap_ms: list[float]) -> list[tuple[str, str, str]]:
+def evaluate_targets(
+    cfg: BenchConfig, rows: list[dict], cells: dict, rewrap_ms: list[float]
+) -> list[tuple[str, str, str]]:
     """(target, verdict, measured) for every target. A miss whose 95% interval still reaches the
     target is marked "within noise": on a shared machine that is a different finding."""
     ks = list(cfg.ks)
     eng = {k: _get(rows, bw.ENGINE, k) for k in ks}
     steps = {key: cell["step_ms"] for key, cell in cells.items()}
     out = []
-    exact = {n: [k for k in ks if not _get(rows, n, k)["bytes_match_trainable"]] for n in (bw.ENGINE, bw.STATIC, bw.PER_PARAMETER)}
+    exact = {
+        n: [k for k in ks if not _get(rows, n, k)["bytes_match_trainable"]]
+        for n in (bw.ENGINE, bw.STATIC, bw.PER_PARAMETER)
+    }
     fu_bytes = {_get(rows, bw.FIND_UNUSED, k)["allreduce_bytes_per_step"] for k in ks}
-    measured = "; ".join(f"{NAMES[n]}: {'every step at every k' if not bad else f'differs at k={bad}'}" for n, bad in exact.items())
+    measured = "; ".join(
+        f"{NAMES[n]}: {'every step at every k' if not bad else f'differs at k={bad}'}" for n, bad in exact.items()
+    )
     measured += f" (k={ks[0]}: {_size(eng[ks[0]]['trainable_grad_bytes'])}, k={ks[-1]}: {_size(eng[ks[-1]]['trainable_grad_bytes'])}); "
     measured += f"find-unused sends {', '.join(_size(b) for b in sorted(fu_bytes))} at every k"
     out.append(("bytes all-reduced per step = trainable gradient bytes", _verdict(not any(exact.values())), measured))
@@ -187,18 +218,28 @@ def evaluate_targets(cfg: BenchConfig, rows: list[dict], cells: dict, rewrap_ms:
     over = [k for k in ks if eng[k]["ratio_to_static"] > TARGET_RATIO_TO_STATIC]
     worst = max(ks, key=lambda k: eng[k]["ratio_to_static"])
     p10 = {k: eng[k]["p10_ms"] / _get(rows, bw.STATIC, k)["p10_ms"] for k in ks}
-    text = (f"worst k={worst}: {eng[worst]['ratio_to_static']:.3f} (95% CI {ratio_ci[worst][0]:.3f}..{ratio_ci[worst][1]:.3f}; "
-            f"{eng[worst]['median_ms']:.1f} vs {_get(rows, bw.STATIC, worst)['median_ms']:.1f} ms); over {TARGET_RATIO_TO_STATIC - 1:.0%} at "
-            f"k={over}; ratio of 10th percentiles {min(p10.values()):.3f}..{max(p10.values()):.3f}")
-    out.append((f"freeze engine within {TARGET_RATIO_TO_STATIC - 1:.0%} of the static limit at every k",
-                _verdict(not over, any(ratio_ci[k][0] > TARGET_RATIO_TO_STATIC for k in over)), text))
+    text = (
+        f"worst k={worst}: {eng[worst]['ratio_to_static']:.3f} (95% CI {ratio_ci[worst][0]:.3f}..{ratio_ci[worst][1]:.3f}; "
+        f"{eng[worst]['median_ms']:.1f} vs {_get(rows, bw.STATIC, worst)['median_ms']:.1f} ms); over {TARGET_RATIO_TO_STATIC - 1:.0%} at "
+        f"k={over}; ratio of 10th percentiles {min(p10.values()):.3f}..{max(p10.values()):.3f}"
+    )
+    out.append(
+        (
+            f"freeze engine within {TARGET_RATIO_TO_STATIC - 1:.0%} of the static limit at every k",
+            _verdict(not over, any(ratio_ci[k][0] > TARGET_RATIO_TO_STATIC for k in over)),
+            text,
+        )
+    )
 
     speed = {k: _get(rows, bw.PER_PARAMETER, k)["median_ms"] / eng[k]["median_ms"] for k in ks}
     slow = [k for k in ks if speed[k] <= 1.0]
     diff_ci = {k: bootstrap_ci(np.subtract, steps[(bw.ENGINE, k)], steps[(bw.PER_PARAMETER, k)]) for k in slow}
     text = f"per-parameter / engine = {min(speed.values()):.2f}..{max(speed.values()):.2f}"
-    text += "".join(f"; k={k}: engine {eng[k]['median_ms'] - _get(rows, bw.PER_PARAMETER, k)['median_ms']:+.1f} ms "
-                    f"(95% CI {diff_ci[k][0]:+.1f}..{diff_ci[k][1]:+.1f})" for k in slow)
+    text += "".join(
+        f"; k={k}: engine {eng[k]['median_ms'] - _get(rows, bw.PER_PARAMETER, k)['median_ms']:+.1f} ms "
+        f"(95% CI {diff_ci[k][0]:+.1f}..{diff_ci[k][1]:+.1f})"
+        for k in slow
+    )
     out.append(("faster than per-parameter at every k", _verdict(not slow, any(diff_ci[k][0] > 0 for k in slow)), text))
 
     half = [k for k in ks if eng[k]["frozen_param_fraction"] >= 0.5]
@@ -211,11 +252,18 @@ def evaluate_targets(cfg: BenchConfig, rows: list[dict], cells: dict, rewrap_ms:
     text = f"k={half}: find-unused / engine = {ratios}" if half else "no k with >= half frozen"
     if rest:
         w = max(rest, key=lambda k: eng[k]["median_ms"] - fu[k])
-        text += (f"; elsewhere worst k={w}: engine {eng[w]['median_ms'] - fu[w]:+.1f} ms vs find-unused "
-                 f"(95% CI {diff_ci[w][0]:+.1f}..{diff_ci[w][1]:+.1f})") + (f"; slower beyond noise at k={slower}" if slower else "")
+        text += (
+            f"; elsewhere worst k={w}: engine {eng[w]['median_ms'] - fu[w]:+.1f} ms vs find-unused "
+            f"(95% CI {diff_ci[w][0]:+.1f}..{diff_ci[w][1]:+.1f})"
+        ) + (f"; slower beyond noise at k={slower}" if slower else "")
     text += f"; not faster at k={not_faster}" if not_faster else ""
-    out.append(("faster than find-unused where >= half the parameters are frozen, not slower beyond noise elsewhere",
-                _verdict(not not_faster and not slower, bool(slower) or any(diff_ci[k][0] > 0 for k in not_faster)), text))
+    out.append(
+        (
+            "faster than find-unused where >= half the parameters are frozen, not slower beyond noise elsewhere",
+            _verdict(not not_faster and not slower, bool(slower) or any(diff_ci[k][0] > 0 for k in not_faster)),
+            text,
+        )
+    )
 
     without = _get(rows, bw.ENGINE_NO_MONITOR, 0)
     if without is None or eng.get(0) is None:
@@ -228,14 +276,22 @@ def evaluate_targets(cfg: BenchConfig, rows: list[dict], cells: dict, rewrap_ms:
         direct = eng[0]["monitor_ms"] / eng[0]["median_ms"] * 100
         # after_backward is timed inside every engine step, so its share is precise; the paired
         # with/without difference also catches indirect costs but is as noisy as the machine.
-        out.append((f"monitor overhead < {TARGET_MONITOR_PCT:g}% of step time (k=0)",
-                    _verdict(direct < TARGET_MONITOR_PCT and lo < TARGET_MONITOR_PCT),
-                    f"after_backward takes {eng[0]['monitor_ms']:.2f} ms = {direct:.1f}% of the {eng[0]['median_ms']:.1f} ms step; "
-                    f"with vs. without after_backward (paired steps): {pct:+.1f}% (95% CI {lo:+.1f}..{hi:+.1f}%)"))
+        out.append(
+            (
+                f"monitor overhead < {TARGET_MONITOR_PCT:g}% of step time (k=0)",
+                _verdict(direct < TARGET_MONITOR_PCT and lo < TARGET_MONITOR_PCT),
+                f"after_backward takes {eng[0]['monitor_ms']:.2f} ms = {direct:.1f}% of the {eng[0]['median_ms']:.1f} ms step; "
+                f"with vs. without after_backward (paired steps): {pct:+.1f}% (95% CI {lo:+.1f}..{hi:+.1f}%)",
+            )
+        )
     if rewrap_ms:
-        out.append((f"re-wrap < {TARGET_REWRAP_MS:g} ms (median over boundary changes)",
-                    _verdict(float(np.median(rewrap_ms)) < TARGET_REWRAP_MS),
-                    f"median {np.median(rewrap_ms):.1f} ms, max {max(rewrap_ms):.1f} ms over {len(rewrap_ms)} re-wraps"))
+        out.append(
+            (
+                f"re-wrap < {TARGET_REWRAP_MS:g} ms (median over boundary changes)",
+                _verdict(float(np.median(rewrap_ms)) < TARGET_REWRAP_MS),
+                f"median {np.median(rewrap_ms):.1f} ms, max {max(rewrap_ms):.1f} ms over {len(rewrap_ms)} re-wraps",
+            )
+        )
     else:
         out.append((f"re-wrap < {TARGET_REWRAP_MS:g} ms", "n/a", "no boundary change measured (one k only)"))
     return out
@@ -252,7 +308,9 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def write_markdown(path: Path, cfg: BenchConfig, rows: list[dict], cells: dict, rewrap_ms: list[float], run: dict) -> None:
+def write_markdown(
+    path: Path, cfg: BenchConfig, rows: list[dict], cells: dict, rewrap_ms: list[float], run: dict
+) -> None:
     ks = list(cfg.ks)
     main = (bw.ENGINE, bw.STATIC, bw.FIND_UNUSED, bw.PER_PARAMETER)
     lines = [
@@ -305,8 +363,8 @@ def write_markdown(path: Path, cfg: BenchConfig, rows: list[dict], cells: dict, 
     lines += [f"| {t} | {v} | {m} |" for t, v, m in targets]
     lines += [
         "",
-        "Noise: 95% intervals come from resampling each cell's steps (bootstrap of the median). \"Slower beyond noise\" "
-        "means the interval of the difference lies above 0; a miss marked \"within noise\" has an interval that still "
+        'Noise: 95% intervals come from resampling each cell\'s steps (bootstrap of the median). "Slower beyond noise" '
+        'means the interval of the difference lies above 0; a miss marked "within noise" has an interval that still '
         "reaches the target. Neighbouring steps share machine load, so the intervals are if anything too narrow. "
         "10th percentiles are shown because other jobs only ever add time.",
         "",
@@ -316,7 +374,8 @@ def write_markdown(path: Path, cfg: BenchConfig, rows: list[dict], cells: dict, 
         f"- Re-wrap (`freezer.counters.rewrap_s_last` after each `set_boundary` that changed k, slowest rank): {targets[5][2]}"
         + (f"; all: {', '.join(f'{ms:.1f}' for ms in rewrap_ms)} ms." if rewrap_ms else "."),
         "- Communication not hidden behind backward (freeze engine, comm est. below): "
-        + ", ".join(f"k={k}: {_get(rows, bw.ENGINE, k)['comm_est_ms']:.1f} ms" for k in cfg.phase_ks) + ".",
+        + ", ".join(f"k={k}: {_get(rows, bw.ENGINE, k)['comm_est_ms']:.1f} ms" for k in cfg.phase_ks)
+        + ".",
         "",
         "## Phase split (ms, medians per phase; they need not add up to the step median)",
         "",
@@ -330,8 +389,10 @@ def write_markdown(path: Path, cfg: BenchConfig, rows: list[dict], cells: dict, 
         for n in main + (bw.NO_COMM,):
             r = _get(rows, n, k)
             est = "-" if r["comm_est_ms"] is None else f"{r['comm_est_ms']:.1f}"
-            lines.append(f"| {NAMES[n]} | {k} | {r['median_ms']:.1f} | {r['forward_ms']:.1f} | {r['backward_ms']:.1f} | "
-                         f"{r['monitor_ms']:.2f} | {r['optimizer_ms']:.1f} | {est} |")
+            lines.append(
+                f"| {NAMES[n]} | {k} | {r['median_ms']:.1f} | {r['forward_ms']:.1f} | {r['backward_ms']:.1f} | "
+                f"{r['monitor_ms']:.2f} | {r['optimizer_ms']:.1f} | {est} |"
+            )
     lines.append("")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".md.tmp")
@@ -388,11 +449,17 @@ def get_args_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=d.model, choices=bw.MODELS)
     p.add_argument("--batch-size", type=int, default=d.batch_size, help="per worker")
     p.add_argument("--image-size", type=int, default=d.image_size)
-    p.add_argument("--steps", type=int, default=None, help=f"timed steps per block (default {d.steps}, --quick {QUICK_STEPS})")
-    p.add_argument("--rounds", type=int, default=None, help=f"rounds over all blocks (default {d.rounds}, --quick {QUICK_ROUNDS})")
+    p.add_argument(
+        "--steps", type=int, default=None, help=f"timed steps per block (default {d.steps}, --quick {QUICK_STEPS})"
+    )
+    p.add_argument(
+        "--rounds", type=int, default=None, help=f"rounds over all blocks (default {d.rounds}, --quick {QUICK_ROUNDS})"
+    )
     p.add_argument("--warmup", type=int, default=d.warmup, help="untimed steps per block")
     p.add_argument("--ks", type=_int_list, default=None, help="boundaries to measure, e.g. 0,5,9 (default: all)")
-    p.add_argument("--phase-ks", type=_int_list, default=None, help="boundaries with a no-comm run (default: 0, middle, last two)")
+    p.add_argument(
+        "--phase-ks", type=_int_list, default=None, help="boundaries with a no-comm run (default: 0, middle, last two)"
+    )
     p.add_argument("--lr", type=float, default=d.lr)
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--quick", action="store_true", help="a ~1-2 minute run: fewer steps, one round")
@@ -405,10 +472,17 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     """--quick only changes the defaults: an explicit --steps / --rounds still wins."""
     d = BenchConfig()
     return BenchConfig(
-        workers=args.workers, model=args.model, batch_size=args.batch_size, image_size=args.image_size,
+        workers=args.workers,
+        model=args.model,
+        batch_size=args.batch_size,
+        image_size=args.image_size,
         steps=args.steps if args.steps is not None else (QUICK_STEPS if args.quick else d.steps),
         rounds=args.rounds if args.rounds is not None else (QUICK_ROUNDS if args.quick else d.rounds),
-        warmup=args.warmup, ks=args.ks, phase_ks=args.phase_ks, lr=args.lr, seed=args.seed,
+        warmup=args.warmup,
+        ks=args.ks,
+        phase_ks=args.phase_ks,
+        lr=args.lr,
+        seed=args.seed,
     )
 
 

@@ -139,7 +139,9 @@ class StaticRunner(_CountingDDPRunner):
         if k != self.k:
             self.ddp = None
             freeze_prefix(self.model, self.blocks, k, bn_eval=True)
-            DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(self.model, _frozen_names(self.blocks, k))
+            DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
+                self.model, _frozen_names(self.blocks, k)
+            )
             self._wrap()
             self.k = k
 
@@ -267,8 +269,9 @@ def measure(cfg: dict, rank: int, log) -> dict:
                 if cycle >= cfg["warmup"]:
                     samples.append((name, k, r, *times, runners[name].step_bytes()))
         done_s = time.perf_counter() - start_s
-        log.info(f"bench: round {r + 1}/{cfg['rounds']} k={k} done ({index + 1}/{len(plan)} groups), "
-                 f"{done_s:.0f} s elapsed")
+        log.info(
+            f"bench: round {r + 1}/{cfg['rounds']} k={k} done ({index + 1}/{len(plan)} groups), {done_s:.0f} s elapsed"
+        )
     engine = runners[ENGINE]
     return {
         "samples": samples,
@@ -307,7 +310,9 @@ def combine_ranks(ranks: list[dict]) -> dict[tuple[str, int], dict[str, np.ndarr
     cells: dict[tuple[str, int], dict[str, list]] = {}
     for steps in zip(*per_rank):
         name, k, rnd = steps[0][:3]
-        cell = cells.setdefault((name, k), {f: [] for f in SAMPLE_FIELDS} | {"bytes": [], "round": [], "bytes_agree": []})
+        cell = cells.setdefault(
+            (name, k), {f: [] for f in SAMPLE_FIELDS} | {"bytes": [], "round": [], "bytes_agree": []}
+        )
         for i, field in enumerate(SAMPLE_FIELDS):
             cell[field].append(max(s[3 + i] for s in steps))
         cell["bytes"].append(steps[0][8])
@@ -327,8 +332,14 @@ def launch(cfg: dict, workdir: Path, deadline_s: float) -> list[dict]:
     workers = cfg["workers"]
     worker_cfg = cfg | {"threads_per_worker": threads_per_worker(workers)}
     try:
-        payloads = spawn_and_collect(worker_main, (worker_cfg, str(workdir)), workers, workdir, deadline_s,
-                                     threads_per_proc=worker_cfg["threads_per_worker"])
+        payloads = spawn_and_collect(
+            worker_main,
+            (worker_cfg, str(workdir)),
+            workers,
+            workdir,
+            deadline_s,
+            threads_per_proc=worker_cfg["threads_per_worker"],
+        )
     except TimeoutError:
         raise TimeoutError(f"bench: workers did not finish within {deadline_s:.0f} s") from None
     except SpawnError as e:  # raised outside worker_main's try, or killed (e.g. out of memory)

@@ -1,7 +1,7 @@
 """freeze: adaptive layer freezing for data-parallel fine-tuning.
 
-    from freeze import Freezer, split_blocks, make_policy
-    freezer = Freezer(model, split_blocks(model), make_policy("autofreeze", percentile=50))
+from freeze import Freezer, split_blocks, make_policy
+freezer = Freezer(model, split_blocks(model), make_policy("autofreeze", percentile=50))
 """
 
 from freeze.blocks import Block, BlockError, split_blocks

@@ -47,10 +47,7 @@ class Block:
 
     def batchnorms(self) -> list[nn.modules.batchnorm._BatchNorm]:
         return [
-            sub
-            for mod in self.modules
-            for sub in mod.modules()
-            if isinstance(sub, nn.modules.batchnorm._BatchNorm)
+            sub for mod in self.modules for sub in mod.modules() if isinstance(sub, nn.modules.batchnorm._BatchNorm)
         ]
 
 
@@ -119,7 +116,9 @@ def split_blocks(model: nn.Module, names: Sequence[str | Sequence[str]] | None =
                 pnames.append(param_ids[id(p)])
                 params.append(p)
         if not params:
-            raise BlockError(f"split_blocks: block '{block_name}' owns no parameters (parameter-free modules are not blocks)")
+            raise BlockError(
+                f"split_blocks: block '{block_name}' owns no parameters (parameter-free modules are not blocks)"
+            )
         blocks.append(Block(block_name, tuple(entry), tuple(mods), tuple(pnames), tuple(params)))
     orphans = [n for n, p in model.named_parameters() if id(p) not in owner]
     if orphans:

@@ -25,7 +25,9 @@ class _NoStatsUpdate:
         self.bns = [m for m in module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
 
     def __enter__(self):
-        self.saved = [(bn.momentum, None if bn.num_batches_tracked is None else bn.num_batches_tracked.clone()) for bn in self.bns]
+        self.saved = [
+            (bn.momentum, None if bn.num_batches_tracked is None else bn.num_batches_tracked.clone()) for bn in self.bns
+        ]
         for bn in self.bns:
             bn.momentum = 0.0
         return self

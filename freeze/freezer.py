@@ -181,7 +181,9 @@ class Freezer:
         """Freeze blocks 0..k-1 now (between optimizer steps), bypassing the policy."""
         k = comm.broadcast_int_from_rank0(int(k), self.process_group)
         if not 0 <= k <= len(self.blocks) - 1:
-            raise ValueError(f"set_boundary: k={k} is out of range; accepted: 0..{len(self.blocks) - 1} (the head stays trainable)")
+            raise ValueError(
+                f"set_boundary: k={k} is out of range; accepted: 0..{len(self.blocks) - 1} (the head stays trainable)"
+            )
         if k != self.boundary:
             self._apply(k)
 
@@ -221,7 +223,9 @@ class Freezer:
         """Restore after the model's own state was loaded (frozen BN buffers are re-synced from it)."""
         names = [b.name for b in self.blocks]
         if state["block_names"] != names:
-            raise ValueError(f"Freezer.load_state_dict: checkpoint blocks {state['block_names']} differ from this model's {names}")
+            raise ValueError(
+                f"Freezer.load_state_dict: checkpoint blocks {state['block_names']} differ from this model's {names}"
+            )
         if state["policy_spec"] != self.policy.spec():
             raise ValueError(
                 f"Freezer.load_state_dict: checkpoint policy '{state['policy_spec']}' differs from '{self.policy.spec()}'"

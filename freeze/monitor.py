@@ -138,10 +138,7 @@ class GradNormMonitor:
             torch._foreach_zero_(tensors)
         if self._norm_sum is not None:
             sums = self._norm_sum.cpu().tolist()
-            mean = [
-                sums[b] / self._block_steps[b] if self._block_steps[b] > 0 else None
-                for b in range(num_blocks)
-            ]
+            mean = [sums[b] / self._block_steps[b] if self._block_steps[b] > 0 else None for b in range(num_blocks)]
             self._norm_sum.zero_()
         # A block frozen for the whole interval was never observed.
         for b in range(min(self._first_active, num_blocks)):

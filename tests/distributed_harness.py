@@ -35,8 +35,9 @@ def run_distributed(
     rank failed, or TimeoutError after ``deadline_s``.
     """
     try:
-        payloads = spawn_and_collect(_worker, (fn, world_size, str(workdir), args, collective_timeout_s),
-                                     world_size, workdir, deadline_s)
+        payloads = spawn_and_collect(
+            _worker, (fn, world_size, str(workdir), args, collective_timeout_s), world_size, workdir, deadline_s
+        )
     except SpawnError as e:  # a worker crashed outside our try (e.g. unpicklable fn)
         raise AssertionError(str(e)) from None
     results = []

@@ -32,7 +32,11 @@ def test_generic_model_uses_parameter_owning_children_in_order():
     blocks = split_blocks(TinyNet())
     assert [b.name for b in blocks] == ["stem", "block1", "block2", "head"]  # pool/flatten own nothing
     assert [len(b.batchnorms()) for b in blocks] == [1, 1, 1, 0]
-    assert {n for n, _, _ in blocks[0].buffers()} == {"stem.1.running_mean", "stem.1.running_var", "stem.1.num_batches_tracked"}
+    assert {n for n, _, _ in blocks[0].buffers()} == {
+        "stem.1.running_mean",
+        "stem.1.running_var",
+        "stem.1.num_batches_tracked",
+    }
 
 
 @pytest.mark.parametrize(

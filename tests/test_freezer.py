@@ -52,7 +52,9 @@ def test_frozen_prefix_runs_without_autograd_and_grad_mode_is_restored():
     freezer.set_boundary(2)
     seen = {}
     # observed from inside the frozen block (the Freezer's own hooks wrap the block itself)
-    model.block1[0].register_forward_hook(lambda m, a, out: seen.update(prefix=out.grad_fn, mode=torch.is_grad_enabled()))
+    model.block1[0].register_forward_hook(
+        lambda m, a, out: seen.update(prefix=out.grad_fn, mode=torch.is_grad_enabled())
+    )
     out = model(torch.randn(2, 3, 8, 8))
     assert seen["prefix"] is None and seen["mode"] is False
     assert torch.is_grad_enabled() and out.requires_grad
@@ -122,7 +124,11 @@ def test_restored_freezer_makes_the_same_next_decision():
             _step(freezer, opt, step)
             step += 1
         freezer.end_epoch(epoch)
-    saved = {"model": copy.deepcopy(model.state_dict()), "opt": copy.deepcopy(opt.state_dict()), "freezer": freezer.state_dict()}
+    saved = {
+        "model": copy.deepcopy(model.state_dict()),
+        "opt": copy.deepcopy(opt.state_dict()),
+        "freezer": freezer.state_dict(),
+    }
 
     model2, opt2, freezer2 = build(seed=1)  # different init: everything must come from the checkpoint
     model2.load_state_dict(saved["model"])

@@ -45,7 +45,9 @@ def ddp_worker(rank: int, world_size: int, optimizer_name: str) -> dict:
         freezer.set_boundary(k)
         freezer.train()
         model.train()  # a user's plain train() must not wake frozen BN up
-        frozen_names = [n for b in blocks[:k] for n in b.param_names] + [n for b in blocks[:k] for n, _, _ in b.buffers()]
+        frozen_names = [n for b in blocks[:k] for n in b.param_names] + [
+            n for b in blocks[:k] for n, _, _ in b.buffers()
+        ]
         before = named_tensors(model)
         x, y = global_batch(step, GLOBAL_BATCH)
         optimizer.zero_grad(set_to_none=True)
@@ -143,7 +145,9 @@ def test_ddp_equals_single_process_over_same_global_batches(ddp_run):
         torch.testing.assert_close(p_ddp, p_ref, rtol=1e-5, atol=1e-6, msg=f"step {step}")
     for step, (b_ddp, b_ref) in enumerate(zip(r0["buffers"], ref["buffers"])):
         for name in b_ref:
-            torch.testing.assert_close(b_ddp[name].double(), b_ref[name].double(), rtol=1e-5, atol=1e-6, msg=f"step {step} {name}")
+            torch.testing.assert_close(
+                b_ddp[name].double(), b_ref[name].double(), rtol=1e-5, atol=1e-6, msg=f"step {step} {name}"
+            )
 
 
 def test_rewrap_counted(ddp_run):

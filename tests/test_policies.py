@@ -184,8 +184,16 @@ def test_freezeout_linear_exact_thresholds_and_monotone():
 # ------------------------------------------------------------------------------------ linear
 @pytest.mark.parametrize(
     "fraction, level, k",
-    [(0.3, 1.0, 0), (0.5, 1.0, 0), (0.6, 1.0, 2), (0.75, 1.0, 5), (0.95, 1.0, 9), (1.0, 1.0, 9),
-     (0.8, 0.5, 3), (1.0, 0.5, 5)],
+    [
+        (0.3, 1.0, 0),
+        (0.5, 1.0, 0),
+        (0.6, 1.0, 2),
+        (0.75, 1.0, 5),
+        (0.95, 1.0, 9),
+        (1.0, 1.0, 9),
+        (0.8, 0.5, 3),
+        (1.0, 0.5, 5),
+    ],
 )
 def test_linear_schedule(fraction, level, k):
     assert LinearFreeze(freeze_start=0.5, freeze_level=level).decide(0, [], at_fraction(fraction), 10) == k
@@ -250,7 +258,14 @@ def test_flags():
     assert {n for n, c in POLICIES.items() if c.needs_run_length} == {"freezeout", "linear"}
     assert {n for n, c in POLICIES.items() if c.may_unfreeze} == {"gradual-unfreeze"}
     assert set(POLICIES) == {
-        "none", "static", "freezeout", "linear", "geometric", "autofreeze", "cs744", "gradual-unfreeze"
+        "none",
+        "static",
+        "freezeout",
+        "linear",
+        "geometric",
+        "autofreeze",
+        "cs744",
+        "gradual-unfreeze",
     }
 
 

@@ -34,8 +34,16 @@ def test_readme_example_runs_in_one_process(tmp_path):
 def test_readme_example_runs_under_torchrun(tmp_path):
     script = tmp_path / "example.py"
     script.write_text(_example())
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           f"--log-dir={tmp_path / 'logs'}", "--redirects=1", str(script)]  # one stdout file per rank
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        f"--log-dir={tmp_path / 'logs'}",
+        "--redirects=1",
+        str(script),
+    ]  # one stdout file per rank
     proc = _run(cmd, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     logs = sorted((tmp_path / "logs").glob("**/stdout.log"))

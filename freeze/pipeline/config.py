@@ -403,9 +403,7 @@ def apply_override(data: dict[str, dict[str, Any]], override: str) -> None:
     data.setdefault(section, {})[key] = value
 
 
-def load_config(
-    path: str | Path | None, overrides: Sequence[str] = (), check_files: bool = True
-) -> Config:
+def load_config(path: str | Path | None, overrides: Sequence[str] = (), check_files: bool = True) -> Config:
     """Read a TOML file (None: all defaults), apply ``section.key=value`` overrides, validate."""
     data: dict[str, Any] = {}
     if path is not None:

@@ -200,24 +200,33 @@ def write_synthetic_cifar(root: str | Path, task: str, n_train: int, n_test: int
     test_x, test_y = render_synthetic_split(task, n_test, seed, split="test")
     flat = train_x.reshape(n_train, IMAGE_BYTES)
     for i, idx in enumerate(np.array_split(np.arange(n_train), len(_TRAIN_FILES))):
-        _dump(folder / _TRAIN_FILES[i][0], {
-            b"batch_label": f"training batch {i + 1} of {len(_TRAIN_FILES)}".encode(),
-            b"labels": train_y[idx].tolist(),
-            b"data": flat[idx],
-            b"filenames": [f"synthetic_{task}_{j:06d}.png".encode() for j in idx],
-        })
-    _dump(folder / _TEST_FILES[0][0], {
-        b"batch_label": b"testing batch 1 of 1",
-        b"labels": test_y.tolist(),
-        b"data": test_x.reshape(n_test, IMAGE_BYTES),
-        b"filenames": [f"synthetic_{task}_test_{j:06d}.png".encode() for j in range(n_test)],
-    })
-    _dump(folder / _META_FILE[0], {
-        b"num_cases_per_batch": int(np.ceil(n_train / len(_TRAIN_FILES))),
-        b"label_names": [n.encode() for n in names],
-        b"num_vis": IMAGE_BYTES,
-        b"synthetic": True,
-    })
+        _dump(
+            folder / _TRAIN_FILES[i][0],
+            {
+                b"batch_label": f"training batch {i + 1} of {len(_TRAIN_FILES)}".encode(),
+                b"labels": train_y[idx].tolist(),
+                b"data": flat[idx],
+                b"filenames": [f"synthetic_{task}_{j:06d}.png".encode() for j in idx],
+            },
+        )
+    _dump(
+        folder / _TEST_FILES[0][0],
+        {
+            b"batch_label": b"testing batch 1 of 1",
+            b"labels": test_y.tolist(),
+            b"data": test_x.reshape(n_test, IMAGE_BYTES),
+            b"filenames": [f"synthetic_{task}_test_{j:06d}.png".encode() for j in range(n_test)],
+        },
+    )
+    _dump(
+        folder / _META_FILE[0],
+        {
+            b"num_cases_per_batch": int(np.ceil(n_train / len(_TRAIN_FILES))),
+            b"label_names": [n.encode() for n in names],
+            b"num_vis": IMAGE_BYTES,
+            b"synthetic": True,
+        },
+    )
     marker = {"task": task, "n_train": n_train, "n_test": n_test, "seed": seed, "version": SYNTHETIC_VERSION}
     (folder / SYNTHETIC_MARKER).write_text(json.dumps(marker, indent=1) + "\n")
     return folder
@@ -444,7 +453,12 @@ class EvalLoader:
     every sample exactly once (ranks may differ by one sample; the caller all-reduces counts)."""
 
     def __init__(
-        self, x: torch.Tensor, y: torch.Tensor, batch_size: int, rank: int, world_size: int,
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        batch_size: int,
+        rank: int,
+        world_size: int,
         device: str | torch.device = "cpu",
     ) -> None:
         _check_images(x, y)

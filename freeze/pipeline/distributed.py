@@ -26,7 +26,9 @@ class WorkerContext:
 
 def _pick_device(requested: str, local_rank: int) -> torch.device:
     if requested == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("dist.device: 'cuda' was requested but no CUDA device is available; accepted here: auto, cpu")
+        raise RuntimeError(
+            "dist.device: 'cuda' was requested but no CUDA device is available; accepted here: auto, cpu"
+        )
     if requested == "cuda" or (requested == "auto" and torch.cuda.is_available()):
         torch.cuda.set_device(local_rank % torch.cuda.device_count())
         return torch.device("cuda", torch.cuda.current_device())
@@ -40,8 +42,9 @@ def _per_attempt_store(world_size: int, timeout: datetime.timedelta) -> dist.Sto
     A prefix per restart attempt gives every attempt fresh keys."""
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
-                          is_master=False, timeout=timeout)
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, is_master=False, timeout=timeout
+    )
     return dist.PrefixStore(f"freeze/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 

@@ -51,8 +51,11 @@ def _cifar_stem(model: nn.Module, arch: str) -> None:
     """3x3 stride-1 conv and no max-pool: keeps 32x32 inputs at 32x32 into layer1, the standard
     CIFAR ResNet; the ImageNet stem shrinks them to 8x8 first (16x fewer FLOPs, lower accuracy)."""
     conv = getattr(model, "conv1", None)
-    if not (isinstance(conv, nn.Conv2d) and isinstance(getattr(model, "maxpool", None), nn.Module)
-            and hasattr(model, "layer1")):
+    if not (
+        isinstance(conv, nn.Conv2d)
+        and isinstance(getattr(model, "maxpool", None), nn.Module)
+        and hasattr(model, "layer1")
+    ):
         raise ModelError(
             f"model.stem='cifar' is supported only for ResNets (resnet*, resnext*, wide_resnet*), not {arch!r}"
         )

@@ -18,8 +18,13 @@ def build_optimizer(model: nn.Module, cfg) -> torch.optim.Optimizer:
     # Weight decay on every parameter, as torch's default and the reference study do.
     params = list(model.parameters())
     if cfg.name == "sgd":
-        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
-                               nesterov=cfg.nesterov and cfg.momentum > 0)
+        return torch.optim.SGD(
+            params,
+            lr=cfg.lr,
+            momentum=cfg.momentum,
+            weight_decay=cfg.weight_decay,
+            nesterov=cfg.nesterov and cfg.momentum > 0,
+        )
     if cfg.name == "adamw":
         return torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay)
     raise ValueError(f"optim.name: '{cfg.name}' is not accepted; accepted: sgd, adamw")

@@ -36,7 +36,9 @@ def _under_launcher() -> bool:
     return "WORLD_SIZE" in os.environ and "RANK" in os.environ
 
 
-def launch_local(config_path: str, overrides: list[str], nproc: int, resume: bool = False, max_restarts: int = 0) -> int:
+def launch_local(
+    config_path: str, overrides: list[str], nproc: int, resume: bool = False, max_restarts: int = 0
+) -> int:
     """Start ``nproc`` workers on this machine with torchrun's launcher (same code path as a
     multi-node torchrun, including --max-restarts) and return the run's exit code. The launcher
     agent runs in the calling process: a separate torchrun process would cost one more interpreter
@@ -45,8 +47,13 @@ def launch_local(config_path: str, overrides: list[str], nproc: int, resume: boo
     from torch.distributed.run import get_args_parser, run
 
     argv = [
-        "--standalone", f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}",
-        "-m", "freeze.pipeline.run", "--config", config_path,
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        f"--max-restarts={max_restarts}",
+        "-m",
+        "freeze.pipeline.run",
+        "--config",
+        config_path,
     ]
     argv += (["--resume"] if resume else []) + list(overrides) + [f"dist.nproc={nproc}"]
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # what torchrun sets for its workers when unset

@@ -166,7 +166,7 @@ class RunDir:
         return metrics_size > 0 or self.checkpoint_path.exists()
 
     def status(self) -> RunStatus:
-        """"absent" when no manifest exists; else the manifest's status.
+        """ "absent" when no manifest exists; else the manifest's status.
 
         "running" also describes a run whose process was killed: nothing marks the run as
         stopped. Resuming it is the way to find out.
@@ -315,9 +315,7 @@ _REPO_DIR = Path(__file__).resolve().parent.parent
 
 def _git(*args: str) -> str | None:
     try:
-        done = subprocess.run(
-            ["git", *args], cwd=_REPO_DIR, capture_output=True, text=True, timeout=10, check=False
-        )
+        done = subprocess.run(["git", *args], cwd=_REPO_DIR, capture_output=True, text=True, timeout=10, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return done.stdout.strip() if done.returncode == 0 else None

@@ -40,7 +40,9 @@ def read_study(path: str | Path) -> dict:
         raise SweepError(f"study file {path}: needs a [study] table with 'name' and 'finetune'")
     unknown = set(study) - _ALLOWED
     if unknown:
-        raise SweepError(f"study file {path}: unknown key(s) {', '.join(sorted(unknown))}; accepted: {', '.join(sorted(_ALLOWED))}")
+        raise SweepError(
+            f"study file {path}: unknown key(s) {', '.join(sorted(unknown))}; accepted: {', '.join(sorted(_ALLOWED))}"
+        )
     return {**study, "grid": data.get("grid", {})}
 
 
@@ -66,7 +68,9 @@ def splice_tables(report_md: Path, tables_dir: Path) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m experiments.study", description="Run the study and its report.")
     parser.add_argument("--config", required=True, help="study TOML file")
-    parser.add_argument("--out-dir", default=None, help="where run directories go (default: the study's out_dir or runs)")
+    parser.add_argument(
+        "--out-dir", default=None, help="where run directories go (default: the study's out_dir or runs)"
+    )
     args = parser.parse_args(argv)
     start_s = time.perf_counter()
     try:

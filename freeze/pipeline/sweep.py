@@ -104,7 +104,7 @@ def read_sweep(path: str | Path) -> dict:
     grid = data.get("grid", {})
     for key, values in grid.items():
         if not isinstance(values, list) or not values:
-            raise SweepError(f"sweep file {path}: grid.\"{key}\" must be a non-empty list")
+            raise SweepError(f'sweep file {path}: grid."{key}" must be a non-empty list')
     return {"base": sweep["base"], "study": sweep["study"], "overrides": list(sweep.get("overrides", [])), "grid": grid}
 
 

@@ -23,8 +23,19 @@ import numpy as np
 SYNTHETIC_VERSION = 1  # bump whenever the images a (task, n, seed) produces change
 TASKS = ("source", "target")
 PRIMITIVES = (
-    "blob", "ring", "square", "cross", "bar0", "bar45", "bar90", "bar135",
-    "grating0", "grating45", "grating90", "grating135", "checker",
+    "blob",
+    "ring",
+    "square",
+    "cross",
+    "bar0",
+    "bar45",
+    "bar90",
+    "bar135",
+    "grating0",
+    "grating45",
+    "grating90",
+    "grating135",
+    "checker",
 )
 _CELLS = ("nw", "n", "ne", "w", "c", "e", "sw", "s", "se")  # 3x3 layout grid, row-major
 _COMPOSITION_SEED = 20240611  # fixed: class definitions never depend on the data seed
@@ -109,8 +120,15 @@ def _primitive_alpha(kind: str, u: np.ndarray, v: np.ndarray) -> np.ndarray:
     return np.exp(-1.1 * (u * u + v * v)) * (0.5 + 0.5 * np.cos(2.0 * np.pi * 1.1 * across))
 
 
-def _paint(canvas: np.ndarray, kinds: np.ndarray, cy: np.ndarray, cx: np.ndarray, radius: np.ndarray,
-           colour: np.ndarray, opacity: np.ndarray) -> None:
+def _paint(
+    canvas: np.ndarray,
+    kinds: np.ndarray,
+    cy: np.ndarray,
+    cx: np.ndarray,
+    radius: np.ndarray,
+    colour: np.ndarray,
+    opacity: np.ndarray,
+) -> None:
     """Alpha-composite one primitive per image onto ``canvas`` [n, 3, H, W], grouped by kind."""
     for k, kind in enumerate(PRIMITIVES):
         idx = np.flatnonzero(kinds == k)
@@ -173,11 +191,17 @@ def render_synthetic_split(task: str, n: int, seed: int, split: str) -> tuple[np
         s = slice(begin, min(n, begin + _CHUNK))
         m = s.stop - s.start
         ramp = (bg_gradient[s, 0, None, None] * (_Y - 16) + bg_gradient[s, 1, None, None] * (_X - 16)) / 16
-        canvas = (bg_base[s, :, None, None] + ramp[:, None]
-                  + upsample @ bg_lowfreq[s] @ upsample.T).astype(f32)
+        canvas = (bg_base[s, :, None, None] + ramp[:, None] + upsample @ bg_lowfreq[s] @ upsample.T).astype(f32)
         for d in range(_DISTRACTORS):
-            _paint(canvas, distractor_kind[s, d], distractor_pos[s, d, 0], distractor_pos[s, d, 1],
-                   distractor_radius[s, d], distractor_colour[s, d], distractor_opacity[s, d])
+            _paint(
+                canvas,
+                distractor_kind[s, d],
+                distractor_pos[s, d, 0],
+                distractor_pos[s, d, 1],
+                distractor_radius[s, d],
+                distractor_colour[s, d],
+                distractor_opacity[s, d],
+            )
         comp = comps[labels[s]]  # [m, PARTS, 2]
         for p in range(_PARTS):
             cell = comp[:, p, 1]

@@ -110,9 +110,12 @@ def _build_blocks(model, how: str):
 def _prepare_data(cfg: Config, ctx: WorkerContext) -> DataSplit:
     def load():
         return load_dataset(
-            cfg.data.dataset, cfg.data.root, download=cfg.data.download,
+            cfg.data.dataset,
+            cfg.data.root,
+            download=cfg.data.download,
             synthetic_train_size=cfg.data.synthetic_train_size,
-            synthetic_test_size=cfg.data.synthetic_test_size, synthetic_seed=cfg.data.synthetic_seed,
+            synthetic_test_size=cfg.data.synthetic_test_size,
+            synthetic_seed=cfg.data.synthetic_seed,
         )
 
     # One process per machine downloads or writes the files (and keeps what it read); the others
@@ -156,11 +159,21 @@ def train_worker(cfg: Config, ctx: WorkerContext, resume: bool) -> dict:
     error = None
     if ctx.is_main:
         manifest = {
-            "run_name": cfg.run.name, "study": cfg.run.study, "group": cfg.run_group(), "policy": policy.spec(),
-            "seed": cfg.run.seed, "world_size": ctx.world_size, "status": "running", "error": None,
-            "epochs_planned": cfg.train.epochs, "epochs_done": 0,
-            "block_names": [b.name for b in blocks], "block_param_bytes": [b.param_bytes for b in blocks],
-            **environment_info(ctx.device.type), "start_time": now_iso(), "end_time": None,
+            "run_name": cfg.run.name,
+            "study": cfg.run.study,
+            "group": cfg.run_group(),
+            "policy": policy.spec(),
+            "seed": cfg.run.seed,
+            "world_size": ctx.world_size,
+            "status": "running",
+            "error": None,
+            "epochs_planned": cfg.train.epochs,
+            "epochs_done": 0,
+            "block_names": [b.name for b in blocks],
+            "block_param_bytes": [b.param_bytes for b in blocks],
+            **environment_info(ctx.device.type),
+            "start_time": now_iso(),
+            "end_time": None,
         }
         try:
             run.create(config_to_toml(cfg), manifest, resume=resume)
@@ -170,16 +183,32 @@ def train_worker(cfg: Config, ctx: WorkerContext, resume: bool) -> dict:
     if error:
         raise RunError(error)
 
-    loader = TrainLoader(split.train_x, split.train_y, cfg.train.batch_size, ctx.rank, ctx.world_size,
-                         cfg.run.seed, augment=cfg.data.augment, device=ctx.device)
-    val_loader = EvalLoader(split.val_x, split.val_y, cfg.train.eval_batch_size, ctx.rank, ctx.world_size, ctx.device) if len(split.val_y) else None
-    test_loader = EvalLoader(split.test_x, split.test_y, cfg.train.eval_batch_size, ctx.rank, ctx.world_size, ctx.device)
+    loader = TrainLoader(
+        split.train_x,
+        split.train_y,
+        cfg.train.batch_size,
+        ctx.rank,
+        ctx.world_size,
+        cfg.run.seed,
+        augment=cfg.data.augment,
+        device=ctx.device,
+    )
+    val_loader = (
+        EvalLoader(split.val_x, split.val_y, cfg.train.eval_batch_size, ctx.rank, ctx.world_size, ctx.device)
+        if len(split.val_y)
+        else None
+    )
+    test_loader = EvalLoader(
+        split.test_x, split.test_y, cfg.train.eval_batch_size, ctx.rank, ctx.world_size, ctx.device
+    )
     accum = cfg.train.accumulate_steps
     steps_per_epoch = len(loader) // accum
     if cfg.train.max_steps_per_epoch:
         steps_per_epoch = min(steps_per_epoch, cfg.train.max_steps_per_epoch)
     if steps_per_epoch < 1:
-        raise RuntimeError(f"train.accumulate_steps={accum} leaves no optimizer step in an epoch of {len(loader)} batches")
+        raise RuntimeError(
+            f"train.accumulate_steps={accum} leaves no optimizer step in an epoch of {len(loader)} batches"
+        )
     total_steps = steps_per_epoch * cfg.train.epochs
 
     optimizer = build_optimizer(model, cfg.optim)
@@ -188,11 +217,19 @@ def train_worker(cfg: Config, ctx: WorkerContext, resume: bool) -> dict:
     ddp_kwargs = {"bucket_cap_mb": cfg.freeze.bucket_cap_mb}
     if ctx.device.type == "cuda":
         ddp_kwargs["device_ids"] = [ctx.device.index]
-    freezer = Freezer(model, blocks, policy, optimizer=optimizer, epochs=cfg.train.epochs,
-                      steps_per_epoch=steps_per_epoch, interval_steps=cfg.freeze.interval_steps,
-                      ddp_kwargs=ddp_kwargs, comm_hook=cfg.freeze.comm_hook,
-                      grad_checkpointing=cfg.train.grad_checkpointing,
-                      track_summed_grads=cfg.freeze.track_summed_grads or None)
+    freezer = Freezer(
+        model,
+        blocks,
+        policy,
+        optimizer=optimizer,
+        epochs=cfg.train.epochs,
+        steps_per_epoch=steps_per_epoch,
+        interval_steps=cfg.freeze.interval_steps,
+        ddp_kwargs=ddp_kwargs,
+        comm_hook=cfg.freeze.comm_hook,
+        grad_checkpointing=cfg.train.grad_checkpointing,
+        track_summed_grads=cfg.freeze.track_summed_grads or None,
+    )
 
     start_epoch, cumulative_wall_s = 0, 0.0
     if resume and run.checkpoint_path.exists():
@@ -207,8 +244,15 @@ def train_worker(cfg: Config, ctx: WorkerContext, resume: bool) -> dict:
         logger.info("resumed %s at epoch %d (boundary %d)", run.path, start_epoch, freezer.boundary)
     if ctx.is_main:
         run.truncate_metrics(start_epoch)  # epochs after the checkpoint are re-run, not duplicated
-    logger.info("run %s: %d workers on %s, %d blocks, policy %s, %d steps/epoch",
-                run.path, ctx.world_size, ctx.device, len(blocks), policy.spec(), steps_per_epoch)
+    logger.info(
+        "run %s: %d workers on %s, %d blocks, policy %s, %d steps/epoch",
+        run.path,
+        ctx.world_size,
+        ctx.device,
+        len(blocks),
+        policy.spec(),
+        steps_per_epoch,
+    )
 
     record: dict = {}
     params = list(model.parameters())
@@ -282,32 +326,55 @@ def train_worker(cfg: Config, ctx: WorkerContext, resume: bool) -> dict:
             test_loss, test_acc = evaluate(model, test_loader, cfg.train.precision, ctx.device)
             clock.lap("eval")
         record = {
-            "epoch": epoch, "step": freezer.counters.steps, "lr": optimizer.param_groups[0]["lr"],
-            "boundary": freezer.boundary, "boundary_during": boundary_during,
+            "epoch": epoch,
+            "step": freezer.counters.steps,
+            "lr": optimizer.param_groups[0]["lr"],
+            "boundary": freezer.boundary,
+            "boundary_during": boundary_during,
             "frozen_param_fraction": frozen_fraction_sum / steps_per_epoch,
-            "train_loss": train_loss / train_count, "train_acc": train_correct / train_count,
-            "val_loss": val_loss, "val_acc": val_acc, "test_loss": test_loss, "test_acc": test_acc,
-            "epoch_wall_s": epoch_wall_s, "cumulative_wall_s": cumulative_wall_s,
+            "train_loss": train_loss / train_count,
+            "train_acc": train_correct / train_count,
+            "val_loss": val_loss,
+            "val_acc": val_acc,
+            "test_loss": test_loss,
+            "test_acc": test_acc,
+            "epoch_wall_s": epoch_wall_s,
+            "cumulative_wall_s": cumulative_wall_s,
             "phase_s": dict(clock.seconds),
             "allreduce_bytes": freezer.counters.allreduce_bytes_total - bytes_before,
             "allreduce_bytes_per_step": freezer.counters.allreduce_bytes_last_step,
-            "rewraps": freezer.counters.rewraps, "rewrap_s": freezer.counters.rewrap_s_total,
+            "rewraps": freezer.counters.rewraps,
+            "rewrap_s": freezer.counters.rewrap_s_total,
             "grad_norm": _grad_norm_record(freezer, epoch),
         }
         logger.info(
             "epoch %d/%d  train loss %.4f acc %.4f  val acc %s  test acc %s  boundary %d->%d  %.1f s  %.2f MB/step",
-            epoch + 1, cfg.train.epochs, record["train_loss"], record["train_acc"],
-            "-" if val_acc is None else f"{val_acc:.4f}", "-" if test_acc is None else f"{test_acc:.4f}",
-            boundary_during, freezer.boundary, epoch_wall_s, record["allreduce_bytes_per_step"] / 1e6,
+            epoch + 1,
+            cfg.train.epochs,
+            record["train_loss"],
+            record["train_acc"],
+            "-" if val_acc is None else f"{val_acc:.4f}",
+            "-" if test_acc is None else f"{test_acc:.4f}",
+            boundary_during,
+            freezer.boundary,
+            epoch_wall_s,
+            record["allreduce_bytes_per_step"] / 1e6,
         )
         last_epoch = epoch + 1 == cfg.train.epochs
         if ctx.is_main:
             run.append_metrics(record)
             if last_epoch or (epoch + 1) % cfg.run.checkpoint_every_epochs == 0:
                 save_checkpoint(
-                    {"epoch": epoch + 1, "cumulative_wall_s": cumulative_wall_s, "model": model.state_dict(),
-                     "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                     "scaler": scaler.state_dict(), "freezer": freezer.state_dict(), "rng": _rng_state()},
+                    {
+                        "epoch": epoch + 1,
+                        "cumulative_wall_s": cumulative_wall_s,
+                        "model": model.state_dict(),
+                        "optimizer": optimizer.state_dict(),
+                        "scheduler": scheduler.state_dict(),
+                        "scaler": scaler.state_dict(),
+                        "freezer": freezer.state_dict(),
+                        "rng": _rng_state(),
+                    },
                     run.checkpoint_path,
                 )
             run.update_manifest(epochs_done=epoch + 1)

@@ -88,9 +88,7 @@ class Policy(ABC):
         return 0
 
     @abstractmethod
-    def decide(
-        self, boundary: int, history: Sequence[IntervalStats], progress: Progress, num_blocks: int
-    ) -> int:
+    def decide(self, boundary: int, history: Sequence[IntervalStats], progress: Progress, num_blocks: int) -> int:
         """The boundary to apply now, in [0, num_blocks - 1]."""
 
     def spec(self) -> str:
@@ -123,8 +121,7 @@ class Policy(ABC):
         self._check_blocks(num_blocks)
         if not _is_int(boundary) or not 0 <= boundary < num_blocks:
             raise PolicyError(
-                f"policy '{self.name}': boundary = {boundary!r} with {num_blocks} blocks; "
-                f"accepted: 0..{num_blocks - 1}"
+                f"policy '{self.name}': boundary = {boundary!r} with {num_blocks} blocks; accepted: 0..{num_blocks - 1}"
             )
 
     def _last_etas(self, history: Sequence[IntervalStats], num_blocks: int) -> list[float | None]:
@@ -149,13 +146,10 @@ def register_policy(cls: type[Policy]) -> type[Policy]:
         raise TypeError(f"register_policy: {cls!r} is not a dataclass subclass of Policy")
     name = getattr(cls, "name", None)
     if not isinstance(name, str) or not name or any(c in name for c in ":,= "):
-        raise PolicyError(
-            f"register_policy: {cls.__name__}.name = {name!r}; accepted: a non-empty name without ':,= '"
-        )
+        raise PolicyError(f"register_policy: {cls.__name__}.name = {name!r}; accepted: a non-empty name without ':,= '")
     if name in POLICIES and POLICIES[name] is not cls:
         raise PolicyError(
-            f"register_policy: policy '{name}' is already registered by {POLICIES[name].__name__}; "
-            "accepted: a new name"
+            f"register_policy: policy '{name}' is already registered by {POLICIES[name].__name__}; accepted: a new name"
         )
     POLICIES[name] = cls
     return cls
@@ -168,8 +162,7 @@ def make_policy(name: str, **params: Any) -> Policy:
     for key in params:
         if key not in accepted:
             raise PolicyError(
-                f"policy '{name}': unknown parameter '{key}'; "
-                f"accepted: {', '.join(accepted) or 'no parameters'}"
+                f"policy '{name}': unknown parameter '{key}'; accepted: {', '.join(accepted) or 'no parameters'}"
             )
     return cls(**params)
 
@@ -269,9 +262,7 @@ def _coerce(cls: type[Policy], f: dataclasses.Field, value: Any) -> Any:
     accepted = _accepted(f, typ)
 
     def bad(why: str) -> PolicyError:
-        return PolicyError(
-            f"policy '{cls.name}': parameter '{f.name}' = {value!r} {why}; accepted: {accepted}"
-        )
+        return PolicyError(f"policy '{cls.name}': parameter '{f.name}' = {value!r} {why}; accepted: {accepted}")
 
     out = _convert(typ, value)
     if out is None or (typ is float and not math.isfinite(out)):

@@ -40,9 +40,7 @@ class NoFreezing(Policy):
 
     name: ClassVar[str] = "none"
 
-    def decide(
-        self, boundary: int, history: Sequence[IntervalStats], progress: Progress, num_blocks: int
-    ) -> int:
+    def decide(self, boundary: int, history: Sequence[IntervalStats], progress: Progress, num_blocks: int) -> int:
         self._check_call(boundary, num_blocks)
         return boundary  # 0 from initial_boundary, and never moved
 
@@ -59,9 +57,7 @@ class StaticFreeze(Policy):
         self._check_blocks(num_blocks)
         return min(self.k, num_blocks - 1)
 
-    def decide(
-        self, boundary: int, history: Sequence[IntervalStats], progress: Progress, num_blocks: int
-    ) -> int:
+    def decide(self, boundary: int, history: Sequence[IntervalStats], progress: Progress, num_blocks: int) -> int:
         self._check_call(boundary, num_blocks)
         return max(boundary, min(self.k, num_blocks - 1))
 
@@ -84,9 +80,7 @@ class FreezeOut(Policy):
         power = {"linear": 1, "squared": 2, "cubic": 3}[self.scale]
         return [(self.t0 + (1.0 - self.t0) * i / (num_blocks - 1)) ** power for i in range(num_blocks)]
 
-    def decide(
-        self, boundary: int, history: Sequence[IntervalStats], progress: Progress, num_blocks: int
-    ) -> int:
+    def decide(self, boundary: int, history: Sequence[IntervalStats], progress: Progress, num_blocks: int) -> int:
         self._check_call(boundary, num_blocks)
         done = progress.fraction
         k = 0
@@ -107,9 +101,7 @@ class LinearFreeze(Policy):
     freeze_start: float = param(0.5, low=0.0, high=1.0, high_open=True)
     freeze_level: float = param(1.0, low=0.0, high=1.0)
 
-    def decide(
-        self, boundary: int, history: Sequence[IntervalStats], progress: Progress, num_blocks: int
-    ) -> int:
+    def decide(self, boundary: int, history: Sequence[IntervalStats], progress: Progress, num_blocks: int) -> int:
         self._check_call(boundary, num_blocks)
         ramp = (progress.fraction - self.freeze_start) / (1.0 - self.freeze_start)
         frozen_fraction = min(max(ramp, 0.0), 1.0) * self.freeze_level
@@ -124,9 +116,7 @@ class GeometricFreeze(Policy):
     name: ClassVar[str] = "geometric"
     alpha: float = param(1.0 / 3.0, low=0.0, low_open=True, high=1.0)
 
-    def decide(
-        self, boundary: int, history: Sequence[IntervalStats], progress: Progress, num_blocks: int
-    ) -> int:
+    def decide(self, boundary: int, history: Sequence[IntervalStats], progress: Progress, num_blocks: int) -> int:
         self._check_call(boundary, num_blocks)
         epochs_done = progress.epoch + 1
         k = floor_with_slack(num_blocks * (1.0 - (1.0 - self.alpha) ** epochs_done))
@@ -144,9 +134,7 @@ class AutoFreeze(Policy):
     percentile: float = param(50.0, low=0.0, high=100.0)
     min_intervals: int = param(2, low=2)  # eta compares two intervals
 
-    def decide(
-        self, boundary: int, history: Sequence[IntervalStats], progress: Progress, num_blocks: int
-    ) -> int:
+    def decide(self, boundary: int, history: Sequence[IntervalStats], progress: Progress, num_blocks: int) -> int:
         self._check_call(boundary, num_blocks)
         if len(history) < self.min_intervals:
             return boundary
@@ -171,9 +159,7 @@ class CS744Freeze(Policy):
     name: ClassVar[str] = "cs744"
     uses_gradients: ClassVar[bool] = True
 
-    def decide(
-        self, boundary: int, history: Sequence[IntervalStats], progress: Progress, num_blocks: int
-    ) -> int:
+    def decide(self, boundary: int, history: Sequence[IntervalStats], progress: Progress, num_blocks: int) -> int:
         self._check_call(boundary, num_blocks)
         if len(history) < 2 or boundary >= num_blocks - 1:
             return boundary
@@ -199,9 +185,7 @@ class GradualUnfreeze(Policy):
         self._check_blocks(num_blocks)
         return num_blocks - 1
 
-    def decide(
-        self, boundary: int, history: Sequence[IntervalStats], progress: Progress, num_blocks: int
-    ) -> int:
+    def decide(self, boundary: int, history: Sequence[IntervalStats], progress: Progress, num_blocks: int) -> int:
         self._check_call(boundary, num_blocks)
         scheduled = max(num_blocks - 1 - (progress.epoch + 1) // self.every_epochs, 0)
         # Moves only towards unfreezing: a block once unfrozen is never frozen again.

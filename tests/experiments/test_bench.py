@@ -13,7 +13,15 @@ from experiments import bench_workers as bw
 from freeze import split_blocks
 
 TINY = bench.BenchConfig(
-    workers=2, model="mlp", batch_size=4, image_size=4, steps=2, rounds=2, warmup=1, ks=(0, 2), phase_ks=(0,),
+    workers=2,
+    model="mlp",
+    batch_size=4,
+    image_size=4,
+    steps=2,
+    rounds=2,
+    warmup=1,
+    ks=(0, 2),
+    phase_ks=(0,),
     collective_timeout_s=30.0,
 )
 

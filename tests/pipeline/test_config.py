@@ -30,12 +30,21 @@ def test_defaults_match_the_schema():
     assert (config.run.name, config.run.study, config.run.out_dir, config.run.seed) == ("run", "default", "runs", 0)
     assert (config.data.dataset, config.data.val_size, config.data.augment) == ("cifar10", 5000, True)
     assert (config.model.arch, config.model.stem, config.model.weights, config.model.blocks) == (
-        "resnet18", "imagenet", "none", "default")
+        "resnet18",
+        "imagenet",
+        "none",
+        "default",
+    )
     assert (config.freeze.policy, config.freeze.comm_hook, config.freeze.bucket_cap_mb) == ("none", "allreduce", 25.0)
     assert config.optim.betas == (0.9, 0.999) and config.optim.weight_decay == 1e-4 and config.optim.eps == 1e-8
     assert (config.schedule.name, config.schedule.step_size_epochs, config.schedule.gamma) == ("constant", 30, 0.1)
     assert (config.train.epochs, config.train.batch_size, config.train.precision) == (50, 64, "fp32")
-    assert (config.dist.nproc, config.dist.backend, config.dist.device, config.dist.timeout_s) == (1, "auto", "auto", 300)
+    assert (config.dist.nproc, config.dist.backend, config.dist.device, config.dist.timeout_s) == (
+        1,
+        "auto",
+        "auto",
+        300,
+    )
     assert config.run_dir() == Path("runs") / "default" / "run"
     assert config.run_group() == "none"
 
@@ -81,12 +90,20 @@ BAD_OVERRIDES = [
     (["optim.betas=0.9"], ["optim.betas", "list of 2 numbers"]),
     (["data.augment=1"], ["data.augment", "expected true or false", "got 1"]),
     (["data.augment=yes"], ["data.augment", "expected true or false", "'yes'"]),
-    (["optim.lrr=0.1"], ["config: unknown key 'optim.lrr'", "did you mean 'optim.lr'", "keys in [optim]: name, lr, momentum"]),
-    (["foo.bar=1"], ["config: unknown section [foo]", "sections: run, data, model, freeze, optim, schedule, train, dist"]),
+    (
+        ["optim.lrr=0.1"],
+        ["config: unknown key 'optim.lrr'", "did you mean 'optim.lr'", "keys in [optim]: name, lr, momentum"],
+    ),
+    (
+        ["foo.bar=1"],
+        ["config: unknown section [foo]", "sections: run, data, model, freeze, optim, schedule, train, dist"],
+    ),
     (["lr=0.1"], ["override 'lr=0.1'", "section.key=value"]),
     (["optim.lr"], ["override 'optim.lr'", "section.key=value"]),
-    (["model.weights=no-such-file.pt"], ["model.weights", "'no-such-file.pt' does not exist",
-                                         "accepted: none, imagenet, or a path to a weights file"]),
+    (
+        ["model.weights=no-such-file.pt"],
+        ["model.weights", "'no-such-file.pt' does not exist", "accepted: none, imagenet, or a path to a weights file"],
+    ),
     (["model.arch=resnet19"], ["model.arch", "'resnet19'", "torchvision classification model", "resnet18"]),
     (["run.name=a/b"], ["run.name", "without '/'"]),
     (["run.study="], ["run.study", "non-empty"]),
@@ -105,15 +122,15 @@ def test_bad_override_gives_one_clear_line(overrides, expected):
 
 
 BAD_FILES = [
-    ('[optim]\nlrr = 0.1\n', ["unknown key 'optim.lrr'", "keys in [optim]"]),
-    ('[foo]\nx = 1\n', ["unknown section [foo]", "sections: run, data"]),
-    ('optim = 3\n', ["[optim] must be a table", "name, lr"]),
+    ("[optim]\nlrr = 0.1\n", ["unknown key 'optim.lrr'", "keys in [optim]"]),
+    ("[foo]\nx = 1\n", ["unknown section [foo]", "sections: run, data"]),
+    ("optim = 3\n", ["[optim] must be a table", "name, lr"]),
     ('[optim]\nname = "adam"\n', ["optim.name", "accepted: sgd, adamw"]),
     ('[train]\nepochs = "ten"\n', ["train.epochs", "expected an integer >= 1", "'ten'"]),
-    ('[train]\nepochs = true\n', ["train.epochs", "got true"]),
-    ('[dist]\ntimeout_s = 0\n', ["dist.timeout_s", ">= 1"]),
-    ('[run]\nname = 3\n', ["run.name", "expected a string", "got 3"]),
-    ('[optim.extra]\nx = 1\n', ["unknown key 'optim.extra'"]),
+    ("[train]\nepochs = true\n", ["train.epochs", "got true"]),
+    ("[dist]\ntimeout_s = 0\n", ["dist.timeout_s", ">= 1"]),
+    ("[run]\nname = 3\n", ["run.name", "expected a string", "got 3"]),
+    ("[optim.extra]\nx = 1\n", ["unknown key 'optim.extra'"]),
 ]
 
 
@@ -133,7 +150,7 @@ def test_missing_file_is_named(tmp_path):
 
 
 def test_toml_syntax_error_names_file_and_line(tmp_path):
-    path = write(tmp_path, '[optim]\nlr = 0.1\nname = \n', name="broken.toml")
+    path = write(tmp_path, "[optim]\nlr = 0.1\nname = \n", name="broken.toml")
     with pytest.raises(ConfigError) as info:
         load_config(path)
     message = str(info.value)
@@ -143,17 +160,20 @@ def test_toml_syntax_error_names_file_and_line(tmp_path):
 
 def test_overrides(tmp_path):
     path = write(tmp_path, '[optim]\nlr = 0.2\n[run]\nname = "from-file"\n')
-    config = load_config(path, [
-        "freeze.policy=autofreeze:percentile=50",  # '=' inside the value: split at the first '='
-        "optim.lr=0.05",
-        "train.precision=bf16",
-        "optim.betas=[0.9,0.95]",
-        "run.name=123",  # a string field keeps the text, not the TOML integer
-        "data.augment=false",
-        "train.epochs=3",
-        "train.epochs=4",  # the last override wins
-        'run.study="with space"',
-    ])
+    config = load_config(
+        path,
+        [
+            "freeze.policy=autofreeze:percentile=50",  # '=' inside the value: split at the first '='
+            "optim.lr=0.05",
+            "train.precision=bf16",
+            "optim.betas=[0.9,0.95]",
+            "run.name=123",  # a string field keeps the text, not the TOML integer
+            "data.augment=false",
+            "train.epochs=3",
+            "train.epochs=4",  # the last override wins
+            'run.study="with space"',
+        ],
+    )
     assert config.freeze.policy == "autofreeze:percentile=50"
     assert config.optim.lr == 0.05
     assert config.train.precision == "bf16"
@@ -193,8 +213,15 @@ def tricky_config() -> Config:
     return dataclasses.replace(
         config,
         run=dataclasses.replace(config.run, name="r-1", group='quote " back \\ tab\t nl\n é', seed=7),
-        optim=OptimConfig(name="adamw", lr=0.1 + 0.2, momentum=1 / 3, weight_decay=5e-324,
-                          betas=(0.9, 1 - 1e-12), eps=1.2345678901234567e-8, grad_clip_norm=1e300),
+        optim=OptimConfig(
+            name="adamw",
+            lr=0.1 + 0.2,
+            momentum=1 / 3,
+            weight_decay=5e-324,
+            betas=(0.9, 1 - 1e-12),
+            eps=1.2345678901234567e-8,
+            grad_clip_norm=1e300,
+        ),
         data=dataclasses.replace(config.data, download=True, val_size=0),
     )
 

@@ -233,9 +233,15 @@ def test_augmentation_is_a_padded_crop_with_optional_flip():
     for out, i in zip(xb[:8], yb[:8]):
         matches = [
             (dy, dx, flip)
-            for dy in range(9) for dx in range(9) for flip in (False, True)
-            if torch.equal(out, normalize_uint8(
-                (lambda c: c.flip(-1) if flip else c)(padded[i : i + 1, :, dy : dy + 32, dx : dx + 32]))[0])
+            for dy in range(9)
+            for dx in range(9)
+            for flip in (False, True)
+            if torch.equal(
+                out,
+                normalize_uint8(
+                    (lambda c: c.flip(-1) if flip else c)(padded[i : i + 1, :, dy : dy + 32, dx : dx + 32])
+                )[0],
+            )
         ]
         assert len(matches) == 1
         shifts.add(matches[0])

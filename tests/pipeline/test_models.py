@@ -88,7 +88,9 @@ def test_stem_mismatch_skips_conv1_and_build_model_logs_it(tmp_path, caplog):
         model = build_model("resnet18", num_classes=10, weights=str(path))
     assert model.conv1.kernel_size == (7, 7)
     assert "conv1.weight" in caplog.text and "fc.weight" in caplog.text  # the head is always kept fresh
-    assert load_weights(build_model("resnet18", num_classes=10), path) == ["conv1.weight"]  # load_weights alone: shape rule only
+    assert load_weights(build_model("resnet18", num_classes=10), path) == [
+        "conv1.weight"
+    ]  # load_weights alone: shape rule only
 
 
 def test_bad_weight_files_name_the_path(tmp_path):
@@ -99,8 +101,12 @@ def test_bad_weight_files_name_the_path(tmp_path):
         "text.pt": "this is not a torch file",
         "resnet34.pt": torchvision.models.resnet34(num_classes=10).state_dict(),
     }
-    expected = {"missing.pt": "does not exist", "list.pt": "holds no state dict",
-                "text.pt": "not a readable torch file", "resnet34.pt": "does not match the model"}
+    expected = {
+        "missing.pt": "does not exist",
+        "list.pt": "holds no state dict",
+        "text.pt": "not a readable torch file",
+        "resnet34.pt": "does not match the model",
+    }
     for name, content in cases.items():
         path = tmp_path / name
         if name == "text.pt":

@@ -48,7 +48,9 @@ def test_cosine_after_warmup_reaches_min_lr():
     assert lr_factor(9, STEPS_PER_EPOCH, TOTAL, cfg, 0.1) == 1.0  # last warm-up step
     assert lr_factor(10, STEPS_PER_EPOCH, TOTAL, cfg, 0.1) == pytest.approx(1.0)
     mid = 10 + 45
-    assert lr_factor(mid, STEPS_PER_EPOCH, TOTAL, cfg, 0.1) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
+    assert lr_factor(mid, STEPS_PER_EPOCH, TOTAL, cfg, 0.1) == pytest.approx(
+        0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5))
+    )
     assert lr_factor(TOTAL, STEPS_PER_EPOCH, TOTAL, cfg, 0.1) == pytest.approx(0.1)
 
 

@@ -25,14 +25,24 @@ def _env() -> dict:
 
 def _run(args: list[str], timeout_s: float = 240) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "freeze.pipeline.run", *args], cwd=REPO, env=_env(),
-        capture_output=True, text=True, timeout=timeout_s,
+        [sys.executable, "-m", "freeze.pipeline.run", *args],
+        cwd=REPO,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
     )
 
 
 def _common(tmp_path: Path, name: str) -> list[str]:
-    return ["--config", str(SMOKE), f"run.out_dir={tmp_path / 'runs'}", f"run.name={name}",
-            f"data.root={tmp_path / 'data'}", *TINY]
+    return [
+        "--config",
+        str(SMOKE),
+        f"run.out_dir={tmp_path / 'runs'}",
+        f"run.name={name}",
+        f"data.root={tmp_path / 'data'}",
+        *TINY,
+    ]
 
 
 def _final(tmp_path: Path, name: str) -> tuple[dict, list[dict], dict]:
@@ -66,7 +76,9 @@ def test_two_worker_run_end_to_end(uninterrupted):
     block_bytes = manifest["block_param_bytes"]
     for m in metrics:
         # every step all-reduces exactly the gradients of the blocks trainable at the end of the epoch
-        assert m["allreduce_bytes_per_step"] == sum(block_bytes[m["boundary"]:]) or m["boundary"] != m["boundary_during"]
+        assert (
+            m["allreduce_bytes_per_step"] == sum(block_bytes[m["boundary"] :]) or m["boundary"] != m["boundary_during"]
+        )
         assert 0.0 <= m["test_acc"] <= 1.0 and m["val_acc"] is not None
         assert set(m["phase_s"]) == {"data", "forward", "backward", "optimizer", "freezer", "eval"}
         assert m["epoch_wall_s"] > 0 and len(m["grad_norm"]["summed"]) == len(block_bytes)
@@ -80,10 +92,20 @@ def test_killed_worker_is_restarted_and_resumes_to_the_same_result(uninterrupted
     and freeze decisions."""
     straight_tmp, (ref_ckpt, ref_metrics, _) = uninterrupted
     args = _common(straight_tmp, "killed") + ["dist.nproc=2"]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           "--max-restarts=1", "-m", "freeze.pipeline.run", *args]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        "--max-restarts=1",
+        "-m",
+        "freeze.pipeline.run",
+        *args,
+    ]
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     ckpt_path = straight_tmp / "runs" / "smoke" / "killed" / "checkpoint.pt"
     deadline = time.monotonic() + 180
     try:
@@ -148,11 +170,22 @@ def test_missing_dataset_is_one_line_error(tmp_path):
 def test_recipe_options_run_together(tmp_path):
     """AdamW + cosine with warm-up + label smoothing + bf16 autocast + 2-step gradient accumulation +
     gradient checkpointing + step-level policy evaluation, in one short run."""
-    proc = _run(_common(tmp_path, "recipe") + [
-        "dist.nproc=1", "train.epochs=1", "optim.name=adamw", "optim.lr=0.001", "schedule.name=cosine",
-        "schedule.warmup_epochs=0.5", "train.label_smoothing=0.1", "train.precision=bf16",
-        "train.accumulate_steps=2", "train.grad_checkpointing=true", "train.batch_size=16",
-    ])
+    proc = _run(
+        _common(tmp_path, "recipe")
+        + [
+            "dist.nproc=1",
+            "train.epochs=1",
+            "optim.name=adamw",
+            "optim.lr=0.001",
+            "schedule.name=cosine",
+            "schedule.warmup_epochs=0.5",
+            "train.label_smoothing=0.1",
+            "train.precision=bf16",
+            "train.accumulate_steps=2",
+            "train.grad_checkpointing=true",
+            "train.batch_size=16",
+        ]
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     _, metrics, manifest = _final(tmp_path, "recipe")
     assert manifest["status"] == "complete"

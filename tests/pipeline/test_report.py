@@ -159,10 +159,17 @@ def test_combined_markdown_and_latex(report):
 def test_pngs_are_written_and_valid(report):
     out, written = report
     pngs = sorted(name for name in written if name.endswith(".png"))
-    assert pngs == sorted([
-        "accuracy_vs_epoch.png", "accuracy_vs_time.png", "freeze_boundary.png", "phase_times.png",
-        "eta_autofreeze_percentile_50_ws2.png", "eta_none_ws2.png", "eta_static_k_2_ws2.png",
-    ])
+    assert pngs == sorted(
+        [
+            "accuracy_vs_epoch.png",
+            "accuracy_vs_time.png",
+            "freeze_boundary.png",
+            "phase_times.png",
+            "eta_autofreeze_percentile_50_ws2.png",
+            "eta_none_ws2.png",
+            "eta_static_k_2_ws2.png",
+        ]
+    )
     for name in pngs:
         data = (out / name).read_bytes()
         assert data[:8] == PNG_MAGIC and len(data) > 5000, name
@@ -253,8 +260,13 @@ def test_error_bad_arguments(tmp_path, capsys):
 
 
 def test_module_entry_point_exit_code(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "report", str(tmp_path / "missing")], capture_output=True, text=True,
-                            cwd=Path(__file__).parents[2], timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "report", str(tmp_path / "missing")],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).parents[2],
+        timeout=60,
+    )
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0 and "not found" in result.stderr
 

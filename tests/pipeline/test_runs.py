@@ -217,8 +217,13 @@ def test_environment_info_keys():
 @pytest.mark.skipif(shutil.which("git") is None, reason="git not installed")
 def test_git_commit_and_dirty_suffix(tmp_path, monkeypatch):
     def git(*args):
-        return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path,
-                              check=True, capture_output=True, text=True).stdout.strip()
+        return subprocess.run(
+            ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
+            cwd=tmp_path,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
 
     git("init", "-q")
     (tmp_path / "f.txt").write_text("1")

@@ -31,16 +31,22 @@ def _env():
 def _write_sweep(tmp_path: Path, grid: str, name: str = "sweep.toml") -> Path:
     overrides = TINY + [f"data.root={tmp_path / 'data'}"]
     path = tmp_path / name
-    path.write_text(
-        f'[sweep]\nbase = "{SMOKE}"\nstudy = "tiny"\noverrides = {json.dumps(overrides)}\n[grid]\n{grid}\n'
-    )
+    path.write_text(f'[sweep]\nbase = "{SMOKE}"\nstudy = "tiny"\noverrides = {json.dumps(overrides)}\n[grid]\n{grid}\n')
     return path
 
 
 def _sweep(path: Path, out_dir: Path, **kw):
     cmd = [sys.executable, "-m", "freeze.pipeline.sweep", "--sweep", str(path), "--out-dir", str(out_dir)]
-    return subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True, **kw)
+    return subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        **kw,
+    )
 
 
 GRID = '"freeze.policy" = ["none", "static:k=3"]\n"run.seed" = [0, 1]'
@@ -110,15 +116,26 @@ def test_report_main_table_matches_hand_computation(swept):
     static_time = np.mean([_final(runs, f"static-k=3_seed={s}", "cumulative_wall_s") for s in (0, 1)])
     assert float(row["wall_min"]) == pytest.approx(static_time / 60, rel=1e-12)
     assert float(row["speedup"]) == pytest.approx(base_time / static_time, rel=1e-12)
-    gb = np.mean([
-        sum(json.loads(line)["allreduce_bytes"] for line in (runs / f"static-k=3_seed={s}" / "metrics.jsonl").read_text().splitlines())
-        for s in (0, 1)
-    ]) / 1e9
+    gb = (
+        np.mean(
+            [
+                sum(
+                    json.loads(line)["allreduce_bytes"]
+                    for line in (runs / f"static-k=3_seed={s}" / "metrics.jsonl").read_text().splitlines()
+                )
+                for s in (0, 1)
+            ]
+        )
+        / 1e9
+    )
     assert float(row["allreduce_gb"]) == pytest.approx(gb, abs=1e-12)
-    frozen = np.mean([
-        json.loads(line)["frozen_param_fraction"]
-        for s in (0, 1) for line in (runs / f"static-k=3_seed={s}" / "metrics.jsonl").read_text().splitlines()
-    ])
+    frozen = np.mean(
+        [
+            json.loads(line)["frozen_param_fraction"]
+            for s in (0, 1)
+            for line in (runs / f"static-k=3_seed={s}" / "metrics.jsonl").read_text().splitlines()
+        ]
+    )
     assert float(row["frozen_fraction"]) == pytest.approx(frozen, abs=1e-12)
     assert frozen > 0.0
     # REPORT.md-style splicing of the generated table

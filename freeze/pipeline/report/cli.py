@@ -21,10 +21,15 @@ def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m report", description="Tables and figures from run directories.")
     parser.add_argument("runs_dir", help="folder searched recursively for run directories (manifest.json)")
     parser.add_argument("--out", default=None, help="output folder (default: <runs_dir>/report)")
-    parser.add_argument("--baseline", default=None,
-                        help="group to compare against (default: the group with policy none)")
-    parser.add_argument("--target-fraction", type=float, default=0.95,
-                        help="time-to-target threshold, as a fraction of the baseline's mean final val accuracy")
+    parser.add_argument(
+        "--baseline", default=None, help="group to compare against (default: the group with policy none)"
+    )
+    parser.add_argument(
+        "--target-fraction",
+        type=float,
+        default=0.95,
+        help="time-to-target threshold, as a fraction of the baseline's mean final val accuracy",
+    )
     parser.add_argument("--formats", default=",".join(FORMATS), help=f"comma-separated subset of {','.join(FORMATS)}")
     return parser
 

@@ -113,15 +113,24 @@ def plot_eta_heatmap(key: GroupKey, run: Run, path: Path) -> Path:
     fig = Figure(figsize=(max(6.5, 0.35 * eta.shape[1] + 3), max(3.5, 0.3 * eta.shape[0] + 2.0)))
     ax = fig.add_subplot()
     vmax = float(eta.max()) if eta.count() else 1.0
-    image = ax.imshow(eta, aspect="auto", interpolation="nearest", vmin=0.0, vmax=vmax or 1.0,
-                      cmap=colormaps["viridis"].with_extremes(bad="lightgrey"),
-                      extent=(0.5, eta.shape[1] + 0.5, eta.shape[0] - 0.5, -0.5))
+    image = ax.imshow(
+        eta,
+        aspect="auto",
+        interpolation="nearest",
+        vmin=0.0,
+        vmax=vmax or 1.0,
+        cmap=colormaps["viridis"].with_extremes(bad="lightgrey"),
+        extent=(0.5, eta.shape[1] + 0.5, eta.shape[0] - 0.5, -0.5),
+    )
     ax.set_yticks(range(len(run.block_names)), run.block_names, fontsize="small")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("epoch (1 = first epoch)")
     ax.set_ylabel("block (input at top)")
-    ax.set_title(f"{key[0]} ({key[1]} workers), seed {run.seed}\n"
-                 "eta = |G_prev - G_cur| / G_prev; grey = null (frozen or undefined)", fontsize="small")
+    ax.set_title(
+        f"{key[0]} ({key[1]} workers), seed {run.seed}\n"
+        "eta = |G_prev - G_cur| / G_prev; grey = null (frozen or undefined)",
+        fontsize="small",
+    )
     fig.colorbar(image, ax=ax, label="eta (unitless)")
     return _save(fig, path)
 

@@ -73,8 +73,9 @@ def resolve_baseline(runs: list[Run], baseline: str | None) -> Baseline:
         return Baseline(baseline, f"baseline: group {baseline!r} (--baseline)")
     candidates = sorted({r.group for r in runs if r.is_complete and r.policy == "none"})
     if not candidates:
-        return Baseline(None, "no complete group with policy 'none': comparison columns omitted "
-                              "(choose one with --baseline GROUP)")
+        return Baseline(
+            None, "no complete group with policy 'none': comparison columns omitted (choose one with --baseline GROUP)"
+        )
     chosen = "none" if "none" in candidates else candidates[0]
     others = [c for c in candidates if c != chosen]
     extra = f"; other policy-none groups not used: {', '.join(others)}" if others else ""
@@ -163,8 +164,11 @@ def main_table(runs: list[Run], baseline: Baseline, target_fraction: float) -> T
     ]
     if compare:
         columns += [
-            ("diff vs baseline (points)", "r",
-             lambda r: "—" if r["test"] == "baseline" else _fmt(r["diff_points"], "+.2f")),
+            (
+                "diff vs baseline (points)",
+                "r",
+                lambda r: "—" if r["test"] == "baseline" else _fmt(r["diff_points"], "+.2f"),
+            ),
             ("p", "r", lambda r: "—" if r["test"] == "baseline" else _fmt_p(r["p_value"])),
             ("test", "l", lambda r: r["test"]),
         ]
@@ -173,8 +177,11 @@ def main_table(runs: list[Run], baseline: Baseline, target_fraction: float) -> T
         columns += [
             ("speedup", "r", lambda r: _fmt(r["speedup"], ".2f", "x")),
             (f"time to {target_fraction:g} x baseline val acc (min)", "r", _fmt_time_to_target),
-            ("reached", "r",
-             lambda r: f"{r['ttt_reached']}/{r['n_runs']}" if math.isfinite(r["ttt_target_val_acc"]) else NA),
+            (
+                "reached",
+                "r",
+                lambda r: f"{r['ttt_reached']}/{r['n_runs']}" if math.isfinite(r["ttt_target_val_acc"]) else NA,
+            ),
         ]
     columns += [
         ("all-reduced (GB)", "r", lambda r: _fmt(r["allreduce_gb"], ".3f")),
@@ -219,8 +226,16 @@ def _main_row(members: list[Run]) -> dict:
 def _comparison(members: list[Run], row: dict, base_runs: list[Run] | None, target_fraction: float) -> dict:
     """Difference, test, speedup and time to target against the baseline runs of the same world size."""
     if not base_runs:
-        return {"baseline_group": "", "diff_points": math.nan, "p_value": math.nan, "test": NA,
-                "speedup": math.nan, "ttt_target_val_acc": math.nan, "ttt_min": math.nan, "ttt_reached": 0}
+        return {
+            "baseline_group": "",
+            "diff_points": math.nan,
+            "p_value": math.nan,
+            "test": NA,
+            "speedup": math.nan,
+            "ttt_target_val_acc": math.nan,
+            "ttt_min": math.nan,
+            "ttt_reached": 0,
+        }
     base_acc = {r.seed: final_test_acc(r) for r in base_runs}
     if members[0].group == base_runs[0].group:
         p_value, test = math.nan, "baseline"
@@ -271,17 +286,36 @@ def static_sweep_table(runs: list[Run], baseline: Baseline) -> Table:
     for key in order:
         members = groups[key]
         # The k = 0 reference: the chosen baseline when it is a k = 0 group, else policy none first.
-        zero = sorted((z for z in order if z[1] == key[1] and k_of[z] == 0),
-                      key=lambda z: (z[0] != baseline.group, groups[z][0].policy != "none", z[0]))
+        zero = sorted(
+            (z for z in order if z[1] == key[1] and k_of[z] == 0),
+            key=lambda z: (z[0] != baseline.group, groups[z][0].policy != "none", z[0]),
+        )
         s_per_epoch = _per_run_mean(members, "epoch_wall_s")
         ref_s = _per_run_mean(groups[zero[0]], "epoch_wall_s") if zero else math.nan
         acc_mean, acc_half = mean_ci95([final_test_acc(r) for r in members])
-        row = {"k": k_of[key], "group": key[0], "world_size": key[1], "n_runs": len(members),
-               "epoch_wall_s": s_per_epoch, "test_acc_mean": acc_mean, "test_acc_ci95": acc_half,
-               "reference_group": zero[0][0] if zero else "", "speedup_per_epoch": _ratio(ref_s, s_per_epoch)}
+        row = {
+            "k": k_of[key],
+            "group": key[0],
+            "world_size": key[1],
+            "n_runs": len(members),
+            "epoch_wall_s": s_per_epoch,
+            "test_acc_mean": acc_mean,
+            "test_acc_ci95": acc_half,
+            "reference_group": zero[0][0] if zero else "",
+            "speedup_per_epoch": _ratio(ref_s, s_per_epoch),
+        }
         rows.append(row)
-        cells.append([str(row["k"]), key[0], str(key[1]), str(len(members)), _fmt(s_per_epoch, ".2f"),
-                      _fmt_acc(acc_mean, acc_half), _fmt(row["speedup_per_epoch"], ".2f", "x")])
+        cells.append(
+            [
+                str(row["k"]),
+                key[0],
+                str(key[1]),
+                str(len(members)),
+                _fmt(s_per_epoch, ".2f"),
+                _fmt_acc(acc_mean, acc_half),
+                _fmt(row["speedup_per_epoch"], ".2f", "x"),
+            ]
+        )
         if not zero:
             notes.append(f"no k = 0 group with world_size {key[1]}: speedup n/a")
     if not groups:
@@ -292,8 +326,15 @@ def static_sweep_table(runs: list[Run], baseline: Baseline) -> Table:
         f"as k = 0; {sum(r['n_runs'] for r in rows)} complete runs; s/epoch is the mean training wall time per "
         "epoch (no eval); accuracy is the final-epoch test accuracy (mean ± 95% CI half-width)."
     )
-    return Table("static_sweep", "Static-k sweep", caption, pd.DataFrame(rows), pd.DataFrame(cells, columns=headers),
-                 ("r", "l", "r", "r", "r", "r", "r"), tuple(dict.fromkeys(notes)))
+    return Table(
+        "static_sweep",
+        "Static-k sweep",
+        caption,
+        pd.DataFrame(rows),
+        pd.DataFrame(cells, columns=headers),
+        ("r", "l", "r", "r", "r", "r", "r"),
+        tuple(dict.fromkeys(notes)),
+    )
 
 
 def phase_table(runs: list[Run], baseline: Baseline) -> Table:
@@ -318,17 +359,44 @@ def phase_table(runs: list[Run], baseline: Baseline) -> Table:
         f"Mean per-epoch phase times in seconds over {sum(map(len, groups.values()))} complete runs; backward includes "
         f"communication; total is epoch_wall_s (no eval){vs}."
     )
-    return Table("phases", "Phase times per epoch", caption, pd.DataFrame(rows), pd.DataFrame(cells, columns=headers),
-                 ("l", "r", "r", *["r"] * len(PHASE_COLUMNS)), (baseline.note,))
+    return Table(
+        "phases",
+        "Phase times per epoch",
+        caption,
+        pd.DataFrame(rows),
+        pd.DataFrame(cells, columns=headers),
+        ("l", "r", "r", *["r"] * len(PHASE_COLUMNS)),
+        (baseline.note,),
+    )
 
 
 def incomplete_table(runs: list[Run]) -> Table:
     members = sorted((r for r in runs if not r.is_complete), key=lambda r: (r.group, r.world_size, r.seed, r.name))
-    rows = [{"run": r.name, "group": r.group, "world_size": r.world_size, "seed": r.seed, "status": r.status,
-             "epochs_done": r.manifest["epochs_done"], "epochs_planned": r.manifest["epochs_planned"],
-             "reason": r.incomplete_reason} for r in members]
-    cells = [[row["run"], row["group"], str(row["world_size"]), str(row["seed"]), row["status"],
-              f"{row['epochs_done']}/{row['epochs_planned']}", row["reason"]] for row in rows]
+    rows = [
+        {
+            "run": r.name,
+            "group": r.group,
+            "world_size": r.world_size,
+            "seed": r.seed,
+            "status": r.status,
+            "epochs_done": r.manifest["epochs_done"],
+            "epochs_planned": r.manifest["epochs_planned"],
+            "reason": r.incomplete_reason,
+        }
+        for r in members
+    ]
+    cells = [
+        [
+            row["run"],
+            row["group"],
+            str(row["world_size"]),
+            str(row["seed"]),
+            row["status"],
+            f"{row['epochs_done']}/{row['epochs_planned']}",
+            row["reason"],
+        ]
+        for row in rows
+    ]
     headers = ["run", "group", "workers", "seed", "status", "epochs", "reason"]
     caption = (
         f"Incomplete runs ({len(rows)}): status running or failed, or fewer epochs than planned; "
@@ -336,29 +404,66 @@ def incomplete_table(runs: list[Run]) -> Table:
     )
     frame_columns = ["run", "group", "world_size", "seed", "status", "epochs_done", "epochs_planned", "reason"]
     frame = pd.DataFrame(rows, columns=frame_columns)
-    return Table("incomplete", "Incomplete runs", caption, frame, pd.DataFrame(cells, columns=headers),
-                 ("l", "l", "r", "r", "l", "r", "l"), () if rows else ("none",))
+    return Table(
+        "incomplete",
+        "Incomplete runs",
+        caption,
+        frame,
+        pd.DataFrame(cells, columns=headers),
+        ("l", "l", "r", "r", "l", "r", "l"),
+        () if rows else ("none",),
+    )
 
 
 def build_tables(runs: list[Run], baseline: str | None = None, target_fraction: float = 0.95) -> list[Table]:
     chosen = resolve_baseline(runs, baseline)
-    return [main_table(runs, chosen, target_fraction), static_sweep_table(runs, chosen), phase_table(runs, chosen),
-            incomplete_table(runs)]
+    return [
+        main_table(runs, chosen, target_fraction),
+        static_sweep_table(runs, chosen),
+        phase_table(runs, chosen),
+        incomplete_table(runs),
+    ]
 
 
-_SETUP_KEYS = (("data", "dataset"), ("model", "arch"), ("model", "weights"), ("train", "epochs"),
-               ("train", "batch_size"), ("optim", "name"), ("optim", "lr"), ("schedule", "name"))
-_LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{",
-                  "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "±": r"$\pm$", "—": "---",
-                  "<": r"$<$", ">": r"$>$"}
+_SETUP_KEYS = (
+    ("data", "dataset"),
+    ("model", "arch"),
+    ("model", "weights"),
+    ("train", "epochs"),
+    ("train", "batch_size"),
+    ("optim", "name"),
+    ("optim", "lr"),
+    ("schedule", "name"),
+)
+_LATEX_SPECIAL = {
+    "\\": r"\textbackslash{}",
+    "&": r"\&",
+    "%": r"\%",
+    "$": r"\$",
+    "#": r"\#",
+    "_": r"\_",
+    "{": r"\{",
+    "}": r"\}",
+    "~": r"\textasciitilde{}",
+    "^": r"\textasciicircum{}",
+    "±": r"$\pm$",
+    "—": "---",
+    "<": r"$<$",
+    ">": r"$>$",
+}
 
 
 def setup_line(runs: list[Run]) -> str:
     """One line naming the setup all runs share (values that differ are joined by ' / ')."""
     parts = []
     for section, key in _SETUP_KEYS:
-        values = sorted({str(r.config[section][key]) for r in runs
-                         if isinstance(r.config.get(section), dict) and key in r.config[section]})
+        values = sorted(
+            {
+                str(r.config[section][key])
+                for r in runs
+                if isinstance(r.config.get(section), dict) and key in r.config[section]
+            }
+        )
         if values:
             parts.append(f"{section}.{key}={' / '.join(values)}")
     hardware = set()
@@ -379,8 +484,10 @@ def _md_cell(text: str) -> str:
 
 
 def to_markdown(table: Table) -> str:
-    lines = ["| " + " | ".join(map(_md_cell, table.display.columns)) + " |",
-             "|" + "|".join("---:" if a == "r" else "---" for a in table.align) + "|"]
+    lines = [
+        "| " + " | ".join(map(_md_cell, table.display.columns)) + " |",
+        "|" + "|".join("---:" if a == "r" else "---" for a in table.align) + "|",
+    ]
     for row in table.display.itertuples(index=False, name=None):
         lines.append("| " + " | ".join(map(_md_cell, row)) + " |")
     if table.notes:
@@ -390,9 +497,16 @@ def to_markdown(table: Table) -> str:
 
 def to_latex(table: Table) -> str:
     """A booktabs table environment, ready for \\input."""
-    lines = [r"\begin{table}[t]", r"\centering", rf"\caption{{{latex_escape(table.caption)}}}",
-             rf"\label{{tab:{table.name}}}", rf"\begin{{tabular}}{{{''.join(table.align)}}}", r"\toprule",
-             " & ".join(map(latex_escape, table.display.columns)) + r" \\", r"\midrule"]
+    lines = [
+        r"\begin{table}[t]",
+        r"\centering",
+        rf"\caption{{{latex_escape(table.caption)}}}",
+        rf"\label{{tab:{table.name}}}",
+        rf"\begin{{tabular}}{{{''.join(table.align)}}}",
+        r"\toprule",
+        " & ".join(map(latex_escape, table.display.columns)) + r" \\",
+        r"\midrule",
+    ]
     for row in table.display.itertuples(index=False, name=None):
         lines.append(" & ".join(latex_escape(str(c)) for c in row) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}"]
