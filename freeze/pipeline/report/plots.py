@@ -16,9 +16,9 @@ from matplotlib.ticker import MaxNLocator
 
 from freeze.pipeline.report.load import Run
 from freeze.pipeline.report.tables import PHASE_COLUMNS, GroupKey, complete_groups
+from freeze.pipeline.schema import TRAIN_PHASES
 
 _DPI = 110
-_STACKED_PHASES = ("data", "forward", "backward", "optimizer", "freezer")
 
 
 def _label(key: GroupKey, multi_world_size: bool) -> str:
@@ -141,7 +141,7 @@ def plot_phase_times(groups: dict[GroupKey, list[Run]], path: Path) -> Path:
     multi = len({ws for _, ws in groups}) > 1
     x = np.arange(len(groups))
     bottom = np.zeros(len(groups))
-    for phase in _STACKED_PHASES:
+    for phase in TRAIN_PHASES:
         seconds = np.array([np.mean([r.metrics[PHASE_COLUMNS[phase]].mean() for r in m]) for m in groups.values()])
         ax.bar(x, seconds, bottom=bottom, label=phase)
         bottom += seconds

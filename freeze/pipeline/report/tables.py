@@ -18,16 +18,11 @@ import pandas as pd
 from scipy import stats
 
 from freeze.pipeline.report.load import ReportInputError, Run
+from freeze.pipeline.schema import TRAIN_PHASES
 
 GroupKey = tuple[str, int]  # (group, world_size)
-PHASE_COLUMNS = {  # table phase name -> metrics column; total is epoch_wall_s (no eval)
-    "data": "phase_data_s",
-    "forward": "phase_forward_s",
-    "backward": "phase_backward_s",
-    "optimizer": "phase_optimizer_s",
-    "freezer": "phase_freezer_s",
-    "total": "epoch_wall_s",
-}
+# table phase name -> metrics column; total is epoch_wall_s (no eval)
+PHASE_COLUMNS = {phase: f"phase_{phase}_s" for phase in TRAIN_PHASES} | {"total": "epoch_wall_s"}
 NA = "n/a"
 
 
