@@ -185,10 +185,11 @@ class RunDir:
             raise RunError(f"run {self.path} is complete; it is never overwritten: choose another run.name")
         return status
 
-    def create(self, config_toml: str, manifest: dict[str, Any], resume: bool) -> None:
-        """Start (or, with ``resume``, continue) the run: write config.toml and a "running" manifest.
-
-        On resume the original start_time is kept; the caller's other manifest fields win.
+    def prepare(self, config_toml: str, resume: bool) -> RunStatus:
+        """Check that the run may start (or, with ``resume``, continue) under this config, and write
+        it as config.toml; returns the status the run had. Calling it again with the same config
+        changes nothing: the launcher calls it before starting workers (which then load config.toml),
+        and rank 0 again when the run starts, which also covers workers started by a plain torchrun.
         """
         status = self.ensure_not_complete()
         if self.has_progress() and not resume:
@@ -196,13 +197,22 @@ class RunDir:
                 f"run {self.path} already has metrics or a checkpoint (status {status}); "
                 "pass --resume to continue it, or choose another run.name"
             )
-        previous: dict[str, Any] = {}
         if resume and self.config_path.exists():
             self._check_same_config(config_toml)
-            if status != "absent":
-                previous = self.read_manifest()
         self.path.mkdir(parents=True, exist_ok=True)
         atomic_write_text(self.config_path, config_toml)
+        return status
+
+    def create(self, config_toml: str, manifest: dict[str, Any], resume: bool) -> None:
+        """Start (or, with ``resume``, continue) the run: :meth:`prepare`, then a "running" manifest.
+
+        On resume the original start_time is kept; the caller's other manifest fields win.
+        """
+        had_config = self.config_path.exists()
+        status = self.prepare(config_toml, resume)
+        previous: dict[str, Any] = {}
+        if resume and had_config and status != "absent":
+            previous = self.read_manifest()
         record = {**previous, **manifest, "status": "running", "error": None, "end_time": None}
         record["start_time"] = previous.get("start_time") or manifest.get("start_time") or now_iso()
         atomic_write_json(self.manifest_path, record)

@@ -90,12 +90,12 @@ def main(argv: list[str] | None = None) -> int:
 
     if pretrain_specs:
         print(f"== pretraining ({study['pretrain']})", flush=True)
-        summary = run_specs(study["pretrain"], pretrain_specs)
+        summary = run_specs(pretrain_specs)
         if summary.failed:
             print(f"error: pretraining failed: {summary.failed[0][1]}", file=sys.stderr)
             return 1
     print(f"== fine-tuning: {len(specs)} runs", flush=True)
-    summary = run_specs(study["finetune"], specs)
+    summary = run_specs(specs)
     for line in summary.lines():
         print(line)
 
