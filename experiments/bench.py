@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import os
 import platform
 import shlex
@@ -23,12 +24,15 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
 import torchvision
 
 from experiments import bench_workers as bw
+from freeze._atomic import atomic_write_text
+from freeze.pipeline.runs import cpu_name
 
 CSV_COLUMNS = (
     "approach",
@@ -153,14 +157,13 @@ def _fmt(value) -> str:
 
 
 def write_csv(rows: list[dict], path: Path) -> None:
+    text = io.StringIO(newline="")
+    writer = csv.writer(text)
+    writer.writerow(CSV_COLUMNS)
+    for row in rows:
+        writer.writerow([_fmt(row[c]) for c in CSV_COLUMNS])
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".csv.tmp")
-    with open(tmp, "w", newline="", encoding="utf-8") as f:
-        writer = csv.writer(f)
-        writer.writerow(CSV_COLUMNS)
-        for row in rows:
-            writer.writerow([_fmt(row[c]) for c in CSV_COLUMNS])
-    os.replace(tmp, path)
+    atomic_write_text(path, text.getvalue())
 
 
 # ---------------------------------------------------------------------------------------- report
@@ -193,10 +196,15 @@ def _verdict(ok: bool, beyond_noise: bool = True) -> str:
     return "**MISSED**" if beyond_noise else "**MISSED** (within noise)"
 
 
-def evaluate_targets(
-    cfg: BenchConfig, rows: list[dict], cells: dict, rewrap_ms: list[float]
-) -> list[tuple[str, str, str]]:
-    """(target, verdict, measured) for every target. A miss whose 95% interval still reaches the
+class Target(NamedTuple):
+    key: str  # what the other parts of the report look a target up by
+    target: str
+    verdict: str  # "met", "**MISSED**", "**MISSED** (within noise)" or "n/a"
+    measured: str
+
+
+def evaluate_targets(cfg: BenchConfig, rows: list[dict], cells: dict, rewrap_ms: list[float]) -> list[Target]:
+    """One :class:`Target` per target, in report order. A miss whose 95% interval still reaches the
     target is marked "within noise": on a shared machine that is a different finding."""
     ks = list(cfg.ks)
     eng = {k: _get(rows, bw.ENGINE, k) for k in ks}
@@ -212,7 +220,14 @@ def evaluate_targets(
     )
     measured += f" (k={ks[0]}: {_size(eng[ks[0]]['trainable_grad_bytes'])}, k={ks[-1]}: {_size(eng[ks[-1]]['trainable_grad_bytes'])}); "
     measured += f"find-unused sends {', '.join(_size(b) for b in sorted(fu_bytes))} at every k"
-    out.append(("bytes all-reduced per step = trainable gradient bytes", _verdict(not any(exact.values())), measured))
+    out.append(
+        Target(
+            "bytes",
+            "bytes all-reduced per step = trainable gradient bytes",
+            _verdict(not any(exact.values())),
+            measured,
+        )
+    )
 
     ratio_ci = {k: bootstrap_ci(np.divide, steps[(bw.ENGINE, k)], steps[(bw.STATIC, k)]) for k in ks}
     over = [k for k in ks if eng[k]["ratio_to_static"] > TARGET_RATIO_TO_STATIC]
@@ -224,7 +239,8 @@ def evaluate_targets(
         f"k={over}; ratio of 10th percentiles {min(p10.values()):.3f}..{max(p10.values()):.3f}"
     )
     out.append(
-        (
+        Target(
+            "static_limit",
             f"freeze engine within {TARGET_RATIO_TO_STATIC - 1:.0%} of the static limit at every k",
             _verdict(not over, any(ratio_ci[k][0] > TARGET_RATIO_TO_STATIC for k in over)),
             text,
@@ -240,7 +256,14 @@ def evaluate_targets(
         f"(95% CI {diff_ci[k][0]:+.1f}..{diff_ci[k][1]:+.1f})"
         for k in slow
     )
-    out.append(("faster than per-parameter at every k", _verdict(not slow, any(diff_ci[k][0] > 0 for k in slow)), text))
+    out.append(
+        Target(
+            "per_parameter",
+            "faster than per-parameter at every k",
+            _verdict(not slow, any(diff_ci[k][0] > 0 for k in slow)),
+            text,
+        )
+    )
 
     half = [k for k in ks if eng[k]["frozen_param_fraction"] >= 0.5]
     rest = [k for k in ks if k not in half]
@@ -258,7 +281,8 @@ def evaluate_targets(
         ) + (f"; slower beyond noise at k={slower}" if slower else "")
     text += f"; not faster at k={not_faster}" if not_faster else ""
     out.append(
-        (
+        Target(
+            "find_unused",
             "faster than find-unused where >= half the parameters are frozen, not slower beyond noise elsewhere",
             _verdict(not not_faster and not slower, bool(slower) or any(diff_ci[k][0] > 0 for k in not_faster)),
             text,
@@ -267,7 +291,9 @@ def evaluate_targets(
 
     without = _get(rows, bw.ENGINE_NO_MONITOR, 0)
     if without is None or eng.get(0) is None:
-        out.append((f"monitor overhead < {TARGET_MONITOR_PCT:g}% of step time", "n/a", "k=0 not measured"))
+        out.append(
+            Target("monitor", f"monitor overhead < {TARGET_MONITOR_PCT:g}% of step time", "n/a", "k=0 not measured")
+        )
     else:
         # The i-th step of each ran in the same rotation cycle: paired differences cancel load drift.
         diff = steps[(bw.ENGINE, 0)] - steps[(bw.ENGINE_NO_MONITOR, 0)]
@@ -277,7 +303,8 @@ def evaluate_targets(
         # after_backward is timed inside every engine step, so its share is precise; the paired
         # with/without difference also catches indirect costs but is as noisy as the machine.
         out.append(
-            (
+            Target(
+                "monitor",
                 f"monitor overhead < {TARGET_MONITOR_PCT:g}% of step time (k=0)",
                 _verdict(direct < TARGET_MONITOR_PCT and lo < TARGET_MONITOR_PCT),
                 f"after_backward takes {eng[0]['monitor_ms']:.2f} ms = {direct:.1f}% of the {eng[0]['median_ms']:.1f} ms step; "
@@ -286,26 +313,18 @@ def evaluate_targets(
         )
     if rewrap_ms:
         out.append(
-            (
+            Target(
+                "rewrap",
                 f"re-wrap < {TARGET_REWRAP_MS:g} ms (median over boundary changes)",
                 _verdict(float(np.median(rewrap_ms)) < TARGET_REWRAP_MS),
                 f"median {np.median(rewrap_ms):.1f} ms, max {max(rewrap_ms):.1f} ms over {len(rewrap_ms)} re-wraps",
             )
         )
     else:
-        out.append((f"re-wrap < {TARGET_REWRAP_MS:g} ms", "n/a", "no boundary change measured (one k only)"))
+        out.append(
+            Target("rewrap", f"re-wrap < {TARGET_REWRAP_MS:g} ms", "n/a", "no boundary change measured (one k only)")
+        )
     return out
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def write_markdown(
@@ -320,7 +339,7 @@ def write_markdown(
         "(also in `bench.csv`); nothing is typed by hand.",
         "",
         "## Setup",
-        f"- Hardware: {_cpu_model()}, {os.cpu_count()} cores; {cfg.workers} gloo workers x {run['threads']} thread(s), one machine.",
+        f"- Hardware: {cpu_name()}, {os.cpu_count()} cores; {cfg.workers} gloo workers x {run['threads']} thread(s), one machine.",
         f"- Load average (1 min) before / after: {run['load_avg'][0]:.2f} / {run['load_avg'][1]:.2f}. The machine may have been "
         "shared with other jobs during the run: read differences of a few percent as noise.",
         f"- Versions: torch {torch.__version__}, torchvision {torchvision.__version__}, Python {platform.python_version()}, "
@@ -360,7 +379,8 @@ def write_markdown(
         )
     lines += ["", "## Targets", "", "| target | verdict | measured |", "|---|---|---|"]
     targets = evaluate_targets(cfg, rows, cells, rewrap_ms)
-    lines += [f"| {t} | {v} | {m} |" for t, v, m in targets]
+    lines += [f"| {t.target} | {t.verdict} | {t.measured} |" for t in targets]
+    measured = {t.key: t.measured for t in targets}
     lines += [
         "",
         'Noise: 95% intervals come from resampling each cell\'s steps (bootstrap of the median). "Slower beyond noise" '
@@ -370,8 +390,8 @@ def write_markdown(
         "",
         "## Overheads",
         "",
-        f"- Monitor (`freezer.after_backward()`): {targets[4][2]}.",
-        f"- Re-wrap (`freezer.counters.rewrap_s_last` after each `set_boundary` that changed k, slowest rank): {targets[5][2]}"
+        f"- Monitor (`freezer.after_backward()`): {measured['monitor']}.",
+        f"- Re-wrap (`freezer.counters.rewrap_s_last` after each `set_boundary` that changed k, slowest rank): {measured['rewrap']}"
         + (f"; all: {', '.join(f'{ms:.1f}' for ms in rewrap_ms)} ms." if rewrap_ms else "."),
         "- Communication not hidden behind backward (freeze engine, comm est. below): "
         + ", ".join(f"k={k}: {_get(rows, bw.ENGINE, k)['comm_est_ms']:.1f} ms" for k in cfg.phase_ks)
@@ -395,9 +415,7 @@ def write_markdown(
             )
     lines.append("")
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".md.tmp")
-    tmp.write_text("\n".join(lines), encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write_text(path, "\n".join(lines))
 
 
 def run_benchmark(

@@ -306,17 +306,13 @@ def _check_path_component(dotted: str, value: str) -> None:
 
 
 def _check_arch(arch: str) -> None:
-    import torchvision  # deferred: importing this module must stay cheap
+    # Deferred: importing this module must stay cheap (models imports torch and torchvision).
+    from freeze.pipeline.models import ModelError, check_arch
 
-    names = torchvision.models.list_models(module=torchvision.models)
-    if arch not in names:
-        close = difflib.get_close_matches(arch, names, n=3)
-        hint = f"; closest: {', '.join(close)}" if close else ""
-        raise ConfigError(
-            f"model.arch: {arch!r} is not accepted; accepted: a torchvision classification model name "
-            f"({len(names)} names, e.g. resnet18, resnet50, mobilenet_v3_small; "
-            f"see torchvision.models.list_models(module=torchvision.models)){hint}"
-        )
+    try:
+        check_arch(arch)
+    except ModelError as err:
+        raise ConfigError(str(err)) from None
 
 
 def _check_weights(weights: str, check_files: bool) -> None:

@@ -1,8 +1,9 @@
 """The run directory: config.toml, manifest.json, metrics.jsonl, checkpoint.pt, log.txt.
 
 Everything a run leaves behind goes through here, and every file that a crash could leave half
-written is written atomically (temp file in the same directory, fsync, rename, fsync of the
-directory), so after a kill the directory holds either the old or the new version of each file.
+written is written atomically (:mod:`freeze._atomic`: temp file in the same directory, fsync, rename,
+fsync of the directory), so after a kill the directory holds either the old or the new version of
+each file.
 metrics.jsonl is the exception: it only grows, one fsynced line per epoch, and a half-written last
 line is dropped on read.
 
@@ -17,15 +18,16 @@ import os
 import pickle
 import platform
 import subprocess
-import tempfile
 import tomllib
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import Any, BinaryIO, Literal
+from typing import Any, Literal
 
 import torch
+
+from freeze._atomic import atomic_write, atomic_write_json, atomic_write_text
 
 RunStatus = Literal["absent", "running", "complete", "failed"]
 _MANIFEST_STATUSES = ("running", "complete", "failed")
@@ -45,60 +47,12 @@ def _one_line(text: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# atomic writes
-
-
-def _fsync_dir(directory: Path) -> None:
-    # The rename is durable only once the directory entry itself is on disk.
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _temp_in(path: Path) -> tuple[int, Path]:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.fchmod(fd, 0o644)  # mkstemp makes 0600; results are meant to be read by others
-    return fd, Path(tmp)
-
-
-def _commit(tmp: Path, path: Path) -> None:
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
-def _atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
-    """``write`` into a temp file beside ``path``, fsync, rename over ``path``, fsync the directory:
-    a crash at any point leaves either the old file or the new one, never a mix."""
-    path = Path(path)
-    fd, tmp = _temp_in(path)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        _commit(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    _atomic_write(path, lambda f: f.write(data))
-
-
-def atomic_write_text(path: str | Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode("utf-8"))
-
-
-def atomic_write_json(path: str | Path, obj: Any) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2) + "\n")
+# checkpoints
 
 
 def save_checkpoint(obj: Any, path: str | Path) -> None:
     """torch.save ``obj`` to ``path`` atomically: a crash mid-save leaves the previous file intact."""
-    _atomic_write(path, lambda f: torch.save(obj, f))
+    atomic_write(path, lambda f: torch.save(obj, f))
 
 
 def load_checkpoint(path: str | Path, map_location: Any = "cpu", weights_only: bool = False) -> Any:
@@ -343,7 +297,8 @@ def git_commit() -> str | None:
     return commit + "+dirty" if changes else commit
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
+    """The CPU's model name ("Intel(R) Xeon(R) ..."), for manifests and benchmark reports."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             for line in f:
@@ -378,7 +333,7 @@ def environment_info(device: str | None = None) -> dict[str, Any]:
             "numpy": _version("numpy"),
         },
         "hardware": {
-            "cpu": _cpu_name(),
+            "cpu": cpu_name(),
             "cores": os.cpu_count(),
             "gpus": gpus,
             "device": device or ("cuda" if gpus else "cpu"),

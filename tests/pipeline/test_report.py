@@ -298,3 +298,20 @@ def test_boundary_at_epoch_start_is_read_under_its_old_and_new_key(tmp_path):
     metrics.write_text("".join(json.dumps(r) + "\n" for r in renamed))
     (af_new,) = [r for r in load_runs(runs) if r.name == "autofreeze-s0"]
     assert af_new.metrics["boundary_at_epoch_start"].tolist() == [0.0, 1.0, 2.0]
+
+
+def test_a_crash_while_writing_the_report_keeps_the_previous_files(tmp_path, monkeypatch):
+    import freeze._atomic
+
+    out = tmp_path / "report"
+    build_report(RUNS, out, formats=("md",))
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def dying_fsync(fd):
+        raise KeyboardInterrupt  # the process is killed after writing, before the data is durable
+
+    monkeypatch.setattr(freeze._atomic.os, "fsync", dying_fsync)
+    with pytest.raises(KeyboardInterrupt):
+        build_report(RUNS, out, baseline="static:k=2", formats=("md",))
+    monkeypatch.undo()
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # no half file, no temp file

@@ -8,13 +8,11 @@ import pytest
 import torch
 
 import freeze.pipeline.runs as runs
+from freeze._atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
 from freeze.pipeline.log import ProgressLine, get_logger
 from freeze.pipeline.runs import (
     RunDir,
     RunError,
-    atomic_write_bytes,
-    atomic_write_json,
-    atomic_write_text,
     environment_info,
     load_checkpoint,
     now_iso,

@@ -14,6 +14,7 @@ from matplotlib import colormaps
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from freeze._atomic import atomic_write
 from freeze.pipeline.report.load import Run
 from freeze.pipeline.report.tables import PHASE_COLUMNS, GroupKey, complete_groups
 from freeze.pipeline.schema import TRAIN_PHASES
@@ -55,7 +56,7 @@ def _draw_band(ax, x: np.ndarray, values: np.ndarray, label: str) -> None:
 
 def _save(fig: Figure, path: Path) -> Path:
     fig.tight_layout()
-    fig.savefig(path, dpi=_DPI)
+    atomic_write(path, lambda f: fig.savefig(f, dpi=_DPI, format=path.suffix.lstrip(".")))
     return path
 
 
