@@ -203,13 +203,20 @@ class Target(NamedTuple):
     measured: str
 
 
-def evaluate_targets(cfg: BenchConfig, rows: list[dict], cells: dict, rewrap_ms: list[float]) -> list[Target]:
-    """One :class:`Target` per target, in report order. A miss whose 95% interval still reaches the
-    target is marked "within noise": on a shared machine that is a different finding."""
-    ks = list(cfg.ks)
-    eng = {k: _get(rows, bw.ENGINE, k) for k in ks}
-    steps = {key: cell["step_ms"] for key, cell in cells.items()}
-    out = []
+@dataclass(frozen=True)
+class _Measured:
+    """What every target reads: the measured ks, the CSV rows, the engine's rows by k, and each
+    cell's step times."""
+
+    ks: list[int]
+    rows: list[dict]
+    engine: dict[int, dict]
+    steps: dict[tuple[str, int], np.ndarray]
+
+
+def _bytes_target(m: _Measured) -> Target:
+    """Bytes all-reduced per step equal the trainable gradient bytes, every step."""
+    ks, eng, rows = m.ks, m.engine, m.rows
     exact = {
         n: [k for k in ks if not _get(rows, n, k)["bytes_match_trainable"]]
         for n in (bw.ENGINE, bw.STATIC, bw.PER_PARAMETER)
@@ -220,15 +227,17 @@ def evaluate_targets(cfg: BenchConfig, rows: list[dict], cells: dict, rewrap_ms:
     )
     measured += f" (k={ks[0]}: {_size(eng[ks[0]]['trainable_grad_bytes'])}, k={ks[-1]}: {_size(eng[ks[-1]]['trainable_grad_bytes'])}); "
     measured += f"find-unused sends {', '.join(_size(b) for b in sorted(fu_bytes))} at every k"
-    out.append(
-        Target(
-            "bytes",
-            "bytes all-reduced per step = trainable gradient bytes",
-            _verdict(not any(exact.values())),
-            measured,
-        )
+    return Target(
+        "bytes",
+        "bytes all-reduced per step = trainable gradient bytes",
+        _verdict(not any(exact.values())),
+        measured,
     )
 
+
+def _static_limit_target(m: _Measured) -> Target:
+    """The engine within TARGET_RATIO_TO_STATIC of the static limit at every k."""
+    ks, eng, steps, rows = m.ks, m.engine, m.steps, m.rows
     ratio_ci = {k: bootstrap_ci(np.divide, steps[(bw.ENGINE, k)], steps[(bw.STATIC, k)]) for k in ks}
     over = [k for k in ks if eng[k]["ratio_to_static"] > TARGET_RATIO_TO_STATIC]
     worst = max(ks, key=lambda k: eng[k]["ratio_to_static"])
@@ -238,15 +247,17 @@ def evaluate_targets(cfg: BenchConfig, rows: list[dict], cells: dict, rewrap_ms:
         f"{eng[worst]['median_ms']:.1f} vs {_get(rows, bw.STATIC, worst)['median_ms']:.1f} ms); over {TARGET_RATIO_TO_STATIC - 1:.0%} at "
         f"k={over}; ratio of 10th percentiles {min(p10.values()):.3f}..{max(p10.values()):.3f}"
     )
-    out.append(
-        Target(
-            "static_limit",
-            f"freeze engine within {TARGET_RATIO_TO_STATIC - 1:.0%} of the static limit at every k",
-            _verdict(not over, any(ratio_ci[k][0] > TARGET_RATIO_TO_STATIC for k in over)),
-            text,
-        )
+    return Target(
+        "static_limit",
+        f"freeze engine within {TARGET_RATIO_TO_STATIC - 1:.0%} of the static limit at every k",
+        _verdict(not over, any(ratio_ci[k][0] > TARGET_RATIO_TO_STATIC for k in over)),
+        text,
     )
 
+
+def _per_parameter_target(m: _Measured) -> Target:
+    """Faster than the per-parameter all-reduce at every k."""
+    ks, eng, steps, rows = m.ks, m.engine, m.steps, m.rows
     speed = {k: _get(rows, bw.PER_PARAMETER, k)["median_ms"] / eng[k]["median_ms"] for k in ks}
     slow = [k for k in ks if speed[k] <= 1.0]
     diff_ci = {k: bootstrap_ci(np.subtract, steps[(bw.ENGINE, k)], steps[(bw.PER_PARAMETER, k)]) for k in slow}
@@ -256,15 +267,17 @@ def evaluate_targets(cfg: BenchConfig, rows: list[dict], cells: dict, rewrap_ms:
         f"(95% CI {diff_ci[k][0]:+.1f}..{diff_ci[k][1]:+.1f})"
         for k in slow
     )
-    out.append(
-        Target(
-            "per_parameter",
-            "faster than per-parameter at every k",
-            _verdict(not slow, any(diff_ci[k][0] > 0 for k in slow)),
-            text,
-        )
+    return Target(
+        "per_parameter",
+        "faster than per-parameter at every k",
+        _verdict(not slow, any(diff_ci[k][0] > 0 for k in slow)),
+        text,
     )
 
+
+def _find_unused_target(m: _Measured) -> Target:
+    """Faster than find-unused where half is frozen, not slower beyond noise elsewhere."""
+    ks, eng, steps, rows = m.ks, m.engine, m.steps, m.rows
     half = [k for k in ks if eng[k]["frozen_param_fraction"] >= 0.5]
     rest = [k for k in ks if k not in half]
     fu = {k: _get(rows, bw.FIND_UNUSED, k)["median_ms"] for k in ks}
@@ -280,51 +293,63 @@ def evaluate_targets(cfg: BenchConfig, rows: list[dict], cells: dict, rewrap_ms:
             f"(95% CI {diff_ci[w][0]:+.1f}..{diff_ci[w][1]:+.1f})"
         ) + (f"; slower beyond noise at k={slower}" if slower else "")
     text += f"; not faster at k={not_faster}" if not_faster else ""
-    out.append(
-        Target(
-            "find_unused",
-            "faster than find-unused where >= half the parameters are frozen, not slower beyond noise elsewhere",
-            _verdict(not not_faster and not slower, bool(slower) or any(diff_ci[k][0] > 0 for k in not_faster)),
-            text,
-        )
+    return Target(
+        "find_unused",
+        "faster than find-unused where >= half the parameters are frozen, not slower beyond noise elsewhere",
+        _verdict(not not_faster and not slower, bool(slower) or any(diff_ci[k][0] > 0 for k in not_faster)),
+        text,
     )
 
+
+def _monitor_target(m: _Measured) -> Target:
+    """The monitor's share of a step at k=0."""
+    eng, steps, rows = m.engine, m.steps, m.rows
     without = _get(rows, bw.ENGINE_NO_MONITOR, 0)
     if without is None or eng.get(0) is None:
-        out.append(
-            Target("monitor", f"monitor overhead < {TARGET_MONITOR_PCT:g}% of step time", "n/a", "k=0 not measured")
-        )
-    else:
-        # The i-th step of each ran in the same rotation cycle: paired differences cancel load drift.
-        diff = steps[(bw.ENGINE, 0)] - steps[(bw.ENGINE_NO_MONITOR, 0)]
-        lo, hi = (v / without["median_ms"] * 100 for v in bootstrap_ci(lambda d: d, diff))
-        pct = float(np.median(diff)) / without["median_ms"] * 100
-        direct = eng[0]["monitor_ms"] / eng[0]["median_ms"] * 100
-        # after_backward is timed inside every engine step, so its share is precise; the paired
-        # with/without difference also catches indirect costs but is as noisy as the machine.
-        out.append(
-            Target(
-                "monitor",
-                f"monitor overhead < {TARGET_MONITOR_PCT:g}% of step time (k=0)",
-                _verdict(direct < TARGET_MONITOR_PCT and lo < TARGET_MONITOR_PCT),
-                f"after_backward takes {eng[0]['monitor_ms']:.2f} ms = {direct:.1f}% of the {eng[0]['median_ms']:.1f} ms step; "
-                f"with vs. without after_backward (paired steps): {pct:+.1f}% (95% CI {lo:+.1f}..{hi:+.1f}%)",
-            )
-        )
+        return Target("monitor", f"monitor overhead < {TARGET_MONITOR_PCT:g}% of step time", "n/a", "k=0 not measured")
+    # The i-th step of each ran in the same rotation cycle: paired differences cancel load drift.
+    diff = steps[(bw.ENGINE, 0)] - steps[(bw.ENGINE_NO_MONITOR, 0)]
+    lo, hi = (v / without["median_ms"] * 100 for v in bootstrap_ci(lambda d: d, diff))
+    pct = float(np.median(diff)) / without["median_ms"] * 100
+    direct = eng[0]["monitor_ms"] / eng[0]["median_ms"] * 100
+    # after_backward is timed inside every engine step, so its share is precise; the paired
+    # with/without difference also catches indirect costs but is as noisy as the machine.
+    return Target(
+        "monitor",
+        f"monitor overhead < {TARGET_MONITOR_PCT:g}% of step time (k=0)",
+        _verdict(direct < TARGET_MONITOR_PCT and lo < TARGET_MONITOR_PCT),
+        f"after_backward takes {eng[0]['monitor_ms']:.2f} ms = {direct:.1f}% of the {eng[0]['median_ms']:.1f} ms step; "
+        f"with vs. without after_backward (paired steps): {pct:+.1f}% (95% CI {lo:+.1f}..{hi:+.1f}%)",
+    )
+
+
+def _rewrap_target(rewrap_ms: list[float]) -> Target:
+    """The median re-wrap time over boundary changes."""
     if rewrap_ms:
-        out.append(
-            Target(
-                "rewrap",
-                f"re-wrap < {TARGET_REWRAP_MS:g} ms (median over boundary changes)",
-                _verdict(float(np.median(rewrap_ms)) < TARGET_REWRAP_MS),
-                f"median {np.median(rewrap_ms):.1f} ms, max {max(rewrap_ms):.1f} ms over {len(rewrap_ms)} re-wraps",
-            )
+        return Target(
+            "rewrap",
+            f"re-wrap < {TARGET_REWRAP_MS:g} ms (median over boundary changes)",
+            _verdict(float(np.median(rewrap_ms)) < TARGET_REWRAP_MS),
+            f"median {np.median(rewrap_ms):.1f} ms, max {max(rewrap_ms):.1f} ms over {len(rewrap_ms)} re-wraps",
         )
-    else:
-        out.append(
-            Target("rewrap", f"re-wrap < {TARGET_REWRAP_MS:g} ms", "n/a", "no boundary change measured (one k only)")
-        )
-    return out
+    return Target("rewrap", f"re-wrap < {TARGET_REWRAP_MS:g} ms", "n/a", "no boundary change measured (one k only)")
+
+
+def evaluate_targets(cfg: BenchConfig, rows: list[dict], cells: dict, rewrap_ms: list[float]) -> list[Target]:
+    """One :class:`Target` per target, in report order. A miss whose 95% interval still reaches the
+    target is marked "within noise": on a shared machine that is a different finding."""
+    ks = list(cfg.ks)
+    m = _Measured(
+        ks, rows, {k: _get(rows, bw.ENGINE, k) for k in ks}, {key: cell["step_ms"] for key, cell in cells.items()}
+    )
+    return [
+        _bytes_target(m),
+        _static_limit_target(m),
+        _per_parameter_target(m),
+        _find_unused_target(m),
+        _monitor_target(m),
+        _rewrap_target(rewrap_ms),
+    ]
 
 
 def write_markdown(

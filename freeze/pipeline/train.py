@@ -14,6 +14,7 @@ import contextlib
 import logging
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -96,7 +97,12 @@ class EpochTraining:
 
 
 def train_step(
-    t: Training, cfg: Config, device: torch.device, batches, clock: PhaseClock, sums: torch.Tensor
+    t: Training,
+    cfg: Config,
+    device: torch.device,
+    batches: Iterator[tuple[torch.Tensor, torch.Tensor]],
+    clock: PhaseClock,
+    sums: torch.Tensor,
 ) -> tuple[torch.Tensor, float]:
     """One optimizer step over ``train.accumulate_steps`` micro-batches, with the Freezer's monitor
     and step-level policy. Adds loss sum, correct and count to ``sums``; returns the last
