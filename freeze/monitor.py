@@ -40,6 +40,11 @@ class IntervalStats:
 
     @classmethod
     def from_dict(cls, d: dict) -> IntervalStats:
+        """The inverse of :meth:`to_dict`.
+
+        Args:
+            d: a dict written by :meth:`to_dict` (e.g. read back from a checkpoint).
+        """
         return cls(
             index=int(d["index"]),
             epoch=int(d["epoch"]),
@@ -201,6 +206,11 @@ class GradNormMonitor:
         }
 
     def load_state_dict(self, state: dict) -> None:
+        """Continue from a :meth:`state_dict`, partial interval sums included.
+
+        Args:
+            state: written by :meth:`state_dict` of a monitor over the same blocks.
+        """
         self.history = [IntervalStats.from_dict(d) for d in state["history"]]
         self.total_steps = int(state["total_steps"])
         self._first_active = int(state["first_active"])

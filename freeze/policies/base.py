@@ -122,7 +122,14 @@ class Policy(ABC):
         return {"policy": self.name, "params": {f.name: getattr(self, f.name) for f in _fields(self)}}
 
     def load_state_dict(self, state: dict) -> None:
-        """Take the checkpoint's parameters, so a resumed run decides as the run that wrote it."""
+        """Take the checkpoint's parameters, so a resumed run decides as the run that wrote it.
+
+        Args:
+            state: a :meth:`state_dict` of a policy with the same name.
+
+        Raises:
+            PolicyError: ``state`` was written by another policy.
+        """
         found = state.get("policy") if isinstance(state, dict) else None
         if found != self.name or not isinstance(state.get("params"), dict):
             raise PolicyError(
