@@ -34,7 +34,12 @@ class Block:
         return sum(p.numel() for p in self.params)
 
     def buffers(self) -> list[tuple[str, nn.Module, str]]:
-        """(qualified name, owning module, attribute name) of every buffer in the block."""
+        """(qualified name, owning module, attribute name) of every buffer in the block.
+
+        Returns:
+            One tuple per buffer, in module order; the name is qualified as in
+            ``model.named_buffers()``.
+        """
         out = []
         for mod_name, mod in zip(self.module_names, self.modules):
             for sub_name, sub in mod.named_modules():
@@ -46,6 +51,7 @@ class Block:
         return out
 
     def batchnorms(self) -> list[nn.modules.batchnorm._BatchNorm]:
+        """Every BatchNorm module inside the block (they stay in eval mode while it is frozen)."""
         return [
             sub for mod in self.modules for sub in mod.modules() if isinstance(sub, nn.modules.batchnorm._BatchNorm)
         ]
@@ -59,7 +65,15 @@ def _is_torchvision_resnet(model: nn.Module) -> bool:
 
 def default_block_names(model: nn.Module) -> list[list[str]]:
     """The default split: ResNets by residual block, anything else by top-level children that own
-    parameters (registration order, which for ``nn.Sequential``-style models is forward order)."""
+    parameters (registration order, which for ``nn.Sequential``-style models is forward order).
+
+    Args:
+        model: the model to split.
+
+    Returns:
+        One list of module names per block, in forward order: for a torchvision ResNet
+        ``[["conv1", "bn1"], ["layer1.0"], ..., ["fc"]]``.
+    """
     if _is_torchvision_resnet(model):
         names: list[list[str]] = [["conv1", "bn1"]]
         for i in range(1, 5):
@@ -72,7 +86,14 @@ def default_block_names(model: nn.Module) -> list[list[str]]:
 
 def children_block_names(model: nn.Module) -> list[list[str]]:
     """Parameter-owning top-level children, one block each (for a ResNet: conv1, bn1, layer1..4, fc,
-    the reference study's 7 freezable groups)."""
+    the reference study's 7 freezable groups).
+
+    Args:
+        model: the model to split; children without parameters (ReLU, pooling) are skipped.
+
+    Returns:
+        ``[[name], ...]`` in registration order, ready for :func:`split_blocks`.
+    """
     return [[n] for n, m in model.named_children() if any(True for _ in m.parameters())]
 
 
@@ -83,9 +104,18 @@ def _block_name(module_names: Sequence[str]) -> str:
 def split_blocks(model: nn.Module, names: Sequence[str | Sequence[str]] | None = None) -> list[Block]:
     """Ordered freezable blocks of ``model``.
 
-    ``names``: one entry per block, in forward order; an entry is a module name (``"layer1"``) or a
-    list of module names that form one block (``["conv1", "bn1"]``). ``None`` picks
-    :func:`default_block_names`.
+    Args:
+        model: the model whose parameters the blocks partition.
+        names: one entry per block, in forward order; an entry is a module name (``"layer1"``) or a
+            list of module names that form one block (``["conv1", "bn1"]``). ``None`` picks
+            :func:`default_block_names`.
+
+    Returns:
+        The blocks, in forward order; together they own every parameter of ``model`` exactly once.
+
+    Raises:
+        BlockError: a name that is not a module, a block without parameters, a parameter claimed
+            by two blocks, or a parameter in no block.
     """
     spec = default_block_names(model) if names is None else [[n] if isinstance(n, str) else list(n) for n in names]
     if not spec:

@@ -2,11 +2,12 @@
 
 A config is data. It is read from one TOML file, changed by command-line overrides, validated once
 here at the edge (:func:`validate`), and written back beside the results with every default spelled
-out (:func:`config_to_toml`), so a run directory alone says exactly what ran.
+out (:func:`config_to_toml`), so a run directory alone says exactly what ran; the workers of a run
+load that written file.
 
-    config = load_config("experiments/configs/study.toml", ["optim.lr=0.05", "freeze.policy=autofreeze:percentile=50"])
+    config = load_config("experiments/configs/smoke.toml", ["optim.lr=0.05", "freeze.policy=autofreeze:percentile=50"])
     config.run_dir()                     # runs/<study>/<name>
-    replace_key(config, "run.seed", 1)   # sweeps
+    config_to_toml(config)               # the run directory's config.toml; load_config of it gives config back
 
 Every bad input raises :class:`ConfigError` with one line naming the dotted key (or the file) and
 what is accepted.
@@ -305,17 +306,13 @@ def _check_path_component(dotted: str, value: str) -> None:
 
 
 def _check_arch(arch: str) -> None:
-    import torchvision  # deferred: importing this module must stay cheap
+    # Deferred: importing this module must stay cheap (models imports torch and torchvision).
+    from freeze.pipeline.models import ModelError, check_arch
 
-    names = torchvision.models.list_models(module=torchvision.models)
-    if arch not in names:
-        close = difflib.get_close_matches(arch, names, n=3)
-        hint = f"; closest: {', '.join(close)}" if close else ""
-        raise ConfigError(
-            f"model.arch: {arch!r} is not accepted; accepted: a torchvision classification model name "
-            f"({len(names)} names, e.g. resnet18, resnet50, mobilenet_v3_small; "
-            f"see torchvision.models.list_models(module=torchvision.models)){hint}"
-        )
+    try:
+        check_arch(arch)
+    except ModelError as err:
+        raise ConfigError(str(err)) from None
 
 
 def _check_weights(weights: str, check_files: bool) -> None:
@@ -425,20 +422,6 @@ def load_config(path: str | Path | None, overrides: Sequence[str] = (), check_fi
     for override in overrides:
         apply_override(data, override)
     return validate(config_from_dict(data), check_files=check_files)
-
-
-def replace_key(config: Config, dotted: str, value: Any) -> Config:
-    """A copy of ``config`` with one dotted key changed (for sweeps); validated."""
-    section, dot, key = dotted.partition(".")
-    if not dot:
-        raise ConfigError(f"config: expected a dotted key such as optim.lr, got {dotted!r}")
-    if section not in SECTIONS:
-        raise _unknown_section_error(section)
-    if key not in section_keys(section):
-        raise _unknown_key_error(section, key)
-    data = config_to_dict(config)
-    data[section][key] = value
-    return validate(config_from_dict(data))
 
 
 _TOML_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
