@@ -5,9 +5,10 @@ ConvNeXt, ViT, Swin; Hugging Face BERT and GPT-2; any model built from ``nn.Sequ
 ``nn.ModuleList`` stacks), with no per-family code path:
 
 1. A *layer container* is an ``nn.ModuleList`` / ``nn.ModuleDict`` that owns parameters, or an
-   ``nn.Sequential`` whose parameter-owning children repeat a class (or that has exactly one): a
-   stage of residual blocks, an encoder's layer list, VGG's conv stack. ``Conv2d + BatchNorm + ReLU``
-   in one ``Sequential`` is not one, so such a small unit stays whole.
+   ``nn.Sequential`` whose parameter-owning children repeat a class (or whose only one is itself
+   made of modules: a stage of one residual block): a stage of residual blocks, an encoder's layer
+   list, VGG's conv stack. ``Conv2d + BatchNorm + ReLU`` in one ``Sequential`` is not one, nor is a
+   ``Dropout + Linear`` classifier, so such a small unit stays whole.
 2. Walking down from the model, a module is split into its children when it is a layer container,
    or when it has a layer container below it and is not itself one of the layers (a layer is only
    split again if it is a container, e.g. a stage inside a stage). Everything else that owns
@@ -21,17 +22,19 @@ ConvNeXt, ViT, Swin; Hugging Face BERT and GPT-2; any model built from ``nn.Sequ
    earlier unit, the one that uses it first; a unit left without parameters of its own disappears.
 
 Units come out in registration order, which is forward order for every family above (the tests
-check it on a real forward); the Freezer checks forward order at run time as well.
+check it on a real forward).
 
 Parameters owned directly by a parent of the blocks (ViT's ``class_token``, ``encoder.pos_embedding``)
 belong to no unit; :func:`first_block_using` places each in the first block whose input depends on
-it. It reads the data flow from a ``torch.fx`` trace of the model with every block as a leaf:
-no example input is needed (``split_blocks(model)`` stays a function of the model alone), only the
-glue code between blocks is traced (the layers themselves are opaque), and data flow rather than
-call order decides, so a parameter added to a block's input is found even if the block is called
-first. The later of the two safe choices is taken on purpose: a parameter in a block *after* its
-first user would lose its gradient when that user is frozen (it runs under ``no_grad``), and one in
-an *earlier* block would be frozen sooner than the layer that reads it.
+it, read from a ``torch.fx`` symbolic trace of the model with every block as a leaf. Not a forward
+with hooks nor an autograd-graph walk: both need an example input, which ``split_blocks(model)``
+does not have (a ViT checks its image size, a BERT takes token ids); fx needs none, works on the
+meta device, and follows data flow rather than call order. Only the glue code between blocks is
+traced, so Python inside the layers never matters; glue that branches on tensor values cannot be
+traced, and then a one-line error asks to name the parameter in a block entry. The first user is
+the right block: in a later block the parameter would get no gradient once its user is frozen (a
+frozen block runs under ``no_grad``, DDP then fails on a parameter that got no gradient); in an
+earlier one it would freeze before the layer that reads it.
 """
 
 from __future__ import annotations

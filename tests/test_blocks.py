@@ -68,6 +68,11 @@ def test_default_split_is_unchanged_for_the_children_of_a_model_without_repeated
     assert [b.module_names for b in split_blocks(TinyNet())] == [("stem",), ("block1",), ("block2",), ("head",)]
 
 
+def test_a_stage_of_one_block_is_still_split_into_its_block():
+    model = torchvision.models.ResNet(torchvision.models.resnet.BasicBlock, [1, 1, 1, 1])
+    assert [b.name for b in split_blocks(model)] == ["stem"] + [f"layer{i}.0" for i in range(1, 5)] + ["fc"]
+
+
 def test_a_lone_norm_joins_the_layer_before_it_and_a_leading_one_the_layer_after_it():
     model = nn.Sequential(nn.BatchNorm1d(4), nn.Linear(4, 4), nn.LayerNorm(4), nn.Linear(4, 4), nn.Linear(4, 2))
     assert [b.module_names for b in split_blocks(model)] == [("0", "1", "2"), ("3",), ("4",)]
