@@ -91,37 +91,6 @@ def test_a_norm_of_a_library_of_its_own_is_known_by_its_class_name():
     assert [b.module_names for b in split_blocks(model)] == [("0", "1"), ("2",), ("3",)]
 
 
-class TiedLM(nn.Module):
-    """Embedding, a ModuleList of layers, and an output projection tied to the embedding."""
-
-    def __init__(self, vocab=11, width=6, depth=3):
-        super().__init__()
-        self.embed = nn.Embedding(vocab, width)
-        self.layers = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
-        self.out = nn.Linear(width, vocab, bias=False)
-        self.out.weight = self.embed.weight
-
-    def forward(self, ids):
-        x = self.embed(ids)
-        for layer in self.layers:
-            x = layer(x)
-        return self.out(x)
-
-
-def test_a_tied_weight_belongs_to_its_first_user_and_a_block_left_empty_disappears():
-    model = TiedLM()
-    blocks = split_blocks(model)
-    assert [b.name for b in blocks] == ["embed", "layers.0", "layers.1", "layers.2"]
-    assert blocks[0].params[0] is model.out.weight
-
-
-def test_naming_a_module_whose_parameters_are_all_tied_is_a_one_line_error():
-    with pytest.raises(BlockError, match=r"block 'out' owns no parameters of its own \(.*tied to block embed\)") as e:
-        split_blocks(TiedLM(), ["embed", "layers.*", "out"])
-    assert "\n" not in str(e.value)
-
-
-# ---------------------------------------------------------------------------------------- globs
 class Stack(nn.Module):
     def __init__(self, depth=12):
         super().__init__()
@@ -136,6 +105,30 @@ class Stack(nn.Module):
         return self.head(x)
 
 
+class TiedLM(Stack):
+    """Embedding, a ModuleList of layers, and an output projection tied to the embedding."""
+
+    def __init__(self, vocab=11, depth=3):
+        super().__init__(depth)
+        self.embed = nn.Embedding(vocab, 4)
+        self.head = nn.Linear(4, vocab, bias=False)
+        self.head.weight = self.embed.weight
+
+
+def test_a_tied_weight_belongs_to_its_first_user_and_a_block_left_empty_disappears():
+    model = TiedLM()
+    blocks = split_blocks(model)
+    assert [b.name for b in blocks] == ["embed", "layers.0", "layers.1", "layers.2"]
+    assert blocks[0].params[0] is model.head.weight
+
+
+def test_naming_a_module_whose_parameters_are_all_tied_is_a_one_line_error():
+    with pytest.raises(BlockError, match=r"block 'head' owns no parameters of its own \(.*tied to block embed\)") as e:
+        split_blocks(TiedLM(), ["embed", "layers.*", "head"])
+    assert "\n" not in str(e.value)
+
+
+# ---------------------------------------------------------------------------------------- globs
 def test_a_glob_is_one_block_per_match_in_registration_order_not_alphabetical():
     blocks = split_blocks(Stack(), ["embed", "layers.*", "head"])
     assert [b.name for b in blocks] == ["embed"] + [f"layers.{i}" for i in range(12)] + ["head"]
