@@ -29,7 +29,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--nproc", type=int, default=None, help="local workers to start (overrides dist.nproc)")
     parser.add_argument("--max-restarts", type=int, default=0, help="torchrun restarts after a worker failure")
     parser.add_argument("overrides", nargs="*", help="section.key=value")
-    return parser.parse_args(argv)
+    return parser.parse_intermixed_args(argv)  # overrides may come before and after flags
 
 
 def _under_launcher() -> bool:
@@ -67,6 +67,15 @@ def launch_local(
     return 0
 
 
+def launch_cluster(config, config_path: str, overrides: list[str], resume: bool = False, max_restarts: int = 0) -> int:
+    """Run on an emulated cluster of ``config.cluster.nodes`` network namespaces, ``dist.nproc``
+    workers each, one torchrun agent per node (freeze.pipeline.cluster); returns the exit code."""
+    from freeze.pipeline.cluster.jobs import run_config_entry, run_on_cluster
+
+    entry = run_config_entry(config_path, overrides, resume)
+    return run_on_cluster(config.cluster, entry, config.dist.nproc, max_restarts, run_dir=config.run_dir())
+
+
 def _mark_failed(config, error: BaseException) -> None:
     run = RunDir(config.run_dir())
     try:
@@ -84,12 +93,14 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if not _under_launcher() and config.dist.nproc > 1:
+    if not _under_launcher() and (config.dist.nproc > 1 or config.cluster.nodes):
         try:  # refuse before starting workers, so bad input costs nothing
             RunDir(config.run_dir()).ensure_not_complete()
         except RunError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
+        if config.cluster.nodes:
+            return launch_cluster(config, args.config, overrides, args.resume, args.max_restarts)
         return launch_local(args.config, list(args.overrides), config.dist.nproc, args.resume, args.max_restarts)
 
     # Heavy imports only in the worker: the launcher process stays light.

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from freeze.pipeline.config import Config, ConfigError, load_config
-from freeze.pipeline.run import launch_local
+from freeze.pipeline.run import launch_cluster, launch_local
 from freeze.pipeline.runs import RunDir, RunError
 
 SEED_KEY = "run.seed"
@@ -149,7 +149,9 @@ def run_specs(base: str, specs: list[RunSpec], log=print) -> SweepSummary:
         resume = run.has_progress()
         log(f"[{i}/{len(specs)}] {spec.name}: {'resuming' if resume else 'starting'}")
         start_s = time.perf_counter()
-        if config.dist.nproc > 1:
+        if config.cluster.nodes:  # one torchrun agent per emulated node (freeze.pipeline.cluster)
+            code = launch_cluster(config, base, list(spec.overrides), resume)
+        elif config.dist.nproc > 1:
             # Workers are separate processes either way; hosting torchrun's agent here saves a
             # launcher process (interpreter + torch import, ~3 s) per run.
             code = launch_local(base, list(spec.overrides), config.dist.nproc, resume)
