@@ -18,6 +18,7 @@ even use the same subnet.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import os
@@ -130,10 +131,8 @@ def _kill_and_delete(namespace: str) -> None:
         if not pids:
             break
         for pid in pids:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         time.sleep(0.02 * (attempt + 1) ** 0.5)
     if (NETNS_DIR / namespace).exists():
         _run(["ip", "netns", "delete", namespace])

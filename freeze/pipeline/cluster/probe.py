@@ -217,7 +217,7 @@ def run_probe(
         "torch": _torch_version(),
         "kernel": platform.release(),
         "qdisc_drops": [c.qdisc_drops for c in result.counters],
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
     summary = summarize(ranks, spec, load, host)
     out.parent.mkdir(parents=True, exist_ok=True)
