@@ -13,7 +13,7 @@ $(STAMP): requirements.txt setup.py
 	touch $(STAMP)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -rs tests
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -87,6 +87,15 @@ def barrier() -> None:
         dist.barrier()
 
 
+def any_rank(flag: bool) -> bool:
+    """True on every rank when it is True on at least one."""
+    if not dist.is_initialized():
+        return flag
+    flags = [None] * dist.get_world_size()
+    dist.all_gather_object(flags, bool(flag))  # object collectives work on gloo and nccl alike
+    return any(flags)
+
+
 def agree_on_error(message: str | None) -> str | None:
     """Share rank 0's error (or None) with every rank, so all ranks stop together instead of the
     others hanging in the next collective until the timeout."""

@@ -67,6 +67,12 @@ def node_env(node: Node, base: dict | None = None) -> dict:
         GLOO_SOCKET_IFNAME=node.ifname,
         OMP_NUM_THREADS=str(node.cpu.threads_per_worker),
         PYTHONUNBUFFERED="1",
+        # A fresh store per rendezvous round, hosted by the rank-0 worker. With torchrun's shared
+        # agent store, workers of a restarted round could not meet across nodes (seen here): the
+        # node whose worker failed counts a restart, the others only see a membership change,
+        # which torchrun does not count, so TORCHELASTIC_RESTART_COUNT differs between nodes and
+        # with it the per-attempt key prefix of freeze.pipeline.distributed.
+        TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
     )
     return env
 

@@ -77,6 +77,21 @@ def check_host() -> None:
             raise ClusterUnavailable(f"cluster: '{tool}' not found; install it: apt-get install {package}")
 
 
+def unavailable_reason() -> str | None:
+    """Why this machine cannot host a cluster (one line), or None: checks the tools and root, then
+    creates and deletes one namespace (a container may forbid it even to root)."""
+    try:
+        check_host()
+    except ClusterUnavailable as e:
+        return str(e)
+    probe = f"{PREFIX}-{secrets.token_hex(4)}-sw"  # no owner record: stale at once if left behind
+    proc = _run(["ip", "netns", "add", probe], check=False)
+    if proc.returncode != 0:
+        return f"cluster: cannot create network namespaces here ({' '.join(proc.stderr.split())})"
+    _run(["ip", "netns", "delete", probe], check=False)
+    return None
+
+
 def check_subnet_free(subnet: ipaddress.IPv4Network) -> None:
     """Refuse a subnet that overlaps a route of this machine (the default route excepted). The
     cluster's addresses live only in its own namespaces, but a subnet the host also reaches would
