@@ -177,10 +177,19 @@ def splice(bench_md: Path, text: str) -> None:
     os.replace(tmp, bench_md)
 
 
+def resolve_ks(cfg: ClusterBenchConfig) -> tuple[int, ...]:
+    num_blocks = len(bw.split_blocks(bw.build_model(cfg.model, cfg.image_size)))
+    if cfg.ks is None:
+        return tuple(range(num_blocks))
+    bad = sorted(k for k in set(cfg.ks) if not 0 <= k < num_blocks)
+    if bad:
+        raise ValueError(f"bench_cluster: --ks {bad} not accepted; accepted: 0..{num_blocks - 1} for {cfg.model}")
+    return tuple(sorted(set(cfg.ks)))
+
+
 def run(cfg: ClusterBenchConfig, out_dir: Path, deadline_s: float, command: str) -> list[dict]:
     start_s, load_before = time.perf_counter(), os.getloadavg()[0]
-    num_blocks = len(bw.split_blocks(bw.build_model(cfg.model, cfg.image_size)))
-    ks = tuple(range(num_blocks)) if cfg.ks is None else tuple(sorted(set(cfg.ks)))
+    ks = resolve_ks(cfg)
     results, csv_rows = [], []
     for nodes in cfg.nodes:
         for bandwidth in cfg.bandwidths:
@@ -236,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=None)
     p.add_argument("--warmup", type=int, default=None)
     p.add_argument("--batch-size", type=int, default=d.batch_size)
+    p.add_argument("--model", default=d.model, choices=bw.MODELS)
     p.add_argument("--quick", action="store_true", help=f"k {QUICK['ks']}, {QUICK['steps']} steps: a few minutes")
     p.add_argument("--out-dir", type=Path, default=Path("report"))
     p.add_argument("--deadline-s", type=float, default=7200.0, help="per (nodes, cap): kill the agents after this")
@@ -256,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
                 ClusterSpec.parse(nodes, bandwidth)
         if min(cfg.steps, cfg.rounds, cfg.warmup, cfg.batch_size) < 1:
             raise ClusterSpecError("bench_cluster: --steps, --rounds, --warmup and --batch-size must be >= 1")
-    except ClusterSpecError as e:
+        resolve_ks(cfg)
+    except (ClusterSpecError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     reason = unavailable_reason()

@@ -4,6 +4,8 @@
     python -m experiments.cluster --nodes 2 --bandwidth 1gbit -- --config experiments/configs/smoke.toml
     # all-reduce probe of the links (1-64 MiB and a tiny message), raw results as JSON
     python -m experiments.cluster probe --nodes 2 --bandwidth 1gbit --out runs/probe/2x1gbit.json
+    # probe results side by side (markdown)
+    python -m experiments.cluster table runs/probe/*.json
     # remove namespaces left by a launcher that was killed (also done at every start)
     python -m experiments.cluster cleanup
 
@@ -14,6 +16,7 @@ the cluster (one line on stderr), 1 the run or the probe failed.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -25,7 +28,7 @@ from freeze.pipeline.cluster import (
     check_host,
     cleanup_stale,
 )
-from freeze.pipeline.cluster.probe import DEFAULT_SIZES_MIB, run_probe, table
+from freeze.pipeline.cluster.probe import DEFAULT_SIZES_MIB, FORMAT, compare_table, run_probe, table
 from freeze.pipeline.cluster.spec import DEFAULT_SUBNET
 
 
@@ -99,6 +102,27 @@ def probe_main(argv: list[str]) -> int:
     return 0
 
 
+def table_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.cluster table", description="Probe results side by side."
+    )
+    parser.add_argument("files", nargs="+", type=Path, help="probe JSON files")
+    args = parser.parse_args(argv)
+    results = []
+    for path in args.files:
+        try:
+            result = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            print(f"error: {path}: not a readable probe result ({e})", file=sys.stderr)
+            return 2
+        if result.get("format") != FORMAT:
+            print(f"error: {path}: format {result.get('format')!r}, expected {FORMAT!r}", file=sys.stderr)
+            return 2
+        results.append(result)
+    print(compare_table(results))
+    return 0
+
+
 def cleanup_main(argv: list[str]) -> int:
     argparse.ArgumentParser(prog="python -m experiments.cluster cleanup").parse_args(argv)
     try:
@@ -115,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["probe"]:
         return probe_main(argv[1:])
+    if argv[:1] == ["table"]:
+        return table_main(argv[1:])
     if argv[:1] == ["cleanup"]:
         return cleanup_main(argv[1:])
     return run_main(argv)

@@ -65,6 +65,9 @@ def _timed_allreduces(tensor, repeats: int, warmup: int, dev: str) -> dict:
         start = time.perf_counter()
         dist.all_reduce(tensor)
         seconds.append(time.perf_counter() - start)
+    # A rank's all-reduce returns once it has received everything; its own last bytes may still sit
+    # in its socket. Once every rank reached the barrier they have left it.
+    dist.barrier()
     tx1, lo1 = _iface_bytes(dev), _iface_bytes("lo")
     return {"seconds": seconds, "tx_per_op": (tx1 - tx0) / repeats, "lo_per_op": (lo1 - lo0) / repeats}
 
@@ -160,7 +163,8 @@ def table(result: dict) -> str:
     lines = [
         f"probe: {result['nodes']} nodes, links {result['bandwidth']}, delay {result['latency']}, "
         f"{'with' if result['load'] else 'without'} CPU load on the nodes; tiny all-reduce "
-        f"{result['latency_probe']['median_s'] * 1e6:.0f} us (median of {len(result['latency_probe']['seconds'])})",
+        f"{result['latency_probe']['median_s'] * 1e6:.0f} us median, {min(result['latency_probe']['seconds']) * 1e6:.0f} "
+        f"us min (of {len(result['latency_probe']['seconds'])}); load average {result['host']['load_avg_1min'][0]:.2f}",
         "| MiB | median s | link Mbit/s | of cap | iface bytes / ring bytes | loopback bytes |",
         "|---|---|---|---|---|---|",
     ]
@@ -169,6 +173,33 @@ def table(result: dict) -> str:
         lines.append(
             f"| {s['bytes'] / 2**20:g} | {s['median_s']:.4f} | {s['link_bits_per_s'] / 1e6:.0f} | {ratio} | "
             f"{s['iface_over_expected']:.4f} | {max(s['lo_tx_bytes_per_rank']):.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def compare_table(results: list[dict]) -> str:
+    """One markdown row per probe result: link rate per size (share of the cap) and the tiny
+    all-reduce's minimum and median."""
+    sizes = sorted({s["bytes"] for r in results for s in r["sizes"]})
+    head = "| nodes | cap | node cores | load avg | tiny all-reduce min / median | "
+    head += " | ".join(f"{b / 2**20:g} MiB" for b in sizes) + " |"
+    lines = [head, "|" + "---|" * (5 + len(sizes))]
+    for r in results:
+        by_size = {s["bytes"]: s for s in r["sizes"]}
+        cells = []
+        for b in sizes:
+            s = by_size.get(b)
+            if s is None:
+                cells.append("-")
+                continue
+            share = "" if s["ratio_to_cap"] is None else f" ({s['ratio_to_cap']:.0%})"
+            cells.append(f"{s['link_bits_per_s'] / 1e6:.0f}{share}")
+        tiny = r["latency_probe"]["seconds"]
+        lines.append(
+            f"| {r['nodes']} | {r['bandwidth']} | {'busy' if r['load'] else 'idle'} | "
+            f"{r['host']['load_avg_1min'][0]:.1f} | {min(tiny) * 1e6:.0f} / {_median(tiny) * 1e6:.0f} us | "
+            + " | ".join(cells)
+            + " |"
         )
     return "\n".join(lines)
 
