@@ -97,6 +97,9 @@ def probe_main(argv: list[str]) -> int:
     except ClusterError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the cluster is already gone
+        print("probe: interrupted; agents stopped and namespaces removed", file=sys.stderr)
+        return 130
     print(table(result))
     print(f"probe: wrote {args.out}")
     return 0

@@ -263,20 +263,9 @@ def test_killed_worker_on_one_node_restarts_and_resumes_to_the_same_result(clust
 
 @needs_cluster
 def test_sigkilled_launcher_leaves_no_process_and_next_start_removes_its_namespaces(tmp_path):
-    proc = _launch(
-        ["probe", "--nodes", "2", "--bandwidth", "uncapped", "--out", str(tmp_path / "p.json"), "--repeats", "100000"],
-        tmp_path,
-    )
-    deadline = time.monotonic() + 120
-    try:
-        cluster_id = _cluster_id_of(proc.pid, deadline)
-        node = f"{net.PREFIX}-{cluster_id}-n0"
-        while len(net.namespace_pids(node)) < 2:  # the agent and its worker are up
-            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "launcher.log").read_text()
-            time.sleep(0.1)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # launcher only: it leads its session, agents lead theirs
-        proc.wait()
+    proc, cluster_id = _probe_until_running(tmp_path, time.monotonic() + 120)
+    os.killpg(proc.pid, signal.SIGKILL)  # launcher only: it leads its session, agents lead theirs
+    proc.wait()
     names = _our_namespaces(cluster_id)
     assert len(names) == 3  # two nodes and the switch outlive a SIGKILL...
     end = time.monotonic() + 20
@@ -286,6 +275,39 @@ def test_sigkilled_launcher_leaves_no_process_and_next_start_removes_its_namespa
     deleted = net.cleanup_stale()
     assert sorted(deleted) == sorted(names) and _our_namespaces(cluster_id) == []
     assert not (net.OWNER_DIR / f"{cluster_id}.json").exists()
+
+
+def _probe_until_running(tmp_path: Path, deadline: float) -> tuple[subprocess.Popen, str]:
+    """A probe launcher that runs until killed, once its node 0 has an agent and a worker."""
+    proc = _launch(
+        ["probe", "--nodes", "2", "--bandwidth", "uncapped", "--out", str(tmp_path / "p.json"), "--repeats", "100000"],
+        tmp_path,
+    )
+    try:
+        cluster_id = _cluster_id_of(proc.pid, deadline)
+        while len(net.namespace_pids(f"{net.PREFIX}-{cluster_id}-n0")) < 2:
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "launcher.log").read_text()
+            time.sleep(0.1)
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
+    return proc, cluster_id
+
+
+@needs_cluster
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupted_launcher_removes_its_cluster(tmp_path, sig):
+    proc, cluster_id = _probe_until_running(tmp_path, time.monotonic() + 120)
+    os.kill(proc.pid, sig)  # Ctrl-C reaches the launcher as SIGINT
+    try:
+        assert proc.wait(timeout=60) == 130
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert _our_namespaces(cluster_id) == [] and not (net.OWNER_DIR / f"{cluster_id}.json").exists()
+    assert "interrupted; agents stopped and namespaces removed" in (tmp_path / "launcher.log").read_text()
 
 
 @needs_cluster

@@ -106,6 +106,9 @@ def run_on_cluster(
     except ClusterError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the cluster is already gone
+        print("cluster: interrupted; agents stopped and namespaces removed", file=sys.stderr)
+        return 130
     record = links_record(cluster, result, nproc_per_node)
     log(describe_links(record))
     if run_dir is not None:
