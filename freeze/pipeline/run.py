@@ -4,6 +4,8 @@
     python -m experiments.run --config experiments/configs/smoke.toml
     # N local workers (this command starts them through torchrun's launcher)
     python -m experiments.run --config experiments/configs/smoke.toml dist.nproc=2
+    # on an emulated cluster of 2 network namespaces with 1 Gbit/s links (freeze.pipeline.cluster)
+    python -m experiments.run --config experiments/configs/smoke.toml dist.nproc=1 cluster.nodes=2 cluster.bandwidth=1gbit
     # under torchrun, one node or many (gloo on CPU, nccl on CUDA)
     torchrun --nnodes=4 --nproc-per-node=1 --rdzv-backend=c10d --rdzv-endpoint=HOST:29400 \
         --rdzv-id=study --max-restarts=1 -m experiments.run --config experiments/configs/reference_fixed.toml

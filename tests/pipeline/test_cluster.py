@@ -330,3 +330,23 @@ def test_subnet_overlapping_a_route_of_this_machine_is_refused():
     spec = ClusterSpec.parse(2, "1gbit", "0", "127.0.0.0/24")
     with pytest.raises(net.ClusterUnavailable, match=r"^cluster\.subnet: 127\.0\.0\.0/24 overlaps"):
         net.check_subnet_free(spec.subnet)
+
+
+@needs_cluster
+def test_latency_is_netem_where_the_kernel_has_it_else_refused_in_one_line():
+    spec = ClusterSpec.parse(2, "1gbit", "0.2ms")
+    cluster = net.Cluster(spec, plan_cpus(2, 1), log=lambda _: None)
+    try:
+        cluster.up()
+    except net.ClusterUnavailable as e:  # this machine's kernel: CONFIG_NET_SCH_NETEM unset
+        assert str(e).startswith("cluster.latency: needs the netem qdisc") and "\n" not in str(e)
+        assert _our_namespaces(cluster.id) == []  # nothing half-built is left
+        return
+    try:  # half the one-way delay on each shaped end, below the tbf
+        for ns, dev in ((cluster.nodes[0].namespace, cluster.nodes[0].ifname), (cluster.switch, cluster.nodes[0].port)):
+            qdiscs = subprocess.run(
+                ["tc", "-n", ns, "qdisc", "show", "dev", dev], capture_output=True, text=True
+            ).stdout
+            assert "tbf" in qdiscs and "netem" in qdiscs and "delay 100us" in qdiscs
+    finally:
+        cluster.down()
