@@ -20,14 +20,8 @@ import json
 import sys
 from pathlib import Path
 
-from freeze.pipeline.cluster import (
-    ClusterError,
-    ClusterSpec,
-    ClusterSpecError,
-    ClusterUnavailable,
-    check_host,
-    cleanup_stale,
-)
+from freeze.pipeline.cluster import ClusterError, ClusterSpec, ClusterUnavailable, check_host, cleanup_stale
+from freeze.pipeline.cluster.jobs import exit_code
 from freeze.pipeline.cluster.probe import DEFAULT_SIZES_MIB, FORMAT, compare_table, run_probe, table
 from freeze.pipeline.cluster.spec import DEFAULT_SUBNET
 
@@ -88,21 +82,15 @@ def probe_main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error(f"--repeats: expected an integer >= 1, got {args.repeats}")
-    try:
+
+    def work() -> int:
         spec = ClusterSpec.parse(args.nodes, args.bandwidth, args.latency, args.subnet)
         result = run_probe(spec, args.out, args.sizes_mib, args.repeats, args.load)
-    except (ClusterSpecError, ClusterUnavailable, FileExistsError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except ClusterError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the cluster is already gone
-        print("probe: interrupted; agents stopped and namespaces removed", file=sys.stderr)
-        return 130
-    print(table(result))
-    print(f"probe: wrote {args.out}")
-    return 0
+        print(table(result))
+        print(f"probe: wrote {args.out}")
+        return 0
+
+    return exit_code(work, "probe")
 
 
 def table_main(argv: list[str]) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from freeze.pipeline.cluster.launch import JobResult, run_job, sigterm_as_interrupt
@@ -95,25 +96,36 @@ def run_on_cluster(
     Returns 2 with one line on stderr when this machine cannot host the cluster (not root, no
     ip/tc, no namespaces) or a setting is refused; 1 when building it failed; else the job's code.
     """
-    try:
+
+    def work() -> int:
         spec = spec_from_config(cluster_cfg)
         with sigterm_as_interrupt(), Cluster(spec, plan_cpus(spec.nodes, nproc_per_node), log) as cluster:
             log(cluster.describe())
             result = run_job(cluster, entry, nproc_per_node, max_restarts)
-    except (ClusterUnavailable, ClusterSpecError) as e:
+        record = links_record(cluster, result, nproc_per_node)
+        log(describe_links(record))
+        if run_dir is not None:
+            append_links_record(Path(run_dir), record)
+        return result.returncode
+
+    return exit_code(work, "cluster")
+
+
+def exit_code(work: Callable[[], int], name: str) -> int:
+    """``work()``'s exit code, with the cluster's failures turned into one line on stderr: 2 when
+    this machine cannot host the cluster or a setting or output path is refused, 1 when building
+    it failed, 130 when interrupted (Ctrl-C or SIGTERM; the cluster is gone by then)."""
+    try:
+        return work()
+    except (ClusterUnavailable, ClusterSpecError, FileExistsError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except ClusterError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the cluster is already gone
-        print("cluster: interrupted; agents stopped and namespaces removed", file=sys.stderr)
+    except KeyboardInterrupt:
+        print(f"{name}: interrupted; agents stopped and namespaces removed", file=sys.stderr)
         return 130
-    record = links_record(cluster, result, nproc_per_node)
-    log(describe_links(record))
-    if run_dir is not None:
-        append_links_record(Path(run_dir), record)
-    return result.returncode
 
 
 def run_config_entry(config_path: str | os.PathLike, overrides: list[str], resume: bool) -> list[str]:
