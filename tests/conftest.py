@@ -5,9 +5,12 @@ import torch
 torch.set_num_threads(1)
 
 
-def pytest_report_header(config):
-    """Say up front whether the emulated-cluster tests can run here (they skip otherwise)."""
+def pytest_terminal_summary(terminalreporter):
+    """Say whether the emulated-cluster tests could run here (they skip otherwise); printed under
+    -q too, where pytest hides the report header."""
     from freeze.pipeline.cluster.net import unavailable_reason
 
     reason = unavailable_reason()
-    return "emulated cluster: available" if reason is None else f"emulated cluster: tests SKIPPED ({reason})"
+    terminalreporter.write_line(
+        "emulated cluster: available here" if reason is None else f"emulated cluster: tests SKIPPED ({reason})"
+    )

@@ -1,6 +1,6 @@
 """The emulated cluster (freeze.pipeline.cluster): settings and CPU split everywhere; real namespaces,
 shaped links and torchrun agents where this machine allows them (root, iproute2), else skipped with
-the reason printed (pytest -rs, and the report header from conftest.py)."""
+the reason printed (pytest -rs, and the summary line from conftest.py)."""
 
 import json
 import os
