@@ -4,6 +4,8 @@
     python -m experiments.run --config experiments/configs/smoke.toml
     # N local workers (this command starts them through torchrun's launcher)
     python -m experiments.run --config experiments/configs/smoke.toml dist.nproc=2
+    # on an emulated cluster of 2 network namespaces with 1 Gbit/s links (freeze.pipeline.cluster)
+    python -m experiments.run --config experiments/configs/smoke.toml dist.nproc=1 cluster.nodes=2 cluster.bandwidth=1gbit
     # under torchrun, one node or many (gloo on CPU, nccl on CUDA)
     torchrun --nnodes=4 --nproc-per-node=1 --rdzv-backend=c10d --rdzv-endpoint=HOST:29400 \
         --rdzv-id=study --max-restarts=1 -m experiments.run --config experiments/configs/reference.toml
@@ -36,7 +38,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--resume", action="store_true", help="continue the run from its last checkpoint")
     parser.add_argument("--max-restarts", type=int, default=0, help="torchrun restarts after a worker failure")
     parser.add_argument("overrides", nargs="*", help="section.key=value")
-    return parser.parse_args(argv)
+    return parser.parse_intermixed_args(argv)  # overrides may come before and after flags
 
 
 def _under_launcher() -> bool:
@@ -82,6 +84,16 @@ def launch_local(resolved_config: Path, nproc: int, resume: bool = False, max_re
     return 0
 
 
+def launch_cluster(config, resolved_config: Path, resume: bool = False, max_restarts: int = 0) -> int:
+    """Run on an emulated cluster of ``config.cluster.nodes`` network namespaces, ``dist.nproc``
+    workers each, one torchrun agent per node (freeze.pipeline.cluster), on the resolved config file
+    written by :func:`prepare_run_dir`; returns the exit code."""
+    from freeze.pipeline.cluster.jobs import run_config_entry, run_on_cluster
+
+    entry = run_config_entry(resolved_config, resume)
+    return run_on_cluster(config.cluster, entry, config.dist.nproc, max_restarts, run_dir=config.run_dir())
+
+
 def _mark_failed(config, error: BaseException) -> None:
     run = RunDir(config.run_dir())
     try:
@@ -98,12 +110,14 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if not _under_launcher() and config.dist.nproc > 1:
+    if not _under_launcher() and (config.dist.nproc > 1 or config.cluster.nodes):
         try:  # refuse before starting workers, so bad input costs nothing
             resolved = prepare_run_dir(config, args.resume)
         except RunError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
+        if config.cluster.nodes:
+            return launch_cluster(config, resolved, args.resume, args.max_restarts)
         return launch_local(resolved, config.dist.nproc, args.resume, args.max_restarts)
 
     # Heavy imports only in the worker: the launcher process stays light.

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from freeze.pipeline.config import Config, ConfigError, load_config
-from freeze.pipeline.run import launch_local, prepare_run_dir
+from freeze.pipeline.run import launch_cluster, launch_local, prepare_run_dir
 from freeze.pipeline.runs import RunDir, RunError
 
 SEED_KEY = "run.seed"
@@ -146,6 +146,8 @@ def expand(base: str, study: str, grid: dict, overrides: list[str], out_dir: str
 def _launch(config: Config, resume: bool) -> int:
     """Run one resolved config to its end; returns the exit code."""
     resolved = prepare_run_dir(config, resume)
+    if config.cluster.nodes:  # one torchrun agent per emulated node (freeze.pipeline.cluster)
+        return launch_cluster(config, resolved, resume)
     if config.dist.nproc > 1:
         # Workers are separate processes either way; hosting torchrun's agent here saves a
         # launcher process (interpreter + torch import, ~3 s) per run.

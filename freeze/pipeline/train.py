@@ -25,7 +25,7 @@ from freeze.freezer import Freezer
 from freeze.monitor import relative_change
 from freeze.pipeline.config import Config
 from freeze.pipeline.data import EvalLoader
-from freeze.pipeline.distributed import WorkerContext, all_reduce_sum, barrier
+from freeze.pipeline.distributed import WorkerContext, all_reduce_sum, any_rank, barrier
 from freeze.pipeline.log import ProgressLine, get_logger
 from freeze.pipeline.models import build_model
 from freeze.pipeline.prepare import (
@@ -285,7 +285,9 @@ def train_worker(cfg: Config, ctx: WorkerContext, resume: bool) -> dict:
     """Run (or resume) the configured run on this worker; returns the last metrics record."""
     run = RunDir(cfg.run_dir())
     # torchrun --max-restarts restarts every worker after a failure: continue from the checkpoint.
-    resume = resume or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+    # Agreed across ranks: on several nodes only the node whose worker failed counts a restart;
+    # torchrun restarts the others for the membership change with their count unchanged.
+    resume = any_rank(resume or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0)
     logger = get_logger(ctx.rank, run.path / f"log.rank{ctx.rank}.txt" if ctx.is_main else None)
     torch.manual_seed(cfg.run.seed)  # model init: identical on all ranks, and the Freezer syncs anyway
     split = load_data(cfg, ctx)
