@@ -215,11 +215,15 @@ def test_explicit_baseline_and_short_run_is_incomplete(tmp_path):
     assert "epochs_done 2 < epochs_planned 3" in incomplete["reason"][1]
 
 
-def test_main_default_out_dir(tmp_path, capsys):
+def test_main_default_out_dir_is_where_the_readme_says(tmp_path, capsys):
+    """README: `python -m report runs/<study>` writes runs/<study>-report/ (as the study command does)."""
     runs = _copy_study(tmp_path)
     assert main([str(runs), "--formats", "md"]) == 0
-    assert (runs / "report" / "main.md").read_text() == (FIXTURES / "expected_main_table.md").read_text()
-    assert not (runs / "report" / "main.csv").exists()
+    out = runs.with_name(f"{runs.name}-report")
+    assert (out / "main.md").read_text() == (FIXTURES / "expected_main_table.md").read_text()
+    assert not (out / "main.csv").exists() and not (runs / "report").exists()
+    assert str(out) in capsys.readouterr().out
+    assert "runs/<study>-report/" in (Path(__file__).parents[2] / "README.md").read_text()
 
 
 def _assert_one_line_error(capsys, argv: list[str], *fragments: str) -> None:

@@ -20,7 +20,7 @@ class _Parser(argparse.ArgumentParser):
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m report", description="Tables and figures from run directories.")
     parser.add_argument("runs_dir", help="folder searched recursively for run directories (manifest.json)")
-    parser.add_argument("--out", default=None, help="output folder (default: <runs_dir>/report)")
+    parser.add_argument("--out", default=None, help="output folder (default: <runs_dir>-report beside it, e.g. runs/offline -> runs/offline-report)")
     parser.add_argument(
         "--baseline", default=None, help="group to compare against (default: the group with policy none)"
     )
