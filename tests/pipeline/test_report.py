@@ -319,3 +319,24 @@ def test_a_crash_while_writing_the_report_keeps_the_previous_files(tmp_path, mon
         build_report(RUNS, out, baseline="static:k=2", formats=("md",))
     monkeypatch.undo()
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # no half file, no temp file
+
+
+def test_two_runs_of_one_group_and_seed_name_the_way_round(tmp_path, capsys):
+    """A run re-made under another name leaves two complete runs of (none, seed 0): the report stops
+    with one line naming both and the command that keeps the newest, and that command works."""
+    runs = _copy_study(tmp_path)
+    again = runs / "fixture_study" / "none-s0-again"
+    shutil.copytree(runs / "fixture_study" / "none-s0", again)
+    _edit_manifest(runs, "none-s0-again", end_time="2025-01-02T00:00:00+00:00")
+    lines = (again / "metrics.jsonl").read_text().splitlines()
+    last = json.loads(lines[-1]) | {"test_acc": 0.9}
+    (again / "metrics.jsonl").write_text("\n".join(lines[:-1] + [json.dumps(last)]) + "\n")
+
+    _assert_one_line_error(
+        capsys, [str(runs)], "seed 0", "none-s0-again", f"python -m report {runs} --on-duplicate newest"
+    )
+    assert main([str(runs), "--on-duplicate", "newest", "--formats", "csv"]) == 0
+    assert f"left out {runs / 'fixture_study' / 'none-s0'}:" in capsys.readouterr().out
+    none = _rows(runs.with_name("runs-report") / "main.csv")["none"]
+    assert none["n_runs"] == 2 and none["test_acc_mean"] == pytest.approx((0.9 + 0.72) / 2)
+    _assert_one_line_error(capsys, [str(runs), "--on-duplicate", "oldest"], "newest")
