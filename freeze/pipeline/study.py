@@ -1,6 +1,7 @@
 """The whole study in one command: pretrain (optional), the fine-tuning grid, then the report.
 
     python -m experiments.study --config experiments/configs/study_offline.toml     # = make study
+    python -m experiments.study --config experiments/configs/study_cifar10.toml --dry-run  # list the runs
 
 Study file:
 
@@ -28,7 +29,7 @@ from pathlib import Path
 
 from freeze._atomic import atomic_write_bytes, atomic_write_text
 from freeze.pipeline.config import ConfigError
-from freeze.pipeline.sweep import SweepError, expand, read_toml, run_specs
+from freeze.pipeline.sweep import SweepError, dry_run_lines, expand, read_toml, run_specs
 
 _ALLOWED = {"name", "finetune", "pretrain", "overrides", "target_fraction", "report_md", "out_dir"}
 
@@ -71,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--out-dir", default=None, help="where run directories go (default: the study's out_dir or runs)"
     )
+    parser.add_argument("--dry-run", action="store_true", help="list the runs (pretraining first) and exit")
     args = parser.parse_args(argv)
     start_s = time.perf_counter()
     try:
@@ -88,6 +90,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
+    if args.dry_run:
+        for group in (pretrain_specs, specs):
+            if group:
+                print("\n".join(dry_run_lines(group)))
+        return 0
     if pretrain_specs:
         print(f"== pretraining ({study['pretrain']})", flush=True)
         summary = run_specs(pretrain_specs)

@@ -11,11 +11,39 @@ from pathlib import Path
 
 from freeze._atomic import atomic_write_text
 from freeze.pipeline.report.load import ReportInputError, Run, load_runs
-from freeze.pipeline.report.tables import Table, build_tables, combined_markdown, to_latex, to_markdown
+from freeze.pipeline.report.tables import (
+    ON_DUPLICATE,
+    Table,
+    build_tables,
+    combined_markdown,
+    drop_duplicate_runs,
+    to_latex,
+    to_markdown,
+)
 
 FORMATS = ("md", "tex", "csv", "png")
 
-__all__ = ["FORMATS", "ReportInputError", "Run", "Table", "build_report", "load_runs"]
+__all__ = [
+    "FORMATS",
+    "ON_DUPLICATE",
+    "ReportInputError",
+    "Run",
+    "Table",
+    "build_report",
+    "default_out_dir",
+    "load_runs",
+]
+
+
+def default_out_dir(runs_dir: str | Path) -> Path:
+    """``<runs_dir>-report``, beside the runs folder: runs/offline -> runs/offline-report.
+
+    Args:
+        runs_dir: the folder of run directories the report reads.
+    """
+    runs = Path(runs_dir)
+    runs = runs if runs.name else runs.resolve()  # "." has no name of its own
+    return runs.with_name(f"{runs.name}-report")
 
 
 def build_report(
@@ -24,10 +52,13 @@ def build_report(
     baseline: str | None = None,
     target_fraction: float = 0.95,
     formats: tuple[str, ...] = FORMATS,
+    on_duplicate: str = "error",
+    log=None,
 ) -> dict[str, Path]:
     """Write every table and figure for the runs under ``runs_dir``; returns file name -> path.
 
-    ``out_dir`` defaults to ``<runs_dir>/report``. Raises ReportInputError (one line) on bad input.
+    ``out_dir`` defaults to :func:`default_out_dir` (``runs/<study>-report`` beside
+    ``runs/<study>``, where the study command writes too). Raises ReportInputError (one line) on bad input.
     """
     unknown = sorted(set(formats) - set(FORMATS))
     if unknown or not formats:
@@ -35,9 +66,14 @@ def build_report(
         raise ReportInputError(f"formats {rejected} not accepted; accepted: {', '.join(FORMATS)}")
     if not 0.0 < target_fraction <= 1.0:
         raise ReportInputError(f"target_fraction must be in (0, 1], got {target_fraction}")
-    runs = load_runs(runs_dir)
+    runs, dropped = drop_duplicate_runs(load_runs(runs_dir), on_duplicate, runs_dir)
+    for old, kept in dropped:
+        if log is not None:
+            log(
+                f"report: left out {old.run_dir}: same group and seed as the newer {kept.run_dir} (--on-duplicate newest)"
+            )
     tables = build_tables(runs, baseline, target_fraction)
-    out = Path(out_dir) if out_dir is not None else Path(runs_dir) / "report"
+    out = Path(out_dir) if out_dir is not None else default_out_dir(runs_dir)
     out.mkdir(parents=True, exist_ok=True)
     written: dict[str, Path] = {}
 
