@@ -101,6 +101,13 @@ class Freezer:
         self.policy = policy if policy is not None else make_policy("none")
         if self.policy.needs_run_length and not epochs:
             raise ValueError(f"Freezer: policy '{self.policy.name}' needs the run length: pass epochs=N")
+        if self.policy.needs_run_length and interval_steps and not steps_per_epoch:
+            # Between epoch ends only steps say how far training is; an epoch count would put the
+            # whole running epoch in the past or in the future.
+            raise ValueError(
+                f"Freezer: policy '{self.policy.name}' evaluated every interval_steps={interval_steps} steps "
+                "needs the run length in steps: pass steps_per_epoch=N"
+            )
         self.optimizer = optimizer
         self.epochs = epochs
         self.steps_per_epoch = steps_per_epoch
@@ -122,7 +129,7 @@ class Freezer:
         self._bytes_at_last_step = 0
         self._hooks = _Hooks()
         self._ddp: nn.Module | None = None
-        self._epoch = 0
+        self._epochs_completed = 0
         self._total_param_bytes = sum(b.param_bytes for b in self.blocks)
         self.boundary = 0
         if self.distributed:
@@ -166,13 +173,13 @@ class Freezer:
         """Call after optimizer.step() when evaluating every ``interval_steps`` steps.
         Returns whether the boundary changed."""
         if self.interval_steps and self.monitor.interval_steps >= self.interval_steps:
-            return self._evaluate(self._epoch)
+            return self._evaluate(epoch=self._epochs_completed)  # the running epoch
         return False
 
     def end_epoch(self, epoch: int) -> bool:
         """Call after the last optimizer step of ``epoch`` (0-based). Per-epoch policies decide here.
         Returns whether the boundary changed."""
-        self._epoch = epoch + 1
+        self._epochs_completed = epoch + 1
         if self.interval_steps:
             return False
         return self._evaluate(epoch)
@@ -210,7 +217,7 @@ class Freezer:
     def state_dict(self) -> dict:
         return {
             "boundary": self.boundary,
-            "epoch": self._epoch,
+            "epochs_completed": self._epochs_completed,
             "block_names": [b.name for b in self.blocks],
             "policy_spec": self.policy.spec(),
             "policy": self.policy.state_dict(),
@@ -236,7 +243,7 @@ class Freezer:
         self.counters = FreezerCounters(**state["counters"])
         self._comm.allreduce_bytes_total = self.counters.allreduce_bytes_total
         self._bytes_at_last_step = self.counters.allreduce_bytes_total
-        self._epoch = int(state["epoch"])
+        self._epochs_completed = int(state["epochs_completed"])
         k = int(state["boundary"])
         if k != self.boundary:
             self._apply(k, count_rewrap=False)
@@ -245,18 +252,19 @@ class Freezer:
     def _clamp(self, k: int) -> int:
         return max(0, min(int(k), len(self.blocks) - 1))
 
-    def _progress(self, epoch: int) -> Progress:
+    def _progress(self) -> Progress:
         steps_total = self.epochs * self.steps_per_epoch if (self.epochs and self.steps_per_epoch) else 0
         return Progress(
-            epoch=epoch,
-            epochs_total=self.epochs or max(epoch + 1, 1),
-            step=self.monitor.total_steps,
+            epochs_completed=self._epochs_completed,
+            epochs_total=self.epochs or max(self._epochs_completed, 1),
+            steps_completed=self.monitor.total_steps,
             steps_total=steps_total,
         )
 
     def _evaluate(self, epoch: int) -> bool:
+        """``epoch``: the 0-based epoch the closing interval is recorded under."""
         stats = self.monitor.close_interval(epoch, self.boundary)
-        proposed = self.policy.decide(self.boundary, self.monitor.history, self._progress(epoch), len(self.blocks))
+        proposed = self.policy.decide(self.boundary, self.monitor.history, self._progress(), len(self.blocks))
         # Statistics come from all-reduced gradients, so ranks agree already; the broadcast makes
         # a disagreement (e.g. a non-deterministic reduction order) impossible rather than unlikely.
         k = self._clamp(comm.broadcast_int_from_rank0(int(proposed), self.process_group))

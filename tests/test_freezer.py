@@ -167,3 +167,39 @@ def test_run_length_policies_require_epochs():
     model = TinyNet()
     with pytest.raises(ValueError, match="needs the run length"):
         Freezer(model, split_blocks(model), make_policy("freezeout"))
+
+
+def test_step_level_epoch_schedules_wait_for_the_epoch_to_complete():
+    torch.manual_seed(0)
+    model = TinyNet()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    geometric = Freezer(model, split_blocks(model), make_policy("geometric", alpha=0.5), interval_steps=2)
+    unfreeze = Freezer(TinyNet(), split_blocks(TinyNet()), make_policy("gradual-unfreeze"), interval_steps=2)
+    for s in range(4):  # two evaluations inside the first epoch
+        _step(geometric, opt, s)
+        geometric.after_step()
+        unfreeze.after_backward()  # no gradients needed: the schedule reads only the clock
+        unfreeze.after_step()
+    assert (geometric.boundary, unfreeze.boundary) == (0, 3)
+    geometric.end_epoch(0)
+    unfreeze.end_epoch(0)
+    for s in range(4, 6):
+        _step(geometric, opt, s)
+        geometric.after_step()
+        unfreeze.after_backward()  # no gradients needed: the schedule reads only the clock
+        unfreeze.after_step()
+    assert (geometric.boundary, unfreeze.boundary) == (2, 2)  # floor(4 * (1 - 0.5^1)); one block back
+
+
+def test_run_length_policy_evaluated_per_step_needs_the_run_length_in_steps():
+    model = TinyNet()
+    with pytest.raises(ValueError, match="interval_steps=2 steps needs the run length in steps: pass steps_per_epoch"):
+        Freezer(model, split_blocks(model), make_policy("freezeout"), epochs=10, interval_steps=2)
+    freezer = Freezer(
+        model, split_blocks(model), make_policy("freezeout", t0=0.5), epochs=10, steps_per_epoch=10, interval_steps=2
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for s in range(2):
+        _step(freezer, opt, s)
+        freezer.after_step()
+    assert freezer.boundary == 0  # 2 of 100 steps done: block 0 is due at half of the run

@@ -18,7 +18,7 @@ from freeze.policies.rules import (
     StaticFreeze,
 )
 
-PROGRESS = Progress(epoch=3, epochs_total=10, step=400, steps_total=1000)
+PROGRESS = Progress(epochs_completed=4, epochs_total=10, steps_completed=400, steps_total=1000)
 
 
 def interval(index: int, norms: list[float | None], boundary: int = 0) -> IntervalStats:
@@ -43,11 +43,11 @@ def eta_history(etas: list[float | None], boundary: int = 0) -> list[IntervalSta
 
 
 def at_fraction(f: float) -> Progress:
-    return Progress(epoch=0, epochs_total=1, step=round(f * 1000), steps_total=1000)
+    return Progress(epochs_completed=0, epochs_total=1, steps_completed=round(f * 1000), steps_total=1000)
 
 
-def at_epoch(epoch: int, epochs_total: int = 50) -> Progress:
-    return Progress(epoch=epoch, epochs_total=epochs_total, step=0, steps_total=0)
+def after_epochs(epochs_completed: int, epochs_total: int = 50) -> Progress:
+    return Progress(epochs_completed=epochs_completed, epochs_total=epochs_total, steps_completed=0, steps_total=0)
 
 
 def one_line_error(fn, *args, **kwargs) -> str:
@@ -60,11 +60,13 @@ def one_line_error(fn, *args, **kwargs) -> str:
 
 # ------------------------------------------------------------------------------------ progress
 def test_progress_fraction_by_steps_then_epochs_clipped():
-    assert Progress(epoch=0, epochs_total=4, step=250, steps_total=1000).fraction == 0.25
-    assert Progress(epoch=4, epochs_total=10, step=7, steps_total=0).fraction == 0.5
-    assert Progress(epoch=0, epochs_total=2, step=1500, steps_total=1000).fraction == 1.0
+    assert Progress(epochs_completed=0, epochs_total=4, steps_completed=250, steps_total=1000).fraction == 0.25
+    assert Progress(epochs_completed=5, epochs_total=10, steps_completed=7, steps_total=0).fraction == 0.5
+    # Mid-way through the first epoch without a step total: nothing is completed yet.
+    assert Progress(epochs_completed=0, epochs_total=10, steps_completed=7, steps_total=0).fraction == 0.0
+    assert Progress(epochs_completed=0, epochs_total=2, steps_completed=1500, steps_total=1000).fraction == 1.0
     with pytest.raises(ValueError, match="epochs_total"):
-        Progress(epoch=0, epochs_total=0, step=0, steps_total=0)
+        Progress(epochs_completed=0, epochs_total=0, steps_completed=0, steps_total=0)
 
 
 # ------------------------------------------------------------------------------------ autofreeze
@@ -202,16 +204,23 @@ def test_linear_schedule(fraction, level, k):
 def test_linear_never_decreases_and_uses_epochs_without_step_total():
     assert LinearFreeze().decide(7, [], at_fraction(0.6), 10) == 7
     # 8 of 10 epochs done -> fraction 0.8 -> (0.8 - 0.5) / 0.5 = 0.6 of 10 blocks.
-    assert LinearFreeze().decide(0, [], at_epoch(7, epochs_total=10), 10) == 6
+    assert LinearFreeze().decide(0, [], after_epochs(8, epochs_total=10), 10) == 6
 
 
 # ------------------------------------------------------------------------------------ geometric
 def test_geometric_count_per_epoch_alpha_third():
     # floor(10 * (1 - (2/3)^e)): 3.33 5.56 7.04 8.02 8.68 9.12 -> capped at the head (9).
-    counts = [GeometricFreeze().decide(0, [], at_epoch(e), 10) for e in range(8)]
+    counts = [GeometricFreeze().decide(0, [], after_epochs(e), 10) for e in range(1, 9)]
     assert counts == [3, 5, 7, 8, 8, 9, 9, 9]
-    assert GeometricFreeze(alpha=0.5).decide(0, [], at_epoch(0), 4) == 2
-    assert GeometricFreeze().decide(6, [], at_epoch(0), 10) == 6
+    assert GeometricFreeze(alpha=0.5).decide(0, [], after_epochs(1), 4) == 2
+    assert GeometricFreeze().decide(6, [], after_epochs(1), 10) == 6
+
+
+def test_epoch_schedules_do_not_count_the_running_epoch():
+    """Evaluated every N steps, a policy is asked during the first epoch: nothing may move yet."""
+    mid_first_epoch = Progress(epochs_completed=0, epochs_total=10, steps_completed=2, steps_total=100)
+    assert GeometricFreeze(alpha=0.5).decide(0, [], mid_first_epoch, 4) == 0
+    assert GradualUnfreeze().decide(4, [], mid_first_epoch, 5) == 4
 
 
 # ------------------------------------------------------------------- gradual-unfreeze, static, none
@@ -221,12 +230,12 @@ def test_gradual_unfreeze_schedule():
     assert boundary == 4
     seen = []
     for epoch in range(12):
-        boundary = policy.decide(boundary, [], at_epoch(epoch), 5)
+        boundary = policy.decide(boundary, [], after_epochs(epoch + 1), 5)
         seen.append(boundary)
     assert seen == [4, 3, 3, 2, 2, 1, 1, 0, 0, 0, 0, 0]
-    assert [GradualUnfreeze().decide(4, [], at_epoch(e), 5) for e in range(5)] == [3, 2, 1, 0, 0]
+    assert [GradualUnfreeze().decide(4, [], after_epochs(n), 5) for n in range(1, 6)] == [3, 2, 1, 0, 0]
     # A block already unfrozen is not frozen again when the schedule lags behind the boundary.
-    assert GradualUnfreeze().decide(1, [], at_epoch(0), 5) == 1
+    assert GradualUnfreeze().decide(1, [], after_epochs(1), 5) == 1
     assert GradualUnfreeze.may_unfreeze and not AutoFreeze.may_unfreeze
 
 
@@ -236,7 +245,7 @@ def test_static_and_none():
     assert StaticFreeze(k=12).initial_boundary(5) == 4
     assert StaticFreeze(k=12).decide(4, [], PROGRESS, 5) == 4
     assert make_policy("none").initial_boundary(5) == 0
-    assert [make_policy("none").decide(0, [], at_epoch(e), 5) for e in range(3)] == [0, 0, 0]
+    assert [make_policy("none").decide(0, [], after_epochs(e), 5) for e in range(3)] == [0, 0, 0]
     message = one_line_error(make_policy, "static", k=-1)
     assert "'k'" in message and "int >= 0" in message
 

@@ -118,8 +118,7 @@ class GeometricFreeze(Policy):
 
     def decide(self, boundary: int, history: Sequence[IntervalStats], progress: Progress, num_blocks: int) -> int:
         self._check_call(boundary, num_blocks)
-        epochs_done = progress.epoch + 1
-        k = floor_with_slack(num_blocks * (1.0 - (1.0 - self.alpha) ** epochs_done))
+        k = floor_with_slack(num_blocks * (1.0 - (1.0 - self.alpha) ** progress.epochs_completed))
         return max(boundary, min(k, num_blocks - 1))
 
 
@@ -187,6 +186,6 @@ class GradualUnfreeze(Policy):
 
     def decide(self, boundary: int, history: Sequence[IntervalStats], progress: Progress, num_blocks: int) -> int:
         self._check_call(boundary, num_blocks)
-        scheduled = max(num_blocks - 1 - (progress.epoch + 1) // self.every_epochs, 0)
+        scheduled = max(num_blocks - 1 - progress.epochs_completed // self.every_epochs, 0)
         # Moves only towards unfreezing: a block once unfrozen is never frozen again.
         return min(boundary, scheduled)
