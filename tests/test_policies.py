@@ -189,12 +189,12 @@ def test_freezeout_linear_exact_thresholds_and_monotone():
     [
         (0.3, 1.0, 0),
         (0.5, 1.0, 0),
-        (0.6, 1.0, 2),
-        (0.75, 1.0, 5),
-        (0.95, 1.0, 9),
+        (0.6, 1.0, 1),  # int(0.2 * 9): a fraction of the 9 freezable blocks, as Composer
+        (0.75, 1.0, 4),
+        (0.95, 1.0, 8),
         (1.0, 1.0, 9),
-        (0.8, 0.5, 3),
-        (1.0, 0.5, 5),
+        (0.8, 0.5, 2),
+        (1.0, 0.5, 4),
     ],
 )
 def test_linear_schedule(fraction, level, k):
@@ -203,8 +203,8 @@ def test_linear_schedule(fraction, level, k):
 
 def test_linear_never_decreases_and_uses_epochs_without_step_total():
     assert LinearFreeze().decide(7, [], at_fraction(0.6), 10) == 7
-    # 8 of 10 epochs done -> fraction 0.8 -> (0.8 - 0.5) / 0.5 = 0.6 of 10 blocks.
-    assert LinearFreeze().decide(0, [], after_epochs(8, epochs_total=10), 10) == 6
+    # 8 of 10 epochs done -> fraction 0.8 -> (0.8 - 0.5) / 0.5 = 0.6 of the 9 freezable blocks.
+    assert LinearFreeze().decide(0, [], after_epochs(8, epochs_total=10), 10) == 5
 
 
 # ------------------------------------------------------------------------------------ geometric

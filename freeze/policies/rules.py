@@ -94,7 +94,10 @@ class FreezeOut(Policy):
 @register_policy
 @dataclass(frozen=True)
 class LinearFreeze(Policy):
-    """Composer LayerFreezing: the frozen fraction grows linearly from freeze_start to the end."""
+    """Composer LayerFreezing: the frozen fraction grows linearly from freeze_start to the end.
+
+    The fraction is of the L - 1 freezable blocks (the head excluded), rounded down, as Composer's
+    ``int(freeze_percentage * len(flat_children[0:-1]))``."""
 
     name: ClassVar[str] = "linear"
     needs_run_length: ClassVar[bool] = True
@@ -105,7 +108,7 @@ class LinearFreeze(Policy):
         self._check_call(boundary, num_blocks)
         ramp = (progress.fraction - self.freeze_start) / (1.0 - self.freeze_start)
         frozen_fraction = min(max(ramp, 0.0), 1.0) * self.freeze_level
-        return max(boundary, min(floor_with_slack(frozen_fraction * num_blocks), num_blocks - 1))
+        return max(boundary, floor_with_slack(frozen_fraction * (num_blocks - 1)))
 
 
 @register_policy
