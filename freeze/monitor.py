@@ -3,8 +3,9 @@
 Reads the (already all-reduced) gradients of the active blocks once per optimizer step and keeps,
 per block and per evaluation interval:
 
-* ``summed_grad_norm``: the norm of the gradient SUMMED over the interval, ``||sum_t g_t||``. This is
-  the statistic AutoFreeze and the reference study compare between intervals.
+* ``summed_grad_norm`` / ``summed_grad_l1_norm``: the L2 / L1 norm of the gradient SUMMED over the
+  interval, ``||sum_t g_t||``: the statistic AutoFreeze (L1, its reference code's
+  ``torch.norm(grad, p=1)``) and the reference study (L2) compare between intervals.
 * ``mean_step_grad_norm``: the mean over the interval's steps of the per-step norm ``||g_t||``.
 
 Per step it only launches foreach kernels: no ``.item()`` and no host sync, so it does not stall a
@@ -32,8 +33,9 @@ class IntervalStats:
     end_step: int  # optimizer steps completed when the interval ended
     steps: int  # optimizer steps observed in the interval
     boundary: int  # boundary k in force when the interval ended
-    summed_grad_norm: tuple[float | None, ...]
-    mean_step_grad_norm: tuple[float | None, ...]
+    summed_grad_norm: tuple[float | None, ...]  # L2
+    summed_grad_l1_norm: tuple[float | None, ...]
+    mean_step_grad_norm: tuple[float | None, ...]  # L2
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -47,16 +49,28 @@ class IntervalStats:
             steps=int(d["steps"]),
             boundary=int(d["boundary"]),
             summed_grad_norm=tuple(d["summed_grad_norm"]),
+            summed_grad_l1_norm=tuple(d["summed_grad_l1_norm"]),
             mean_step_grad_norm=tuple(d["mean_step_grad_norm"]),
         )
 
 
-def relative_change(prev: IntervalStats, cur: IntervalStats) -> list[float | None]:
-    """eta_l = |G_prev - G_cur| / G_prev per block (AutoFreeze's gradient-norm change).
+NORMS: tuple[str, ...] = ("l1", "l2")
+
+
+def summed_norms(stats: IntervalStats, norm: str = "l2") -> tuple[float | None, ...]:
+    """The per-block norms of the interval's summed gradient, ``norm`` in :data:`NORMS`."""
+    if norm not in NORMS:
+        raise ValueError(f"norm: '{norm}' is not accepted; accepted: {', '.join(NORMS)}")
+    return stats.summed_grad_l1_norm if norm == "l1" else stats.summed_grad_norm
+
+
+def relative_change(prev: IntervalStats, cur: IntervalStats, norm: str = "l2") -> list[float | None]:
+    """eta_l = |G_prev - G_cur| / G_prev per block (AutoFreeze's gradient-norm change), G the
+    ``norm`` ("l1" or "l2") of the summed gradient.
 
     ``None`` where either interval did not observe the block or G_prev is zero/non-finite."""
     out: list[float | None] = []
-    for g_prev, g_cur in zip(prev.summed_grad_norm, cur.summed_grad_norm):
+    for g_prev, g_cur in zip(summed_norms(prev, norm), summed_norms(cur, norm)):
         if g_prev is None or g_cur is None or not math.isfinite(g_prev) or g_prev <= 0.0:
             out.append(None)
         else:
@@ -82,13 +96,17 @@ class GradNormMonitor:
         self._block_steps = [0] * len(self.blocks)  # steps each block was observed this interval
         self._interval_steps = 0
 
-    def _block_norms(self, positions: list[int], tensors: list[torch.Tensor]) -> torch.Tensor:
-        """[num_blocks] L2 norm per block of ``tensors`` (the tensors of parameters ``positions``):
-        one foreach norm and one segment-sum, whatever the number of blocks; 0 for blocks absent."""
+    def _block_norms(self, positions: list[int], tensors: list[torch.Tensor], ord: int = 2) -> torch.Tensor:
+        """[num_blocks] L``ord`` norm (1 or 2) per block of ``tensors`` (the tensors of parameters
+        ``positions``): one foreach norm and one segment-sum, whatever the number of blocks; 0 for
+        blocks absent."""
         device = tensors[0].device
-        sq = torch.stack([n.float() for n in torch._foreach_norm(tensors)]).square()
+        per_tensor = torch.stack([n.float() for n in torch._foreach_norm(tensors, ord)])
         block_ids = torch.tensor([self._param_block[pos] for pos in positions], device=device)
-        return torch.zeros(len(self.blocks), device=device).index_add_(0, block_ids, sq).sqrt()
+        summed = torch.zeros(len(self.blocks), device=device)
+        if ord == 1:  # the L1 norm of a block is the sum of its tensors' L1 norms
+            return summed.index_add_(0, block_ids, per_tensor)
+        return summed.index_add_(0, block_ids, per_tensor.square()).sqrt()
 
     # ---------------------------------------------------------------- per step
     def set_first_active(self, first_active: int) -> None:
@@ -128,13 +146,17 @@ class GradNormMonitor:
         """Turn the running sums into one :class:`IntervalStats` (one host sync) and reset."""
         num_blocks = len(self.blocks)
         summed: list[float | None] = [None] * num_blocks
+        summed_l1: list[float | None] = [None] * num_blocks
         mean: list[float | None] = [None] * num_blocks
         if self.track_summed and self._summed:
             positions = sorted(self._summed)
             tensors = [self._summed[pos] for pos in positions]
-            values = self._block_norms(positions, tensors).cpu().tolist()
+            l2 = self._block_norms(positions, tensors, ord=2)
+            l1 = self._block_norms(positions, tensors, ord=1)
+            values, values_l1 = torch.stack([l2, l1]).cpu().tolist()
             observed = {self._param_block[pos] for pos in positions}
             summed = [values[b] if b in observed else None for b in range(num_blocks)]
+            summed_l1 = [values_l1[b] if b in observed else None for b in range(num_blocks)]
             torch._foreach_zero_(tensors)
         if self._norm_sum is not None:
             sums = self._norm_sum.cpu().tolist()
@@ -142,8 +164,7 @@ class GradNormMonitor:
             self._norm_sum.zero_()
         # A block frozen for the whole interval was never observed.
         for b in range(min(self._first_active, num_blocks)):
-            summed[b] = None
-            mean[b] = None
+            summed[b] = summed_l1[b] = mean[b] = None
         stats = IntervalStats(
             index=len(self.history),
             epoch=epoch,
@@ -151,6 +172,7 @@ class GradNormMonitor:
             steps=self._interval_steps,
             boundary=boundary,
             summed_grad_norm=tuple(summed),
+            summed_grad_l1_norm=tuple(summed_l1),
             mean_step_grad_norm=tuple(mean),
         )
         self.history.append(stats)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -29,6 +30,7 @@ def interval(index: int, norms: list[float | None], boundary: int = 0) -> Interv
         steps=10,
         boundary=boundary,
         summed_grad_norm=tuple(norms),
+        summed_grad_l1_norm=tuple(norms),
         mean_step_grad_norm=tuple(norms),
     )
 
@@ -71,25 +73,41 @@ def test_progress_fraction_by_steps_then_epochs_clipped():
 
 # ------------------------------------------------------------------------------------ autofreeze
 def test_autofreeze_freezes_leading_run_below_median_and_stops_at_first_above():
-    # Active etas sorted: 0.05 0.1 0.2 0.3 0.4 0.5 -> median 0.25. Blocks 0, 1 freeze; block 2
-    # (0.5) stops the run, so block 3 stays active although its eta (0.05) is the smallest.
-    history = eta_history([0.1, 0.2, 0.5, 0.05, 0.4, 0.3])
-    assert AutoFreeze().decide(0, history, PROGRESS, 6) == 2
+    # Freezable etas sorted: 0.05 0.1 0.2 0.3 0.4 0.5 -> median 0.25 (the head's 0.9 is not in the
+    # population). Blocks 0, 1 freeze; block 2 (0.5) stops the run, so block 3 stays active
+    # although its eta (0.05) is the smallest.
+    history = eta_history([0.1, 0.2, 0.5, 0.05, 0.4, 0.3, 0.9])
+    assert AutoFreeze().decide(0, history, PROGRESS, 7) == 2
 
 
 def test_autofreeze_other_percentile_and_active_blocks_only():
-    history = eta_history([0.1, 0.2, 0.5, 0.05, 0.4, 0.3])
+    history = eta_history([0.1, 0.2, 0.5, 0.05, 0.4, 0.3, 0.9])
     # 25th percentile of 6 values: 0.1 + 0.25 * (0.2 - 0.1) = 0.125 -> only block 0 (0.1) freezes.
-    assert AutoFreeze(percentile=25).decide(0, history, PROGRESS, 6) == 1
-    # Boundary 1: block 0 is frozen (not observed); active etas 0.05 0.2 0.3 0.4 0.5 -> median 0.3,
-    # block 1 (0.2) freezes, block 2 (0.5) stops.
-    frozen0 = eta_history([None, 0.2, 0.5, 0.05, 0.4, 0.3], boundary=1)
-    assert AutoFreeze().decide(1, frozen0, PROGRESS, 6) == 2
+    assert AutoFreeze(percentile=25).decide(0, history, PROGRESS, 7) == 1
+    # Boundary 1: block 0 is frozen (not observed); freezable etas 0.05 0.2 0.3 0.4 0.5 -> median
+    # 0.3, block 1 (0.2) freezes, block 2 (0.5) stops.
+    frozen0 = eta_history([None, 0.2, 0.5, 0.05, 0.4, 0.3, 0.9], boundary=1)
+    assert AutoFreeze().decide(1, frozen0, PROGRESS, 7) == 2
     # A block below the boundary must not enter the percentile even if its eta is in the history:
-    # active etas 0.3 0.4 0.5 0.6 -> p25 = 0.375, block 1 (0.3) freezes; counting block 0's 0.0
-    # would give p25 = 0.3 and block 1 would stay.
+    # freezable etas 0.3 0.4 0.6 -> p25 = 0.35, block 1 (0.3) freezes; counting block 0's 0.0
+    # would give p25 = 0.225 and block 1 would stay.
     decisive = eta_history([0.0, 0.3, 0.6, 0.4, 0.5], boundary=1)
     assert AutoFreeze(percentile=25).decide(1, decisive, PROGRESS, 5) == 2
+
+
+def test_autofreeze_percentile_leaves_the_head_out():
+    # Freezable etas 0.1 0.2 0.3 -> median 0.2: only block 0 freezes. With the head's 0.9 in the
+    # population the median would be 0.25 and block 1 would freeze too.
+    assert AutoFreeze().decide(0, eta_history([0.1, 0.2, 0.3, 0.9]), PROGRESS, 4) == 1
+
+
+def test_autofreeze_compares_l1_norms_by_default():
+    # L1 etas 0.5 0.1 0.2 -> median 0.2, block 0 (0.5) stays; L2 etas 0.1 0.5 0.2 -> block 0 freezes.
+    prev = interval(0, [10.0, 10.0, 10.0, 10.0])
+    cur = dataclasses.replace(interval(1, [9.0, 5.0, 8.0, 1.0]), summed_grad_l1_norm=(5.0, 9.0, 8.0, 1.0))
+    assert AutoFreeze().decide(0, [prev, cur], PROGRESS, 4) == 0
+    assert AutoFreeze(norm="l2").decide(0, [prev, cur], PROGRESS, 4) == 1
+    assert AutoFreeze().spec() == "autofreeze:percentile=50.0,min_intervals=2,norm=l1"
 
 
 def test_autofreeze_percentile_edges():
@@ -97,8 +115,8 @@ def test_autofreeze_percentile_edges():
     # p = 0: threshold is the minimum, nothing is strictly below it.
     assert AutoFreeze(percentile=0).decide(0, history, PROGRESS, 5) == 0
     assert AutoFreeze(percentile=0).decide(0, eta_history([0.05, 0.2, 0.3, 0.4, 0.5]), PROGRESS, 5) == 0
-    # p = 100: threshold is the maximum (the head's here): every block but the head freezes.
-    assert AutoFreeze(percentile=100).decide(0, history, PROGRESS, 5) == 4
+    # p = 100: threshold is the largest freezable eta (block 3's 0.4): blocks 0-2 freeze.
+    assert AutoFreeze(percentile=100).decide(0, history, PROGRESS, 5) == 3
     # p = 100 with the maximum in the middle: the run stops there.
     assert AutoFreeze(percentile=100).decide(0, eta_history([0.1, 0.2, 0.9, 0.4, 0.5]), PROGRESS, 5) == 2
 
@@ -108,19 +126,19 @@ def test_autofreeze_never_freezes_head_and_stops_at_undefined_eta():
     history = [interval(0, [10.0, 10.0, 10.0, 0.0]), interval(1, [9.0, 8.0, 1.0, 5.0])]
     assert AutoFreeze(percentile=100).decide(0, history, PROGRESS, 4) == 2
     assert AutoFreeze().decide(3, eta_history([None, None, None, 0.0]), PROGRESS, 4) == 3
-    # Block 1 undefined stops the run even though block 2 is far below the threshold.
-    gap = [interval(0, [10.0, 0.0, 10.0, 10.0, 10.0]), interval(1, [9.0, 3.0, 9.5, 1.0, 2.0])]
-    assert AutoFreeze().decide(0, gap, PROGRESS, 5) == 1
+    # Block 1 undefined stops the run even though block 2 is far below the threshold (0.45).
+    gap = [interval(0, [10.0, 0.0, 10.0, 10.0, 10.0, 10.0]), interval(1, [9.0, 3.0, 9.5, 1.0, 2.0, 5.0])]
+    assert AutoFreeze().decide(0, gap, PROGRESS, 6) == 1
 
 
 def test_autofreeze_waits_for_min_intervals_and_uses_last_two():
-    two = eta_history([0.1, 0.2, 0.5, 0.4])
-    assert AutoFreeze().decide(0, two[:1], PROGRESS, 4) == 0
-    assert AutoFreeze(min_intervals=3).decide(0, two, PROGRESS, 4) == 0
+    two = eta_history([0.1, 0.2, 0.5, 0.4, 0.3])
+    assert AutoFreeze().decide(0, two[:1], PROGRESS, 5) == 0
+    assert AutoFreeze(min_intervals=3).decide(0, two, PROGRESS, 5) == 0
     # An older first interval must be ignored: G 1 -> 10 would give eta 9 for every block.
-    three = [interval(0, [1.0, 1.0, 1.0, 1.0]), two[0], interval(2, list(two[1].summed_grad_norm))]
-    # Last two intervals: G 10 -> 9, 8, 5, 6: etas 0.1 0.2 0.5 0.4 -> median 0.3 -> k = 2.
-    assert AutoFreeze(min_intervals=3).decide(0, three, PROGRESS, 4) == 2
+    three = [interval(0, [1.0] * 5), two[0], interval(2, list(two[1].summed_grad_norm))]
+    # Last two intervals: G 10 -> 9, 8, 5, 6: freezable etas 0.1 0.2 0.5 0.4 -> median 0.3 -> k = 2.
+    assert AutoFreeze(min_intervals=3).decide(0, three, PROGRESS, 5) == 2
 
 
 def test_gradient_policies_reject_history_of_wrong_width():
@@ -284,7 +302,7 @@ NON_DEFAULT = {
     "freezeout": {"t0": 0.5, "scale": "squared"},
     "linear": {"freeze_start": 0.25, "freeze_level": 0.75},
     "geometric": {"alpha": 0.2},
-    "autofreeze": {"percentile": 30.0, "min_intervals": 4},
+    "autofreeze": {"percentile": 30.0, "min_intervals": 4, "norm": "l2"},
     "cs744": {},
     "gradual-unfreeze": {"every_epochs": 3},
 }
@@ -299,7 +317,7 @@ def test_spec_round_trip(name):
 
 
 def test_spec_strings():
-    assert make_policy("autofreeze", percentile=50).spec() == "autofreeze:percentile=50.0,min_intervals=2"
+    assert make_policy("autofreeze", percentile=50).spec() == "autofreeze:percentile=50.0,min_intervals=2,norm=l1"
     assert parse_policy("none").spec() == "none"
     assert parse_policy(" static : k = 4 ") == StaticFreeze(k=4)
     assert parse_policy("freezeout:t0=0.8,scale=cubic") == FreezeOut()
@@ -314,7 +332,8 @@ def test_spec_strings():
     [
         ("frezeout", "accepted: none, static, freezeout"),
         ("", "none, static, freezeout"),
-        ("autofreeze:pct=50", "accepted: percentile, min_intervals"),
+        ("autofreeze:pct=50", "accepted: percentile, min_intervals, norm"),
+        ("autofreeze:norm=l3", "accepted: one of l1, l2"),
         ("none:k=1", "accepted: no parameters"),
         ("autofreeze:percentile=abc", "accepted: float in [0, 100]"),
         ("autofreeze:percentile=150", "accepted: float in [0, 100]"),

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from freeze.monitor import IntervalStats, relative_change
+from freeze.monitor import IntervalStats, relative_change, summed_norms
 
 # Schedule arithmetic in floats lands a hair off exact values (0.8 + 0.2 * 1/4 = 0.8500000000000001);
 # without this slack a block due exactly at an evaluation would freeze one evaluation late.
@@ -128,16 +128,18 @@ class Policy(ABC):
                 f"policy '{self.name}': boundary = {boundary!r} with {num_blocks} blocks; accepted: 0..{num_blocks - 1}"
             )
 
-    def _last_etas(self, history: Sequence[IntervalStats], num_blocks: int) -> list[float | None]:
-        """eta_l = |G_prev - G_cur| / G_prev per block between the last two intervals."""
+    def _last_etas(self, history: Sequence[IntervalStats], num_blocks: int, norm: str = "l2") -> list[float | None]:
+        """eta_l = |G_prev - G_cur| / G_prev per block between the last two intervals, G the
+        ``norm`` of the summed gradient."""
         prev, cur = history[-2], history[-1]
         for stats in (prev, cur):
-            if len(stats.summed_grad_norm) != num_blocks:
+            width = len(summed_norms(stats, norm))
+            if width != num_blocks:
                 raise PolicyError(
-                    f"policy '{self.name}': interval {stats.index} has {len(stats.summed_grad_norm)} "
+                    f"policy '{self.name}': interval {stats.index} has {width} "
                     f"block statistics; accepted: exactly num_blocks = {num_blocks}"
                 )
-        return relative_change(prev, cur)
+        return relative_change(prev, cur, norm)
 
 
 # -------------------------------------------------------------------- registry and parsing

@@ -9,8 +9,8 @@ statistics, and a run restored from a checkpoint (boundary + monitor history) de
 that wrote it did.
 
 Spec strings name a policy and its parameters, e.g. ``"none"``, ``"static:k=4"``,
-``"autofreeze:percentile=50"``, ``"freezeout:t0=0.8,scale=cubic"``. The rules and where they come
-from are in shared/design/algorithms.md.
+``"autofreeze:percentile=50"``, ``"freezeout:t0=0.8,scale=cubic"``. Each class names its source;
+the README's policy table sums them up.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from freeze.monitor import IntervalStats
+from freeze.monitor import NORMS, IntervalStats
 from freeze.policies.base import (
     SCHEDULE_EPS,
     Policy,
@@ -129,19 +129,24 @@ class GeometricFreeze(Policy):
 @dataclass(frozen=True)
 class AutoFreeze(Policy):
     """AutoFreeze (Liu et al. 2021): freeze the leading active blocks whose gradient-norm change
-    eta is below the percentile of eta over the active blocks."""
+    eta is below the ``percentile`` of eta over the active freezable blocks.
+
+    As the reference code (and PipeTransformer's): G is the L1 norm of the gradient accumulated
+    over the interval (``norm="l2"`` takes the Euclidean norm instead), and the percentile is taken
+    over the active blocks that may freeze, the head left out."""
 
     name: ClassVar[str] = "autofreeze"
     uses_gradients: ClassVar[bool] = True
     percentile: float = param(50.0, low=0.0, high=100.0)
     min_intervals: int = param(2, low=2)  # eta compares two intervals
+    norm: str = param("l1", choices=NORMS)
 
     def decide(self, boundary: int, history: Sequence[IntervalStats], progress: Progress, num_blocks: int) -> int:
         self._check_call(boundary, num_blocks)
         if len(history) < self.min_intervals:
             return boundary
-        eta = self._last_etas(history, num_blocks)
-        defined = [e for e in eta[boundary:] if e is not None]
+        eta = self._last_etas(history, num_blocks, self.norm)
+        defined = [e for e in eta[boundary : num_blocks - 1] if e is not None]
         if not defined:
             return boundary
         threshold = float(np.percentile(defined, self.percentile, method="linear"))
