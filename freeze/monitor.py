@@ -95,6 +95,21 @@ class GradNormMonitor:
         self._norm_sum: torch.Tensor | None = None  # [num_blocks] sum of per-step norms
         self._block_steps = [0] * len(self.blocks)  # steps each block was observed this interval
         self._interval_steps = 0
+        self._active_positions = list(range(len(self._params)))
+        # Block index of each observed parameter, as a device tensor, per set of observed
+        # positions: built once per boundary change rather than copied from the host every step
+        # (on CUDA a host-to-device copy per step would stall the stream).
+        self._block_ids: dict[tuple[int, ...], torch.Tensor] = {}
+
+    def _block_ids_for(self, positions: list[int], device: torch.device) -> torch.Tensor:
+        key = tuple(positions)
+        ids = self._block_ids.get(key)
+        if ids is None or ids.device != device:
+            if len(self._block_ids) >= 8:  # the set of parameters with a gradient keeps changing
+                self._block_ids.clear()
+            ids = torch.tensor([self._param_block[pos] for pos in positions], device=device)
+            self._block_ids[key] = ids
+        return ids
 
     def _block_norms(self, positions: list[int], tensors: list[torch.Tensor], ord: int = 2) -> torch.Tensor:
         """[num_blocks] L``ord`` norm (1 or 2) per block of ``tensors`` (the tensors of parameters
@@ -102,7 +117,7 @@ class GradNormMonitor:
         blocks absent."""
         device = tensors[0].device
         per_tensor = torch.stack([n.float() for n in torch._foreach_norm(tensors, ord)])
-        block_ids = torch.tensor([self._param_block[pos] for pos in positions], device=device)
+        block_ids = self._block_ids_for(positions, device)
         summed = torch.zeros(len(self.blocks), device=device)
         if ord == 1:  # the L1 norm of a block is the sum of its tensors' L1 norms
             return summed.index_add_(0, block_ids, per_tensor)
@@ -114,15 +129,13 @@ class GradNormMonitor:
         self._first_active = first_active
         for pos in [pos for pos in self._summed if self._param_block[pos] < first_active]:
             del self._summed[pos]
+        self._active_positions = [pos for pos, b in enumerate(self._param_block) if b >= first_active]
+        self._block_ids.clear()
 
     @torch.no_grad()
     def observe(self) -> None:
         """Read the current gradients of the active blocks (call once per optimizer step)."""
-        positions = [
-            pos
-            for pos, p in enumerate(self._params)
-            if self._param_block[pos] >= self._first_active and p.grad is not None
-        ]
+        positions = [pos for pos in self._active_positions if self._params[pos].grad is not None]
         self.total_steps += 1
         self._interval_steps += 1
         for b in range(self._first_active, len(self.blocks)):
@@ -200,7 +213,7 @@ class GradNormMonitor:
     def load_state_dict(self, state: dict) -> None:
         self.history = [IntervalStats.from_dict(d) for d in state["history"]]
         self.total_steps = int(state["total_steps"])
-        self._first_active = int(state["first_active"])
+        self.set_first_active(int(state["first_active"]))
         self._interval_steps = int(state["interval_steps"])
         self._block_steps = [int(s) for s in state["block_steps"]]
         self._summed = {}

@@ -73,3 +73,21 @@ def test_relative_change():
     b = IntervalStats(1, 1, 2, 1, 0, (1.0, 1.0, 1.0, 5.0), (1.0, 1.0, 1.0, 1.0), (0, 0, 0, 0))
     assert relative_change(a, b) == [0.5, None, None, 0.25]
     assert relative_change(a, b, norm="l1") == [0.75, 0.0, 0.0, 0.0]
+
+
+def test_observe_copies_no_host_data_per_step(monkeypatch):
+    """Per-step work is device kernels only: the block index is built once per boundary change."""
+    model = _model()
+    mon = GradNormMonitor(split_blocks(model))
+    _set_grads(model, [1.0, 2.0, 3.0])
+    mon.observe()
+    built = []
+    real_tensor = torch.tensor
+    monkeypatch.setattr(torch, "tensor", lambda *a, **kw: built.append(a) or real_tensor(*a, **kw))
+    for _ in range(3):
+        mon.observe()
+    assert built == []
+    mon.set_first_active(1)
+    for _ in range(3):
+        mon.observe()
+    assert len(built) == 1  # the new active set's index, once
