@@ -31,7 +31,8 @@ from freeze.policies import Policy, Progress, make_policy
 
 @dataclass
 class FreezerCounters:
-    steps: int = 0  # optimizer steps seen by after_backward
+    steps: int = 0  # optimizer steps seen by after_backward, skipped ones included
+    skipped_steps: int = 0  # of those, steps the optimizer skipped (fp16 overflow)
     allreduce_bytes_total: int = 0  # per rank, since construction
     allreduce_bytes_last_step: int = 0
     rewraps: int = 0  # DDP constructions after the first
@@ -160,10 +161,21 @@ class Freezer:
         self.optimizer = optimizer
         self._drop_optimizer_state(range(self.boundary))
 
-    def after_backward(self) -> None:
+    def after_backward(self, skipped: bool = False) -> None:
         """Call once per optimizer step, after the last backward (and after GradScaler.unscale_),
-        before or after optimizer.step(): reads the synchronized gradients, counts traffic."""
-        self.monitor.observe()
+        before gradient clipping and before optimizer.step(): reads the synchronized gradients,
+        counts the step and the bytes it all-reduced.
+
+        Args:
+            skipped: the optimizer will not take this step (GradScaler found inf/NaN gradients).
+                The step still counts (the step clock, ``interval_steps`` and the bytes per step
+                stay in step with the loop); its gradients are not read.
+        """
+        if skipped:
+            self.monitor.skip_step()
+            self.counters.skipped_steps += 1
+        else:
+            self.monitor.observe()
         self.counters.steps += 1
         self.counters.allreduce_bytes_total = self._comm.allreduce_bytes_total
         self.counters.allreduce_bytes_last_step = self._comm.allreduce_bytes_total - self._bytes_at_last_step

@@ -31,7 +31,8 @@ class IntervalStats:
     index: int  # 0-based interval number
     epoch: int  # 0-based epoch in which the interval ended
     end_step: int  # optimizer steps completed when the interval ended
-    steps: int  # optimizer steps observed in the interval
+    steps: int  # optimizer steps in the interval, skipped ones included
+    skipped_steps: int  # of those, steps whose gradients were not observed (fp16 overflow)
     boundary: int  # boundary k in force when the interval ended
     summed_grad_norm: tuple[float | None, ...]  # L2
     summed_grad_l1_norm: tuple[float | None, ...]
@@ -47,6 +48,7 @@ class IntervalStats:
             epoch=int(d["epoch"]),
             end_step=int(d["end_step"]),
             steps=int(d["steps"]),
+            skipped_steps=int(d["skipped_steps"]),
             boundary=int(d["boundary"]),
             summed_grad_norm=tuple(d["summed_grad_norm"]),
             summed_grad_l1_norm=tuple(d["summed_grad_l1_norm"]),
@@ -95,6 +97,7 @@ class GradNormMonitor:
         self._norm_sum: torch.Tensor | None = None  # [num_blocks] sum of per-step norms
         self._block_steps = [0] * len(self.blocks)  # steps each block was observed this interval
         self._interval_steps = 0
+        self._interval_skipped_steps = 0
         self._active_positions = list(range(len(self._params)))
         # Block index of each observed parameter, as a device tensor, per set of observed
         # positions: built once per boundary change rather than copied from the host every step
@@ -132,12 +135,21 @@ class GradNormMonitor:
         self._active_positions = [pos for pos, b in enumerate(self._param_block) if b >= first_active]
         self._block_ids.clear()
 
+    def _tick(self) -> None:
+        self.total_steps += 1
+        self._interval_steps += 1
+
+    def skip_step(self) -> None:
+        """Count an optimizer step whose gradients must not be read (an fp16 step GradScaler skips
+        for overflow): the step clock moves, no statistic changes."""
+        self._tick()
+        self._interval_skipped_steps += 1
+
     @torch.no_grad()
     def observe(self) -> None:
         """Read the current gradients of the active blocks (call once per optimizer step)."""
         positions = [pos for pos in self._active_positions if self._params[pos].grad is not None]
-        self.total_steps += 1
-        self._interval_steps += 1
+        self._tick()
         for b in range(self._first_active, len(self.blocks)):
             self._block_steps[b] += 1
         if not positions:
@@ -183,6 +195,7 @@ class GradNormMonitor:
             epoch=epoch,
             end_step=self.total_steps,
             steps=self._interval_steps,
+            skipped_steps=self._interval_skipped_steps,
             boundary=boundary,
             summed_grad_norm=tuple(summed),
             summed_grad_l1_norm=tuple(summed_l1),
@@ -191,6 +204,7 @@ class GradNormMonitor:
         self.history.append(stats)
         self._block_steps = [0] * num_blocks
         self._interval_steps = 0
+        self._interval_skipped_steps = 0
         return stats
 
     @property
@@ -204,6 +218,7 @@ class GradNormMonitor:
             "total_steps": self.total_steps,
             "first_active": self._first_active,
             "interval_steps": self._interval_steps,
+            "interval_skipped_steps": self._interval_skipped_steps,
             "block_steps": list(self._block_steps),
             # Partial sums, so a run checkpointed mid-interval resumes with the same statistics.
             "summed": {pos: t.detach().cpu().clone() for pos, t in self._summed.items()},
@@ -215,6 +230,7 @@ class GradNormMonitor:
         self.total_steps = int(state["total_steps"])
         self.set_first_active(int(state["first_active"]))
         self._interval_steps = int(state["interval_steps"])
+        self._interval_skipped_steps = int(state["interval_skipped_steps"])
         self._block_steps = [int(s) for s in state["block_steps"]]
         self._summed = {}
         for pos, t in state["summed"].items():

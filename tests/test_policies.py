@@ -28,6 +28,7 @@ def interval(index: int, norms: list[float | None], boundary: int = 0) -> Interv
         epoch=index,
         end_step=10 * (index + 1),
         steps=10,
+        skipped_steps=0,
         boundary=boundary,
         summed_grad_norm=tuple(norms),
         summed_grad_l1_norm=tuple(norms),

@@ -103,6 +103,20 @@ def evaluate(model, loader: EvalLoader, precision: str, device: torch.device) ->
     return loss_sum / count, correct / count
 
 
+def observe_then_clip(freezer: Freezer, params: list, optimizer, scaler, grad_clip_norm: float) -> None:
+    """Unscale, let the Freezer read the gradients the backward produced, then clip them.
+
+    The monitor reads before clipping: clipped norms would be the clip threshold, not the
+    gradients' own. fp16: a step GradScaler will skip for inf/NaN gradients is still counted, as
+    skipped, so the step clock and the bytes per step stay in step with the loop."""
+    scaler.unscale_(optimizer)
+    grads = [p.grad for p in params if p.grad is not None]
+    total_norm = torch.nn.utils.get_total_norm(grads) if (scaler.is_enabled() or grad_clip_norm > 0) else None
+    freezer.after_backward(skipped=scaler.is_enabled() and not bool(torch.isfinite(total_norm)))
+    if grad_clip_norm > 0:
+        torch.nn.utils.clip_grads_with_norm_([p for p in params if p.grad is not None], grad_clip_norm, total_norm)
+
+
 def _build_blocks(model, how: str):
     return split_blocks(model, children_block_names(model) if how == "children" else None)
 
@@ -287,15 +301,7 @@ def train_worker(cfg: Config, ctx: WorkerContext, resume: bool) -> dict:
                     stats[0] += loss.detach().double() * y.numel()
                     stats[1] += (logits.argmax(1) == y).sum()
                     stats[2] += y.numel()
-            scaler.unscale_(optimizer)
-            step_ok = True
-            if cfg.optim.grad_clip_norm > 0 or scaler.is_enabled():
-                max_norm = cfg.optim.grad_clip_norm if cfg.optim.grad_clip_norm > 0 else float("inf")
-                total_norm = torch.nn.utils.clip_grad_norm_([p for p in params if p.grad is not None], max_norm)
-                # fp16 only: GradScaler skips steps with overflowed gradients, and so must the monitor.
-                step_ok = not scaler.is_enabled() or bool(torch.isfinite(total_norm))
-            if step_ok:
-                freezer.after_backward()
+            observe_then_clip(freezer, params, optimizer, scaler, cfg.optim.grad_clip_norm)
             clock.lap("freezer")
             scaler.step(optimizer)
             scaler.update()
