@@ -76,8 +76,8 @@ def freeze_prefix(model: nn.Module, blocks: list[Block], k: int, bn_eval: bool) 
     model.train()
     if bn_eval:
         for block in blocks[:k]:
-            for bn in block.batchnorms():
-                bn.eval()
+            for norm in block.running_stat_norms():
+                norm.eval()
 
 
 class _Runner:

@@ -45,10 +45,15 @@ class Block:
                     out.append((f"{prefix}.{buf_name}", sub, buf_name))
         return out
 
-    def batchnorms(self) -> list[nn.modules.batchnorm._BatchNorm]:
-        return [
-            sub for mod in self.modules for sub in mod.modules() if isinstance(sub, nn.modules.batchnorm._BatchNorm)
-        ]
+    def running_stat_norms(self) -> list[nn.Module]:
+        """Norm layers of the block that keep running statistics (BatchNorm, InstanceNorm with
+        ``track_running_stats=True``, any ``_NormBase`` tracking them): frozen, each stays in eval."""
+        return [sub for mod in self.modules for sub in mod.modules() if tracks_running_stats(sub)]
+
+
+def tracks_running_stats(module: nn.Module) -> bool:
+    """True for a norm layer whose train-mode forward updates running statistics."""
+    return isinstance(module, nn.modules.batchnorm._NormBase) and module.track_running_stats
 
 
 def _is_torchvision_resnet(model: nn.Module) -> bool:

@@ -3,9 +3,10 @@
 Always the non-reentrant variant: with ``use_reentrant=True`` the first trainable block after a
 frozen prefix gets no gradient at all, because its input does not require grad (ddp-freezing.md).
 
-Recomputation re-runs the forward in train mode, which would apply the BatchNorm running-statistics
-update a second time per step; during the recomputation we set BN momentum to 0 (running stats
-unchanged, batch statistics - and therefore the output - identical) and restore the batch counter.
+Recomputation re-runs the forward in train mode, which would apply the running-statistics update of
+BatchNorm (and of any norm layer tracking running statistics) a second time per step; during the
+recomputation we set their momentum to 0 (running stats unchanged, batch statistics - and therefore
+the output - identical) and restore the batch counter.
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from freeze.blocks import tracks_running_stats
+
 _ORIGINAL = "_freeze_original_forward"
 
 
 class _NoStatsUpdate:
     def __init__(self, module: nn.Module):
-        self.bns = [m for m in module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+        self.bns = [m for m in module.modules() if tracks_running_stats(m)]
 
     def __enter__(self):
         self.saved = [

@@ -6,8 +6,9 @@ ddp-freezing.md:
 1. the boundary changes only between optimizer steps, and rank 0's decision is broadcast;
 2. frozen parameters get ``requires_grad=False`` and ``grad=None`` (a zero gradient would still let
    momentum / weight decay move them) and their optimizer state is dropped;
-3. BatchNorm in frozen blocks stays in eval mode, also across ``model.train()`` calls; newly frozen
-   BN buffers are broadcast from rank 0 once and kept out of DDP's per-forward buffer broadcast;
+3. norm layers with running statistics in frozen blocks (BatchNorm, InstanceNorm with
+   ``track_running_stats``) stay in eval mode, also across ``model.train()`` calls; newly frozen
+   buffers are broadcast from rank 0 once and kept out of DDP's per-forward buffer broadcast;
 4. the frozen prefix runs under ``no_grad``;
 5. DDP is rebuilt with ``init_sync=False`` and the byte-counting comm hook re-registered.
 
@@ -69,8 +70,8 @@ def _no_grad_post(module, args, output):
 
 
 def _keep_eval_pre(module, args):
-    # A user's model.train() would switch frozen BN back to batch statistics and running-stat
-    # updates; re-asserting eval right before the forward makes that impossible.
+    # A user's model.train() would switch a frozen norm layer back to batch statistics and
+    # running-stat updates; re-asserting eval right before the forward makes that impossible.
     module.training = False
 
 
@@ -145,11 +146,11 @@ class Freezer:
         return self._ddp if self._ddp is not None else self.model
 
     def train(self, mode: bool = True) -> Freezer:
-        """``model.train(mode)`` that keeps frozen BatchNorm in eval."""
+        """``model.train(mode)`` that keeps frozen norm layers with running statistics in eval."""
         self.model.train(mode)
         for b in self.blocks[: self.boundary]:
-            for bn in b.batchnorms():
-                bn.eval()
+            for norm in b.running_stat_norms():
+                norm.eval()
         return self
 
     def eval(self) -> Freezer:
@@ -342,5 +343,5 @@ class Freezer:
                 else:
                     checkpointing.disable_checkpointing(mod)
             if frozen:
-                for bn in block.batchnorms():
-                    self._hooks.handles.append(bn.register_forward_pre_hook(_keep_eval_pre))
+                for norm in block.running_stat_norms():
+                    self._hooks.handles.append(norm.register_forward_pre_hook(_keep_eval_pre))

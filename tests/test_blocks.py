@@ -31,7 +31,7 @@ def test_children_split_is_the_reference_studys_seven_groups():
 def test_generic_model_uses_parameter_owning_children_in_order():
     blocks = split_blocks(TinyNet())
     assert [b.name for b in blocks] == ["stem", "block1", "block2", "head"]  # pool/flatten own nothing
-    assert [len(b.batchnorms()) for b in blocks] == [1, 1, 1, 0]
+    assert [len(b.running_stat_norms()) for b in blocks] == [1, 1, 1, 0]
     assert {n for n, _, _ in blocks[0].buffers()} == {
         "stem.1.running_mean",
         "stem.1.running_var",

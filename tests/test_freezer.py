@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from freeze import Freezer, make_policy, split_blocks
 from freeze.checkpointing import is_checkpointed
-from tests.tiny_models import TinyNet, global_batch
+from tests.tiny_models import InstanceNormNet, TinyNet, global_batch
 
 
 def _step(freezer, optimizer, step, batch=8):
@@ -77,6 +77,22 @@ def test_unfreezing_restores_training():
     assert model.stem[0].weight.grad is not None
 
 
+def test_frozen_instance_norm_with_running_stats_is_frozen_like_batchnorm():
+    torch.manual_seed(0)
+    model = InstanceNormNet()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    freezer = Freezer(model, split_blocks(model), optimizer=optimizer)
+    freezer.set_boundary(1)
+    model.train()  # a plain train() must not wake it up either
+    frozen_norm, trainable_norm = model[0][1], model[1][1]
+    before = {n: b.clone() for n, b in model.named_buffers()}
+    _step(freezer, optimizer, 0)
+    assert not frozen_norm.training and trainable_norm.training
+    assert torch.equal(frozen_norm.running_mean, before["0.1.running_mean"])
+    assert torch.equal(frozen_norm.running_var, before["0.1.running_var"])
+    assert not torch.equal(trainable_norm.running_mean, before["1.1.running_mean"])
+
+
 @pytest.mark.parametrize("bad", [-1, 4, 10])
 def test_set_boundary_out_of_range(bad):
     model = TinyNet()
@@ -85,16 +101,17 @@ def test_set_boundary_out_of_range(bad):
         freezer.set_boundary(bad)
 
 
-def test_grad_checkpointing_matches_plain_backward_including_bn_statistics():
+@pytest.mark.parametrize("net", [TinyNet, InstanceNormNet])
+def test_grad_checkpointing_matches_plain_backward_including_running_statistics(net):
     torch.manual_seed(0)
-    plain = TinyNet()
+    plain = net()
     ckpt = copy.deepcopy(plain)
     fp = Freezer(plain, split_blocks(plain))
     fc = Freezer(ckpt, split_blocks(ckpt), grad_checkpointing=True)
     for f in (fp, fc):
         f.set_boundary(1)  # the first trainable block follows a frozen prefix (the reentrant-variant bug)
         f.train()
-    assert is_checkpointed(ckpt.block1) and not is_checkpointed(ckpt.stem)
+    assert is_checkpointed(fc.blocks[1].modules[0]) and not is_checkpointed(fc.blocks[0].modules[0])
     x, y = global_batch(0, 8)
     for model in (plain, ckpt):
         F.cross_entropy(model(x), y).backward()
@@ -103,7 +120,7 @@ def test_grad_checkpointing_matches_plain_backward_including_bn_statistics():
             assert q.grad is not None, n
             torch.testing.assert_close(p.grad, q.grad, msg=n)
     for (n, b), c in zip(plain.named_buffers(), ckpt.buffers()):
-        assert torch.equal(b, c), f"{n}: BN statistics updated twice under checkpointing"
+        assert torch.equal(b, c), f"{n}: running statistics updated twice under checkpointing"
 
 
 def test_restored_freezer_makes_the_same_next_decision():

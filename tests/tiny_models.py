@@ -29,3 +29,19 @@ def global_batch(step: int, size: int, num_classes: int = 5, hw: int = 8) -> tup
     x = torch.randn(size, 3, hw, hw, generator=g)
     y = torch.randint(0, num_classes, (size,), generator=g)
     return x, y
+
+
+class InstanceNormNet(nn.Sequential):
+    """Three blocks whose norm layers are InstanceNorm with running statistics: not BatchNorm, yet
+    updating buffers in train mode as BatchNorm does."""
+
+    def __init__(self, num_classes: int = 5, width: int = 4):
+        super().__init__(
+            nn.Sequential(
+                nn.Conv2d(3, width, 3, padding=1), nn.InstanceNorm2d(width, affine=True, track_running_stats=True)
+            ),
+            nn.Sequential(nn.Conv2d(width, width, 3, padding=1), nn.InstanceNorm2d(width, track_running_stats=True)),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Linear(width, num_classes),
+        )
