@@ -21,7 +21,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from freeze import Freezer, comm, split_blocks
-from freeze.blocks import Block
+from freeze.blocks import Block, frozen_names
 from freeze.pipeline.log import get_logger
 from freeze.testing import SpawnError, run_gloo_rank, spawn_and_collect
 
@@ -59,10 +59,6 @@ def build_model(name: str, image_size: int) -> nn.Module:
             nn.Linear(width, NUM_CLASSES),
         )
     raise ValueError(f"model: '{name}' is not accepted; accepted: {', '.join(MODELS)}")
-
-
-def _frozen_names(blocks: list[Block], k: int) -> list[str]:
-    return [n for b in blocks[:k] for n in b.param_names] + [n for b in blocks[:k] for n, _, _ in b.buffers()]
 
 
 def freeze_prefix(model: nn.Module, blocks: list[Block], k: int, bn_eval: bool) -> None:
@@ -140,7 +136,7 @@ class StaticRunner(_CountingDDPRunner):
             self.ddp = None
             freeze_prefix(self.model, self.blocks, k, bn_eval=True)
             DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
-                self.model, _frozen_names(self.blocks, k)
+                self.model, frozen_names(self.blocks, k)
             )
             self._wrap()
             self.k = k

@@ -51,6 +51,13 @@ class Block:
         return [sub for mod in self.modules for sub in mod.modules() if tracks_running_stats(sub)]
 
 
+def frozen_names(blocks: Sequence[Block], k: int) -> list[str]:
+    """Qualified names of the parameters and buffers of blocks ``0 .. k-1``: what DDP must leave
+    alone at boundary ``k`` (frozen parameters reduce nothing; frozen buffers must not be
+    re-broadcast at every forward)."""
+    return [n for b in blocks[:k] for n in b.param_names] + [n for b in blocks[:k] for n, _, _ in b.buffers()]
+
+
 def tracks_running_stats(module: nn.Module) -> bool:
     """True for a norm layer whose train-mode forward updates running statistics."""
     return isinstance(module, nn.modules.batchnorm._NormBase) and module.track_running_stats

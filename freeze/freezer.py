@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from freeze import checkpointing, comm
-from freeze.blocks import Block
+from freeze.blocks import Block, frozen_names
 from freeze.monitor import GradNormMonitor, IntervalStats
 from freeze.policies import Policy, Progress, make_policy
 
@@ -320,8 +320,7 @@ class Freezer:
         if self.distributed:
             start = time.perf_counter()
             self._ddp = None  # each live wrapper holds its own gradient buckets: drop the old one first
-            ignored = [n for b in self.blocks[:k] for n in b.param_names]
-            ignored += [n for b in self.blocks[:k] for n, _, _ in b.buffers()]
+            ignored = frozen_names(self.blocks, k)
             self._ddp = comm.build_ddp(self.model, ignored, self._comm, self.comm_hook, self.ddp_kwargs)
             elapsed_s = time.perf_counter() - start
             if not first and count_rewrap:

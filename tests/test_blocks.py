@@ -3,6 +3,7 @@ import torchvision
 from torch import nn
 
 from freeze import BlockError, split_blocks
+from freeze.blocks import frozen_names
 from tests.tiny_models import TinyNet
 
 
@@ -59,3 +60,14 @@ def test_multi_module_block():
     blocks = split_blocks(model, [["0", "1"], "2"])
     assert [b.name for b in blocks] == ["0+1", "2"]
     assert blocks[0].param_names == ("0.weight", "0.bias", "1.weight", "1.bias")
+
+
+def test_frozen_names_are_the_parameters_and_buffers_of_the_prefix():
+    model = TinyNet()
+    blocks = split_blocks(model)
+    assert frozen_names(blocks, 0) == []
+    names = frozen_names(blocks, 2)
+    assert set(names) == {n for n, _ in model.named_parameters() if n.startswith(("stem.", "block1."))} | {
+        n for n, _ in model.named_buffers() if n.startswith(("stem.", "block1."))
+    }
+    assert len(names) == len(set(names))
