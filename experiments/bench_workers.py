@@ -185,7 +185,7 @@ class EngineRunner(_Runner):
 
     @property
     def module(self) -> nn.Module:
-        return self.freezer.ddp
+        return self.freezer.module
 
     def set_k(self, k: int) -> None:
         rewraps_before = self.freezer.counters.rewraps

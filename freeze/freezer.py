@@ -26,6 +26,7 @@ from torch import nn
 
 from freeze import checkpointing, comm
 from freeze.blocks import Block, frozen_names
+from freeze.dispatch import STALE_WRAPPER_FIX, FreezerModule, retire
 from freeze.monitor import GradNormMonitor, IntervalStats
 from freeze.policies import Policy, Progress, make_policy
 
@@ -131,6 +132,7 @@ class Freezer:
         self._bytes_at_last_step = 0
         self._hooks = _Hooks()
         self._ddp: nn.Module | None = None
+        self.module = FreezerModule(self)
         self._epochs_completed = 0
         self._total_param_bytes = sum(b.param_bytes for b in self.blocks)
         self.boundary = 0
@@ -140,10 +142,16 @@ class Freezer:
         self._apply(self._clamp(self.policy.initial_boundary(len(self.blocks))), first=True)
 
     # ------------------------------------------------------------------ the user-facing loop API
+    # self.module (set in __init__): the module to call for the forward pass, see FreezerModule.
     @property
     def ddp(self) -> nn.Module:
-        """The module to call for the forward pass: the current DDP wrapper, or the model itself."""
-        return self._ddp if self._ddp is not None else self.model
+        raise AttributeError(f"Freezer.ddp was removed: it went stale at every re-wrap; {STALE_WRAPPER_FIX}")
+
+    def _forward(self, *args, **kwargs):
+        """The one place a forward pass goes through (``freezer.module(...)`` calls it): the
+        current DDP wrapper, or the model itself without a process group."""
+        target = self._ddp if self._ddp is not None else self.model
+        return target(*args, **kwargs)
 
     def train(self, mode: bool = True) -> Freezer:
         """``model.train(mode)`` that keeps frozen norm layers with running statistics in eval."""
@@ -319,6 +327,8 @@ class Freezer:
         self.monitor.set_first_active(k)
         if self.distributed:
             start = time.perf_counter()
+            if self._ddp is not None:
+                retire(self._ddp)  # a script that kept it gets a clear error, not DDP's misleading one
             self._ddp = None  # each live wrapper holds its own gradient buckets: drop the old one first
             ignored = frozen_names(self.blocks, k)
             self._ddp = comm.build_ddp(self.model, ignored, self._comm, self.comm_hook, self.ddp_kwargs)

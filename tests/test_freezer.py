@@ -14,7 +14,7 @@ from tests.tiny_models import InstanceNormNet, TinyNet, global_batch
 def _step(freezer, optimizer, step, batch=8):
     x, y = global_batch(step, batch)
     optimizer.zero_grad(set_to_none=True)
-    loss = F.cross_entropy(freezer.ddp(x), y)
+    loss = F.cross_entropy(freezer.module(x), y)
     loss.backward()
     freezer.after_backward()
     optimizer.step()
@@ -220,3 +220,25 @@ def test_run_length_policy_evaluated_per_step_needs_the_run_length_in_steps():
         _step(freezer, opt, s)
         freezer.after_step()
     assert freezer.boundary == 0  # 2 of 100 steps done: block 0 is due at half of the run
+
+
+def test_freezer_module_is_the_model_without_a_process_group():
+    torch.manual_seed(0)
+    model = TinyNet()
+    freezer = Freezer(model, split_blocks(model))
+    freezer.set_boundary(1)
+    module = freezer.module
+    assert module.module is model and freezer.model is model  # `model_without_ddp`
+    assert list(module.state_dict()) == [f"module.{n}" for n in model.state_dict()]  # keys as DDP's
+    x, _ = global_batch(0, 4)
+    module.eval()
+    assert torch.equal(module(x), model(x))
+    module.train()  # as freezer.train(): the frozen stem's BN stays in eval
+    assert model.block1[1].training and not model.stem[1].training
+    with module.no_sync():  # a no-op without DDP
+        module(x).sum().backward()
+    assert model.head.weight.grad is not None
+    with pytest.raises(AttributeError, match="call freezer.module"):
+        freezer.ddp  # noqa: B018
+    with pytest.raises(TypeError, match="copy freezer.model"):
+        copy.deepcopy(module)

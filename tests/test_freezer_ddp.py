@@ -50,7 +50,9 @@ def ddp_worker(rank: int, world_size: int, optimizer_name: str) -> dict:
         before = named_tensors(model)
         x, y = global_batch(step, GLOBAL_BATCH)
         optimizer.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(freezer.ddp(x[rank * local : (rank + 1) * local]), y[rank * local : (rank + 1) * local])
+        loss = F.cross_entropy(
+            freezer.module(x[rank * local : (rank + 1) * local]), y[rank * local : (rank + 1) * local]
+        )
         loss.backward()
         freezer.after_backward()
         optimizer.step()

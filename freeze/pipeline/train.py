@@ -289,10 +289,10 @@ def train_worker(cfg: Config, ctx: WorkerContext, resume: bool) -> dict:
                 x, y = next(batches)
                 data_s += clock.lap("data")
                 last = micro == accum - 1
-                sync = contextlib.nullcontext() if last or not comm.is_distributed() else freezer.ddp.no_sync()
+                sync = contextlib.nullcontext() if last else freezer.module.no_sync()
                 with sync:
                     with _autocast(cfg.train.precision, ctx.device):
-                        logits = freezer.ddp(x)
+                        logits = freezer.module(x)
                         loss = F.cross_entropy(logits, y, label_smoothing=cfg.train.label_smoothing)
                     clock.lap("forward")
                     scaler.scale(loss / accum).backward()

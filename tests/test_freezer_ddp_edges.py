@@ -1,0 +1,75 @@
+"""Freezer corner cases under real DDP (2 gloo ranks), all in one pair of processes: each scenario
+builds its own model and Freezer in the same process group and records what the tests check."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from freeze import Freezer, split_blocks
+from freeze.dispatch import StaleWrapperError
+from tests.distributed_harness import run_distributed
+from tests.tiny_models import TinyNet, global_batch
+
+GLOBAL_BATCH = 8
+
+
+def _local_batch(rank: int, world_size: int, step: int):
+    x, y = global_batch(step, GLOBAL_BATCH)
+    local = GLOBAL_BATCH // world_size
+    return x[rank * local : (rank + 1) * local], y[rank * local : (rank + 1) * local]
+
+
+def _step(freezer, optimizer, rank, world_size, step, forward=None):
+    x, y = _local_batch(rank, world_size, step)
+    optimizer.zero_grad(set_to_none=True)
+    F.cross_entropy((forward or freezer.module)(x), y).backward()
+    freezer.after_backward()
+    optimizer.step()
+
+
+def stable_module(rank: int, world_size: int) -> dict:
+    """A script keeps freezer.module from the start; the boundary moves under it."""
+    torch.manual_seed(0)
+    model = TinyNet()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    freezer = Freezer(model, split_blocks(model), optimizer=optimizer)
+    module = freezer.module
+    old_wrapper = freezer._ddp
+    out = {"bytes": [], "expected": []}
+    for step, k in enumerate([0, 2, 1]):
+        freezer.set_boundary(k)
+        _step(freezer, optimizer, rank, world_size, step, forward=module)
+        out["bytes"].append(freezer.counters.allreduce_bytes_last_step)
+        out["expected"].append(freezer.trainable_grad_bytes)
+    try:
+        old_wrapper(_local_batch(rank, world_size, 0)[0])
+        out["stale_error"] = None
+    except StaleWrapperError as e:
+        out["stale_error"] = str(e)
+    out["same_object"] = module is freezer.module and module.module is model
+    return out
+
+
+SCENARIOS = {"stable_module": stable_module}
+
+
+def edge_worker(rank: int, world_size: int) -> dict:
+    return {name: scenario(rank, world_size) for name, scenario in SCENARIOS.items()}
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    return run_distributed(edge_worker, 2, tmp_path_factory.mktemp("ddp-edges"), deadline_s=240)
+
+
+def test_stable_module_follows_every_rewrap(ranks):
+    for r in ranks:
+        out = r["stable_module"]
+        assert out["same_object"]
+        assert out["bytes"] == out["expected"] and len(set(out["bytes"])) == 3
+
+
+def test_replaced_wrapper_refuses_to_run_and_names_the_fix(ranks):
+    for r in ranks:
+        message = r["stable_module"]["stale_error"]
+        assert message is not None and "\n" not in message and "call freezer.module" in message
