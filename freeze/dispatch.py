@@ -51,6 +51,15 @@ class FreezerModule(nn.Module):
     def no_sync(self) -> Iterator[None]:
         """DDP's ``no_sync()`` on the current wrapper (gradient accumulation: backward passes inside
         it are not all-reduced); without a process group it does nothing."""
+        if self._freezer.ddp_kwargs.get("static_graph"):
+            # DDP asserts (reducer.cpp, expect_autograd_hooks_) when the first iteration of a
+            # static-graph wrapper runs under no_sync, and the Freezer builds a new wrapper at every
+            # boundary change, so accumulation would crash after each one (reproduced on 2 gloo ranks).
+            raise ValueError(
+                "freezer.module.no_sync(): gradient accumulation is not supported with "
+                "ddp_kwargs static_graph=True (DDP fails at the first backward of every new wrapper); "
+                "drop static_graph=True or accumulate without no_sync()"
+            )
         ddp = self._freezer._ddp
         if ddp is None:
             yield

@@ -242,3 +242,11 @@ def test_freezer_module_is_the_model_without_a_process_group():
         freezer.ddp  # noqa: B018
     with pytest.raises(TypeError, match="copy freezer.model"):
         copy.deepcopy(module)
+
+
+def test_accumulation_with_static_graph_is_refused_in_one_line():
+    model = TinyNet()
+    freezer = Freezer(model, split_blocks(model), ddp_kwargs={"static_graph": True})
+    with pytest.raises(ValueError, match="drop static_graph=True") as info, freezer.module.no_sync():
+        pass
+    assert "\n" not in str(info.value)

@@ -50,7 +50,28 @@ def stable_module(rank: int, world_size: int) -> dict:
     return out
 
 
-SCENARIOS = {"stable_module": stable_module}
+def static_graph(rank: int, world_size: int) -> dict:
+    """static_graph=True works across re-wraps without accumulation; accumulation is refused."""
+    torch.manual_seed(0)
+    model = TinyNet()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    freezer = Freezer(model, split_blocks(model), optimizer=optimizer, ddp_kwargs={"static_graph": True})
+    out = {"bytes": [], "expected": []}
+    for step, k in enumerate([0, 0, 2, 2]):
+        freezer.set_boundary(k)
+        _step(freezer, optimizer, rank, world_size, step)
+        out["bytes"].append(freezer.counters.allreduce_bytes_last_step)
+        out["expected"].append(freezer.trainable_grad_bytes)
+    try:
+        with freezer.module.no_sync():
+            pass
+        out["no_sync_error"] = None
+    except ValueError as e:
+        out["no_sync_error"] = str(e)
+    return out
+
+
+SCENARIOS = {"stable_module": stable_module, "static_graph": static_graph}
 
 
 def edge_worker(rank: int, world_size: int) -> dict:
@@ -73,3 +94,11 @@ def test_replaced_wrapper_refuses_to_run_and_names_the_fix(ranks):
     for r in ranks:
         message = r["stable_module"]["stale_error"]
         assert message is not None and "\n" not in message and "call freezer.module" in message
+
+
+def test_static_graph_rewraps_and_refuses_accumulation_in_one_line(ranks):
+    for r in ranks:
+        out = r["static_graph"]
+        assert out["bytes"] == out["expected"]
+        message = out["no_sync_error"]
+        assert message is not None and "\n" not in message and "static_graph=True" in message
