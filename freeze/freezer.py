@@ -9,7 +9,9 @@ ddp-freezing.md:
 3. norm layers with running statistics in frozen blocks (BatchNorm, InstanceNorm with
    ``track_running_stats``) stay in eval mode, also across ``model.train()`` calls; newly frozen
    buffers are broadcast from rank 0 once and kept out of DDP's per-forward buffer broadcast;
-4. the frozen prefix runs under ``no_grad``;
+4. the frozen prefix runs under ``no_grad`` (a frozen module whose input requires grad passes the
+   gradient through), and the blocks must run in list order (checked on the first forward after
+   each boundary change);
 5. DDP is rebuilt with ``init_sync=False`` and the byte-counting comm hook re-registered.
 
 Without an initialised process group the same object drives a plain model in one process.
@@ -24,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch import nn
 
-from freeze import checkpointing, comm
+from freeze import checkpointing, comm, steering
 from freeze.blocks import Block, frozen_names
 from freeze.dispatch import STALE_WRAPPER_FIX, FreezerModule, retire
 from freeze.monitor import GradNormMonitor, IntervalStats
@@ -59,21 +61,6 @@ class _Hooks:
         for h in self.handles:
             h.remove()
         self.handles.clear()
-
-
-def _no_grad_pre(module, args):
-    module._freeze_grad_was_enabled = torch.is_grad_enabled()
-    torch.set_grad_enabled(False)
-
-
-def _no_grad_post(module, args, output):
-    torch.set_grad_enabled(getattr(module, "_freeze_grad_was_enabled", True))
-
-
-def _keep_eval_pre(module, args):
-    # A user's model.train() would switch a frozen norm layer back to batch statistics and
-    # running-stat updates; re-asserting eval right before the forward makes that impossible.
-    module.training = False
 
 
 class Freezer:
@@ -131,6 +118,8 @@ class Freezer:
         self._comm = comm.CommCounter(process_group=process_group)
         self._bytes_at_last_step = 0
         self._hooks = _Hooks()
+        self._order_hooks = _Hooks()  # only until the first forward after a boundary change
+        self._order = steering.OrderCheck([b.name for b in self.blocks])
         self._ddp: nn.Module | None = None
         self.module = FreezerModule(self)
         self._epochs_completed = 0
@@ -345,12 +334,30 @@ class Freezer:
             for mod in block.modules:
                 if frozen:
                     checkpointing.disable_checkpointing(mod)
-                    self._hooks.handles.append(mod.register_forward_pre_hook(_no_grad_pre))
-                    self._hooks.handles.append(mod.register_forward_hook(_no_grad_post, always_call=True))
+                    hook = steering.FrozenForward()
+                    self._hooks.handles.append(mod.register_forward_pre_hook(hook.pre, with_kwargs=True))
+                    self._hooks.handles.append(mod.register_forward_hook(hook.post, always_call=True))
                 elif self.grad_checkpointing:
                     checkpointing.enable_checkpointing(mod)
                 else:
                     checkpointing.disable_checkpointing(mod)
             if frozen:
                 for norm in block.running_stat_norms():
-                    self._hooks.handles.append(norm.register_forward_pre_hook(_keep_eval_pre))
+                    self._hooks.handles.append(norm.register_forward_pre_hook(steering.keep_eval))
+        self._arm_order_check()
+
+    def _arm_order_check(self) -> None:
+        """Check the blocks' order on the next complete forward of the model (registered after the
+        frozen hooks, so a raising check leaves grad mode balanced)."""
+        self._order_hooks.remove()
+        self._order.arm()
+        for i, block in enumerate(self.blocks):
+            for mod in block.modules:
+                self._order_hooks.handles.append(
+                    mod.register_forward_pre_hook(lambda m, a, i=i: self._order.block_runs(i))
+                )
+        self._order_hooks.handles.append(self.model.register_forward_hook(lambda m, a, out: self._disarm_order_check()))
+
+    def _disarm_order_check(self) -> None:
+        self._order.disarm()
+        self._order_hooks.remove()

@@ -8,7 +8,8 @@ import torch.nn.functional as F
 
 from freeze import Freezer, make_policy, split_blocks
 from freeze.checkpointing import is_checkpointed
-from tests.tiny_models import InstanceNormNet, TinyNet, global_batch
+from freeze.steering import BlockOrderError
+from tests.tiny_models import InstanceNormNet, SharedLayerNet, TinyNet, global_batch
 
 
 def _step(freezer, optimizer, step, batch=8):
@@ -250,3 +251,44 @@ def test_accumulation_with_static_graph_is_refused_in_one_line():
     with pytest.raises(ValueError, match="drop static_graph=True") as info, freezer.module.no_sync():
         pass
     assert "\n" not in str(info.value)
+
+
+def test_frozen_module_called_after_a_trainable_one_passes_the_gradient_through():
+    torch.manual_seed(0)
+    model = SharedLayerNet()
+    reference = copy.deepcopy(model)
+    freezer = Freezer(model, split_blocks(model))
+    freezer.set_boundary(1)  # proj frozen; it also runs after the trainable mid
+    reference.proj.requires_grad_(False)
+    x, y = global_batch(0, 8)
+    for net in (freezer.module, reference):
+        F.cross_entropy(net(x), y).backward()
+    assert model.proj.weight.grad is None
+    for name in ("mid.weight", "mid.bias", "head.weight"):
+        got, want = model.get_parameter(name).grad, reference.get_parameter(name).grad
+        assert got is not None, name
+        torch.testing.assert_close(got, want, msg=name)
+
+
+def test_blocks_out_of_forward_order_raise_one_line_naming_both():
+    model = TinyNet()
+    freezer = Freezer(model, split_blocks(model, names=["block1", "stem", "block2", "head"]))
+    x, _ = global_batch(0, 4)
+    with pytest.raises(BlockOrderError) as info:
+        freezer.module(x)
+    message = str(info.value)
+    assert "\n" not in message and "'block1' (block 0) ran after block 'stem' (block 1)" in message
+    assert torch.is_grad_enabled()
+
+
+def test_order_is_checked_on_the_first_forward_after_each_boundary_change_only():
+    model = TinyNet()
+    freezer = Freezer(model, split_blocks(model))
+    x, _ = global_batch(0, 4)
+    freezer.module(x)  # checked: in order
+    model.head(model.block1(model.stem(x)).mean((2, 3)).repeat(1, 2))  # block2 skipped: not checked
+    h = model.stem(x)
+    freezer.set_boundary(2)
+    model.block1(h)  # the first call after the change is block1's ...
+    with pytest.raises(BlockOrderError, match="'stem' \\(block 0\\) ran after block 'block1'"):
+        model.stem(x)  # ... so stem runs after it

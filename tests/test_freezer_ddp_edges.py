@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from freeze import Freezer, split_blocks
 from freeze.dispatch import StaleWrapperError
 from tests.distributed_harness import run_distributed
-from tests.tiny_models import TinyNet, global_batch
+from tests.tiny_models import SharedLayerNet, TinyNet, global_batch
 
 GLOBAL_BATCH = 8
 
@@ -71,7 +71,26 @@ def static_graph(rank: int, world_size: int) -> dict:
     return out
 
 
-SCENARIOS = {"stable_module": stable_module, "static_graph": static_graph}
+def shared_layer(rank: int, world_size: int) -> dict:
+    """A frozen layer called again after a trainable one: the gradient passes through it (without
+    pass-through DDP fails with 'Expected to have finished reduction')."""
+    torch.manual_seed(rank)  # the Freezer syncs rank 0's weights
+    model = SharedLayerNet()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    freezer = Freezer(model, split_blocks(model), optimizer=optimizer)
+    freezer.set_boundary(1)
+    proj_before = model.proj.weight.detach().clone()
+    for step in range(2):
+        _step(freezer, optimizer, rank, world_size, step)
+    return {
+        "params": torch.cat([p.detach().flatten() for p in model.parameters()]),
+        "proj_moved": not torch.equal(model.proj.weight, proj_before),
+        "bytes": freezer.counters.allreduce_bytes_last_step,
+        "expected": freezer.trainable_grad_bytes,
+    }
+
+
+SCENARIOS = {"stable_module": stable_module, "static_graph": static_graph, "shared_layer": shared_layer}
 
 
 def edge_worker(rank: int, world_size: int) -> dict:
@@ -102,3 +121,10 @@ def test_static_graph_rewraps_and_refuses_accumulation_in_one_line(ranks):
         assert out["bytes"] == out["expected"]
         message = out["no_sync_error"]
         assert message is not None and "\n" not in message and "static_graph=True" in message
+
+
+def test_frozen_layer_used_after_a_trainable_one_trains_the_trainable_one(ranks):
+    (r0, r1) = (r["shared_layer"] for r in ranks)
+    assert torch.equal(r0["params"], r1["params"])
+    for out in (r0, r1):
+        assert not out["proj_moved"] and out["bytes"] == out["expected"]

@@ -45,3 +45,18 @@ class InstanceNormNet(nn.Sequential):
             nn.Flatten(),
             nn.Linear(width, num_classes),
         )
+
+
+class SharedLayerNet(nn.Module):
+    """``proj`` runs twice: first, and again after the trainable ``mid``. Frozen, its second call
+    must pass the gradient on to ``mid`` (it runs with an input that requires grad)."""
+
+    def __init__(self, num_classes: int = 5, width: int = 6):
+        super().__init__()
+        self.proj = nn.Linear(3 * 8 * 8, width)
+        self.mid = nn.Linear(width, 3 * 8 * 8)
+        self.head = nn.Linear(width, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.mid(torch.relu(self.proj(x.flatten(1)))))
+        return self.head(self.proj(h))

@@ -1,0 +1,89 @@
+"""The forward hooks through which a Freezer steers the modules of its model.
+
+Three things happen in a forward pass at boundary ``k``:
+
+* a frozen block runs without autograd, unless its input requires grad: then a trainable block ran
+  before it (a module called twice, e.g. a shared layer called again after a trainable one) and
+  the gradient must flow through it to that block; its own parameters still get none;
+* a frozen norm layer with running statistics is put back in eval right before it runs, whatever
+  ``model.train()`` did;
+* on the first forward after a boundary change, the order in which the blocks first run is checked
+  against their order in the block list: "freeze the first k blocks" means the first k to run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+
+class BlockOrderError(RuntimeError):
+    """The blocks given to a Freezer are not in the order the forward pass runs them."""
+
+
+def _requires_grad(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return value.requires_grad
+    if isinstance(value, (list, tuple)):
+        return any(_requires_grad(v) for v in value)
+    if isinstance(value, dict):
+        return any(_requires_grad(v) for v in value.values())
+    return False
+
+
+class FrozenForward:
+    """Pre- and post-hook of a frozen module: no autograd inside it unless its input needs it.
+
+    A stack, not a flag: a module may be called again from inside its own forward."""
+
+    def __init__(self) -> None:
+        self._saved_modes: list[bool] = []
+
+    def pre(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        self._saved_modes.append(torch.is_grad_enabled())
+        if not (_requires_grad(args) or _requires_grad(kwargs)):
+            torch.set_grad_enabled(False)
+
+    def post(self, module: nn.Module, args: tuple, output: Any) -> None:
+        # always_call=True: also runs when the forward raised, so grad mode is never left disabled.
+        if self._saved_modes:
+            torch.set_grad_enabled(self._saved_modes.pop())
+
+
+def keep_eval(module: nn.Module, args: tuple) -> None:
+    # A user's model.train() would switch a frozen norm layer back to batch statistics and
+    # running-stat updates; re-asserting eval right before the forward makes that impossible.
+    module.training = False
+
+
+class OrderCheck:
+    """Records which block runs first, second, ... in a forward pass and raises as soon as a block
+    runs for the first time after a block that comes later in the list."""
+
+    def __init__(self, block_names: Sequence[str]):
+        self.block_names = list(block_names)
+        self.armed = False
+        self._seen: set[int] = set()
+        self._last = -1
+
+    def arm(self) -> None:
+        self.armed, self._seen, self._last = True, set(), -1
+
+    def disarm(self) -> None:
+        self.armed = False
+
+    def block_runs(self, index: int) -> None:
+        if not self.armed or index in self._seen:
+            return
+        self._seen.add(index)
+        if index < self._last:
+            self.armed = False
+            raise BlockOrderError(
+                f"Freezer: block '{self.block_names[index]}' (block {index}) ran after block "
+                f"'{self.block_names[self._last]}' (block {self._last}); list the blocks in the order "
+                "the forward pass runs them (split_blocks(model, names=[...]))"
+            )
+        self._last = index
