@@ -328,6 +328,8 @@ class Freezer:
                 self.counters.rewrap_s_last = elapsed_s
 
     def _install_hooks(self) -> None:
+        """Hooks for the current boundary; each wrapped in ModuleHook so that a deepcopy of the
+        model is not steered by this Freezer."""
         self._hooks.remove()
         for i, block in enumerate(self.blocks):
             frozen = i < self.boundary
@@ -335,15 +337,17 @@ class Freezer:
                 if frozen:
                     checkpointing.disable_checkpointing(mod)
                     hook = steering.FrozenForward()
-                    self._hooks.handles.append(mod.register_forward_pre_hook(hook.pre, with_kwargs=True))
-                    self._hooks.handles.append(mod.register_forward_hook(hook.post, always_call=True))
+                    pre, post = steering.ModuleHook(mod, hook.pre), steering.ModuleHook(mod, hook.post)
+                    self._hooks.handles.append(mod.register_forward_pre_hook(pre, with_kwargs=True))
+                    self._hooks.handles.append(mod.register_forward_hook(post, always_call=True))
                 elif self.grad_checkpointing:
                     checkpointing.enable_checkpointing(mod)
                 else:
                     checkpointing.disable_checkpointing(mod)
             if frozen:
                 for norm in block.running_stat_norms():
-                    self._hooks.handles.append(norm.register_forward_pre_hook(steering.keep_eval))
+                    keep_eval = steering.ModuleHook(norm, steering.keep_eval)
+                    self._hooks.handles.append(norm.register_forward_pre_hook(keep_eval))
         self._arm_order_check()
 
     def _arm_order_check(self) -> None:
@@ -353,10 +357,10 @@ class Freezer:
         self._order.arm()
         for i, block in enumerate(self.blocks):
             for mod in block.modules:
-                self._order_hooks.handles.append(
-                    mod.register_forward_pre_hook(lambda m, a, i=i: self._order.block_runs(i))
-                )
-        self._order_hooks.handles.append(self.model.register_forward_hook(lambda m, a, out: self._disarm_order_check()))
+                runs = steering.ModuleHook(mod, lambda m, a, i=i: self._order.block_runs(i))
+                self._order_hooks.handles.append(mod.register_forward_pre_hook(runs))
+        done = steering.ModuleHook(self.model, lambda m, a, out: self._disarm_order_check())
+        self._order_hooks.handles.append(self.model.register_forward_hook(done))
 
     def _disarm_order_check(self) -> None:
         self._order.disarm()

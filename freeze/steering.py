@@ -9,11 +9,16 @@ Three things happen in a forward pass at boundary ``k``:
   ``model.train()`` did;
 * on the first forward after a boundary change, the order in which the blocks first run is checked
   against their order in the block list: "freeze the first k blocks" means the first k to run.
+
+Every hook acts only on the module it was registered on (:class:`ModuleHook`): ``copy.deepcopy``
+of the model (an EMA copy) carries the hooks along, and in the copy they do nothing, so a copy is
+never steered by the original's Freezer.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import weakref
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -22,6 +27,42 @@ from torch import nn
 
 class BlockOrderError(RuntimeError):
     """The blocks given to a Freezer are not in the order the forward pass runs them."""
+
+
+class _Inert:
+    """What a Freezer hook becomes in a copy of the model (deepcopy, pickle): nothing."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def __deepcopy__(self, memo: dict) -> _Inert:
+        return self
+
+    def __reduce__(self):
+        return (_Inert, ())
+
+
+class ModuleHook:
+    """A forward (pre-)hook that runs ``fn`` for the module it was registered on and for no other.
+
+    ``copy.deepcopy(model)`` copies each module's hook dictionaries; here the copy receives an inert
+    hook, so it neither runs ``fn`` nor keeps the Freezer alive. Pickling (``torch.save(model)``)
+    stores an inert hook too."""
+
+    def __init__(self, module: nn.Module, fn: Callable[..., Any]):
+        self._module = weakref.ref(module)
+        self._fn = fn
+
+    def __call__(self, module: nn.Module, *args: Any) -> Any:
+        if module is not self._module():
+            return None
+        return self._fn(module, *args)
+
+    def __deepcopy__(self, memo: dict) -> _Inert:
+        return _Inert()
+
+    def __reduce__(self):
+        return (_Inert, ())
 
 
 def _requires_grad(value: Any) -> bool:

@@ -1,6 +1,7 @@
 """Freezer behaviour in one process (no process group): the same object serves debugging."""
 
 import copy
+import pickle
 
 import pytest
 import torch
@@ -292,3 +293,33 @@ def test_order_is_checked_on_the_first_forward_after_each_boundary_change_only()
     model.block1(h)  # the first call after the change is block1's ...
     with pytest.raises(BlockOrderError, match="'stem' \\(block 0\\) ran after block 'block1'"):
         model.stem(x)  # ... so stem runs after it
+
+
+def test_deepcopy_made_after_the_freezer_is_not_steered_by_it():
+    """An EMA copy (torchvision's reference makes one after wrapping) runs as a plain model."""
+    torch.manual_seed(0)
+    model = TinyNet()
+    freezer = Freezer(model, split_blocks(model), grad_checkpointing=True)
+    freezer.set_boundary(2)  # stem, block1 frozen; block2 checkpointed
+    ema = copy.deepcopy(model)
+    x, _ = global_batch(0, 4)
+    h = ema.stem(x)
+    freezer.set_boundary(1)  # moves only the original's boundary, and arms its block-order check
+    ema.block1(h)  # the copy's calls, out of order, do not feed the original's check
+    ema.stem(x)
+    ema.train()
+    out = ema(x)
+    assert ema.stem[1].training and ema.block1[1].training  # no frozen-BN steering
+    assert out.requires_grad and ema.stem[0].weight.requires_grad is False  # copied flags, own autograd
+    ema.stem[0].weight.requires_grad_(True)
+    ema(x).sum().backward()
+    assert ema.stem[0].weight.grad is not None  # its stem no longer runs under no_grad
+    with torch.no_grad():  # the copy's checkpointed block runs the copy's own weights
+        for p in ema.block2.parameters():
+            p.zero_()
+        assert torch.count_nonzero(ema.block2(model.block1(model.stem(x)))) == 0
+    freezer.module(x)  # the original's check sees only the original's forward
+    restored = pickle.loads(pickle.dumps(model))  # torch.save(model) pickles the hooks: inert ones
+    restored.train()
+    restored(x)
+    assert restored.stem[1].training
