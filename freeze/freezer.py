@@ -20,6 +20,7 @@ Without an initialised process group the same object drives a plain model in one
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
@@ -120,6 +121,11 @@ class Freezer:
         self._hooks = _Hooks()
         self._order_hooks = _Hooks()  # only until the first forward after a boundary change
         self._order = steering.OrderCheck([b.name for b in self.blocks])
+        # Training forwards and after_backward calls this epoch: a loop that forgets after_backward
+        # leaves the policy without gradients and the byte counters at 0, silently otherwise.
+        self._epoch_train_forwards = 0
+        self._steps_at_epoch_start = 0
+        model.register_forward_pre_hook(steering.ModuleHook(model, self._count_train_forward))
         self._ddp: nn.Module | None = None
         self.module = FreezerModule(self)
         self._epochs_completed = 0
@@ -190,9 +196,26 @@ class Freezer:
         """Call after the last optimizer step of ``epoch`` (0-based). Per-epoch policies decide here.
         Returns whether the boundary changed."""
         self._epochs_completed = epoch + 1
+        self._warn_if_after_backward_was_forgotten(epoch)
         if self.interval_steps:
             return False
         return self._evaluate(epoch)
+
+    def _count_train_forward(self, module: nn.Module, args: tuple) -> None:
+        if module.training and torch.is_grad_enabled():
+            self._epoch_train_forwards += 1
+
+    def _warn_if_after_backward_was_forgotten(self, epoch: int) -> None:
+        if self._epoch_train_forwards and self.counters.steps == self._steps_at_epoch_start:
+            warnings.warn(
+                f"Freezer: epoch {epoch} ran {self._epoch_train_forwards} training forward passes but "
+                "after_backward() was never called, so the policy saw no gradients and no bytes were "
+                "counted; call freezer.after_backward() after loss.backward(), once per optimizer step",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        self._epoch_train_forwards = 0
+        self._steps_at_epoch_start = self.counters.steps
 
     def set_boundary(self, k: int) -> None:
         """Freeze blocks 0..k-1 now (between optimizer steps), bypassing the policy."""

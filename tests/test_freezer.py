@@ -2,6 +2,7 @@
 
 import copy
 import pickle
+import warnings
 
 import pytest
 import torch
@@ -323,3 +324,25 @@ def test_deepcopy_made_after_the_freezer_is_not_steered_by_it():
     restored.train()
     restored(x)
     assert restored.stem[1].training
+
+
+def test_forgotten_after_backward_is_reported_once_at_the_end_of_the_epoch():
+    torch.manual_seed(0)
+    model = TinyNet()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    freezer = Freezer(model, split_blocks(model), make_policy("autofreeze"), optimizer=optimizer)
+    x, y = global_batch(0, 4)
+    freezer.train()
+    for _ in range(2):
+        optimizer.zero_grad()
+        F.cross_entropy(freezer.module(x), y).backward()
+        optimizer.step()
+    with pytest.warns(RuntimeWarning, match="epoch 0 ran 2 training forward passes but after_backward"):
+        freezer.end_epoch(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _step(freezer, optimizer, 1)
+        with torch.no_grad():
+            freezer.eval()
+            model(x)  # evaluation forwards do not count
+        freezer.end_epoch(1)
