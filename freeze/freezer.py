@@ -65,7 +65,30 @@ class _Hooks:
 
 
 class Freezer:
-    """Owns the boundary, the gradient-norm monitor, the policy and the current DDP wrapper."""
+    """Owns the boundary, the gradient-norm monitor, the policy and the current DDP wrapper.
+
+    Build it after the model is on its device and the process group (if any) is initialised, in
+    place of wrapping the model in DDP; then call ``freezer.module`` for the forward pass.
+    ``freezer.model`` is the bare model (torchvision's ``model_without_ddp``).
+
+    Args:
+        model: the model to train (not wrapped in DDP).
+        blocks: its ordered freezable blocks, ``split_blocks(model)``; boundary k freezes 0..k-1.
+        policy: what moves the boundary (``make_policy(...)``); ``None`` never freezes.
+        optimizer: the optimizer over the model's parameters: the state of parameters that freeze
+            is dropped, and :meth:`training_state_dict` saves it.
+        epochs: planned epochs; required by run-length policies (freezeout, linear).
+        steps_per_epoch: optimizer steps per epoch; required by run-length policies evaluated
+            every ``interval_steps`` steps.
+        interval_steps: evaluate the policy every N optimizer steps (in :meth:`after_step`)
+            instead of once per epoch (0, in :meth:`end_epoch`).
+        ddp_kwargs: passed to every DDP wrapper (``init_sync`` is always False).
+        comm_hook: "allreduce", or "bf16" to send gradients as bfloat16 (half the bytes).
+        process_group: the DDP process group (default: the world).
+        track_summed_grads: also sum gradients over intervals when the policy does not read them
+            (costs a pass over every trainable gradient per step); default: only if it does.
+        grad_checkpointing: recompute the activations of trainable blocks in backward.
+    """
 
     def __init__(
         self,
@@ -149,7 +172,11 @@ class Freezer:
         return target(*args, **kwargs)
 
     def train(self, mode: bool = True) -> Freezer:
-        """``model.train(mode)`` that keeps frozen norm layers with running statistics in eval."""
+        """``model.train(mode)`` that keeps frozen norm layers with running statistics in eval.
+
+        Args:
+            mode: True for training mode, False for evaluation mode.
+        """
         self.model.train(mode)
         for b in self.blocks[: self.boundary]:
             for norm in b.running_stat_norms():
@@ -157,13 +184,9 @@ class Freezer:
         return self
 
     def eval(self) -> Freezer:
+        """``model.eval()``."""
         self.model.eval()
         return self
-
-    def attach_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
-        """Optimizer whose state for frozen parameters is dropped; also drops it now."""
-        self.optimizer = optimizer
-        self._drop_optimizer_state(range(self.boundary))
 
     def after_backward(self, skipped: bool = False) -> None:
         """Call once per optimizer step, after the last backward (and after GradScaler.unscale_),
@@ -186,15 +209,25 @@ class Freezer:
         self._bytes_at_last_step = self._comm.allreduce_bytes_total
 
     def after_step(self) -> bool:
-        """Call after optimizer.step() when evaluating every ``interval_steps`` steps.
-        Returns whether the boundary changed."""
+        """Call after ``optimizer.step()`` when evaluating every ``interval_steps`` steps: the
+        policy decides once ``interval_steps`` steps have passed since its last decision.
+
+        Returns:
+            whether the boundary changed.
+        """
         if self.interval_steps and self.monitor.interval_steps >= self.interval_steps:
             return self._evaluate(epoch=self._epochs_completed)  # the running epoch
         return False
 
     def end_epoch(self, epoch: int) -> bool:
-        """Call after the last optimizer step of ``epoch`` (0-based). Per-epoch policies decide here.
-        Returns whether the boundary changed."""
+        """Call after the last optimizer step of an epoch. Per-epoch policies decide here.
+
+        Args:
+            epoch: the 0-based epoch that just ended.
+
+        Returns:
+            whether the boundary changed.
+        """
         self._epochs_completed = epoch + 1
         self._warn_if_after_backward_was_forgotten(epoch)
         if self.interval_steps:
@@ -218,7 +251,12 @@ class Freezer:
         self._steps_at_epoch_start = self.counters.steps
 
     def set_boundary(self, k: int) -> None:
-        """Freeze blocks 0..k-1 now (between optimizer steps), bypassing the policy."""
+        """Freeze blocks 0..k-1 now (between optimizer steps), bypassing the policy.
+
+        Args:
+            k: the new boundary, 0 .. len(blocks) - 1 (the head stays trainable); rank 0's value
+                is used on every rank.
+        """
         k = comm.broadcast_int_from_rank0(int(k), self.process_group)
         if not 0 <= k <= len(self.blocks) - 1:
             raise ValueError(
@@ -230,10 +268,12 @@ class Freezer:
     # ------------------------------------------------------------------ read-outs
     @property
     def frozen_blocks(self) -> list[str]:
+        """Names of the frozen blocks."""
         return [b.name for b in self.blocks[: self.boundary]]
 
     @property
     def frozen_param_fraction(self) -> float:
+        """Share of the model's parameter bytes that is frozen."""
         frozen = sum(b.param_bytes for b in self.blocks[: self.boundary])
         return frozen / self._total_param_bytes if self._total_param_bytes else 0.0
 
@@ -244,10 +284,13 @@ class Freezer:
 
     @property
     def history(self) -> list[IntervalStats]:
+        """The monitor's closed intervals, oldest first."""
         return self.monitor.history
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict:
+        """Boundary, monitor statistics, policy, decisions and counters: plain containers, numbers,
+        strings and tensors only, so ``torch.load(..., weights_only=True)`` reads it back."""
         return {
             "boundary": self.boundary,
             "epochs_completed": self._epochs_completed,
@@ -260,7 +303,12 @@ class Freezer:
         }
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore after the model's own state was loaded (frozen BN buffers are re-synced from it)."""
+        """Restore a :meth:`state_dict`: after the model's state, before the optimizer's (see
+        :meth:`load_training_state_dict`, which does all three in that order).
+
+        Args:
+            state: what :meth:`state_dict` returned, for the same blocks and policy.
+        """
         names = [b.name for b in self.blocks]
         if state["block_names"] != names:
             raise ValueError(
@@ -277,9 +325,43 @@ class Freezer:
         self._comm.allreduce_bytes_total = self.counters.allreduce_bytes_total
         self._bytes_at_last_step = self.counters.allreduce_bytes_total
         self._epochs_completed = int(state["epochs_completed"])
+        self._steps_at_epoch_start = self.counters.steps
         k = int(state["boundary"])
         if k != self.boundary:
             self._apply(k, count_rewrap=False)
+
+    def training_state_dict(self) -> dict:
+        """What a checkpoint needs from the model, the Freezer and the optimizer, as
+        ``{"model", "freezer", "optimizer"}`` (no "optimizer" without one). Add your own entries
+        (scheduler, epoch) and ``torch.save`` it; it loads with ``weights_only=True``."""
+        state = {"model": self.model.state_dict(), "freezer": self.state_dict()}
+        if self.optimizer is not None:
+            state["optimizer"] = self.optimizer.state_dict()
+        return state
+
+    def load_training_state_dict(self, state: dict) -> None:
+        """Restore a :meth:`training_state_dict` on every rank, in the one order that is right:
+        the model first (re-applying the saved boundary broadcasts frozen buffers from the loaded
+        model), then the Freezer, then the optimizer (last, so that re-applying the boundary, which
+        drops the state of newly frozen parameters, cannot touch the restored optimizer state).
+
+        Args:
+            state: a dict with "model" and "freezer" entries, and "optimizer" when this Freezer
+                has one (e.g. ``torch.load(path, weights_only=True)``).
+        """
+        if ("optimizer" in state) != (self.optimizer is not None):
+            raise ValueError(
+                "Freezer.load_training_state_dict: the state "
+                + (
+                    "has an 'optimizer' entry but this Freezer has no optimizer; pass optimizer= to the Freezer"
+                    if "optimizer" in state
+                    else "has no 'optimizer' entry but this Freezer has an optimizer"
+                )
+            )
+        self.model.load_state_dict(state["model"])
+        self.load_state_dict(state["freezer"])
+        if self.optimizer is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
 
     # ------------------------------------------------------------------ internals
     def _clamp(self, k: int) -> int:
@@ -315,6 +397,16 @@ class Freezer:
                 self.optimizer.state.pop(p, None)
 
     def _apply(self, k: int, first: bool = False, count_rewrap: bool = True) -> None:
+        """Make ``k`` the boundary: requires_grad and grads, optimizer state, frozen buffers,
+        hooks, norm-layer modes, the monitor's active blocks and the DDP wrapper.
+
+        Args:
+            k: the boundary to apply (already clamped and agreed on by every rank).
+            first: the constructor's call: every block below ``k`` counts as newly frozen, and no
+                buffer broadcast is needed (the constructor has just broadcast every tensor).
+            count_rewrap: count the DDP construction in ``counters.rewraps``; False when
+                restoring a checkpoint, so a resumed run's counters match the run that wrote it.
+        """
         old = self.boundary
         newly_frozen = range(0, k) if first else range(old, max(old, k))
         for i, block in enumerate(self.blocks):

@@ -1,6 +1,7 @@
 """Freezer behaviour in one process (no process group): the same object serves debugging."""
 
 import copy
+import io
 import pickle
 import warnings
 
@@ -144,17 +145,15 @@ def test_restored_freezer_makes_the_same_next_decision():
             _step(freezer, opt, step)
             step += 1
         freezer.end_epoch(epoch)
-    saved = {
-        "model": copy.deepcopy(model.state_dict()),
-        "opt": copy.deepcopy(opt.state_dict()),
-        "freezer": freezer.state_dict(),
-    }
+    buffer = io.BytesIO()
+    torch.save(freezer.training_state_dict() | {"epoch": 3}, buffer)
+    buffer.seek(0)
+    saved = torch.load(buffer, weights_only=True)  # plain containers, numbers, strings, tensors only
 
     model2, opt2, freezer2 = build(seed=1)  # different init: everything must come from the checkpoint
-    model2.load_state_dict(saved["model"])
-    freezer2.load_state_dict(saved["freezer"])
-    opt2.load_state_dict(saved["opt"])
+    freezer2.load_training_state_dict(saved)  # model, then Freezer, then optimizer
     assert freezer2.boundary == freezer.boundary
+    assert freezer2.counters == freezer.counters
     boundaries = []
     for f, o in ((freezer, opt), (freezer2, opt2)):
         s = step
@@ -194,7 +193,8 @@ def test_step_level_epoch_schedules_wait_for_the_epoch_to_complete():
     model = TinyNet()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     geometric = Freezer(model, split_blocks(model), make_policy("geometric", alpha=0.5), interval_steps=2)
-    unfreeze = Freezer(TinyNet(), split_blocks(TinyNet()), make_policy("gradual-unfreeze"), interval_steps=2)
+    other = TinyNet()
+    unfreeze = Freezer(other, split_blocks(other), make_policy("gradual-unfreeze"), interval_steps=2)
     for s in range(4):  # two evaluations inside the first epoch
         _step(geometric, opt, s)
         geometric.after_step()
@@ -346,3 +346,14 @@ def test_forgotten_after_backward_is_reported_once_at_the_end_of_the_epoch():
             freezer.eval()
             model(x)  # evaluation forwards do not count
         freezer.end_epoch(1)
+
+
+def test_training_state_needs_the_optimizer_on_both_sides():
+    model = TinyNet()
+    with_opt = Freezer(model, split_blocks(model), optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    other = TinyNet()
+    without = Freezer(other, split_blocks(other))
+    with pytest.raises(ValueError, match="pass optimizer= to the Freezer"):
+        without.load_training_state_dict(with_opt.training_state_dict())
+    with pytest.raises(ValueError, match="has no 'optimizer' entry"):
+        with_opt.load_training_state_dict(without.training_state_dict())
