@@ -1,7 +1,8 @@
 """Gradient (activation) checkpointing of individual modules.
 
 Always the non-reentrant variant: with ``use_reentrant=True`` the first trainable block after a
-frozen prefix gets no gradient at all, because its input does not require grad (ddp-freezing.md).
+frozen prefix gets no gradient at all, because its input does not require grad (the reentrant
+variant only tracks gradients of inputs that require them).
 
 Recomputation re-runs the forward in train mode, which would apply the running-statistics update of
 BatchNorm (and of any norm layer tracking running statistics) a second time per step; during the

@@ -1,7 +1,9 @@
 """DDP construction for a given frozen set, and counting what crosses the wire.
 
-DDP fixes the parameters it reduces when it is constructed (ddp-freezing.md), so the Freezer builds a
-new wrapper whenever the frozen set changes. Everything about that construction lives here.
+DDP fixes the parameters it reduces when it is constructed (setting requires_grad=False afterwards
+left trainable gradients unsynchronised for a step, then failed with "Expected to have finished
+reduction", on 2 gloo ranks), so the Freezer builds a new wrapper whenever the frozen set changes.
+Everything about that construction lives here.
 """
 
 # No `from __future__ import annotations`: DDP checks the comm hooks' annotations at runtime.

@@ -1,7 +1,7 @@
 """The Freezer: applies a freeze boundary to a model, under DistributedDataParallel or without it.
 
-Boundary ``k`` freezes blocks ``0 .. k-1``. Applying a boundary follows the rules measured in
-ddp-freezing.md:
+Boundary ``k`` freezes blocks ``0 .. k-1``. Applying a boundary follows rules measured on 2 gloo
+ranks (each one checked by tests/test_freezer_ddp.py):
 
 1. the boundary changes only between optimizer steps, and rank 0's decision is broadcast;
 2. frozen parameters get ``requires_grad=False`` and ``grad=None`` (a zero gradient would still let
@@ -22,12 +22,12 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import torch
 from torch import nn
 
-from freeze import checkpointing, comm, steering
+from freeze import comm, steering
 from freeze.blocks import Block, frozen_names
 from freeze.dispatch import STALE_WRAPPER_FIX, FreezerModule, retire
 from freeze.monitor import GradNormMonitor, IntervalStats
@@ -52,16 +52,6 @@ class Decision:
     step: int
     boundary_before: int
     boundary_after: int
-
-
-@dataclass
-class _Hooks:
-    handles: list = field(default_factory=list)
-
-    def remove(self) -> None:
-        for h in self.handles:
-            h.remove()
-        self.handles.clear()
 
 
 class Freezer:
@@ -141,14 +131,10 @@ class Freezer:
         self.decisions: list[Decision] = []
         self._comm = comm.CommCounter(process_group=process_group)
         self._bytes_at_last_step = 0
-        self._hooks = _Hooks()
-        self._order_hooks = _Hooks()  # only until the first forward after a boundary change
-        self._order = steering.OrderCheck([b.name for b in self.blocks])
-        # Training forwards and after_backward calls this epoch: a loop that forgets after_backward
-        # leaves the policy without gradients and the byte counters at 0, silently otherwise.
-        self._epoch_train_forwards = 0
+        self._steering = steering.Steering(model, self.blocks, grad_checkpointing)
+        # A loop that forgets after_backward leaves the policy without gradients and the byte
+        # counters at 0, silently unless end_epoch compares the steps with the training forwards.
         self._steps_at_epoch_start = 0
-        model.register_forward_pre_hook(steering.ModuleHook(model, self._count_train_forward))
         self._ddp: nn.Module | None = None
         self.module = FreezerModule(self)
         self._epochs_completed = 0
@@ -234,20 +220,16 @@ class Freezer:
             return False
         return self._evaluate(epoch)
 
-    def _count_train_forward(self, module: nn.Module, args: tuple) -> None:
-        if module.training and torch.is_grad_enabled():
-            self._epoch_train_forwards += 1
-
     def _warn_if_after_backward_was_forgotten(self, epoch: int) -> None:
-        if self._epoch_train_forwards and self.counters.steps == self._steps_at_epoch_start:
+        forwards = self._steering.take_train_forwards()
+        if forwards and self.counters.steps == self._steps_at_epoch_start:
             warnings.warn(
-                f"Freezer: epoch {epoch} ran {self._epoch_train_forwards} training forward passes but "
+                f"Freezer: epoch {epoch} ran {forwards} training forward passes but "
                 "after_backward() was never called, so the policy saw no gradients and no bytes were "
                 "counted; call freezer.after_backward() after loss.backward(), once per optimizer step",
                 RuntimeWarning,
                 stacklevel=3,
             )
-        self._epoch_train_forwards = 0
         self._steps_at_epoch_start = self.counters.steps
 
     def set_boundary(self, k: int) -> None:
@@ -349,14 +331,11 @@ class Freezer:
             state: a dict with "model" and "freezer" entries, and "optimizer" when this Freezer
                 has one (e.g. ``torch.load(path, weights_only=True)``).
         """
-        if ("optimizer" in state) != (self.optimizer is not None):
+        saved, here = "optimizer" in state, self.optimizer is not None
+        if saved != here:
             raise ValueError(
-                "Freezer.load_training_state_dict: the state "
-                + (
-                    "has an 'optimizer' entry but this Freezer has no optimizer; pass optimizer= to the Freezer"
-                    if "optimizer" in state
-                    else "has no 'optimizer' entry but this Freezer has an optimizer"
-                )
+                f"Freezer.load_training_state_dict: the state {'has' if saved else 'lacks'} an 'optimizer' entry "
+                f"and this Freezer {'has no' if saved else 'has an'} optimizer; build it as the saving run did"
             )
         self.model.load_state_dict(state["model"])
         self.load_state_dict(state["freezer"])
@@ -426,7 +405,7 @@ class Freezer:
             frozen_buffers = [getattr(mod, name) for i in newly_frozen for _, mod, name in self.blocks[i].buffers()]
             comm.broadcast_from_rank0(frozen_buffers, self.process_group)
         self.boundary = k
-        self._install_hooks()
+        self._steering.apply(k)
         self.train(self.model.training)
         self.monitor.set_first_active(k)
         if self.distributed:
@@ -441,42 +420,3 @@ class Freezer:
                 self.counters.rewraps += 1
                 self.counters.rewrap_s_total += elapsed_s
                 self.counters.rewrap_s_last = elapsed_s
-
-    def _install_hooks(self) -> None:
-        """Hooks for the current boundary; each wrapped in ModuleHook so that a deepcopy of the
-        model is not steered by this Freezer."""
-        self._hooks.remove()
-        for i, block in enumerate(self.blocks):
-            frozen = i < self.boundary
-            for mod in block.modules:
-                if frozen:
-                    checkpointing.disable_checkpointing(mod)
-                    hook = steering.FrozenForward()
-                    pre, post = steering.ModuleHook(mod, hook.pre), steering.ModuleHook(mod, hook.post)
-                    self._hooks.handles.append(mod.register_forward_pre_hook(pre, with_kwargs=True))
-                    self._hooks.handles.append(mod.register_forward_hook(post, always_call=True))
-                elif self.grad_checkpointing:
-                    checkpointing.enable_checkpointing(mod)
-                else:
-                    checkpointing.disable_checkpointing(mod)
-            if frozen:
-                for norm in block.running_stat_norms():
-                    keep_eval = steering.ModuleHook(norm, steering.keep_eval)
-                    self._hooks.handles.append(norm.register_forward_pre_hook(keep_eval))
-        self._arm_order_check()
-
-    def _arm_order_check(self) -> None:
-        """Check the blocks' order on the next complete forward of the model (registered after the
-        frozen hooks, so a raising check leaves grad mode balanced)."""
-        self._order_hooks.remove()
-        self._order.arm()
-        for i, block in enumerate(self.blocks):
-            for mod in block.modules:
-                runs = steering.ModuleHook(mod, lambda m, a, i=i: self._order.block_runs(i))
-                self._order_hooks.handles.append(mod.register_forward_pre_hook(runs))
-        done = steering.ModuleHook(self.model, lambda m, a, out: self._disarm_order_check())
-        self._order_hooks.handles.append(self.model.register_forward_hook(done))
-
-    def _disarm_order_check(self) -> None:
-        self._order.disarm()
-        self._order_hooks.remove()

@@ -24,6 +24,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from freeze import checkpointing
+from freeze.blocks import Block
+
 
 class BlockOrderError(RuntimeError):
     """The blocks given to a Freezer are not in the order the forward pass runs them."""
@@ -128,3 +131,70 @@ class OrderCheck:
                 "the forward pass runs them (split_blocks(model, names=[...]))"
             )
         self._last = index
+
+
+class Steering:
+    """The hooks a Freezer keeps on its model: those of the current boundary (frozen forwards,
+    frozen norm layers in eval, activation checkpointing of trainable blocks), the block-order
+    check until the first complete forward after each change, and a count of training forwards."""
+
+    def __init__(self, model: nn.Module, blocks: Sequence[Block], grad_checkpointing: bool):
+        self.model = model
+        self.blocks = list(blocks)
+        self.grad_checkpointing = grad_checkpointing
+        self.order = OrderCheck([b.name for b in self.blocks])
+        self._handles: list = []
+        self._order_handles: list = []
+        self._train_forwards = 0
+        model.register_forward_pre_hook(ModuleHook(model, self._count_train_forward))
+
+    def apply(self, boundary: int) -> None:
+        """Steer blocks ``0 .. boundary-1`` as frozen and the rest as trainable."""
+        _remove(self._handles)
+        for i, block in enumerate(self.blocks):
+            frozen = i < boundary
+            for mod in block.modules:
+                if frozen:
+                    checkpointing.disable_checkpointing(mod)
+                    hook = FrozenForward()
+                    pre, post = ModuleHook(mod, hook.pre), ModuleHook(mod, hook.post)
+                    self._handles.append(mod.register_forward_pre_hook(pre, with_kwargs=True))
+                    self._handles.append(mod.register_forward_hook(post, always_call=True))
+                elif self.grad_checkpointing:
+                    checkpointing.enable_checkpointing(mod)
+                else:
+                    checkpointing.disable_checkpointing(mod)
+            if frozen:
+                for norm in block.running_stat_norms():
+                    self._handles.append(norm.register_forward_pre_hook(ModuleHook(norm, keep_eval)))
+        self._arm_order_check()
+
+    def take_train_forwards(self) -> int:
+        """Training forwards (train mode, grad enabled) since the last call."""
+        count, self._train_forwards = self._train_forwards, 0
+        return count
+
+    def _count_train_forward(self, module: nn.Module, args: tuple) -> None:
+        if module.training and torch.is_grad_enabled():
+            self._train_forwards += 1
+
+    def _arm_order_check(self) -> None:
+        # Registered after the frozen hooks: a check that raises leaves grad mode balanced.
+        _remove(self._order_handles)
+        self.order.arm()
+        for i, block in enumerate(self.blocks):
+            for mod in block.modules:
+                runs = ModuleHook(mod, lambda m, a, i=i: self.order.block_runs(i))
+                self._order_handles.append(mod.register_forward_pre_hook(runs))
+        done = ModuleHook(self.model, lambda m, a, out: self._disarm_order_check())
+        self._order_handles.append(self.model.register_forward_hook(done))
+
+    def _disarm_order_check(self) -> None:
+        self.order.disarm()
+        _remove(self._order_handles)
+
+
+def _remove(handles: list) -> None:
+    for h in handles:
+        h.remove()
+    handles.clear()

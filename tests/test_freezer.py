@@ -353,7 +353,7 @@ def test_training_state_needs_the_optimizer_on_both_sides():
     with_opt = Freezer(model, split_blocks(model), optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
     other = TinyNet()
     without = Freezer(other, split_blocks(other))
-    with pytest.raises(ValueError, match="pass optimizer= to the Freezer"):
+    with pytest.raises(ValueError, match="has an 'optimizer' entry and this Freezer has no optimizer"):
         without.load_training_state_dict(with_opt.training_state_dict())
-    with pytest.raises(ValueError, match="has no 'optimizer' entry"):
+    with pytest.raises(ValueError, match="lacks an 'optimizer' entry and this Freezer has an optimizer"):
         with_opt.load_training_state_dict(without.training_state_dict())
