@@ -100,6 +100,14 @@ class Freezer:
             raise ValueError("Freezer: blocks is empty; build them with split_blocks(model)")
         if interval_steps < 0:
             raise ValueError(f"Freezer: interval_steps must be >= 0 (0 = once per epoch), got {interval_steps}")
+        model_params = {id(p) for p in model.parameters()}
+        for block in blocks:
+            stray = [n for n, p in zip(block.param_names, block.params) if id(p) not in model_params]
+            if stray:
+                raise ValueError(
+                    f"Freezer: block '{block.name}' holds '{stray[0]}', which is not a parameter of this model; "
+                    "build the blocks with split_blocks(model) of the model you pass"
+                )
         self.model = model
         self.blocks = list(blocks)
         self.policy = policy if policy is not None else make_policy("none")

@@ -182,6 +182,11 @@ def test_interval_policy_decides_in_after_step():
     assert freezer.end_epoch(0) is False  # per-epoch evaluation is off when interval_steps > 0
 
 
+def test_blocks_of_another_model_are_refused():
+    with pytest.raises(ValueError, match="'stem.0.weight', which is not a parameter of this model"):
+        Freezer(TinyNet(), split_blocks(TinyNet()))
+
+
 def test_run_length_policies_require_epochs():
     model = TinyNet()
     with pytest.raises(ValueError, match="needs the run length"):
