@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from freeze import Freezer, split_blocks
 from freeze.dispatch import StaleWrapperError
 from tests.distributed_harness import run_distributed
-from tests.tiny_models import SharedLayerNet, TinyNet, global_batch
+from tests.tiny_models import InstanceNormNet, SharedLayerNet, TinyNet, global_batch
 
 GLOBAL_BATCH = 8
 
@@ -90,7 +90,29 @@ def shared_layer(rank: int, world_size: int) -> dict:
     }
 
 
-SCENARIOS = {"stable_module": stable_module, "static_graph": static_graph, "shared_layer": shared_layer}
+def instance_norm(rank: int, world_size: int) -> dict:
+    """Frozen InstanceNorm with running statistics: broadcast once, then unchanged on every rank
+    (each rank sees its own data, so any update would drift apart)."""
+    torch.manual_seed(0)
+    model = InstanceNormNet()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    freezer = Freezer(model, split_blocks(model), optimizer=optimizer)
+    for step in range(2):
+        _step(freezer, optimizer, rank, world_size, step)
+    freezer.set_boundary(1)
+    at_freeze = {n: b.clone() for n, b in model[0].named_buffers()}
+    for step in range(2, 4):
+        freezer.train()
+        _step(freezer, optimizer, rank, world_size, step)
+    return {"at_freeze": at_freeze, "after": {n: b.clone() for n, b in model[0].named_buffers()}}
+
+
+SCENARIOS = {
+    "stable_module": stable_module,
+    "static_graph": static_graph,
+    "shared_layer": shared_layer,
+    "instance_norm": instance_norm,
+}
 
 
 def edge_worker(rank: int, world_size: int) -> dict:
@@ -128,3 +150,10 @@ def test_frozen_layer_used_after_a_trainable_one_trains_the_trainable_one(ranks)
     assert torch.equal(r0["params"], r1["params"])
     for out in (r0, r1):
         assert not out["proj_moved"] and out["bytes"] == out["expected"]
+
+
+def test_frozen_instance_norm_statistics_identical_across_ranks_and_unchanged(ranks):
+    (r0, r1) = (r["instance_norm"] for r in ranks)
+    for name, value in r0["after"].items():
+        assert torch.equal(value, r1["after"][name]), name
+        assert torch.equal(value, r0["at_freeze"][name]) and torch.equal(r1["after"][name], r1["at_freeze"][name]), name
