@@ -144,6 +144,7 @@ class Freezer:
         # counters at 0, silently unless end_epoch compares the steps with the training forwards.
         self._steps_at_epoch_start = 0
         self._ddp: nn.Module | None = None
+        self._closed = False
         self.module = FreezerModule(self)
         self._epochs_completed = 0
         self._total_param_bytes = sum(b.param_bytes for b in self.blocks)
@@ -162,8 +163,24 @@ class Freezer:
     def _forward(self, *args, **kwargs):
         """The one place a forward pass goes through (``freezer.module(...)`` calls it): the
         current DDP wrapper, or the model itself without a process group."""
+        if self._closed:
+            raise RuntimeError("Freezer: closed (its DDP wrapper is released); build a new Freezer to train again")
         target = self._ddp if self._ddp is not None else self.model
         return target(*args, **kwargs)
+
+    def close(self) -> None:
+        """Release the DDP wrapper; call it after training, before
+        ``torch.distributed.destroy_process_group()``.
+
+        A live wrapper holds the process group, and then destroying the group leaves gloo's worker
+        and transport threads running into interpreter shutdown (observed: 3 gloo threads still
+        alive when the README example's interpreter began finalizing), where a thread that needs
+        the interpreter aborts the process ("terminate called without an active exception").
+        ``freezer.module`` refuses to run afterwards; the model is left as it is."""
+        if self._ddp is not None:
+            retire(self._ddp)
+            self._ddp = None
+        self._closed = True
 
     def train(self, mode: bool = True) -> Freezer:
         """``model.train(mode)`` that keeps frozen norm layers with running statistics in eval.

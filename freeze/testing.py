@@ -18,6 +18,8 @@ from pathlib import Path
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from freeze.comm import end_process_group
+
 
 class SpawnError(RuntimeError):
     """A child died outside its own error handling (crash, kill, unpicklable function)."""
@@ -93,6 +95,5 @@ def run_gloo_rank(
     except BaseException:
         payload = {"ok": False, "error": traceback.format_exc()}
     finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        end_process_group()  # body's DDP wrappers are garbage by now: its threads stop here
     write_payload(workdir, rank, payload)

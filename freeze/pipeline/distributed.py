@@ -9,6 +9,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from freeze.comm import end_process_group
+
 
 @dataclass(frozen=True)
 class WorkerContext:
@@ -76,8 +78,7 @@ def setup_worker(dist_cfg) -> WorkerContext:
 
 
 def teardown_worker() -> None:
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    end_process_group()
 
 
 def barrier() -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import traceback
 
 from freeze.pipeline.config import ConfigError, load_config
 from freeze.pipeline.runs import RunDir, RunError
@@ -109,6 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:
         if ctx is None or ctx.is_main:
             _mark_failed(config, e)
+        # The traceback keeps train_worker's locals (its Freezer and DDP wrapper, which hold the
+        # process group) alive; clear them so that teardown_worker can stop the group's threads.
+        traceback.clear_frames(e.__traceback__)
         raise
     finally:
         teardown_worker()

@@ -385,6 +385,7 @@ def train_worker(cfg: Config, ctx: WorkerContext, resume: bool) -> dict:
                 )
             run.update_manifest(epochs_done=epoch + 1)
         barrier()  # no rank runs ahead of a checkpoint it might have to resume from
+    freezer.close()  # releases the DDP wrapper, so that teardown_worker can stop the group's threads
     if ctx.is_main:
         run.finish("complete")
     return record
