@@ -49,7 +49,9 @@ def build_model(num_classes=5, width=8):
 
 def make_loader(epoch, rank, world_size, steps=4, batch=8):
     g = torch.Generator().manual_seed(100 * epoch)
-    data = [(torch.randn(batch, 3, 8, 8, generator=g), torch.randint(0, 5, (batch,), generator=g)) for _ in range(steps)]
+    data = [
+        (torch.randn(batch, 3, 8, 8, generator=g), torch.randint(0, 5, (batch,), generator=g)) for _ in range(steps)
+    ]
     local = batch // world_size
     return [(x[rank * local : (rank + 1) * local], y[rank * local : (rank + 1) * local]) for x, y in data]
 

@@ -362,3 +362,15 @@ def test_training_state_needs_the_optimizer_on_both_sides():
         without.load_training_state_dict(with_opt.training_state_dict())
     with pytest.raises(ValueError, match="lacks an 'optimizer' entry and this Freezer has an optimizer"):
         with_opt.load_training_state_dict(without.training_state_dict())
+
+
+def test_closed_freezer_refuses_to_run_and_leaves_the_model_usable():
+    model = TinyNet()
+    freezer = Freezer(model, split_blocks(model))
+    x, _ = global_batch(0, 4)
+    freezer.module(x)
+    freezer.close()
+    freezer.close()  # twice is harmless: an end-of-script call after an error path's
+    with pytest.raises(RuntimeError, match="closed"):
+        freezer.module(x)
+    assert model(x).shape == (4, 5)
