@@ -1,8 +1,9 @@
 """Gradient (activation) checkpointing of individual modules.
 
 Always the non-reentrant variant: with ``use_reentrant=True`` the first trainable block after a
-frozen prefix gets no gradient at all, because its input does not require grad (the reentrant
-variant only tracks gradients of inputs that require them).
+frozen prefix gets no gradient at all, because its input does not require grad (torch.utils.checkpoint
+documents this: the reentrant variant needs at least one input with requires_grad=True, else its
+gradients are None).
 
 Recomputation re-runs the forward in train mode, which would apply the running-statistics update of
 BatchNorm (and of any norm layer tracking running statistics) a second time per step; during the

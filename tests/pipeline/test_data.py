@@ -299,3 +299,10 @@ def test_split_validation_is_disjoint_stratified_and_deterministic():
     assert small.test_x.shape[0] == 15 and len(set(small.test_x[:, 0, 0, 0].tolist())) == 15
     with pytest.raises(DataError, match="data.val_size"):
         split_validation(arrays, 340, seed=0)
+
+
+def test_split_carries_the_class_list_even_when_a_class_has_no_image():
+    arrays = _arrays_with_ids([0, 1, 2] * 20)  # classes 3..9 have no training image
+    split = split_validation(arrays, val_size=6, seed=0, test_size=3)
+    assert split.classes == tuple("abcdefghij")
+    assert split.num_classes == 10  # the head covers every class, not max label + 1
