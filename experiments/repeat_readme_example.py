@@ -21,6 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from freeze.testing import local_torchrun_command
+
 REPO = Path(__file__).resolve().parents[1]
 ABORT_MARK = "terminate called"
 
@@ -35,17 +37,7 @@ def readme_example() -> str:
 
 def run_once(script: Path, workdir: Path, timeout_s: float) -> tuple[int, str]:
     """One torchrun launch with 2 ranks; returns (exit code, all output of launcher and ranks)."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node=2",
-        f"--log-dir={workdir / 'logs'}",
-        "--redirects=3",
-        "--tee=0",
-        str(script),
-    ]
+    cmd = local_torchrun_command(script, workdir / "logs", redirects=3)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     proc = subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True, timeout=timeout_s)
     rank_logs = [p.read_text(errors="replace") for p in sorted((workdir / "logs").glob("**/std*.log"))]

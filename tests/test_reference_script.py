@@ -7,8 +7,9 @@ uninterrupted one."""
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
+
+from freeze.testing import local_torchrun_command
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "tests" / "reference_style_train.py"
@@ -19,21 +20,9 @@ def _torchrun(tmp_path: Path, name: str, *script_args: str) -> list[list[dict]]:
     """One launch with 2 local ranks; returns each rank's JSON lines."""
     out_dir = tmp_path / name
     out_dir.mkdir()
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node=2",
-        f"--log-dir={out_dir / 'logs'}",
-        "--redirects=1",  # one stdout file per rank
-        str(SCRIPT),
-        "--epochs",
-        str(EPOCHS),
-        "--output-dir",
-        str(out_dir),
-        *script_args,
-    ]
+    cmd = local_torchrun_command(
+        SCRIPT, out_dir / "logs", "--epochs", str(EPOCHS), "--output-dir", str(out_dir), *script_args
+    )  # one stdout file per rank
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     # the timeout is the parent's deadline: subprocess.run kills the launcher, whose ranks then stop
     proc = subprocess.run(cmd, cwd=out_dir, env=env, capture_output=True, text=True, timeout=240)
