@@ -22,7 +22,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from freeze import Freezer, comm, split_blocks
-from freeze.blocks import Block
+from freeze.blocks import Block, frozen_names
 from freeze.pipeline.log import get_logger
 from freeze.testing import SpawnError, run_gloo_rank, spawn_and_collect
 
@@ -78,10 +78,6 @@ def build_model(name: str, image_size: int) -> nn.Module:
     raise ValueError(f"model: '{name}' is not accepted; accepted: {', '.join(MODELS)}")
 
 
-def _frozen_names(blocks: list[Block], k: int) -> list[str]:
-    return [n for b in blocks[:k] for n in b.param_names] + [n for b in blocks[:k] for n, _, _ in b.buffers()]
-
-
 def freeze_prefix(model: nn.Module, blocks: list[Block], k: int, bn_eval: bool) -> None:
     """Blocks 0..k-1 frozen the plain way: requires_grad=False and grad=None (a zero gradient would
     still feed momentum). ``bn_eval`` keeps their BatchNorm in eval, as the engine does."""
@@ -93,8 +89,8 @@ def freeze_prefix(model: nn.Module, blocks: list[Block], k: int, bn_eval: bool) 
     model.train()
     if bn_eval:
         for block in blocks[:k]:
-            for bn in block.batchnorms():
-                bn.eval()
+            for norm in block.running_stat_norms():
+                norm.eval()
 
 
 class _Runner:
@@ -157,7 +153,7 @@ class StaticRunner(_CountingDDPRunner):
             self.ddp = None
             freeze_prefix(self.model, self.blocks, k, bn_eval=True)
             DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
-                self.model, _frozen_names(self.blocks, k)
+                self.model, frozen_names(self.blocks, k)
             )
             self._wrap()
             self.k = k
@@ -206,7 +202,7 @@ class EngineRunner(_Runner):
 
     @property
     def module(self) -> nn.Module:
-        return self.freezer.ddp
+        return self.freezer.module
 
     def set_k(self, k: int) -> None:
         rewraps_before = self.freezer.counters.rewraps

@@ -6,14 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from experiments.repeat_readme_example import readme_example
+from freeze.testing import local_torchrun_command
+
 REPO = Path(__file__).resolve().parents[1]
-
-
-def _example() -> str:
-    text = (REPO / "README.md").read_text()
-    block = re.search(r"<!-- example:start -->\s*```python\n(.*?)```\s*<!-- example:end -->", text, re.S)
-    assert block, "README.md lost its example block"
-    return block.group(1)
 
 
 def _run(cmd, tmp_path):
@@ -23,7 +19,7 @@ def _run(cmd, tmp_path):
 
 def test_readme_example_runs_in_one_process(tmp_path):
     script = tmp_path / "example.py"
-    script.write_text(_example())
+    script.write_text(readme_example())
     proc = _run([sys.executable, str(script)], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.strip().splitlines()
@@ -33,17 +29,8 @@ def test_readme_example_runs_in_one_process(tmp_path):
 
 def test_readme_example_runs_under_torchrun(tmp_path):
     script = tmp_path / "example.py"
-    script.write_text(_example())
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node=2",
-        f"--log-dir={tmp_path / 'logs'}",
-        "--redirects=1",
-        str(script),
-    ]  # one stdout file per rank
+    script.write_text(readme_example())
+    cmd = local_torchrun_command(script, tmp_path / "logs")  # one stdout file per rank
     proc = _run(cmd, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     logs = sorted((tmp_path / "logs").glob("**/stdout.log"))

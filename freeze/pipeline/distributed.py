@@ -109,8 +109,7 @@ def setup_worker(dist_cfg) -> WorkerContext:
 
 
 def teardown_worker() -> None:
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    comm.end_process_group()
 
 
 def barrier() -> None:

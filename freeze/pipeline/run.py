@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import traceback
 from pathlib import Path
 
 from freeze.pipeline.config import Config, ConfigError, config_to_toml, load_config
@@ -139,6 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:
         if ctx is None or ctx.is_main:
             _mark_failed(config, e)
+        # The traceback keeps train_worker's locals (its Freezer and DDP wrapper, which hold the
+        # process group) alive; clear them so that teardown_worker can stop the group's threads.
+        traceback.clear_frames(e.__traceback__)
         raise
     finally:
         teardown_worker()

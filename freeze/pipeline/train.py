@@ -97,6 +97,20 @@ class EpochTraining:
     allreduce_bytes: int
 
 
+def observe_then_clip(freezer: Freezer, params: list, optimizer, scaler, grad_clip_norm: float) -> None:
+    """Unscale, let the Freezer read the gradients the backward produced, then clip them.
+
+    The monitor reads before clipping: clipped norms would be the clip threshold, not the
+    gradients' own. fp16: a step GradScaler will skip for inf/NaN gradients is still counted, as
+    skipped, so the step clock and the bytes per step stay in step with the loop."""
+    scaler.unscale_(optimizer)
+    grads = [p.grad for p in params if p.grad is not None]
+    total_norm = torch.nn.utils.get_total_norm(grads) if (scaler.is_enabled() or grad_clip_norm > 0) else None
+    freezer.after_backward(skipped=scaler.is_enabled() and not bool(torch.isfinite(total_norm)))
+    if grad_clip_norm > 0:
+        torch.nn.utils.clip_grads_with_norm_([p for p in params if p.grad is not None], grad_clip_norm, total_norm)
+
+
 def train_step(
     t: Training,
     cfg: Config,
@@ -114,10 +128,10 @@ def train_step(
         x, y = next(batches)
         data_s += clock.lap("data")
         last = micro == accum - 1
-        sync = contextlib.nullcontext() if last or not comm.is_distributed() else freezer.ddp.no_sync()
+        sync = contextlib.nullcontext() if last else freezer.module.no_sync()
         with sync:
             with _autocast(cfg.train.precision, device):
-                logits = freezer.ddp(x)
+                logits = freezer.module(x)
                 loss = F.cross_entropy(logits, y, label_smoothing=cfg.train.label_smoothing)
             clock.lap("forward")
             scaler.scale(loss / accum).backward()
@@ -126,15 +140,7 @@ def train_step(
             sums[0] += loss.detach().double() * y.numel()
             sums[1] += (logits.argmax(1) == y).sum()
             sums[2] += y.numel()
-    scaler.unscale_(optimizer)
-    step_ok = True
-    if cfg.optim.grad_clip_norm > 0 or scaler.is_enabled():
-        max_norm = cfg.optim.grad_clip_norm if cfg.optim.grad_clip_norm > 0 else float("inf")
-        total_norm = torch.nn.utils.clip_grad_norm_([p for p in t.model.parameters() if p.grad is not None], max_norm)
-        # fp16 only: GradScaler skips steps with overflowed gradients, and so must the monitor.
-        step_ok = not scaler.is_enabled() or bool(torch.isfinite(total_norm))
-    if step_ok:
-        freezer.after_backward()
+    observe_then_clip(freezer, list(t.model.parameters()), optimizer, scaler, cfg.optim.grad_clip_norm)
     clock.lap("freezer")
     scaler.step(optimizer)
     scaler.update()
@@ -350,6 +356,7 @@ def train_worker(cfg: Config, ctx: WorkerContext, resume: bool) -> dict:
         record = epoch_record(t, epoch, train, evaluation, clock, cumulative_wall_s)
         _log_epoch(logger, record, cfg.train.epochs)
         save_epoch(t, cfg, ctx, run, record)
+    t.freezer.close()  # releases the DDP wrapper, so that teardown_worker can stop the group's threads
     if ctx.is_main:
         run.finish("complete")
         logger.info("done: results in %s", run.path)

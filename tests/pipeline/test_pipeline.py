@@ -170,7 +170,7 @@ def test_missing_dataset_is_one_line_error(tmp_path):
 
 def test_recipe_options_run_together(tmp_path):
     """AdamW + cosine with warm-up + label smoothing + bf16 autocast + 2-step gradient accumulation +
-    gradient checkpointing + step-level policy evaluation, in one short run."""
+    gradient checkpointing + gradient clipping + step-level policy evaluation, in one short run."""
     proc = _run(
         _common(tmp_path, "recipe")
         + [
@@ -185,6 +185,7 @@ def test_recipe_options_run_together(tmp_path):
             "train.accumulate_steps=2",
             "train.grad_checkpointing=true",
             "train.batch_size=16",
+            "optim.grad_clip_norm=1e-6",
         ]
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -194,6 +195,8 @@ def test_recipe_options_run_together(tmp_path):
     assert m["step"] == 256 // 16 // 2  # one optimizer step per 2 micro-batches
     assert m["lr"] == pytest.approx(0.0, abs=1e-12)  # cosine ends at min_lr = 0 after the last step
     assert m["train_loss"] > 0 and 0.0 <= m["test_acc"] <= 1.0
+    # The monitor reads the gradients before clipping: clipped ones would all be below 1e-6.
+    assert min(n for n in m["grad_norm"]["mean_step"] if n is not None) > 1e-3
 
 
 def test_readme_smoke_run_says_what_it_does_and_shows_a_freeze(tmp_path):
