@@ -201,3 +201,23 @@ def test_bad_probe_and_profile_name_the_field(tmp_path):
     with pytest.raises(ValueError, match="k=2"):
         predict_step(write_profile(tmp_path), _cluster(WIRE_LINK), k=2)
     assert math.isfinite(predict_step(write_profile(tmp_path), _cluster(WIRE_LINK), k=1).step_ms)
+
+
+def test_cache_pays_when_reads_outweigh_the_fill(tmp_path):
+    from freeze.costmodel import cache_pays
+
+    profile = write_profile(tmp_path)
+    cluster = _cluster(WIRE_LINK)
+    # k = 1: the read (0.5 ms) replaces b0's forward (3 ms): 2.5 ms saved per step; each fill step
+    # pays 0.5 ms (a write costs a read). 10 fill steps cost 5 ms; 2 steps after them save 5 ms:
+    # break-even at 12 steps.
+    verdict = cache_pays(profile, cluster, k=1, remaining_steps=100, fill_steps=10)
+    assert verdict.pays and verdict.saved_ms_per_step == pytest.approx(2.5)
+    assert verdict.break_even_steps == pytest.approx(12.0)
+    assert not cache_pays(profile, cluster, k=1, remaining_steps=12, fill_steps=10).pays
+    assert not cache_pays(profile, cluster, k=0, remaining_steps=100, fill_steps=10).pays
+    # 1000 samples x 64 bytes = 64000 bytes: over a 1000-byte budget
+    tight = cache_pays(
+        profile, cluster, k=1, remaining_steps=100, fill_steps=10, samples=1000, memory_budget_bytes=1000
+    )
+    assert not tight.pays and tight.store_bytes == 64000 and "budget" in tight.reason

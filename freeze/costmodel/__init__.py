@@ -3,13 +3,17 @@ node count, link, boundary and cache setting, from a profile measured once on on
 fitted from a probe. The model is pure (:mod:`freeze.costmodel.model`, every assumption in its
 docstring); :mod:`freeze.costmodel.profiler` measures the profile.
 
-    from freeze.costmodel import ClusterModel, Link, load_profile, predict_step
+    from freeze.costmodel import ClusterModel, Link, cache_pays, load_profile, predict_step
     profile = load_profile("profile.json")
     link = Link(alpha_s=50e-6, bandwidth_bytes_per_s=1e9 / 8 * 0.87, gamma_s_per_byte=6e-9)
     step = predict_step(profile, ClusterModel(nodes=16, link=link), k=5)
     print(step.step_ms, step.compute_ms, step.exposed_comm_ms, step.optimizer_ms)
+    # cache = "auto": does a cache at k pay for the steps left at k?
+    verdict = cache_pays(profile, ClusterModel(nodes=16, link=link), k=5, remaining_steps=3000, fill_steps=780)
+    print(verdict.pays, verdict.reason)
 """
 
+from freeze.costmodel.cache import CacheVerdict, cache_pays
 from freeze.costmodel.link import (
     PROBE_FORMAT,
     Link,
@@ -47,6 +51,7 @@ __all__ = [
     "PROFILE_FORMAT",
     "BlockCost",
     "BucketTiming",
+    "CacheVerdict",
     "ClusterModel",
     "Link",
     "LinkError",
@@ -57,6 +62,7 @@ __all__ = [
     "StepPrediction",
     "broadcast_s",
     "bucket_sizes",
+    "cache_pays",
     "fit_comm_cpu_share",
     "fit_link",
     "load_profile",
