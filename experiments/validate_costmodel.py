@@ -59,7 +59,7 @@ def _profile(nodes: int, cfg: bc.ClusterBenchConfig, steps: int, out_dir: Path):
     path = out_dir / f"profile-N{nodes}.json"
     if path.exists():
         return load_profile(path)
-    layout = [NodeCores(tuple(c.cores), c.threads) for c in plan_cpus(nodes, 1)]
+    layout = [NodeCores(tuple(c.cores), c.threads_per_worker) for c in plan_cpus(nodes, 1)]
     profile = make_profile(cfg.model, cfg.batch_size, cfg.image_size, steps, layout)
     save_profile(profile, path)
     return profile
