@@ -35,7 +35,18 @@ from experiments import bench_workers as bw
 from experiments.predict import InputError, make_profile, write_csv
 from freeze.costmodel import ClusterModel, fit_comm_cpu_share, fit_link, load_profile, predict_step, read_probe
 
-CSV_COLUMNS = ("nodes", "bandwidth", "k", "cache", "measured_ms", "predicted_ms", "error", "fitted")
+PHASES = ("forward", "backward", "after")  # zero_grad+forward+loss | backward incl. DDP wait | monitor+optimizer
+CSV_COLUMNS = (
+    "nodes",
+    "bandwidth",
+    "k",
+    "cache",
+    "measured_ms",
+    "predicted_ms",
+    "error",
+    "fitted",
+    *(f"{w}_{phase}_ms" for w in ("measured", "predicted") for phase in PHASES),
+)
 PROBE_SIZES_MIB = (1.0, 4.0, 16.0)
 
 
@@ -65,12 +76,22 @@ def _profile(nodes: int, cfg: bc.ClusterBenchConfig, steps: int, out_dir: Path):
     return profile
 
 
-def _measured_ms(cfg: bc.ClusterBenchConfig, nodes: int, bandwidth: str, ks, deadline_s: float) -> dict[int, float]:
+def _measured(cfg: bc.ClusterBenchConfig, nodes: int, bandwidth: str, ks, deadline_s: float) -> dict[int, dict]:
+    """Per k: the engine's median step and the medians of its phases (experiments.bench's split)."""
     from experiments import bench as bench_main
 
     meta = bc.measure_cluster(cfg, nodes, bandwidth, ks, deadline_s, approaches=(bw.ENGINE,))
     rows = bench_main.summarize(bw.combine_ranks(meta["ranks"]), meta["ranks"][0]["block_param_bytes"])
-    return {r["k"]: r["median_ms"] for r in rows if r["approach"] == bw.ENGINE}
+    return {
+        r["k"]: {
+            "measured_ms": r["median_ms"],
+            "measured_forward_ms": r["forward_ms"],
+            "measured_backward_ms": r["backward_ms"],
+            "measured_after_ms": r["monitor_ms"] + r["optimizer_ms"],
+        }
+        for r in rows
+        if r["approach"] == bw.ENGINE
+    }
 
 
 def validate(args: argparse.Namespace, cfg: bc.ClusterBenchConfig) -> list[dict]:
@@ -87,15 +108,19 @@ def validate(args: argparse.Namespace, cfg: bc.ClusterBenchConfig) -> list[dict]
             )
             links[(n, bandwidth)] = fit_link(capped, uncapped)
             print(f"validate: N={n}, {bandwidth}: measuring k={list(args.ks)}", flush=True)
-            for k, ms in sorted(_measured_ms(cfg, n, bandwidth, args.ks, args.deadline_s).items()):
-                points.append({"nodes": n, "bandwidth": bandwidth, "k": k, "cache": False, "measured_ms": ms})
+            for k, measured in sorted(_measured(cfg, n, bandwidth, args.ks, args.deadline_s).items()):
+                points.append({"nodes": n, "bandwidth": bandwidth, "k": k, "cache": False, **measured})
     fit = args.fit_at or (args.nodes[0], "1gbit" if "1gbit" in args.bandwidths else args.bandwidths[0], args.ks[0])
     n, bandwidth, k = fit
     target = next(p for p in points if (p["nodes"], p["bandwidth"], p["k"]) == fit)
     share = fit_comm_cpu_share(profiles[n], ClusterModel(n, links[(n, bandwidth)]), k, target["measured_ms"])
     for p in points:
         cluster = ClusterModel(p["nodes"], links[(p["nodes"], p["bandwidth"])], comm_cpu_share=share)
-        p["predicted_ms"] = predict_step(profiles[p["nodes"]], cluster, p["k"]).step_ms
+        step = predict_step(profiles[p["nodes"]], cluster, p["k"])
+        p["predicted_ms"] = step.step_ms
+        p["predicted_forward_ms"] = step.broadcast_ms + step.forward_ms
+        p["predicted_after_ms"] = step.optimizer_ms
+        p["predicted_backward_ms"] = step.step_ms - p["predicted_forward_ms"] - step.optimizer_ms
         p["error"] = (p["predicted_ms"] - p["measured_ms"]) / p["measured_ms"]
         p["fitted"] = (p["nodes"], p["bandwidth"], p["k"]) == fit
     args.fitted_share = share
@@ -117,14 +142,21 @@ def summary(points: list[dict], args, run: dict) -> str:
         "",
         f"Median |error| {median:.1%}, worst {worst:.1%} over {len(errors)} predicted points (the fitted point excluded).",
         "",
-        "| N | link | k | measured ms | predicted ms | error |",
-        "|---|---|---|---|---|---|",
+        "Phases (ms, measured / predicted): forward = zero_grad + forward + loss; backward = the backward with "
+        "DDP's wait for its all-reduces; after = monitor + optimizer step.",
+        "",
+        "| N | link | k | measured ms | predicted ms | error | forward | backward | after |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for p in points:
         mark = " (fitted)" if p["fitted"] else ""
+        phases = " | ".join(
+            f"{p.get(f'measured_{ph}_ms', float('nan')):.0f} / {p.get(f'predicted_{ph}_ms', float('nan')):.0f}"
+            for ph in PHASES
+        )
         lines.append(
             f"| {p['nodes']} | {p['bandwidth']} | {p['k']} | {p['measured_ms']:.0f} | {p['predicted_ms']:.0f} | "
-            f"{p['error']:+.1%}{mark} |"
+            f"{p['error']:+.1%}{mark} | {phases} |"
         )
     return "\n".join(lines)
 
