@@ -25,6 +25,7 @@ from torch import nn
 
 from freeze import checkpointing, comm
 from freeze.blocks import Block
+from freeze.cache import ActivationCache, CacheConfig, CacheError, CacheSource
 from freeze.monitor import GradNormMonitor, IntervalStats
 from freeze.policies import Policy, Progress, make_policy
 
@@ -91,6 +92,8 @@ class Freezer:
         process_group=None,
         track_summed_grads: bool | None = None,
         grad_checkpointing: bool = False,
+        cache: CacheConfig | str | None = None,
+        cache_source: CacheSource | None = None,
     ):
         if not blocks:
             raise ValueError("Freezer: blocks is empty; build them with split_blocks(model)")
@@ -125,9 +128,11 @@ class Freezer:
         self._epoch = 0
         self._total_param_bytes = sum(b.param_bytes for b in self.blocks)
         self.boundary = 0
+        self._epoch_start_step = 0
         if self.distributed:
             # What DDP's constructor would do: start every replica from rank 0's weights and buffers.
             comm.broadcast_from_rank0(list(model.parameters()) + list(model.buffers()), process_group)
+        self.cache = self._make_cache(cache, cache_source)
         self._apply(self._clamp(self.policy.initial_boundary(len(self.blocks))), first=True)
 
     # ------------------------------------------------------------------ the user-facing loop API
@@ -139,6 +144,9 @@ class Freezer:
     def train(self, mode: bool = True) -> Freezer:
         """``model.train(mode)`` that keeps frozen BatchNorm in eval."""
         self.model.train(mode)
+        tail = self.cache.tail() if self.cache is not None else None
+        if tail is not None:
+            tail.train(mode)  # its own containers; the modules it shares with the model agree already
         for b in self.blocks[: self.boundary]:
             for bn in b.batchnorms():
                 bn.eval()
@@ -173,6 +181,7 @@ class Freezer:
         """Call after the last optimizer step of ``epoch`` (0-based). Per-epoch policies decide here.
         Returns whether the boundary changed."""
         self._epoch = epoch + 1
+        self._epoch_start_step = self.monitor.total_steps
         if self.interval_steps:
             return False
         return self._evaluate(epoch)
@@ -217,6 +226,7 @@ class Freezer:
             "monitor": self.monitor.state_dict(),
             "decisions": [asdict(d) for d in self.decisions],
             "counters": asdict(self.counters),
+            "cache": None if self.cache is None else self.cache.state_dict(),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -237,8 +247,13 @@ class Freezer:
         self._comm.allreduce_bytes_total = self.counters.allreduce_bytes_total
         self._bytes_at_last_step = self.counters.allreduce_bytes_total
         self._epoch = int(state["epoch"])
+        self._epoch_start_step = self.monitor.total_steps
         k = int(state["boundary"])
-        if k != self.boundary:
+        if self.cache is not None and state.get("cache") is not None:
+            if k != self.boundary:
+                self._apply(k, count_rewrap=False, update_cache=False)
+            self._replay_cache(state["cache"])
+        elif k != self.boundary:
             self._apply(k, count_rewrap=False)
 
     # ------------------------------------------------------------------ internals
@@ -273,7 +288,7 @@ class Freezer:
             for p in self.blocks[i].params:
                 self.optimizer.state.pop(p, None)
 
-    def _apply(self, k: int, first: bool = False, count_rewrap: bool = True) -> None:
+    def _apply(self, k: int, first: bool = False, count_rewrap: bool = True, update_cache: bool = True) -> None:
         old = self.boundary
         newly_frozen = range(0, k) if first else range(old, max(old, k))
         for i, block in enumerate(self.blocks):
@@ -294,19 +309,78 @@ class Freezer:
             comm.broadcast_from_rank0(frozen_buffers, self.process_group)
         self.boundary = k
         self._install_hooks()
-        self.train(self.model.training)
         self.monitor.set_first_active(k)
-        if self.distributed:
-            start = time.perf_counter()
-            self._ddp = None  # each live wrapper holds its own gradient buckets: drop the old one first
-            ignored = [n for b in self.blocks[:k] for n in b.param_names]
-            ignored += [n for b in self.blocks[:k] for n, _, _ in b.buffers()]
-            self._ddp = comm.build_ddp(self.model, ignored, self._comm, self.comm_hook, self.ddp_kwargs)
-            elapsed_s = time.perf_counter() - start
-            if not first and count_rewrap:
-                self.counters.rewraps += 1
-                self.counters.rewrap_s_total += elapsed_s
-                self.counters.rewrap_s_last = elapsed_s
+        if update_cache:
+            self._update_cache()
+        self.train(self.model.training)
+        self._rewrap(count=not first and count_rewrap)
+
+    def _rewrap(self, count: bool) -> None:
+        """(Re)build DDP over what the forward runs: the model, or the cache's tail (same trainable
+        parameters, so the same bytes per step)."""
+        if not self.distributed:
+            return
+        start = time.perf_counter()
+        self._ddp = None  # each live wrapper holds its own gradient buckets: drop the old one first
+        ignored = [n for b in self.blocks[: self.boundary] for n in b.param_names]
+        ignored += [n for b in self.blocks[: self.boundary] for n, _, _ in b.buffers()]
+        self._ddp = comm.build_ddp(self._wrapped_module(), ignored, self._comm, self.comm_hook, self.ddp_kwargs)
+        elapsed_s = time.perf_counter() - start
+        if count:
+            self.counters.rewraps += 1
+            self.counters.rewrap_s_total += elapsed_s
+            self.counters.rewrap_s_last = elapsed_s
+
+    # ------------------------------------------------------------------ activation cache
+    @property
+    def cache_active(self) -> bool:
+        """Whether the forward currently runs the tail on cached activations."""
+        return self.cache is not None and self.cache.store is not None
+
+    def forward(self, x: torch.Tensor | None = None, sample_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """The training forward. While the activation cache serves, ``sample_ids`` (the keys of the
+        batch's inputs, as the cache source numbers them) select stored activations and only the
+        tail runs; ``x`` is then read only for a batch with a key the cache does not hold."""
+        if not self.cache_active:
+            if x is None:
+                raise ValueError("Freezer.forward: x is required while no activation cache serves")
+            return self.ddp(x)
+        if sample_ids is None:
+            raise CacheError(
+                "Freezer.forward: the activation cache is serving; pass sample_ids= (the keys of the batch's inputs)"
+            )
+        device = next(self.model.parameters()).device
+        activations = self.cache.read(torch.as_tensor(sample_ids), device)
+        if activations is None:  # exact fallback: the same prefix the cache would have stored
+            inputs = x if x is not None else self.cache.source.inputs(torch.as_tensor(sample_ids)).to(device)
+            with torch.no_grad():
+                activations = self.cache.prefix()(inputs)
+        return (self._ddp if self._ddp is not None else self.cache.tail())(activations)
+
+    def _make_cache(self, cache: CacheConfig | str | None, source: CacheSource | None) -> ActivationCache | None:
+        config = CacheConfig(mode=cache) if isinstance(cache, str) else (cache or CacheConfig())
+        if config.mode == "off":
+            return None
+        if source is None:
+            raise CacheError(
+                f"Freezer: cache mode '{config.mode}' needs cache_source=CacheSource(inputs=..., num_keys=...)"
+            )
+        return ActivationCache(self.model, self.blocks, config, source, self.epochs, self.process_group)
+
+    def _update_cache(self) -> None:
+        if self.cache is None:
+            return
+        done = (self.monitor.total_steps - self._epoch_start_step) / self.steps_per_epoch if self.steps_per_epoch else 0.0
+        self.cache.update(self.boundary, self._epoch, done)
+
+    def _replay_cache(self, state: dict) -> None:
+        self.cache.replay(state)
+        self.train(self.model.training)
+        self._rewrap(count=False)
+
+    def _wrapped_module(self) -> nn.Module:
+        tail = self.cache.tail() if self.cache is not None else None
+        return tail if tail is not None else self.model
 
     def _install_hooks(self) -> None:
         self._hooks.remove()

@@ -10,6 +10,7 @@ parameters and freeze decisions as an uninterrupted one.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import random
 import time
@@ -21,6 +22,7 @@ import torch.nn.functional as F
 
 from freeze import comm
 from freeze.blocks import children_block_names, split_blocks
+from freeze.cache import CacheConfig, CacheCounters
 from freeze.freezer import Freezer
 from freeze.monitor import relative_change
 from freeze.pipeline.config import Config, config_to_toml
@@ -143,6 +145,23 @@ def _grad_norm_record(freezer: Freezer, epoch: int) -> dict:
     return {"summed": list(hist[-1].summed_grad_norm), "mean_step": list(hist[-1].mean_step_grad_norm), "eta": eta}
 
 
+def _cache_record(freezer: Freezer, start: CacheCounters | None, samples_read: int) -> dict | None:
+    """This rank's activation-cache figures for one epoch (None without a cache)."""
+    if freezer.cache is None or start is None:
+        return None
+    now = freezer.cache.counters
+    return {
+        "level": freezer.cache.level,
+        "bytes": freezer.cache.nbytes,
+        "on_disk": freezer.cache.store is not None and freezer.cache.store.on_disk,
+        "build_s": now.build_s_total - start.build_s_total,
+        "advance_s": now.advance_s_total - start.advance_s_total,
+        "exchanged_bytes": now.exchanged_bytes_total - start.exchanged_bytes_total,
+        "hit_rate": (now.hit_keys - start.hit_keys) / samples_read if samples_read else 0.0,
+        "status": freezer.cache.status,
+    }
+
+
 def train_worker(cfg: Config, ctx: WorkerContext, resume: bool) -> dict:
     """Run (or resume) the configured run on this worker; returns the last metrics record."""
     run = RunDir(cfg.run_dir())
@@ -229,6 +248,13 @@ def train_worker(cfg: Config, ctx: WorkerContext, resume: bool) -> dict:
         comm_hook=cfg.freeze.comm_hook,
         grad_checkpointing=cfg.train.grad_checkpointing,
         track_summed_grads=cfg.freeze.track_summed_grads or None,
+        cache=CacheConfig(
+            mode=cfg.freeze.cache,
+            budget_bytes=cfg.freeze.cache_budget_bytes,
+            storage_dtype=cfg.freeze.cache_dtype,
+            directory=str(run.path),
+        ),
+        cache_source=loader.cache_source() if cfg.freeze.cache != "off" else None,
     )
 
     start_epoch, cumulative_wall_s = 0, 0.0
@@ -265,20 +291,23 @@ def train_worker(cfg: Config, ctx: WorkerContext, resume: bool) -> dict:
         bytes_before = freezer.counters.allreduce_bytes_total
         frozen_fraction_sum = 0.0
         stats = torch.zeros(3, dtype=torch.float64, device=ctx.device)  # loss sum, correct, count
-        batches = iter(loader)
+        cache_start = dataclasses.replace(freezer.cache.counters) if freezer.cache is not None else None
+        samples_read = 0
+        batches = loader.iter_keyed()
         clock.start()
         for step in range(steps_per_epoch):
             step_start_s = time.perf_counter()
             frozen_fraction_sum += freezer.frozen_param_fraction
             data_s = 0.0
             for micro in range(accum):
-                x, y = next(batches)
+                x, y, keys = next(batches)
+                samples_read += y.numel()
                 data_s += clock.lap("data")
                 last = micro == accum - 1
                 sync = contextlib.nullcontext() if last or not comm.is_distributed() else freezer.ddp.no_sync()
                 with sync:
                     with _autocast(cfg.train.precision, ctx.device):
-                        logits = freezer.ddp(x)
+                        logits = freezer.forward(x, sample_ids=keys)
                         loss = F.cross_entropy(logits, y, label_smoothing=cfg.train.label_smoothing)
                     clock.lap("forward")
                     scaler.scale(loss / accum).backward()
@@ -346,6 +375,7 @@ def train_worker(cfg: Config, ctx: WorkerContext, resume: bool) -> dict:
             "rewraps": freezer.counters.rewraps,
             "rewrap_s": freezer.counters.rewrap_s_total,
             "grad_norm": _grad_norm_record(freezer, epoch),
+            "cache": _cache_record(freezer, cache_start, samples_read),
         }
         logger.info(
             "epoch %d/%d  train loss %.4f acc %.4f  val acc %s  test acc %s  boundary %d->%d  %.1f s  %.2f MB/step",
