@@ -22,6 +22,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from freeze import Freezer, comm, split_blocks
 from freeze.blocks import Block
+from freeze.cache import CacheConfig, CacheSource, SplitGraph
 from freeze.pipeline.log import get_logger
 from freeze.testing import SpawnError, run_gloo_rank, spawn_and_collect
 
@@ -35,8 +36,11 @@ STATIC = "static_limit"
 FIND_UNUSED = "find_unused"
 PER_PARAMETER = "per_parameter"
 NO_COMM = "no_comm"
-# Measured at every k; NO_COMM only at the phase boundaries, ENGINE_NO_MONITOR only at k=0.
-MAIN_APPROACHES = (ENGINE, STATIC, FIND_UNUSED, PER_PARAMETER)
+ENGINE_CACHE = "freeze_engine_cache"
+PREFIX_FORWARD = "prefix_forward"  # not a training step: the frozen prefix's no-grad forward alone
+# Measured at every k; NO_COMM only at the phase boundaries, ENGINE_NO_MONITOR only at k=0,
+# PREFIX_FORWARD where there is a prefix (k >= 1).
+MAIN_APPROACHES = (ENGINE, STATIC, FIND_UNUSED, PER_PARAMETER, ENGINE_CACHE)
 
 # One sample per (rank, measured step): (approach, k, round, step_ms, forward_ms, backward_ms,
 # monitor_ms, optimizer_ms, allreduce_bytes or None).
@@ -108,6 +112,9 @@ class _Runner:
 
     def step_bytes(self) -> int | None:
         return self._bytes_last
+
+    def forward(self, x: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        return self.module(x)
 
 
 class _CountingDDPRunner(_Runner):
@@ -208,12 +215,93 @@ class EngineRunner(_Runner):
         return self.freezer.counters.allreduce_bytes_last_step if self.monitor else None
 
 
-def timed_step(runner: _Runner, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float, float, float, float]:
+def cache_images(cfg: dict) -> torch.Tensor:
+    """The fixed training set the cache runner keys into (the same on every rank)."""
+    gen = torch.Generator().manual_seed(cfg["seed"] + 10_000)
+    return torch.randn(cfg["cache_keys"], 3, cfg["image_size"], cfg["image_size"], generator=gen)
+
+
+class CacheEngineRunner(EngineRunner):
+    """The engine with a memory activation cache over ``cache_keys`` fixed images. At every k the
+    cache is built afresh from the images (timed); on the way up it is first advanced from the
+    previous k (timed), as training would."""
+
+    def __init__(self, cfg: dict):
+        _Runner.__init__(self, cfg)
+        images = cache_images(cfg)
+        self.freezer = Freezer(
+            self.model,
+            self.blocks,
+            optimizer=self.optimizer,
+            cache=CacheConfig("memory", chunk_samples=cfg["cache_chunk"]),
+            cache_source=CacheSource(inputs=lambda keys: images[keys], num_keys=images.shape[0]),
+        )
+        self.monitor = True
+        self.rewrap_ms: list[float] = []
+        self.cache_events: list[tuple[str, int, float, int]] = []  # (build|advance, k, seconds, store bytes)
+
+    def _timed_boundary(self, k: int, kind: str) -> None:
+        counters = self.freezer.cache.counters
+        before = counters.build_s_total + counters.advance_s_total
+        self.freezer.set_boundary(k)
+        elapsed = counters.build_s_total + counters.advance_s_total - before
+        if self.freezer.cache_active:
+            self.cache_events.append((kind, k, elapsed, self.freezer.cache.nbytes))
+
+    def set_k(self, k: int) -> None:
+        if k == self.k:
+            return
+        if 0 < self.k < k:
+            self._timed_boundary(k, "advance")
+        self.freezer.set_boundary(0)  # drop, so that the build below starts from the images
+        self._timed_boundary(k, "build")
+        self.freezer.train()
+        self.k = k
+
+    def forward(self, x: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        return self.freezer.forward(x, sample_ids=keys)
+
+
+class PrefixRunner(_Runner):
+    """The frozen prefix's no-grad forward alone (blocks 0..k-1, frozen BN in eval), on its own
+    replica: what the cache saves per step, measured in the same rotation as the steps."""
+
+    forward_only = True
+
+    def __init__(self, cfg: dict):
+        super().__init__(cfg)
+        self.graph = SplitGraph(self.model, self.blocks)
+        self.prefix: nn.Module | None = None
+
+    def set_k(self, k: int) -> None:
+        if k != self.k:
+            freeze_prefix(self.model, self.blocks, k, bn_eval=True)
+            self.prefix = self.graph.segment(0, k)
+            self.k = k
+
+    def step_bytes(self) -> int | None:
+        return None
+
+
+def timed_prefix(runner: PrefixRunner, x: torch.Tensor) -> tuple[float, float, float, float, float]:
+    dist.barrier()
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        runner.prefix(x)
+    ms = (time.perf_counter() - t0) * 1e3
+    return ms, ms, 0.0, 0.0, 0.0
+
+
+def timed_step(
+    runner: _Runner, x: torch.Tensor, y: torch.Tensor, keys: torch.Tensor | None = None
+) -> tuple[float, float, float, float, float]:
     """zero_grad + forward + loss | backward (+ blocking comm) | after_backward | optimizer step, ms."""
+    if getattr(runner, "forward_only", False):
+        return timed_prefix(runner, x)
     dist.barrier()  # every rank starts the clock together
     t0 = time.perf_counter()
     runner.optimizer.zero_grad(set_to_none=True)
-    loss = F.cross_entropy(runner.module(x), y)
+    loss = F.cross_entropy(runner.forward(x, keys), y)
     t1 = time.perf_counter()
     loss.backward()  # DDP's reducer waits for its all-reduces before backward returns
     runner.communicate()
@@ -233,6 +321,7 @@ def schedule(ks: tuple[int, ...], phase_ks: tuple[int, ...], rounds: int) -> lis
     for r in range(rounds):
         for k in ks if r % 2 == 0 else tuple(reversed(ks)):
             names = MAIN_APPROACHES + ((ENGINE_NO_MONITOR,) if k == 0 else ()) + ((NO_COMM,) if k in phase_ks else ())
+            names += (PREFIX_FORWARD,) if k > 0 else ()
             out.append((r, k, names))
     return out
 
@@ -249,6 +338,8 @@ def measure(cfg: dict, rank: int, log) -> dict:
         FIND_UNUSED: FindUnusedRunner(cfg),
         PER_PARAMETER: PerParameterRunner(cfg),
         NO_COMM: NoCommRunner(cfg),
+        ENGINE_CACHE: CacheEngineRunner(cfg),
+        PREFIX_FORWARD: PrefixRunner(cfg),
     }
     gen = torch.Generator().manual_seed(cfg["seed"] + rank)
     shape = (cfg["batch_size"], 3, cfg["image_size"], cfg["image_size"])
@@ -265,7 +356,8 @@ def measure(cfg: dict, rank: int, log) -> dict:
                 # memorised and drive gradients towards denormals.
                 x = torch.randn(shape, generator=gen)
                 y = torch.randint(0, NUM_CLASSES, (cfg["batch_size"],), generator=gen)
-                times = timed_step(runners[name], x, y)
+                keys = torch.randint(0, cfg["cache_keys"], (cfg["batch_size"],), generator=gen)
+                times = timed_step(runners[name], x, y, keys)
                 if cycle >= cfg["warmup"]:
                     samples.append((name, k, r, *times, runners[name].step_bytes()))
         done_s = time.perf_counter() - start_s
@@ -276,6 +368,7 @@ def measure(cfg: dict, rank: int, log) -> dict:
     return {
         "samples": samples,
         "rewrap_ms": engine.rewrap_ms,
+        "cache_events": runners[ENGINE_CACHE].cache_events,
         "block_names": [b.name for b in engine.blocks],
         "block_param_bytes": [b.param_bytes for b in engine.blocks],
         "threads": torch.get_num_threads(),

@@ -370,7 +370,9 @@ class Freezer:
     def _update_cache(self) -> None:
         if self.cache is None:
             return
-        done = (self.monitor.total_steps - self._epoch_start_step) / self.steps_per_epoch if self.steps_per_epoch else 0.0
+        done = (
+            (self.monitor.total_steps - self._epoch_start_step) / self.steps_per_epoch if self.steps_per_epoch else 0.0
+        )
         self.cache.update(self.boundary, self._epoch, done)
 
     def _replay_cache(self, state: dict) -> None:

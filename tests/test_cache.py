@@ -64,7 +64,9 @@ def train(rank: int, world: int, config: CacheConfig | None, schedule=SCHEDULE, 
         if freezer.cache_active:  # every entry the cache holds, against the current weights
             held = freezer.cache.store.keys
             served = freezer.cache.store.read(held, torch.device("cpu"))
-            out["served_max_diff"].append((served - fresh_prefix(model, freezer.cache.level, x[held])).abs().max().item())
+            out["served_max_diff"].append(
+                (served - fresh_prefix(model, freezer.cache.level, x[held])).abs().max().item()
+            )
             out["on_disk"].append(freezer.cache.store.on_disk)
         out["levels"].append(None if freezer.cache is None else freezer.cache.level)
         keys = step_keys(step)[rank * local : (rank + 1) * local]

@@ -1,8 +1,8 @@
 """Exact activation caching of the frozen prefix (see freeze.cache.cache)."""
 
-from freeze.cache.cache import (
+from freeze.cache.cache import ActivationCache
+from freeze.cache.config import (
     CACHE_MODES,
-    ActivationCache,
     CacheConfig,
     CacheCounters,
     CacheEstimate,

@@ -119,7 +119,12 @@ class SplitGraph:
         crossing = [n for n in self.nodes[:position] if any(self.index[u] >= position for u in n.users)]
         if len(crossing) != 1:
             shown = ", ".join(n.name for n in crossing[:4]) + (" ..." if len(crossing) > 4 else "")
-            return Cut(k, position, None, f"{len(crossing)} values cross the cut before block {k} ({shown}); caching needs exactly one")
+            return Cut(
+                k,
+                position,
+                None,
+                f"{len(crossing)} values cross the cut before block {k} ({shown}); caching needs exactly one",
+            )
         return Cut(k, position, crossing[0])
 
     # ------------------------------------------------------------------ segments
@@ -156,8 +161,15 @@ class SplitGraph:
         shapes = {}
         for cut in self.cuts:
             meta = cut.value.meta.get("tensor_meta") if cut.valid else None
-            if cut.valid and (meta is None or not isinstance(meta.shape, torch.Size) or meta.shape[:1] != sample.shape[:1]):
-                self.cuts[cut.k] = Cut(cut.k, cut.position, None, f"the value crossing the cut before block {cut.k} is not one batched tensor")
+            if cut.valid and (
+                meta is None or not isinstance(meta.shape, torch.Size) or meta.shape[:1] != sample.shape[:1]
+            ):
+                self.cuts[cut.k] = Cut(
+                    cut.k,
+                    cut.position,
+                    None,
+                    f"the value crossing the cut before block {cut.k} is not one batched tensor",
+                )
                 continue
             if cut.valid:
                 shapes[cut.value] = (meta.shape[1:], meta.dtype, meta.memory_format or torch.contiguous_format)

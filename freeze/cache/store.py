@@ -11,6 +11,7 @@ file is ever left behind, even by a crash.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from pathlib import Path
@@ -111,7 +112,5 @@ def map_file(path: Path, rows: int, sample_shape: torch.Size, storage_dtype: str
 
 
 def unlink(path: Path) -> None:
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
-    except FileNotFoundError:
-        pass
