@@ -289,6 +289,8 @@ class Freezer:
                 self.optimizer.state.pop(p, None)
 
     def _apply(self, k: int, first: bool = False, count_rewrap: bool = True, update_cache: bool = True) -> None:
+        if update_cache and self.cache is not None:
+            self.cache.check(k, self._epoch)  # a cache that cannot be built refuses before anything changes
         old = self.boundary
         newly_frozen = range(0, k) if first else range(old, max(old, k))
         for i, block in enumerate(self.blocks):

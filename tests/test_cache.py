@@ -158,6 +158,8 @@ def test_memory_cache_over_budget_is_refused_in_one_line():
     message = str(err.value)
     # stem output: 8 channels x 8 x 8 fp32 = 2048 bytes per key
     assert "\n" not in message and "1,000 bytes" in message and f"{N_KEYS * 2048:,} bytes" in message
+    # refused before anything changed: nothing is frozen
+    assert freezer.boundary == 0 and all(p.requires_grad for p in freezer.model.parameters())
 
 
 def test_forward_without_sample_ids_is_refused_in_one_line():

@@ -115,37 +115,64 @@ class ActivationCache:
         return out
 
     # ------------------------------------------------------------------ boundary changes
+    def check(self, boundary: int, epoch: int) -> None:
+        """Raise the CacheError that :meth:`update` would raise, before anything changes."""
+        self._plan(boundary, epoch)
+
     def update(self, boundary: int, epoch: int, epoch_done_fraction: float = 0.0) -> None:
         """Bring the cache to ``boundary`` (collective): drop, keep, advance or build."""
+        level, keys, status = self._plan(boundary, epoch)
         if self.store is not None and self.store.level > boundary:
             self.drop(f"boundary moved back to {boundary}, below the cache at {self.store.level}")
-        if boundary < 1:
-            self.status = "no frozen prefix"
+        if keys is not None and keys.numel() == 0:
+            self.drop("no key is read again")
+        self.status = status
+        if level is None or keys is None or keys.numel() == 0:
             return
+        reads = self._reads_remaining(epoch, epoch_done_fraction)
+        decide = self.config.mode == "auto"
+        if self._compute(level, keys, epoch, boundary=boundary, reads_remaining=reads, decide=decide):
+            self.status = self._serving(boundary)
+
+    def _plan(self, boundary: int, epoch: int) -> tuple[int | None, torch.Tensor | None, str]:
+        """(cut to compute, keys to compute, status); (None, None, why) when nothing is to compute."""
+        kept = self.store if self.store is not None and self.store.level <= boundary else None
+        if boundary < 1:
+            return None, None, "no frozen prefix"
         self._ensure_probed()
         cut = self.graph.best_cut(boundary)
         if cut is None:
-            self.status = f"no valid cut at or below boundary {boundary}: {self.graph.cuts[boundary].reason}"
-            return
-        if self.store is not None and self.store.level == cut.k:
-            self.status = self._serving(boundary)
-            return
-        start = 0 if self.store is None else self.store.level
-        reason = self._nondeterminism(start, cut.k)
+            return None, None, f"no valid cut at or below boundary {boundary}: {self.graph.cuts[boundary].reason}"
+        if kept is not None and kept.level == cut.k:
+            return None, None, self._serving(boundary)
+        reason = self._nondeterminism(0 if kept is None else kept.level, cut.k)
         if reason:
-            self.status = f"not caching at {cut.k}: {reason}"
-            return
+            return (
+                None,
+                None,
+                f"not caching at {cut.k}: {reason}"
+                + (f"; serving the activations before block {kept.level}" if kept is not None else ""),
+            )
         keys = self._keys_needed(epoch)
-        if self.store is not None:
-            keys = keys[self.store.slot_of[keys] >= 0]  # an advance computes only what it holds
+        if kept is not None:
+            keys = keys[kept.slot_of[keys] >= 0]  # an advance computes only what it holds
         if keys.numel() == 0:
-            self.drop("no key is read again")
-            return
-        reads = self._reads_remaining(epoch, epoch_done_fraction)
-        if self._compute(
-            cut.k, keys, epoch, boundary=boundary, reads_remaining=reads, decide=self.config.mode == "auto"
-        ):
-            self.status = self._serving(boundary)
+            return None, keys, "dropped: no key is read again"
+        self._on_disk(cut.k, keys.numel())  # raises over budget
+        return cut.k, keys, ""
+
+    def _on_disk(self, level: int, n_keys: int) -> bool:
+        """Whether a store of ``n_keys`` at ``level`` goes to disk; a memory cache over budget raises."""
+        shape, _, _ = self.graph.sample_shape(level)
+        row_bytes = shape.numel() * element_bytes(self.config.storage_dtype)
+        need = n_keys * row_bytes
+        if self.config.mode == "memory" and need > self.config.budget:
+            raise CacheError(
+                f"cache: a memory cache before block {level} needs {need:,} bytes ({n_keys:,} keys x "
+                f"{row_bytes:,} bytes), over the budget of {self.config.budget:,} bytes: raise the budget or use "
+                "mode 'disk'"
+            )
+        return self.config.mode != "memory" and need > self.config.budget
 
     def drop(self, why: str) -> None:
         if self.store is not None:
@@ -185,6 +212,8 @@ class ActivationCache:
         return next(self.model.parameters()).device
 
     def _keys_needed(self, epoch: int) -> torch.Tensor:
+        if self.epochs and epoch >= self.epochs:
+            return torch.zeros(0, dtype=torch.int64)  # training is over: nothing is read again
         if self.source.epoch_keys is None or not self.epochs:
             return torch.arange(self.source.num_keys)
         parts = [self.source.epoch_keys(e).to(torch.int64).cpu() for e in range(epoch, self.epochs)]
@@ -230,15 +259,7 @@ class ActivationCache:
         False: the ``auto`` rule stopped it (an advance leaves the store where it was)."""
         source_store = self.store
         shape, dtype, fmt = self.graph.sample_shape(level)
-        row_bytes = shape.numel() * element_bytes(self.config.storage_dtype)
-        need = keys.numel() * row_bytes
-        if self.config.mode == "memory" and need > self.config.budget:
-            raise CacheError(
-                f"cache: a memory cache before block {level} needs {need:,} bytes ({keys.numel():,} keys x "
-                f"{row_bytes:,} bytes), over the budget of {self.config.budget:,} bytes: raise the budget or use "
-                "mode 'disk'"
-            )
-        on_disk = self.config.mode != "memory" and need > self.config.budget
+        on_disk = self._on_disk(level, keys.numel())
         store = self._allocate(level, keys, shape, dtype, fmt, on_disk)
         plan = FillPlan.make(keys, self.topology.world_size, self.config.chunk_samples)
         device = self._device()

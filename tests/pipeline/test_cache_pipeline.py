@@ -1,0 +1,26 @@
+"""The activation cache inside the training pipeline: it changes the time, never the result."""
+
+import torch
+
+from tests.pipeline.test_pipeline import _common, _final, _run
+
+# freezeout from 30 % of the run, decided every 2 steps: the cache is built mid-epoch and advanced.
+# One worker: the exchange between ranks is tested in tests/test_cache.py.
+CACHED = ["data.augment=views:2", "dist.nproc=1", "freeze.policy=freezeout:t0=0.3"]
+
+
+def test_parameters_with_the_cache_equal_those_without(tmp_path):
+    for name, extra in (("off", []), ("memory", ["freeze.cache=memory"])):
+        proc = _run(_common(tmp_path, name) + CACHED + extra)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    ckpt_off, metrics_off, _ = _final(tmp_path, "off")
+    ckpt_on, metrics_on, _ = _final(tmp_path, "memory")
+    assert [m["boundary"] for m in metrics_on] == [m["boundary"] for m in metrics_off]
+    assert metrics_on[-1]["boundary"] >= 2
+    for name, ref in ckpt_off["model"].items():
+        assert torch.equal(ckpt_on["model"][name], ref), name
+    assert all(m["cache"] is None for m in metrics_off)
+    cache = [m["cache"] for m in metrics_on]
+    assert cache[-1]["hit_rate"] > 0 and cache[-1]["bytes"] > 0 and cache[-1]["level"] >= 1
+    assert sum(c["build_s"] for c in cache) > 0
+    assert [step["op"] for step in ckpt_on["freezer"]["cache"]["lineage"]][0] == "build"
