@@ -56,7 +56,7 @@ def train(rank: int, world: int, config: CacheConfig | None, schedule=SCHEDULE, 
         model.load_state_dict(state["model"])
         freezer.load_state_dict(state["freezer"])
         optimizer.load_state_dict(state["optimizer"])
-    out = {"params": [], "served_max_diff": [], "levels": [], "on_disk": [], "statuses": []}
+    out = {"params": [], "served_max_diff": [], "levels": [], "placement": [], "statuses": []}
     local = GLOBAL_BATCH // world
     for step in range(start, len(schedule)):
         freezer.set_boundary(schedule[step])
@@ -67,7 +67,7 @@ def train(rank: int, world: int, config: CacheConfig | None, schedule=SCHEDULE, 
             out["served_max_diff"].append(
                 (served - fresh_prefix(model, freezer.cache.level, x[held])).abs().max().item()
             )
-            out["on_disk"].append(freezer.cache.store.on_disk)
+            out["placement"].append(freezer.cache.store.placement)
         out["levels"].append(None if freezer.cache is None else freezer.cache.level)
         keys = step_keys(step)[rank * local : (rank + 1) * local]
         optimizer.zero_grad(set_to_none=True)
@@ -85,7 +85,8 @@ def train(rank: int, world: int, config: CacheConfig | None, schedule=SCHEDULE, 
 def schedule_worker(rank: int, world: int, directory: str) -> dict:
     return {
         "off": train(rank, world, None),
-        "memory": train(rank, world, CacheConfig("memory")),
+        "memory": train(rank, world, CacheConfig("memory")),  # one copy in /dev/shm for both ranks
+        "private": train(rank, world, CacheConfig("memory", node_shared=False)),  # a copy each, all_gather
         # budget 1 byte: every store spills to a node-local file, written by both ranks directly
         "disk": train(rank, world, CacheConfig("disk", budget_bytes=1, directory=directory)),
         "leftover_files": sorted(p.name for p in __import__("pathlib").Path(directory).iterdir()),
@@ -102,7 +103,7 @@ def schedule_runs(tmp_path_factory):
 def test_parameters_equal_with_and_without_the_cache(schedule_runs):
     for rank_out in schedule_runs:
         off = rank_out["off"]["params"]
-        for mode in ("memory", "disk"):
+        for mode in ("memory", "private", "disk"):
             got = rank_out[mode]["params"]
             assert all(torch.equal(a, b) for a, b in zip(off, got)), mode
     assert torch.equal(schedule_runs[0]["memory"]["params"][-1], schedule_runs[1]["memory"]["params"][-1])
@@ -116,14 +117,18 @@ def test_cache_follows_the_boundary_and_serves_only_fresh_activations(schedule_r
     counters = memory["counters"]
     assert (counters.builds, counters.advances, counters.drops) == (3, 2, 2)
     assert counters.miss_keys == 0 and counters.hit_keys == 4 * 10
-    for mode in ("memory", "disk"):
+    for mode in ("memory", "private", "disk"):
         diffs = [d for r in schedule_runs for d in r[mode]["served_max_diff"]]
         assert len(diffs) == 2 * 10 and max(diffs) == 0.0, (mode, diffs)
 
 
-def test_disk_cache_spills_to_a_file_that_is_never_left_behind(schedule_runs):
-    assert all(schedule_runs[0]["disk"]["on_disk"]) and not any(schedule_runs[0]["memory"]["on_disk"])
+def test_stores_are_placed_as_configured_and_no_file_is_left_behind(schedule_runs):
+    placements = {mode: set(schedule_runs[0][mode]["placement"]) for mode in ("memory", "private", "disk")}
+    assert placements == {"memory": {"shm"}, "private": {"private"}, "disk": {"disk"}}
     assert schedule_runs[0]["leftover_files"] == []
+    # within one node a shared store exchanges nothing; private copies receive the other rank's rows
+    assert schedule_runs[0]["memory"]["counters"].exchanged_bytes_total == 0
+    assert schedule_runs[0]["private"]["counters"].exchanged_bytes_total > 0
 
 
 def resume_worker(rank: int, world: int) -> dict:

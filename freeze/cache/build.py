@@ -9,12 +9,14 @@ two or more (measured: 4.9e-6 max difference on ResNet-18's layer2 output; batch
 300 and any composition agreed bitwise), so C >= 2 keeps cached rows equal to the rows a training
 batch computes.
 
-Cost per rank: ceil(K/W) rounded up to chunks, forwards of the cached segment; a memory store
-receives (W-1)/W of all rows (K x bytes per row), a disk store on one node receives nothing.
+Cost per rank: ceil(K/W) rounded up to chunks, forwards of the cached segment. A store shared by
+the node's ranks (/dev/shm or disk) receives only the rows computed on other nodes: nothing on one
+node; a private store receives (W-1)/W of all rows (K x bytes per row).
 """
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from collections.abc import Callable
@@ -29,11 +31,12 @@ from freeze.cache.store import ActivationStore
 
 @dataclass(frozen=True)
 class Topology:
-    """Which ranks share a node (and so a node-local file): grouped by host name."""
+    """Which ranks share a node (and so a node-local file): torchrun's GROUP_RANK (the node's index)
+    when set, else the host name (several emulated nodes on one host have one host name)."""
 
     rank: int
     world_size: int
-    host: str
+    node_name: str
     node_of: tuple[int, ...]  # node index of every rank
 
     @property
@@ -48,16 +51,21 @@ class Topology:
     def single_node(self) -> bool:
         return len(set(self.node_of)) == 1
 
+    @property
+    def local_ranks(self) -> int:
+        return self.node_of.count(self.node)
+
     @classmethod
     def detect(cls, process_group=None) -> Topology:
-        host = socket.gethostname()
+        group = os.environ.get("GROUP_RANK")
+        name = socket.gethostname() + (f"-node{group}" if group is not None else "")
         if not comm.is_distributed():
-            return cls(0, 1, host, (0,))
+            return cls(0, 1, name, (0,))
         world = comm.world_size(process_group)
-        hosts: list[str | None] = [None] * world
-        dist.all_gather_object(hosts, host, group=process_group)
-        order = {h: i for i, h in enumerate(dict.fromkeys(hosts))}
-        return cls(comm.rank(process_group), world, host, tuple(order[h] for h in hosts))
+        names: list[str | None] = [None] * world
+        dist.all_gather_object(names, name, group=process_group)
+        order = {h: i for i, h in enumerate(dict.fromkeys(names))}
+        return cls(comm.rank(process_group), world, name, tuple(order[h] for h in names))
 
 
 @dataclass(frozen=True)
@@ -112,9 +120,8 @@ def fill(
 
     ``after_first_chunk(result)`` may stop the fill (returns False; every rank must agree)."""
     result = FillResult()
-    # Memory stores are per rank: every rank needs every row. A disk store is shared by the node's
-    # ranks, so only rows computed on other nodes travel.
-    exchange = topo.world_size > 1 and (not store.on_disk or not topo.single_node)
+    # A private store needs every row; a shared one only the rows computed on other nodes.
+    exchange = topo.world_size > 1 and (not store.shared or not topo.single_node)
     for j in range(plan.chunks):
         start = time.perf_counter()
         with torch.no_grad():
@@ -131,7 +138,7 @@ def fill(
         if j == 0 and after_first_chunk is not None and not after_first_chunk(result):
             result.completed = False
             return result
-    if store.on_disk and topo.world_size > 1:
+    if store.shared and topo.world_size > 1:
         dist.barrier(group=process_group)  # every rank's rows are in the shared file before anyone reads
     return result
 
@@ -150,7 +157,7 @@ def _exchange(
             continue
         received += bits.numel() * bits.element_size()
         same_node = topo.node_of[src] == topo.node
-        if store.on_disk and (same_node or not topo.is_node_leader):
+        if store.shared and (same_node or not topo.is_node_leader):
             continue  # a rank of that node wrote these rows into the shared file already
         real = plan.real_keys(src, j)
         rows = gathered[src].cpu().view(store.data.dtype).view(values.shape)

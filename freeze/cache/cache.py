@@ -35,11 +35,13 @@ from freeze.cache.build import FillPlan, Topology, fill
 from freeze.cache.config import CacheConfig, CacheCounters, CacheEstimate, CacheSource, LineageStep, pays
 from freeze.cache.graph import CacheError, SplitGraph
 from freeze.cache.store import (
+    SHM_DIR,
     ActivationStore,
     allocate_memory,
-    disk_path,
     element_bytes,
     map_file,
+    shared_path,
+    shm_has_room,
     unlink,
 )
 
@@ -158,11 +160,11 @@ class ActivationCache:
             keys = keys[kept.slot_of[keys] >= 0]  # an advance computes only what it holds
         if keys.numel() == 0:
             return None, keys, "dropped: no key is read again"
-        self._on_disk(cut.k, keys.numel())  # raises over budget
+        self._store_bytes(cut.k, keys.numel())  # raises over budget
         return cut.k, keys, ""
 
-    def _on_disk(self, level: int, n_keys: int) -> bool:
-        """Whether a store of ``n_keys`` at ``level`` goes to disk; a memory cache over budget raises."""
+    def _store_bytes(self, level: int, n_keys: int) -> int:
+        """Bytes of a store of ``n_keys`` at ``level``; a memory cache over budget raises."""
         shape, _, _ = self.graph.sample_shape(level)
         row_bytes = shape.numel() * element_bytes(self.config.storage_dtype)
         need = n_keys * row_bytes
@@ -172,7 +174,20 @@ class ActivationCache:
                 f"{row_bytes:,} bytes), over the budget of {self.config.budget:,} bytes: raise the budget or use "
                 "mode 'disk'"
             )
-        return self.config.mode != "memory" and need > self.config.budget
+        return need
+
+    def _placement(self, need: int) -> str:
+        """private | shm | disk (collective: every rank must choose the same)."""
+        if self.config.mode != "memory" and need > self.config.budget:
+            return "disk"
+        if not self.config.node_shared or self.topology.local_ranks < 2:
+            return "private"
+        room = int(shm_has_room(need))
+        if comm.is_distributed():  # shared only if every node has room: the protocol is collective
+            flag = torch.tensor([room], device=comm.collective_device(self.process_group))
+            dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.process_group)
+            room = int(flag.item())
+        return "shm" if room else "private"
 
     def drop(self, why: str) -> None:
         if self.store is not None:
@@ -259,8 +274,8 @@ class ActivationCache:
         False: the ``auto`` rule stopped it (an advance leaves the store where it was)."""
         source_store = self.store
         shape, dtype, fmt = self.graph.sample_shape(level)
-        on_disk = self._on_disk(level, keys.numel())
-        store = self._allocate(level, keys, shape, dtype, fmt, on_disk)
+        placement = self._placement(self._store_bytes(level, keys.numel()))
+        store = self._allocate(level, keys, shape, dtype, fmt, placement)
         plan = FillPlan.make(keys, self.topology.world_size, self.config.chunk_samples)
         device = self._device()
         if source_store is None:
@@ -315,15 +330,15 @@ class ActivationCache:
         self.lineage.append(LineageStep("build" if source_store is None else "advance", level, epoch))
         return True
 
-    def _allocate(self, level, keys, shape, dtype, fmt, on_disk: bool) -> ActivationStore:
-        path = None
-        if on_disk:
-            path = disk_path(self.config.directory, self.topology.host, self.token, level)
-            data = _map_shared(path, keys.numel(), shape, self.config.storage_dtype, self.topology, self.process_group)
-        else:
+    def _allocate(self, level, keys, shape, dtype, fmt, placement: str) -> ActivationStore:
+        if placement == "private":
             data = allocate_memory(keys.numel(), shape, self.config.storage_dtype)
+        else:
+            directory = SHM_DIR if placement == "shm" else self.config.directory
+            path = shared_path(directory, self.topology.node_name, self.token, level)
+            data = _map_shared(path, keys.numel(), shape, self.config.storage_dtype, self.topology, self.process_group)
         return ActivationStore(
-            level, keys, self.source.num_keys, shape, self.config.storage_dtype, dtype, fmt, data, path
+            level, keys, self.source.num_keys, shape, self.config.storage_dtype, dtype, fmt, data, placement
         )
 
 

@@ -56,7 +56,7 @@ def pays(e: CacheEstimate) -> bool:
 
 
 def default_budget_bytes() -> int:
-    """A quarter of physical memory per process: each rank of a memory cache holds every entry, and
+    """A quarter of physical memory: without /dev/shm every rank holds its own copy, and
     PipeTransformer's AutoCache stops caching above 65 % of host memory for all its processes."""
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
@@ -66,11 +66,14 @@ def default_budget_bytes() -> int:
 
 @dataclass(frozen=True)
 class CacheConfig:
-    """``mode``: off | memory (host tensor per rank; over budget: error) | disk (memory up to the
-    budget, else a node-local memory-mapped file under ``directory``) | auto (like disk, and only
-    where ``rule(CacheEstimate)`` says it pays; default :func:`pays`).
-    ``budget_bytes``: per process; 0 = :func:`default_budget_bytes`. ``storage_dtype``: fp32 (exact),
-    bf16 or fp16 (half the bytes; cast back on read). ``chunk_samples``: rows per build chunk."""
+    """``mode``: off | memory (in RAM; over budget: error) | disk (in RAM up to the budget, else a
+    node-local memory-mapped file under ``directory``) | auto (like disk, and only where
+    ``rule(CacheEstimate)`` says it pays; default :func:`pays`).
+    ``budget_bytes``: of one store (every entry once); 0 = :func:`default_budget_bytes`.
+    ``storage_dtype``: fp32 (exact), bf16 or fp16 (half the bytes; cast back on read).
+    ``chunk_samples``: rows per build chunk. ``node_shared``: a node's ranks share one in-memory
+    store through /dev/shm when it has room (one copy per node, and no row travels within a node);
+    False, or no room: one private copy per rank, rows exchanged by all_gather."""
 
     mode: str = "off"
     budget_bytes: int = 0
@@ -78,6 +81,7 @@ class CacheConfig:
     directory: str | Path | None = None
     chunk_samples: int = 256
     rule: Callable[[CacheEstimate], bool] | None = None
+    node_shared: bool = True
 
     def __post_init__(self) -> None:
         if self.mode not in CACHE_MODES:

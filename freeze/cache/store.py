@@ -4,9 +4,11 @@ One store holds the activation at ONE cut for a set of keys, in a storage dtype 
 bf16/fp16 halve it), and casts back to the compute dtype on read. Rows are in ascending key order;
 ``slot_of[key]`` is the row of a key or -1.
 
-Disk stores are node-local files created by the node's lowest rank, mapped by the node's other
-ranks, then unlinked at once: the mapping keeps the data alive until the last rank drops it, so no
-file is ever left behind, even by a crash.
+Placements: ``private`` (a tensor of this process), ``shm`` (a file in /dev/shm, i.e. memory, shared
+by the node's ranks) and ``disk`` (a file in a directory, for stores over the memory budget). Shared
+files are created by the node's lowest rank, mapped by the node's other ranks, then unlinked at once:
+the mapping keeps the data alive until the last rank drops it, so no file is ever left behind, even
+by a crash.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ class ActivationStore:
         compute_dtype: torch.dtype,
         memory_format: torch.memory_format,
         data: torch.Tensor,
-        path: Path | None = None,
+        placement: str = "private",
     ):
         self.level = level
         self.keys = keys
@@ -52,11 +54,16 @@ class ActivationStore:
         self.compute_dtype = compute_dtype
         self.memory_format = memory_format
         self.data = data
-        self.path = path  # the (already unlinked) file a disk store was created as
+        self.placement = placement
 
     @property
     def on_disk(self) -> bool:
-        return self.path is not None
+        return self.placement == "disk"
+
+    @property
+    def shared(self) -> bool:
+        """Whether the node's ranks share this store (each writes its own rows into it)."""
+        return self.placement != "private"
 
     @property
     def nbytes(self) -> int:
@@ -91,11 +98,24 @@ def allocate_memory(rows: int, sample_shape: torch.Size, storage_dtype: str) -> 
     return torch.empty((rows, *sample_shape), dtype=STORAGE_DTYPES[storage_dtype])
 
 
-def disk_path(directory: str | Path | None, host: str, token: str, level: int) -> Path:
+SHM_DIR = Path("/dev/shm")
+
+
+def shared_path(directory: str | Path | None, node: str, token: str, level: int) -> Path:
     """A name unique per node, run and level: on a shared file system every node has its own file."""
     root = Path(directory) if directory is not None else Path(tempfile.gettempdir())
-    safe_host = "".join(c if c.isalnum() or c in "-_." else "_" for c in host)
-    return root / f"freeze-cache-{safe_host}-{token}-k{level}.bin"
+    safe_node = "".join(c if c.isalnum() or c in "-_." else "_" for c in node)
+    return root / f"freeze-cache-{safe_node}-{token}-k{level}.bin"
+
+
+def shm_has_room(nbytes: int) -> bool:
+    """Whether /dev/shm exists and has ``nbytes`` free with a 10 % margin (a full tmpfs kills the
+    writer with SIGBUS, so the check errs on the safe side)."""
+    try:
+        st = os.statvfs(SHM_DIR)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize >= nbytes * 1.1 + (64 << 20)
 
 
 def map_file(path: Path, rows: int, sample_shape: torch.Size, storage_dtype: str, create: bool) -> torch.Tensor:

@@ -153,7 +153,7 @@ def _cache_record(freezer: Freezer, start: CacheCounters | None, samples_read: i
     return {
         "level": freezer.cache.level,
         "bytes": freezer.cache.nbytes,
-        "on_disk": freezer.cache.store is not None and freezer.cache.store.on_disk,
+        "placement": None if freezer.cache.store is None else freezer.cache.store.placement,
         "build_s": now.build_s_total - start.build_s_total,
         "advance_s": now.advance_s_total - start.advance_s_total,
         "exchanged_bytes": now.exchanged_bytes_total - start.exchanged_bytes_total,
