@@ -250,6 +250,8 @@ class Freezer:
         self._epoch_start_step = self.monitor.total_steps
         k = int(state["boundary"])
         if self.cache is not None and state.get("cache") is not None:
+            if not self.cache.same_lineage(state["cache"]):
+                self.cache.drop("resuming from a checkpoint")  # built from the weights before loading
             if k != self.boundary:
                 self._apply(k, count_rewrap=False, update_cache=False)
             self._replay_cache(state["cache"])

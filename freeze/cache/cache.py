@@ -13,6 +13,13 @@ Life cycle, driven by the Freezer at every boundary change:
 - unfreeze below c: DROP. Nothing stale is ever read: an entry exists only for the cut it was
   computed at, and the cut only moves down by dropping.
 
+What a build costs, per rank, with N samples, V views, W ranks and E epochs left: ceil(K/W) prefix
+forwards, where K = the keys still to be read (known in advance from the data order, at most
+N * min(V, E)); nothing exchanged within a node (one shared store), (W-1)/W * K rows received per
+rank otherwise. Without the cache the same E epochs cost E * N/W prefix forwards, so the cache never
+computes more than it saves: with V = 1 the build is the first epoch's prefix forward done ahead of
+time, and every later epoch is saved outright (auto: freeze.cache.config.pays).
+
 The cache is not checkpointed. ``state_dict()`` holds its LINEAGE (each build/advance: cut, epoch,
 storage dtype), and ``replay()`` repeats it from the restored weights with the same deterministic
 chunking, so a resumed run serves the same bits as an uninterrupted one.
@@ -200,6 +207,9 @@ class ActivationCache:
     # ------------------------------------------------------------------ resume
     def state_dict(self) -> dict:
         return {"storage_dtype": self.config.storage_dtype, "lineage": [asdict(s) for s in self.lineage]}
+
+    def same_lineage(self, state: dict) -> bool:
+        return [LineageStep(**s) for s in state.get("lineage", [])] == self.lineage
 
     def replay(self, state: dict) -> None:
         """Rebuild the cache of a checkpointed run by repeating its lineage (collective)."""
