@@ -138,7 +138,8 @@ class Freezer:
     # ------------------------------------------------------------------ the user-facing loop API
     @property
     def ddp(self) -> nn.Module:
-        """The module to call for the forward pass: the current DDP wrapper, or the model itself."""
+        """The module to call for the forward pass: the current DDP wrapper, or the model itself.
+        While the activation cache serves, the wrapper holds the tail only: call :meth:`forward`."""
         return self._ddp if self._ddp is not None else self.model
 
     def train(self, mode: bool = True) -> Freezer:
