@@ -8,6 +8,7 @@ fresh forward of the current frozen prefix.
 import pytest
 import torch
 import torch.nn.functional as F
+import torchvision
 from torch import nn
 
 from freeze import Freezer, split_blocks
@@ -212,14 +213,15 @@ def test_untraceable_model_is_refused_in_one_line():
     assert "\n" not in str(err.value)
 
 
-class _DropoutStem(TinyNet):
-    def __init__(self):
+class _RandomStem(TinyNet):
+    def __init__(self, module: nn.Module):
         super().__init__()
-        self.stem.append(nn.Dropout(0.5))
+        self.stem.append(module)
 
 
-def test_random_prefix_is_not_cached():
-    freezer = _freezer(_DropoutStem(), CacheConfig("memory"))
+@pytest.mark.parametrize("module", [nn.Dropout(0.5), torchvision.ops.StochasticDepth(0.2, "row")])
+def test_random_prefix_is_not_cached(module):
+    freezer = _freezer(_RandomStem(module), CacheConfig("memory"))
     freezer.set_boundary(2)
     assert freezer.cache.level is None and "is random in training mode" in freezer.cache.status
 

@@ -55,6 +55,7 @@ from freeze.cache.store import (
 # Random or batch-dependent computations: a prefix containing one (in training mode) has no single
 # activation per sample, so it cannot be cached exactly.
 _STOCHASTIC_MODULES = (nn.modules.dropout._DropoutNd, nn.RReLU)
+_STOCHASTIC_MODULE_NAMES = {"StochasticDepth", "DropPath"}  # torchvision.ops, timm: random in training
 _STOCHASTIC_FUNCTIONS = {
     torch.rand, torch.randn, torch.randint, torch.rand_like, torch.randn_like, torch.randint_like,
     torch.bernoulli, torch.dropout, torch.nn.functional.dropout, torch.nn.functional.dropout1d,
@@ -269,7 +270,8 @@ class ActivationCache:
             if node.op != "call_module":
                 continue
             for name, mod in seg.get_submodule(node.target).named_modules(prefix=str(node.target)):
-                if isinstance(mod, _STOCHASTIC_MODULES) and getattr(mod, "p", 1.0) > 0:
+                random_module = isinstance(mod, _STOCHASTIC_MODULES) or type(mod).__name__ in _STOCHASTIC_MODULE_NAMES
+                if random_module and (getattr(mod, "p", None) or getattr(mod, "drop_prob", None) or 0) > 0:
                     return f"module '{name}' ({type(mod).__name__}) is random in training mode"
                 if isinstance(mod, nn.modules.batchnorm._BatchNorm) and mod not in frozen_bn:
                     return f"module '{name}' ({type(mod).__name__}) uses batch statistics in training mode"
