@@ -159,6 +159,7 @@ def _freezer(model, config, keys=N_KEYS, **kwargs):
 
 def test_memory_cache_over_budget_is_refused_in_one_line():
     freezer = _freezer(TinyNet(), CacheConfig("memory", budget_bytes=1000))
+    assert [freezer.cache.bytes_per_key(k) for k in range(4)] == [None, 2048, 2048, 64]  # known up front
     with pytest.raises(CacheError) as err:
         freezer.set_boundary(1)
     message = str(err.value)

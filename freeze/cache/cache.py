@@ -101,6 +101,15 @@ class ActivationCache:
     def nbytes(self) -> int:
         return 0 if self.store is None else self.store.nbytes
 
+    def bytes_per_key(self, boundary: int) -> int | None:
+        """Bytes one key's entry takes when the boundary is ``boundary`` (at the valid cut it would
+        use), known before anything is built; None if no cut at or below it can be cached."""
+        self._ensure_probed()
+        cut = self.graph.best_cut(boundary)
+        if cut is None:
+            return None
+        return self.graph.sample_shape(cut.k)[0].numel() * element_bytes(self.config.storage_dtype)
+
     def tail(self) -> fx.GraphModule | None:
         """The module that turns cached activations into the model's output (None: no cache)."""
         return None if self.store is None else self.segment(self.store.level, None)
