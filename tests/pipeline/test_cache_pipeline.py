@@ -6,7 +6,14 @@ from tests.pipeline.test_pipeline import _common, _final, _run
 
 # freezeout from 30 % of the run, decided every 2 steps: the cache is built mid-epoch and advanced.
 # One worker: the exchange between ranks is tested in tests/test_cache.py.
-CACHED = ["data.augment=views:2", "dist.nproc=1", "freeze.policy=freezeout:t0=0.3", "data.train_size=128"]
+CACHED = [
+    "data.augment=views:2",
+    "dist.nproc=1",
+    "freeze.policy=freezeout:t0=0.3",
+    "data.train_size=128",
+    "train.epochs=2",
+    "train.eval_every_epochs=2",
+]
 
 
 def test_parameters_with_the_cache_equal_those_without(tmp_path):
