@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import os
 import platform
 import shlex
@@ -23,12 +24,15 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
 import torchvision
 
 from experiments import bench_workers as bw
+from freeze._atomic import atomic_write_text
+from freeze.pipeline.runs import cpu_name
 
 CSV_COLUMNS = (
     "approach",
@@ -174,14 +178,13 @@ def _fmt(value) -> str:
 
 
 def write_csv(rows: list[dict], path: Path) -> None:
+    text = io.StringIO(newline="")
+    writer = csv.writer(text)
+    writer.writerow(CSV_COLUMNS)
+    for row in rows:
+        writer.writerow([_fmt(row[c]) for c in CSV_COLUMNS])
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".csv.tmp")
-    with open(tmp, "w", newline="", encoding="utf-8") as f:
-        writer = csv.writer(f)
-        writer.writerow(CSV_COLUMNS)
-        for row in rows:
-            writer.writerow([_fmt(row[c]) for c in CSV_COLUMNS])
-    os.replace(tmp, path)
+    atomic_write_text(path, text.getvalue())
 
 
 # ---------------------------------------------------------------------------------------- report
@@ -218,15 +221,27 @@ def _verdict(ok: bool, beyond_noise: bool = True) -> str:
     return "**MISSED**" if beyond_noise else "**MISSED** (within noise)"
 
 
-def evaluate_targets(
-    cfg: BenchConfig, rows: list[dict], cells: dict, rewrap_ms: list[float]
-) -> list[tuple[str, str, str]]:
-    """(target, verdict, measured) for every target. A miss whose 95% interval still reaches the
-    target is marked "within noise": on a shared machine that is a different finding."""
-    ks = list(cfg.ks)
-    eng = {k: _get(rows, bw.ENGINE, k) for k in ks}
-    steps = {key: cell["step_ms"] for key, cell in cells.items()}
-    out = []
+class Target(NamedTuple):
+    key: str  # what the other parts of the report look a target up by
+    target: str
+    verdict: str  # "met", "**MISSED**", "**MISSED** (within noise)" or "n/a"
+    measured: str
+
+
+@dataclass(frozen=True)
+class _Measured:
+    """What every target reads: the measured ks, the CSV rows, the engine's rows by k, and each
+    cell's step times."""
+
+    ks: list[int]
+    rows: list[dict]
+    engine: dict[int, dict]
+    steps: dict[tuple[str, int], np.ndarray]
+
+
+def _bytes_target(m: _Measured) -> Target:
+    """Bytes all-reduced per step equal the trainable gradient bytes, every step."""
+    ks, eng, rows = m.ks, m.engine, m.rows
     exact = {
         n: [k for k in ks if not _get(rows, n, k)["bytes_match_trainable"]]
         for n in (bw.ENGINE, bw.STATIC, bw.PER_PARAMETER)
@@ -237,8 +252,17 @@ def evaluate_targets(
     )
     measured += f" (k={ks[0]}: {_size(eng[ks[0]]['trainable_grad_bytes'])}, k={ks[-1]}: {_size(eng[ks[-1]]['trainable_grad_bytes'])}); "
     measured += f"find-unused sends {', '.join(_size(b) for b in sorted(fu_bytes))} at every k"
-    out.append(("bytes all-reduced per step = trainable gradient bytes", _verdict(not any(exact.values())), measured))
+    return Target(
+        "bytes",
+        "bytes all-reduced per step = trainable gradient bytes",
+        _verdict(not any(exact.values())),
+        measured,
+    )
 
+
+def _static_limit_target(m: _Measured) -> Target:
+    """The engine within TARGET_RATIO_TO_STATIC of the static limit at every k."""
+    ks, eng, steps, rows = m.ks, m.engine, m.steps, m.rows
     ratio_ci = {k: bootstrap_ci(np.divide, steps[(bw.ENGINE, k)], steps[(bw.STATIC, k)]) for k in ks}
     over = [k for k in ks if eng[k]["ratio_to_static"] > TARGET_RATIO_TO_STATIC]
     worst = max(ks, key=lambda k: eng[k]["ratio_to_static"])
@@ -248,14 +272,17 @@ def evaluate_targets(
         f"{eng[worst]['median_ms']:.1f} vs {_get(rows, bw.STATIC, worst)['median_ms']:.1f} ms); over {TARGET_RATIO_TO_STATIC - 1:.0%} at "
         f"k={over}; ratio of 10th percentiles {min(p10.values()):.3f}..{max(p10.values()):.3f}"
     )
-    out.append(
-        (
-            f"freeze engine within {TARGET_RATIO_TO_STATIC - 1:.0%} of the static limit at every k",
-            _verdict(not over, any(ratio_ci[k][0] > TARGET_RATIO_TO_STATIC for k in over)),
-            text,
-        )
+    return Target(
+        "static_limit",
+        f"freeze engine within {TARGET_RATIO_TO_STATIC - 1:.0%} of the static limit at every k",
+        _verdict(not over, any(ratio_ci[k][0] > TARGET_RATIO_TO_STATIC for k in over)),
+        text,
     )
 
+
+def _per_parameter_target(m: _Measured) -> Target:
+    """Faster than the per-parameter all-reduce at every k."""
+    ks, eng, steps, rows = m.ks, m.engine, m.steps, m.rows
     speed = {k: _get(rows, bw.PER_PARAMETER, k)["median_ms"] / eng[k]["median_ms"] for k in ks}
     slow = [k for k in ks if speed[k] <= 1.0]
     diff_ci = {k: bootstrap_ci(np.subtract, steps[(bw.ENGINE, k)], steps[(bw.PER_PARAMETER, k)]) for k in slow}
@@ -265,8 +292,17 @@ def evaluate_targets(
         f"(95% CI {diff_ci[k][0]:+.1f}..{diff_ci[k][1]:+.1f})"
         for k in slow
     )
-    out.append(("faster than per-parameter at every k", _verdict(not slow, any(diff_ci[k][0] > 0 for k in slow)), text))
+    return Target(
+        "per_parameter",
+        "faster than per-parameter at every k",
+        _verdict(not slow, any(diff_ci[k][0] > 0 for k in slow)),
+        text,
+    )
 
+
+def _find_unused_target(m: _Measured) -> Target:
+    """Faster than find-unused where half is frozen, not slower beyond noise elsewhere."""
+    ks, eng, steps, rows = m.ks, m.engine, m.steps, m.rows
     half = [k for k in ks if eng[k]["frozen_param_fraction"] >= 0.5]
     rest = [k for k in ks if k not in half]
     fu = {k: _get(rows, bw.FIND_UNUSED, k)["median_ms"] for k in ks}
@@ -282,44 +318,46 @@ def evaluate_targets(
             f"(95% CI {diff_ci[w][0]:+.1f}..{diff_ci[w][1]:+.1f})"
         ) + (f"; slower beyond noise at k={slower}" if slower else "")
     text += f"; not faster at k={not_faster}" if not_faster else ""
-    out.append(
-        (
-            "faster than find-unused where >= half the parameters are frozen, not slower beyond noise elsewhere",
-            _verdict(not not_faster and not slower, bool(slower) or any(diff_ci[k][0] > 0 for k in not_faster)),
-            text,
-        )
+    return Target(
+        "find_unused",
+        "faster than find-unused where >= half the parameters are frozen, not slower beyond noise elsewhere",
+        _verdict(not not_faster and not slower, bool(slower) or any(diff_ci[k][0] > 0 for k in not_faster)),
+        text,
     )
 
+
+def _monitor_target(m: _Measured) -> Target:
+    """The monitor's share of a step at k=0."""
+    eng, steps, rows = m.engine, m.steps, m.rows
     without = _get(rows, bw.ENGINE_NO_MONITOR, 0)
     if without is None or eng.get(0) is None:
-        out.append((f"monitor overhead < {TARGET_MONITOR_PCT:g}% of step time", "n/a", "k=0 not measured"))
-    else:
-        # The i-th step of each ran in the same rotation cycle: paired differences cancel load drift.
-        diff = steps[(bw.ENGINE, 0)] - steps[(bw.ENGINE_NO_MONITOR, 0)]
-        lo, hi = (v / without["median_ms"] * 100 for v in bootstrap_ci(lambda d: d, diff))
-        pct = float(np.median(diff)) / without["median_ms"] * 100
-        direct = eng[0]["monitor_ms"] / eng[0]["median_ms"] * 100
-        # after_backward is timed inside every engine step, so its share is precise; the paired
-        # with/without difference also catches indirect costs but is as noisy as the machine.
-        out.append(
-            (
-                f"monitor overhead < {TARGET_MONITOR_PCT:g}% of step time (k=0)",
-                _verdict(direct < TARGET_MONITOR_PCT and lo < TARGET_MONITOR_PCT),
-                f"after_backward takes {eng[0]['monitor_ms']:.2f} ms = {direct:.1f}% of the {eng[0]['median_ms']:.1f} ms step; "
-                f"with vs. without after_backward (paired steps): {pct:+.1f}% (95% CI {lo:+.1f}..{hi:+.1f}%)",
-            )
-        )
+        return Target("monitor", f"monitor overhead < {TARGET_MONITOR_PCT:g}% of step time", "n/a", "k=0 not measured")
+    # The i-th step of each ran in the same rotation cycle: paired differences cancel load drift.
+    diff = steps[(bw.ENGINE, 0)] - steps[(bw.ENGINE_NO_MONITOR, 0)]
+    lo, hi = (v / without["median_ms"] * 100 for v in bootstrap_ci(lambda d: d, diff))
+    pct = float(np.median(diff)) / without["median_ms"] * 100
+    direct = eng[0]["monitor_ms"] / eng[0]["median_ms"] * 100
+    # after_backward is timed inside every engine step, so its share is precise; the paired
+    # with/without difference also catches indirect costs but is as noisy as the machine.
+    return Target(
+        "monitor",
+        f"monitor overhead < {TARGET_MONITOR_PCT:g}% of step time (k=0)",
+        _verdict(direct < TARGET_MONITOR_PCT and lo < TARGET_MONITOR_PCT),
+        f"after_backward takes {eng[0]['monitor_ms']:.2f} ms = {direct:.1f}% of the {eng[0]['median_ms']:.1f} ms step; "
+        f"with vs. without after_backward (paired steps): {pct:+.1f}% (95% CI {lo:+.1f}..{hi:+.1f}%)",
+    )
+
+
+def _rewrap_target(rewrap_ms: list[float]) -> Target:
+    """The median re-wrap time over boundary changes."""
     if rewrap_ms:
-        out.append(
-            (
-                f"re-wrap < {TARGET_REWRAP_MS:g} ms (median over boundary changes)",
-                _verdict(float(np.median(rewrap_ms)) < TARGET_REWRAP_MS),
-                f"median {np.median(rewrap_ms):.1f} ms, max {max(rewrap_ms):.1f} ms over {len(rewrap_ms)} re-wraps",
-            )
+        return Target(
+            "rewrap",
+            f"re-wrap < {TARGET_REWRAP_MS:g} ms (median over boundary changes)",
+            _verdict(float(np.median(rewrap_ms)) < TARGET_REWRAP_MS),
+            f"median {np.median(rewrap_ms):.1f} ms, max {max(rewrap_ms):.1f} ms over {len(rewrap_ms)} re-wraps",
         )
-    else:
-        out.append((f"re-wrap < {TARGET_REWRAP_MS:g} ms", "n/a", "no boundary change measured (one k only)"))
-    return out
+    return Target("rewrap", f"re-wrap < {TARGET_REWRAP_MS:g} ms", "n/a", "no boundary change measured (one k only)")
 
 
 def cache_section(cfg: BenchConfig, rows: list[dict], cells: dict) -> list[str]:
@@ -380,15 +418,21 @@ def cache_section(cfg: BenchConfig, rows: list[dict], cells: dict) -> list[str]:
     return lines
 
 
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+def evaluate_targets(cfg: BenchConfig, rows: list[dict], cells: dict, rewrap_ms: list[float]) -> list[Target]:
+    """One :class:`Target` per target, in report order. A miss whose 95% interval still reaches the
+    target is marked "within noise": on a shared machine that is a different finding."""
+    ks = list(cfg.ks)
+    m = _Measured(
+        ks, rows, {k: _get(rows, bw.ENGINE, k) for k in ks}, {key: cell["step_ms"] for key, cell in cells.items()}
+    )
+    return [
+        _bytes_target(m),
+        _static_limit_target(m),
+        _per_parameter_target(m),
+        _find_unused_target(m),
+        _monitor_target(m),
+        _rewrap_target(rewrap_ms),
+    ]
 
 
 def write_markdown(
@@ -403,7 +447,7 @@ def write_markdown(
         "(also in `bench.csv`); nothing is typed by hand.",
         "",
         "## Setup",
-        f"- Hardware: {_cpu_model()}, {os.cpu_count()} cores; {cfg.workers} gloo workers x {run['threads']} thread(s), one machine.",
+        f"- Hardware: {cpu_name()}, {os.cpu_count()} cores; {cfg.workers} gloo workers x {run['threads']} thread(s), one machine.",
         f"- Load average (1 min) before / after: {run['load_avg'][0]:.2f} / {run['load_avg'][1]:.2f}. The machine may have been "
         "shared with other jobs during the run: read differences of a few percent as noise.",
         f"- Versions: torch {torch.__version__}, torchvision {torchvision.__version__}, Python {platform.python_version()}, "
@@ -443,7 +487,8 @@ def write_markdown(
         )
     lines += ["", "## Targets", "", "| target | verdict | measured |", "|---|---|---|"]
     targets = evaluate_targets(cfg, rows, cells, rewrap_ms)
-    lines += [f"| {t} | {v} | {m} |" for t, v, m in targets]
+    lines += [f"| {t.target} | {t.verdict} | {t.measured} |" for t in targets]
+    measured = {t.key: t.measured for t in targets}
     lines += [
         "",
         'Noise: 95% intervals come from resampling each cell\'s steps (bootstrap of the median). "Slower beyond noise" '
@@ -453,8 +498,8 @@ def write_markdown(
         "",
         "## Overheads",
         "",
-        f"- Monitor (`freezer.after_backward()`): {targets[4][2]}.",
-        f"- Re-wrap (`freezer.counters.rewrap_s_last` after each `set_boundary` that changed k, slowest rank): {targets[5][2]}"
+        f"- Monitor (`freezer.after_backward()`): {measured['monitor']}.",
+        f"- Re-wrap (`freezer.counters.rewrap_s_last` after each `set_boundary` that changed k, slowest rank): {measured['rewrap']}"
         + (f"; all: {', '.join(f'{ms:.1f}' for ms in rewrap_ms)} ms." if rewrap_ms else "."),
         "- Communication not hidden behind backward (freeze engine, comm est. below): "
         + ", ".join(f"k={k}: {_get(rows, bw.ENGINE, k)['comm_est_ms']:.1f} ms" for k in cfg.phase_ks)
@@ -479,9 +524,7 @@ def write_markdown(
     lines.append("")
     lines += cache_section(cfg, rows, cells)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".md.tmp")
-    tmp.write_text("\n".join(lines), encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write_text(path, "\n".join(lines))
 
 
 def run_benchmark(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -39,12 +40,28 @@ NO_COMM = "no_comm"
 ENGINE_CACHE = "freeze_engine_cache"
 PREFIX_FORWARD = "prefix_forward"  # not a training step: the frozen prefix's no-grad forward alone
 # Measured at every k; NO_COMM only at the phase boundaries, ENGINE_NO_MONITOR only at k=0,
-# PREFIX_FORWARD where there is a prefix (k >= 1).
+# PREFIX_FORWARD beside ENGINE_CACHE where there is a prefix (k >= 1).
 MAIN_APPROACHES = (ENGINE, STATIC, FIND_UNUSED, PER_PARAMETER, ENGINE_CACHE)
 
-# One sample per (rank, measured step): (approach, k, round, step_ms, forward_ms, backward_ms,
-# monitor_ms, optimizer_ms, allreduce_bytes or None).
-Sample = tuple
+
+class StepTimes(NamedTuple):
+    """Milliseconds of one timed step and of its phases (see :func:`timed_step`)."""
+
+    step_ms: float
+    forward_ms: float  # zero_grad + forward + loss
+    backward_ms: float  # backward, including any blocking communication
+    monitor_ms: float  # after_backward (the engine's monitor; 0 for the other approaches)
+    optimizer_ms: float
+
+
+class Sample(NamedTuple):
+    """One measured step of one rank."""
+
+    approach: str
+    k: int
+    round: int
+    times: StepTimes
+    allreduce_bytes: int | None  # None where no per-step count exists (the engine without monitor)
 
 
 def build_model(name: str, image_size: int) -> nn.Module:
@@ -283,18 +300,16 @@ class PrefixRunner(_Runner):
         return None
 
 
-def timed_prefix(runner: PrefixRunner, x: torch.Tensor) -> tuple[float, float, float, float, float]:
+def timed_prefix(runner: PrefixRunner, x: torch.Tensor) -> StepTimes:
     dist.barrier()
     t0 = time.perf_counter()
     with torch.no_grad():
         runner.prefix(x)
     ms = (time.perf_counter() - t0) * 1e3
-    return ms, ms, 0.0, 0.0, 0.0
+    return StepTimes(ms, ms, 0.0, 0.0, 0.0)
 
 
-def timed_step(
-    runner: _Runner, x: torch.Tensor, y: torch.Tensor, keys: torch.Tensor | None = None
-) -> tuple[float, float, float, float, float]:
+def timed_step(runner: _Runner, x: torch.Tensor, y: torch.Tensor, keys: torch.Tensor | None = None) -> StepTimes:
     """zero_grad + forward + loss | backward (+ blocking comm) | after_backward | optimizer step, ms."""
     if getattr(runner, "forward_only", False):
         return timed_prefix(runner, x)
@@ -311,17 +326,25 @@ def timed_step(
     runner.optimizer.step()
     t4 = time.perf_counter()
     ms = 1e3
-    return (t4 - t0) * ms, (t1 - t0) * ms, (t2 - t1) * ms, (t3 - t2) * ms, (t4 - t3) * ms
+    return StepTimes((t4 - t0) * ms, (t1 - t0) * ms, (t2 - t1) * ms, (t3 - t2) * ms, (t4 - t3) * ms)
 
 
-def schedule(ks: tuple[int, ...], phase_ks: tuple[int, ...], rounds: int) -> list[tuple[int, int, tuple[str, ...]]]:
+def schedule(
+    ks: tuple[int, ...],
+    phase_ks: tuple[int, ...],
+    rounds: int,
+    approaches: tuple[str, ...] = MAIN_APPROACHES,
+    monitor_cell: bool = True,
+) -> list[tuple[int, int, tuple[str, ...]]]:
     """(round, k, approaches) groups. Boundaries go up in even rounds and down in odd ones, so the
-    engine re-wraps in both directions and slow drift does not line up with k."""
+    engine re-wraps in both directions and slow drift does not line up with k. ``monitor_cell``
+    adds the engine without its monitor at k=0; NO_COMM runs at ``phase_ks``."""
     out = []
     for r in range(rounds):
         for k in ks if r % 2 == 0 else tuple(reversed(ks)):
-            names = MAIN_APPROACHES + ((ENGINE_NO_MONITOR,) if k == 0 else ()) + ((NO_COMM,) if k in phase_ks else ())
-            names += (PREFIX_FORWARD,) if k > 0 else ()
+            extra = ((ENGINE_NO_MONITOR,) if k == 0 and monitor_cell else ()) + ((NO_COMM,) if k in phase_ks else ())
+            extra += (PREFIX_FORWARD,) if k > 0 and ENGINE_CACHE in approaches else ()
+            names = tuple(approaches) + extra
             out.append((r, k, names))
     return out
 
@@ -329,22 +352,30 @@ def schedule(ks: tuple[int, ...], phase_ks: tuple[int, ...], rounds: int) -> lis
 def measure(cfg: dict, rank: int, log) -> dict:
     """Within a (round, k) group the approaches take turns step by step (order rotating every
     cycle), so each sees the same machine load: on a shared machine load changes within seconds."""
-    runners: dict[str, _Runner] = {
-        ENGINE: EngineRunner(cfg),
+    makers = {
+        ENGINE: lambda: EngineRunner(cfg),
         # Its own Freezer: skipping after_backward on the main one would fold the skipped steps'
         # bytes into its next per-step count.
-        ENGINE_NO_MONITOR: EngineRunner(cfg, monitor=False),
-        STATIC: StaticRunner(cfg),
-        FIND_UNUSED: FindUnusedRunner(cfg),
-        PER_PARAMETER: PerParameterRunner(cfg),
-        NO_COMM: NoCommRunner(cfg),
-        ENGINE_CACHE: CacheEngineRunner(cfg),
-        PREFIX_FORWARD: PrefixRunner(cfg),
+        ENGINE_NO_MONITOR: lambda: EngineRunner(cfg, monitor=False),
+        STATIC: lambda: StaticRunner(cfg),
+        FIND_UNUSED: lambda: FindUnusedRunner(cfg),
+        PER_PARAMETER: lambda: PerParameterRunner(cfg),
+        NO_COMM: lambda: NoCommRunner(cfg),
+        ENGINE_CACHE: lambda: CacheEngineRunner(cfg),
+        PREFIX_FORWARD: lambda: PrefixRunner(cfg),
     }
     gen = torch.Generator().manual_seed(cfg["seed"] + rank)
     shape = (cfg["batch_size"], 3, cfg["image_size"], cfg["image_size"])
     samples: list[Sample] = []
-    plan = schedule(tuple(cfg["ks"]), tuple(cfg["phase_ks"]), cfg["rounds"])
+    plan = schedule(
+        tuple(cfg["ks"]),
+        tuple(cfg["phase_ks"]),
+        cfg["rounds"],
+        tuple(cfg.get("approaches", MAIN_APPROACHES)),
+        cfg.get("monitor_cell", True),
+    )
+    # Only the approaches the plan runs: each holds a model replica (the cache runner also its images).
+    runners: dict[str, _Runner] = {name: makers[name]() for name in makers if any(name in n for _, _, n in plan)}
     start_s = time.perf_counter()
     for index, (r, k, names) in enumerate(plan):
         for name in names:
@@ -356,10 +387,10 @@ def measure(cfg: dict, rank: int, log) -> dict:
                 # memorised and drive gradients towards denormals.
                 x = torch.randn(shape, generator=gen)
                 y = torch.randint(0, NUM_CLASSES, (cfg["batch_size"],), generator=gen)
-                keys = torch.randint(0, cfg["cache_keys"], (cfg["batch_size"],), generator=gen)
+                keys = torch.randint(0, cfg.get("cache_keys", 1), (cfg["batch_size"],), generator=gen)
                 times = timed_step(runners[name], x, y, keys)
                 if cycle >= cfg["warmup"]:
-                    samples.append((name, k, r, *times, runners[name].step_bytes()))
+                    samples.append(Sample(name, k, r, times, runners[name].step_bytes()))
         done_s = time.perf_counter() - start_s
         log.info(
             f"bench: round {r + 1}/{cfg['rounds']} k={k} done ({index + 1}/{len(plan)} groups), {done_s:.0f} s elapsed"
@@ -368,7 +399,7 @@ def measure(cfg: dict, rank: int, log) -> dict:
     return {
         "samples": samples,
         "rewrap_ms": engine.rewrap_ms,
-        "cache_events": runners[ENGINE_CACHE].cache_events,
+        "cache_events": runners[ENGINE_CACHE].cache_events if ENGINE_CACHE in runners else [],
         "block_names": [b.name for b in engine.blocks],
         "block_param_bytes": [b.param_bytes for b in engine.blocks],
         "threads": torch.get_num_threads(),
@@ -391,26 +422,26 @@ def worker_main(rank: int, cfg: dict, workdir: str) -> None:
     run_gloo_rank(rank, cfg["workers"], workdir, cfg["collective_timeout_s"], body)
 
 
-SAMPLE_FIELDS = ("step_ms", "forward_ms", "backward_ms", "monitor_ms", "optimizer_ms")
+SAMPLE_FIELDS = StepTimes._fields
 
 
 def combine_ranks(ranks: list[dict]) -> dict[tuple[str, int], dict[str, np.ndarray]]:
     """Per (approach, k): each step's times as the slowest rank's (the one the others wait for),
     bytes as rank 0 counted them. Ranks run the same schedule, so samples line up by index."""
-    per_rank = [r["samples"] for r in ranks]
+    per_rank: list[list[Sample]] = [r["samples"] for r in ranks]
     if len({len(s) for s in per_rank}) != 1:
         raise RuntimeError("bench: ranks recorded different numbers of steps")
     cells: dict[tuple[str, int], dict[str, list]] = {}
     for steps in zip(*per_rank):
-        name, k, rnd = steps[0][:3]
+        first = steps[0]
         cell = cells.setdefault(
-            (name, k), {f: [] for f in SAMPLE_FIELDS} | {"bytes": [], "round": [], "bytes_agree": []}
+            (first.approach, first.k), {f: [] for f in SAMPLE_FIELDS} | {"bytes": [], "round": [], "bytes_agree": []}
         )
-        for i, field in enumerate(SAMPLE_FIELDS):
-            cell[field].append(max(s[3 + i] for s in steps))
-        cell["bytes"].append(steps[0][8])
-        cell["bytes_agree"].append(len({s[8] for s in steps}) == 1)
-        cell["round"].append(rnd)
+        for field in SAMPLE_FIELDS:
+            cell[field].append(max(getattr(s.times, field) for s in steps))
+        cell["bytes"].append(first.allreduce_bytes)
+        cell["bytes_agree"].append(len({s.allreduce_bytes for s in steps}) == 1)
+        cell["round"].append(first.round)
     return {key: {f: np.asarray(v) for f, v in cell.items()} for key, cell in cells.items()}
 
 

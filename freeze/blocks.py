@@ -12,9 +12,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-
-class BlockError(ValueError):
-    """A block specification that does not describe the model."""
+from freeze.block_finder import BlockError, default_block_names, expand_globs, first_block_using
 
 
 @dataclass(frozen=True, eq=False)
@@ -34,7 +32,12 @@ class Block:
         return sum(p.numel() for p in self.params)
 
     def buffers(self) -> list[tuple[str, nn.Module, str]]:
-        """(qualified name, owning module, attribute name) of every buffer in the block."""
+        """(qualified name, owning module, attribute name) of every buffer in the block.
+
+        Returns:
+            One tuple per buffer, in module order; the name is qualified as in
+            ``model.named_buffers()``.
+        """
         out = []
         for mod_name, mod in zip(self.module_names, self.modules):
             for sub_name, sub in mod.named_modules():
@@ -46,82 +49,136 @@ class Block:
         return out
 
     def batchnorms(self) -> list[nn.modules.batchnorm._BatchNorm]:
+        """Every BatchNorm module inside the block (they stay in eval mode while it is frozen)."""
         return [
             sub for mod in self.modules for sub in mod.modules() if isinstance(sub, nn.modules.batchnorm._BatchNorm)
         ]
 
 
-def _is_torchvision_resnet(model: nn.Module) -> bool:
-    return all(hasattr(model, a) for a in ("conv1", "bn1", "layer1", "layer2", "layer3", "layer4", "fc")) and all(
-        isinstance(getattr(model, f"layer{i}"), nn.Sequential) for i in range(1, 5)
-    )
-
-
-def default_block_names(model: nn.Module) -> list[list[str]]:
-    """The default split: ResNets by residual block, anything else by top-level children that own
-    parameters (registration order, which for ``nn.Sequential``-style models is forward order)."""
-    if _is_torchvision_resnet(model):
-        names: list[list[str]] = [["conv1", "bn1"]]
-        for i in range(1, 5):
-            layer = getattr(model, f"layer{i}")
-            names += [[f"layer{i}.{j}"] for j in range(len(layer))]
-        names.append(["fc"])
-        return names
-    return children_block_names(model)
-
-
 def children_block_names(model: nn.Module) -> list[list[str]]:
     """Parameter-owning top-level children, one block each (for a ResNet: conv1, bn1, layer1..4, fc,
-    the reference study's 7 freezable groups)."""
+    the reference study's 7 freezable groups).
+
+    Args:
+        model: the model to split; children without parameters (ReLU, pooling) are skipped.
+
+    Returns:
+        ``[[name], ...]`` in registration order, ready for :func:`split_blocks`.
+    """
     return [[n] for n, m in model.named_children() if any(True for _ in m.parameters())]
 
 
-def _block_name(module_names: Sequence[str]) -> str:
-    return "stem" if list(module_names) == ["conv1", "bn1"] else "+".join(module_names)
+def _block_name(names: Sequence[str]) -> str:
+    return "stem" if list(names) == ["conv1", "bn1"] else "+".join(names)
+
+
+def _nested(a: str, b: str) -> bool:
+    """One dotted name is the other or lies inside it ('stem' and 'stem.0')."""
+    return a == b or a.startswith(b + ".") or b.startswith(a + ".")
+
+
+@dataclass
+class _Draft:
+    """A block being assembled: what it names, and the parameters it owns so far."""
+
+    names: list[str]
+    module_names: list[str]
+    param_names: list[str]
+    params: list[nn.Parameter]
 
 
 def split_blocks(model: nn.Module, names: Sequence[str | Sequence[str]] | None = None) -> list[Block]:
-    """Ordered freezable blocks of ``model``.
+    """Ordered freezable blocks of ``model``; boundary k freezes blocks 0..k-1, the last is the head.
 
-    ``names``: one entry per block, in forward order; an entry is a module name (``"layer1"``) or a
-    list of module names that form one block (``["conv1", "bn1"]``). ``None`` picks
-    :func:`default_block_names`.
+    Args:
+        model: the model to split (any device, also ``meta``).
+        names: one entry per block, in forward order, or ``None`` for the default split
+            (:func:`freeze.block_finder.default_block_names`: the model's repeated layers, e.g.
+            stem, each residual block, fc for a ResNet). An entry is a module name (``"pooler"``), a
+            glob that becomes one block per matching parameter-owning module (``"encoder.layer.*"``,
+            in registration order; ``*`` stays within one dotted component), or a list of module
+            names, globs and parameter names forming ONE block (``["conv1", "bn1"]``,
+            ``["conv_proj", "class_token"]``).
+
+    Every parameter ends in exactly one block. A parameter tied to several named modules belongs
+    to the first block naming it. A parameter owned directly by a parent of the named modules (ViT's
+    ``class_token``) and not named itself joins the first block whose input depends on it
+    (:func:`freeze.block_finder.first_block_using`). Anything else is a one-line ``BlockError``.
     """
-    spec = default_block_names(model) if names is None else [[n] if isinstance(n, str) else list(n) for n in names]
+    spec = default_block_names(model) if names is None else expand_globs(model, names)
     if not spec:
         raise BlockError("split_blocks: the model has no parameter-owning modules to freeze")
     modules = dict(model.named_modules())
-    param_ids = {id(p): n for n, p in model.named_parameters()}
-    owner: dict[int, str] = {}
-    blocks: list[Block] = []
-    for entry in spec:
+    named_params = dict(model.named_parameters())
+    param_ids = {id(p): n for n, p in named_params.items()}
+    claimed: dict[int, tuple[int, str]] = {}  # parameter -> (block index, the name that claimed it)
+    drafts = [_Draft(list(entry), [], [], []) for entry in spec]
+    for i, (entry, draft) in enumerate(zip(spec, drafts)):
         if not entry:
             raise BlockError("split_blocks: an empty block entry (a block needs at least one module name)")
-        mods = []
-        for mod_name in entry:
-            if mod_name not in modules or mod_name == "":
+        for name in entry:
+            if name in modules and name != "":
+                draft.module_names.append(name)
+                params = list(modules[name].parameters())
+            elif name in named_params:
+                params = [named_params[name]]
+            else:
                 top = ", ".join(n for n, _ in model.named_children())
-                raise BlockError(f"split_blocks: no module named '{mod_name}' in the model; top-level modules: {top}")
-            mods.append(modules[mod_name])
-        block_name = _block_name(entry)
-        pnames, params = [], []
-        for mod in mods:
-            for p in mod.parameters():
-                if id(p) in owner:
+                raise BlockError(f"split_blocks: no module named '{name}' in the model; top-level modules: {top}")
+            for p in params:
+                if id(p) not in claimed:
+                    claimed[id(p)] = (i, name)
+                    draft.param_names.append(param_ids[id(p)])
+                    draft.params.append(p)
+                elif _nested(claimed[id(p)][1], name):
                     raise BlockError(
                         f"split_blocks: parameter '{param_ids[id(p)]}' is claimed by block "
-                        f"'{owner[id(p)]}' and by block '{block_name}'"
+                        f"'{_block_name(drafts[claimed[id(p)][0]].names)}' and by block '{_block_name(entry)}'"
                     )
-                owner[id(p)] = block_name
-                pnames.append(param_ids[id(p)])
-                params.append(p)
-        if not params:
+                # else: tied to a module of an earlier entry, which owns it (it uses it first)
+        if not draft.params:
+            earlier = {
+                _block_name(drafts[claimed[id(p)][0]].names)
+                for n in entry
+                if n in modules
+                for p in modules[n].parameters()
+            }
+            why = f" of its own (its parameters are tied to block {', '.join(sorted(earlier))})" if earlier else ""
             raise BlockError(
-                f"split_blocks: block '{block_name}' owns no parameters (parameter-free modules are not blocks)"
+                f"split_blocks: block '{_block_name(entry)}' owns no parameters{why} (parameter-free modules are not blocks)"
             )
-        blocks.append(Block(block_name, tuple(entry), tuple(mods), tuple(pnames), tuple(params)))
-    orphans = [n for n, p in model.named_parameters() if id(p) not in owner]
+    _place_parent_params(model, drafts, [n for n, p in named_params.items() if id(p) not in claimed])
+    return [
+        Block(
+            _block_name(d.names),
+            tuple(d.module_names),
+            tuple(modules[n] for n in d.module_names),
+            tuple(d.param_names),
+            tuple(d.params),
+        )
+        for d in drafts
+    ]
+
+
+def _place_parent_params(model: nn.Module, drafts: list[_Draft], unclaimed: list[str]) -> None:
+    """Unclaimed parameters owned directly by a parent of the blocks' modules (or by the model
+    itself) go to the first block that uses them; any other unclaimed parameter is an error."""
+    block_modules = [n for d in drafts for n in d.module_names]
+
+    def owned_by_a_parent(param_name: str) -> bool:
+        owner = param_name.rpartition(".")[0]
+        return owner == "" or any(m.startswith(owner + ".") for m in block_modules)
+
+    orphans = [n for n in unclaimed if not owned_by_a_parent(n)]
     if orphans:
         shown = ", ".join(orphans[:5]) + (" ..." if len(orphans) > 5 else "")
         raise BlockError(f"split_blocks: {len(orphans)} parameter(s) belong to no block: {shown}")
-    return blocks
+    if not unclaimed:
+        return
+    named_params = dict(model.named_parameters())
+    placed = first_block_using(model, [d.module_names for d in drafts], unclaimed)
+    for i, draft in enumerate(drafts):
+        # Ahead of the block's own parameters: the parent uses them on the way into the block.
+        loose = [n for n, b in zip(unclaimed, placed) if b == i]
+        draft.param_names[:0] = loose
+        draft.params[:0] = [named_params[n] for n in loose]

@@ -1,7 +1,9 @@
 """Gradient (activation) checkpointing of individual modules.
 
 Always the non-reentrant variant: with ``use_reentrant=True`` the first trainable block after a
-frozen prefix gets no gradient at all, because its input does not require grad (ddp-freezing.md).
+frozen prefix gets no gradient at all, because its input does not require grad (torch.utils.checkpoint
+documents this: the reentrant variant needs at least one input with requires_grad=True, else its
+gradients are None).
 
 Recomputation re-runs the forward in train mode, which would apply the BatchNorm running-statistics
 update a second time per step; during the recomputation we set BN momentum to 0 (running stats

@@ -1,7 +1,11 @@
 """DDP construction for a given frozen set, and counting what crosses the wire.
 
-DDP fixes the parameters it reduces when it is constructed (ddp-freezing.md), so the Freezer builds a
-new wrapper whenever the frozen set changes. Everything about that construction lives here.
+DDP fixes the parameters it reduces when it is constructed: its reducer and gradient buckets are
+built from the parameters that require grad at that moment (PyTorch's DDP documentation: parameters
+must not be added or removed after wrapping). Freezing more of them afterwards leaves the next
+step's gradients unsynchronised and then fails with "Expected to have finished reduction in the
+prior iteration", so the Freezer builds a new wrapper whenever the frozen set changes. Everything
+about that construction lives here.
 """
 
 # No `from __future__ import annotations`: DDP checks the comm hooks' annotations at runtime.
@@ -21,19 +25,35 @@ COMM_HOOKS: tuple[str, ...] = ("allreduce", "bf16")
 
 
 def is_distributed() -> bool:
+    """True when a default process group exists (torch.distributed is available and initialised)."""
     return dist.is_available() and dist.is_initialized()
 
 
 def world_size(process_group=None) -> int:
+    """Ranks in ``process_group``; 1 without a process group (the same code runs in one process).
+
+    Args:
+        process_group: the group (None: the default group).
+    """
     return dist.get_world_size(process_group) if is_distributed() else 1
 
 
 def rank(process_group=None) -> int:
+    """This process's rank in ``process_group``; 0 without a process group.
+
+    Args:
+        process_group: the group (None: the default group).
+    """
     return dist.get_rank(process_group) if is_distributed() else 0
 
 
 def collective_device(process_group=None) -> torch.device:
-    """NCCL only moves CUDA tensors; every other backend here takes CPU tensors."""
+    """The device collectives on ``process_group`` take tensors on: NCCL only moves CUDA tensors,
+    every other backend here takes CPU tensors.
+
+    Args:
+        process_group: the group (None: the default group, which must exist).
+    """
     if dist.get_backend(process_group) == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
@@ -74,11 +94,21 @@ def build_ddp(
 ) -> DistributedDataParallel:
     """A DDP wrapper over the parameters that currently require grad.
 
-    ``ignored_names``: qualified names of frozen parameters and buffers. Frozen parameters are skipped
-    by DDP anyway (requires_grad=False); naming frozen buffers keeps them out of the per-forward
-    buffer broadcast, which would otherwise re-send statistics that can no longer change.
     ``init_sync=False``: the Freezer guarantees identical replicas, and a re-broadcast of the whole
     model on every boundary change costs ~45 MB for ResNet-18.
+
+    Args:
+        model: the module to wrap; its frozen parameters must already have requires_grad=False.
+        ignored_names: qualified names of frozen parameters and buffers. Frozen parameters are
+            skipped by DDP anyway (requires_grad=False); naming frozen buffers keeps them out of the
+            per-forward buffer broadcast, which would otherwise re-send statistics that can no
+            longer change.
+        counter: receives the bytes each bucket sends (its ``process_group`` is the default for DDP).
+        comm_hook: "allreduce" (full precision) or "bf16" (buckets sent as bfloat16: half the bytes).
+        ddp_kwargs: passed to ``DistributedDataParallel`` (e.g. ``bucket_cap_mb``, ``device_ids``).
+
+    Raises:
+        ValueError: an unknown ``comm_hook``.
     """
     if comm_hook not in _HOOKS:
         raise ValueError(f"comm_hook: '{comm_hook}' is not accepted; accepted: {', '.join(COMM_HOOKS)}")
@@ -92,7 +122,12 @@ def build_ddp(
 
 @torch.no_grad()
 def broadcast_from_rank0(tensors: Iterable[torch.Tensor], process_group=None) -> None:
-    """Overwrite ``tensors`` on every rank with rank 0's values (in place)."""
+    """Overwrite ``tensors`` on every rank with rank 0's values (in place); nothing without a group.
+
+    Args:
+        tensors: the tensors to overwrite, in the same order on every rank.
+        process_group: the group whose rank 0 is the source (None: the default group).
+    """
     if not is_distributed():
         return
     device = collective_device(process_group)
@@ -107,7 +142,12 @@ def broadcast_from_rank0(tensors: Iterable[torch.Tensor], process_group=None) ->
 
 
 def broadcast_int_from_rank0(value: int, process_group=None) -> int:
-    """Rank 0's value of a small integer (the freeze decision), so ranks can never disagree."""
+    """Rank 0's value of a small integer (the freeze decision), so ranks can never disagree.
+
+    Args:
+        value: this rank's value (only rank 0's is used).
+        process_group: the group whose rank 0 is the source (None: the default group).
+    """
     if not is_distributed():
         return value
     t = torch.tensor([value], dtype=torch.int64, device=collective_device(process_group))

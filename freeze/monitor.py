@@ -40,6 +40,11 @@ class IntervalStats:
 
     @classmethod
     def from_dict(cls, d: dict) -> IntervalStats:
+        """The inverse of :meth:`to_dict`.
+
+        Args:
+            d: a dict written by :meth:`to_dict` (e.g. read back from a checkpoint).
+        """
         return cls(
             index=int(d["index"]),
             epoch=int(d["epoch"]),
@@ -54,7 +59,14 @@ class IntervalStats:
 def relative_change(prev: IntervalStats, cur: IntervalStats) -> list[float | None]:
     """eta_l = |G_prev - G_cur| / G_prev per block (AutoFreeze's gradient-norm change).
 
-    ``None`` where either interval did not observe the block or G_prev is zero/non-finite."""
+    Args:
+        prev: the earlier interval.
+        cur: the later interval; both must come from the same blocks.
+
+    Returns:
+        One value per block, computed from ``summed_grad_norm``; ``None`` where either interval did
+        not observe the block or G_prev is zero/non-finite.
+    """
     out: list[float | None] = []
     for g_prev, g_cur in zip(prev.summed_grad_norm, cur.summed_grad_norm):
         if g_prev is None or g_cur is None or not math.isfinite(g_prev) or g_prev <= 0.0:
@@ -65,7 +77,13 @@ def relative_change(prev: IntervalStats, cur: IntervalStats) -> list[float | Non
 
 
 class GradNormMonitor:
-    """Accumulates per-block gradient statistics over intervals; keeps the closed intervals."""
+    """Accumulates per-block gradient statistics over intervals; keeps the closed intervals.
+
+    Args:
+        blocks: the blocks to observe, in forward order (from :func:`freeze.blocks.split_blocks`).
+        track_summed: also keep the gradient summed over the interval (``summed_grad_norm``), which
+            costs one extra tensor per parameter; gradient-reading policies need it.
+    """
 
     def __init__(self, blocks: Sequence[Block], track_summed: bool = True):
         self.blocks = list(blocks)
@@ -92,7 +110,11 @@ class GradNormMonitor:
 
     # ---------------------------------------------------------------- per step
     def set_first_active(self, first_active: int) -> None:
-        """Blocks before ``first_active`` are frozen: stop observing them and free their sums."""
+        """Blocks before ``first_active`` are frozen: stop observing them and free their sums.
+
+        Args:
+            first_active: the freeze boundary k; blocks ``0 .. k-1`` are no longer observed.
+        """
         self._first_active = first_active
         for pos in [pos for pos in self._summed if self._param_block[pos] < first_active]:
             del self._summed[pos]
@@ -125,7 +147,15 @@ class GradNormMonitor:
     # ---------------------------------------------------------------- per interval
     @torch.no_grad()
     def close_interval(self, epoch: int, boundary: int) -> IntervalStats:
-        """Turn the running sums into one :class:`IntervalStats` (one host sync) and reset."""
+        """Turn the running sums into one :class:`IntervalStats` (one host sync) and reset.
+
+        Args:
+            epoch: 0-based epoch in which the interval ends (recorded in the result).
+            boundary: the boundary k in force as the interval ends (recorded in the result).
+
+        Returns:
+            The closed interval, also appended to ``history``.
+        """
         num_blocks = len(self.blocks)
         summed: list[float | None] = [None] * num_blocks
         mean: list[float | None] = [None] * num_blocks
@@ -176,6 +206,11 @@ class GradNormMonitor:
         }
 
     def load_state_dict(self, state: dict) -> None:
+        """Continue from a :meth:`state_dict`, partial interval sums included.
+
+        Args:
+            state: written by :meth:`state_dict` of a monitor over the same blocks.
+        """
         self.history = [IntervalStats.from_dict(d) for d in state["history"]]
         self.total_steps = int(state["total_steps"])
         self._first_active = int(state["first_active"])

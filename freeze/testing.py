@@ -18,23 +18,32 @@ from pathlib import Path
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from freeze._atomic import atomic_write
+
 
 class SpawnError(RuntimeError):
     """A child died outside its own error handling (crash, kill, unpicklable function)."""
 
 
 def payload_path(workdir: str | Path, rank: int) -> Path:
-    """Where rank ``rank`` writes its pickled payload (a dict with at least ``"ok"``)."""
+    """Where rank ``rank`` writes its pickled payload (a dict with at least ``"ok"``).
+
+    Args:
+        workdir: the directory shared by the parent and its spawned ranks.
+        rank: the writing rank.
+    """
     return Path(workdir) / f"rank{rank}.pkl"
 
 
 def write_payload(workdir: str | Path, rank: int, payload: dict) -> None:
-    """Write atomically: a rank killed mid-write leaves no half payload for the parent to misread."""
-    path = payload_path(workdir, rank)
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "wb") as f:
-        pickle.dump(payload, f)
-    os.replace(tmp, path)
+    """Write atomically: a rank killed mid-write leaves no half payload for the parent to misread.
+
+    Args:
+        workdir: the directory shared by the parent and its spawned ranks.
+        rank: the writing rank.
+        payload: a picklable dict with at least ``"ok"``.
+    """
+    atomic_write(payload_path(workdir, rank), lambda f: pickle.dump(payload, f))
 
 
 def spawn_and_collect(
@@ -42,8 +51,18 @@ def spawn_and_collect(
 ) -> list[dict]:
     """Run ``fn(rank, *args)`` in ``nprocs`` spawned processes; return their payloads in rank order.
 
-    ``fn`` must be importable (module level) and write its payload with :func:`write_payload`.
-    Raises TimeoutError after ``deadline_s``, SpawnError if a child died without a payload."""
+    Args:
+        fn: importable (module-level) function; it must write its payload with :func:`write_payload`.
+        args: the arguments after ``rank`` (picklable).
+        nprocs: number of processes, ranks ``0 .. nprocs-1``.
+        workdir: where the payloads (and any ``file://`` rendezvous) go; created if missing.
+        deadline_s: wall time after which every child is killed.
+        threads_per_proc: OMP_NUM_THREADS of the children.
+
+    Raises:
+        TimeoutError: the children did not finish within ``deadline_s``.
+        SpawnError: a child died without writing its payload.
+    """
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     saved = os.environ.get("OMP_NUM_THREADS")
@@ -80,7 +99,15 @@ def run_gloo_rank(
     """Inside a spawned process: join a gloo group through ``file://<workdir>/rendezvous`` (no port
     clashes), run ``body()``, leave the group, and write ``{"ok": True, "result": ...}`` or
     ``{"ok": False, "error": traceback}``. The collective timeout makes a mismatched collective
-    raise instead of hanging until the parent's deadline."""
+    raise instead of hanging until the parent's deadline.
+
+    Args:
+        rank: this process's rank.
+        world_size: number of ranks in the group.
+        workdir: the directory shared with the parent (rendezvous file and payloads).
+        collective_timeout_s: timeout of every collective in the group.
+        body: the work; its return value (picklable) becomes the payload's ``"result"``.
+    """
     try:
         dist.init_process_group(
             "gloo",

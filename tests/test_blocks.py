@@ -1,4 +1,5 @@
 import pytest
+import torch
 import torchvision
 from torch import nn
 
@@ -59,3 +60,173 @@ def test_multi_module_block():
     blocks = split_blocks(model, [["0", "1"], "2"])
     assert [b.name for b in blocks] == ["0+1", "2"]
     assert blocks[0].param_names == ("0.weight", "0.bias", "1.weight", "1.bias")
+
+
+# ------------------------------------------------------------------------------ the default rule
+def test_default_split_is_unchanged_for_the_children_of_a_model_without_repeated_layers():
+    """TinyNet's children are Conv+BN+ReLU stacks, not lists of layers: each stays one block."""
+    assert [b.module_names for b in split_blocks(TinyNet())] == [("stem",), ("block1",), ("block2",), ("head",)]
+
+
+def test_a_stage_of_one_block_is_still_split_into_its_block():
+    model = torchvision.models.ResNet(torchvision.models.resnet.BasicBlock, [1, 1, 1, 1])
+    assert [b.name for b in split_blocks(model)] == ["stem"] + [f"layer{i}.0" for i in range(1, 5)] + ["fc"]
+
+
+def test_a_lone_norm_joins_the_layer_before_it_and_a_leading_one_the_layer_after_it():
+    model = nn.Sequential(nn.BatchNorm1d(4), nn.Linear(4, 4), nn.LayerNorm(4), nn.Linear(4, 4), nn.Linear(4, 2))
+    assert [b.module_names for b in split_blocks(model)] == [("0", "1", "2"), ("3",), ("4",)]
+
+
+def test_a_norm_of_a_library_of_its_own_is_known_by_its_class_name():
+    class LlamaRMSNorm(nn.Module):  # Hugging Face defines its norms as plain modules
+        def __init__(self, width):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(width))
+
+        def forward(self, x):
+            return x * self.weight
+
+    model = nn.Sequential(nn.Linear(4, 4), LlamaRMSNorm(4), nn.Linear(4, 4), nn.Linear(4, 2))
+    assert [b.module_names for b in split_blocks(model)] == [("0", "1"), ("2",), ("3",)]
+
+
+class Stack(nn.Module):
+    def __init__(self, depth=12):
+        super().__init__()
+        self.embed = nn.Linear(3, 4)
+        self.layers = nn.ModuleList(nn.Sequential(nn.Linear(4, 4), nn.ReLU()) for _ in range(depth))
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x):
+        x = self.embed(x)
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+class TiedLM(Stack):
+    """Embedding, a ModuleList of layers, and an output projection tied to the embedding."""
+
+    def __init__(self, vocab=11, depth=3):
+        super().__init__(depth)
+        self.embed = nn.Embedding(vocab, 4)
+        self.head = nn.Linear(4, vocab, bias=False)
+        self.head.weight = self.embed.weight
+
+
+def test_a_tied_weight_belongs_to_its_first_user_and_a_block_left_empty_disappears():
+    model = TiedLM()
+    blocks = split_blocks(model)
+    assert [b.name for b in blocks] == ["embed", "layers.0", "layers.1", "layers.2"]
+    assert blocks[0].params[0] is model.head.weight
+
+
+def test_naming_a_module_whose_parameters_are_all_tied_is_a_one_line_error():
+    with pytest.raises(BlockError, match=r"block 'head' owns no parameters of its own \(.*tied to block embed\)") as e:
+        split_blocks(TiedLM(), ["embed", "layers.*", "head"])
+    assert "\n" not in str(e.value)
+
+
+# ---------------------------------------------------------------------------------------- globs
+def test_a_glob_is_one_block_per_match_in_registration_order_not_alphabetical():
+    blocks = split_blocks(Stack(), ["embed", "layers.*", "head"])
+    assert [b.name for b in blocks] == ["embed"] + [f"layers.{i}" for i in range(12)] + ["head"]
+
+
+def test_a_wildcard_stays_in_one_dotted_component_and_skips_parameter_free_modules():
+    blocks = split_blocks(Stack(depth=2), ["embed", "layers.*.*", "head"])
+    assert [b.name for b in blocks] == ["embed", "layers.0.0", "layers.1.0", "head"]  # no ReLU blocks
+
+
+def test_globs_inside_a_list_entry_form_one_block():
+    model = torchvision.models.resnet18()
+    by_glob = split_blocks(model, [["conv1", "bn*"], "layer?.*", "fc"])
+    assert [b.name for b in by_glob] == [b.name for b in split_blocks(model)]
+
+
+def test_the_readme_names_for_bert_give_the_default_split():
+    from tests.block_families import FAMILIES
+
+    model = FAMILIES["hf_bert"].build()
+    blocks = split_blocks(model, ["bert.embeddings", "bert.encoder.layer.*", "bert.pooler", "classifier"])
+    assert [b.name for b in blocks] == [b.name for b in split_blocks(model)]
+    assert len(blocks) == 3 + 3
+
+
+def test_a_glob_matching_nothing_is_a_one_line_error():
+    with pytest.raises(BlockError, match="pattern 'layer.*' matches no parameter-owning module") as e:
+        split_blocks(Stack(), ["embed", "layer.*", "head"])
+    assert "\n" not in str(e.value)
+
+
+# ------------------------------------------------------------ parameters owned by a parent module
+class Scaled(nn.Module):
+    """``scale`` is registered first but applied to the input of layers.2; ``temperature`` only
+    touches the output of the head."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(4))
+        self.temperature = nn.Parameter(torch.ones(1))
+        self.layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(3))
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x):
+        x = self.layers[1](self.layers[0](x))
+        x = self.layers[2](x * self.scale)
+        return self.head(x) / self.temperature
+
+
+def test_a_parent_parameter_joins_the_first_block_whose_input_depends_on_it():
+    blocks = split_blocks(Scaled())
+    assert [b.name for b in blocks] == ["layers.0", "layers.1", "layers.2", "head"]
+    assert blocks[2].param_names[0] == "scale"
+    assert blocks[3].param_names[0] == "temperature"  # reaches the output through no block
+
+
+def test_a_parent_parameter_can_be_named_in_a_block_entry():
+    model = torchvision.models.VisionTransformer(
+        image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=8, mlp_dim=16, num_classes=3
+    )
+    blocks = split_blocks(model, [["conv_proj", "class_token"], "encoder.layers.*", "encoder.ln", "heads"])
+    assert blocks[0].param_names[-1] == "class_token"
+    assert blocks[1].param_names[0] == "encoder.pos_embedding"  # placed by the trace
+    assert blocks[1].name == "encoder.layers.encoder_layer_0"
+
+
+class Branchy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(4))
+        self.layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(3))
+
+    def forward(self, x):
+        if x.sum() > 0:  # control flow on a tensor value: torch.fx cannot trace it
+            x = x * self.scale
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def test_an_untraceable_forward_asks_for_the_parameter_to_be_named():
+    with pytest.raises(BlockError, match="torch.fx could not trace Branchy.forward .*name each in a block") as e:
+        split_blocks(Branchy())
+    assert "\n" not in str(e.value)
+    blocks = split_blocks(Branchy(), [["layers.0", "scale"], "layers.1", "layers.2"])
+    assert blocks[0].param_names == ("layers.0.weight", "layers.0.bias", "scale")
+
+
+def test_a_parent_parameter_the_forward_never_reads_is_a_one_line_error():
+    model = Stack(depth=2)
+    model.unused = nn.Parameter(torch.zeros(1))
+    with pytest.raises(BlockError, match="parameter 'unused' is owned by a parent module and not used") as e:
+        split_blocks(model)
+    assert "\n" not in str(e.value)
+
+
+def test_split_works_on_the_meta_device():
+    with torch.device("meta"):
+        model = torchvision.models.vit_b_16()
+    blocks = split_blocks(model)
+    assert len(blocks) == 14 and blocks[1].param_names[:2] == ("class_token", "encoder.pos_embedding")

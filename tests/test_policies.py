@@ -1,4 +1,4 @@
-"""Each policy rule of algorithms.md checked on hand-made monitor histories and schedules."""
+"""Each policy rule (as its paper or library defines it) checked on hand-made monitor histories and schedules."""
 
 from __future__ import annotations
 

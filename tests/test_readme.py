@@ -55,3 +55,19 @@ def test_readme_example_runs_under_torchrun(tmp_path):
         boundary, sent = int(line.split()[1]), int(line.split()[-1])
         assert 0 < sent <= resnet18_fp32_grad_bytes
         assert (sent == resnet18_fp32_grad_bytes) == (boundary == 0)
+
+
+def test_readme_layout_lists_the_library_and_the_application_apart():
+    text = (REPO / "README.md").read_text()
+    layout = text.split("## Layout", 1)[1].split("```", 2)[1]
+    library, application = layout.split("\nfreeze/pipeline/", 1)
+    application = application.split("\nexperiments/", 1)[0]
+
+    def modules(folder: Path) -> set[str]:
+        return {p.name for p in folder.glob("*.py") if p.name != "__init__.py"}
+
+    for name in modules(REPO / "freeze") | modules(REPO / "freeze" / "policies"):
+        assert re.search(rf"\b{re.escape(name)}", library), f"{name} missing from the library list"
+    for name in modules(REPO / "freeze" / "pipeline"):
+        assert re.search(rf"\b{re.escape(name)}", application), f"{name} missing from the application list"
+        assert not re.search(rf"\s{re.escape(name)}", library), f"{name} is listed as library"

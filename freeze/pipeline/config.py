@@ -2,11 +2,12 @@
 
 A config is data. It is read from one TOML file, changed by command-line overrides, validated once
 here at the edge (:func:`validate`), and written back beside the results with every default spelled
-out (:func:`config_to_toml`), so a run directory alone says exactly what ran.
+out (:func:`config_to_toml`), so a run directory alone says exactly what ran; the workers of a run
+load that written file.
 
-    config = load_config("experiments/configs/study.toml", ["optim.lr=0.05", "freeze.policy=autofreeze:percentile=50"])
+    config = load_config("experiments/configs/smoke.toml", ["optim.lr=0.05", "freeze.policy=autofreeze:percentile=50"])
     config.run_dir()                     # runs/<study>/<name>
-    replace_key(config, "run.seed", 1)   # sweeps
+    config_to_toml(config)               # the run directory's config.toml; load_config of it gives config back
 
 Every bad input raises :class:`ConfigError` with one line naming the dotted key (or the file) and
 what is accepted.
@@ -23,6 +24,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+
+from freeze.pipeline.cluster.spec import DEFAULT_SUBNET, ClusterSpecError, parse_delay, parse_rate, parse_subnet
 
 
 class ConfigError(ValueError):
@@ -118,7 +121,7 @@ class FreezeConfig:
     # Activation cache of the frozen prefix (freeze.cache): off | memory | disk | auto. It needs
     # inputs that repeat exactly, so data.augment must be views:V or none.
     cache: Literal["off", "memory", "disk", "auto"] = "off"
-    cache_budget_bytes: int = _f(0, ge=0)  # per worker; 0 = a quarter of physical memory
+    cache_budget_bytes: int = _f(0, ge=0)  # of one store (every entry once); 0 = a quarter of RAM
     cache_dtype: Literal["fp32", "bf16", "fp16"] = "fp32"  # storage; bf16/fp16 halve it, fp32 is exact
 
 
@@ -166,6 +169,16 @@ class DistConfig:
 
 
 @dataclass(frozen=True)
+class ClusterConfig:
+    """An emulated cluster on this machine (freeze.pipeline.cluster); nodes = 0: none."""
+
+    nodes: int = _f(0, ge=0)  # 0 = no cluster; >= 2 network namespaces, dist.nproc workers each
+    bandwidth: str = "1gbit"  # each node's link, each direction: tc rate ("100mbit", "1gbit") or "uncapped"
+    latency: str = "0"  # one-way node-to-node delay, e.g. "0.2ms" (needs the kernel's netem qdisc)
+    subnet: str = DEFAULT_SUBNET  # node addresses, inside the cluster's own namespaces only
+
+
+@dataclass(frozen=True)
 class Config:
     run: RunConfig = field(default_factory=RunConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -175,6 +188,7 @@ class Config:
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     dist: DistConfig = field(default_factory=DistConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
     def run_dir(self) -> Path:
         return Path(self.run.out_dir) / self.run.study / self.run.name
@@ -312,17 +326,13 @@ def _check_path_component(dotted: str, value: str) -> None:
 
 
 def _check_arch(arch: str) -> None:
-    import torchvision  # deferred: importing this module must stay cheap
+    # Deferred: importing this module must stay cheap (models imports torch and torchvision).
+    from freeze.pipeline.models import ModelError, check_arch
 
-    names = torchvision.models.list_models(module=torchvision.models)
-    if arch not in names:
-        close = difflib.get_close_matches(arch, names, n=3)
-        hint = f"; closest: {', '.join(close)}" if close else ""
-        raise ConfigError(
-            f"model.arch: {arch!r} is not accepted; accepted: a torchvision classification model name "
-            f"({len(names)} names, e.g. resnet18, resnet50, mobilenet_v3_small; "
-            f"see torchvision.models.list_models(module=torchvision.models)){hint}"
-        )
+    try:
+        check_arch(arch)
+    except ModelError as err:
+        raise ConfigError(str(err)) from None
 
 
 def _check_weights(weights: str, check_files: bool) -> None:
@@ -369,6 +379,17 @@ def _check_cache(config: Config) -> None:
         )
 
 
+def _check_cluster(cluster: ClusterConfig) -> None:
+    if cluster.nodes == 1:
+        raise ConfigError("cluster.nodes: expected 0 (no cluster) or >= 2 nodes, got 1")
+    try:
+        parse_rate(cluster.bandwidth)
+        parse_delay(cluster.latency)
+        parse_subnet(cluster.subnet, max(cluster.nodes, 1))
+    except ClusterSpecError as err:
+        raise ConfigError(str(err)) from None
+
+
 def validate(config: Config, check_files: bool = True) -> Config:
     """Check every value of ``config``; return it normalized (ints in float fields become floats).
 
@@ -394,6 +415,7 @@ def validate(config: Config, check_files: bool = True) -> Config:
     if config.optim.nesterov and config.optim.name == "sgd" and config.optim.momentum == 0:
         # torch.optim.SGD would refuse this only when the optimizer is built, inside every worker.
         raise ConfigError("optim.nesterov: true requires optim.momentum > 0, got optim.momentum = 0")
+    _check_cluster(config.cluster)
     _check_weights(config.model.weights, check_files)
     _check_arch(config.model.arch)
     _check_policy(config.freeze.policy)
@@ -456,20 +478,6 @@ def load_config(path: str | Path | None, overrides: Sequence[str] = (), check_fi
     for override in overrides:
         apply_override(data, override)
     return validate(config_from_dict(data), check_files=check_files)
-
-
-def replace_key(config: Config, dotted: str, value: Any) -> Config:
-    """A copy of ``config`` with one dotted key changed (for sweeps); validated."""
-    section, dot, key = dotted.partition(".")
-    if not dot:
-        raise ConfigError(f"config: expected a dotted key such as optim.lr, got {dotted!r}")
-    if section not in SECTIONS:
-        raise _unknown_section_error(section)
-    if key not in section_keys(section):
-        raise _unknown_key_error(section, key)
-    data = config_to_dict(config)
-    data[section][key] = value
-    return validate(config_from_dict(data))
 
 
 _TOML_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}

@@ -68,6 +68,13 @@ class DataSplit:
     val_y: torch.Tensor
     test_x: torch.Tensor
     test_y: torch.Tensor
+    classes: tuple[str, ...]  # the dataset's class names; label i is classes[i]
+
+    @property
+    def num_classes(self) -> int:
+        """Size of the classification head: every class of the dataset, whether or not a (small)
+        split happens to contain an image of it."""
+        return len(self.classes)
 
 
 # --------------------------------------------------------------------------------------- reading
@@ -330,7 +337,7 @@ def split_validation(
         test_idx = torch.randperm(n_test, generator=gen)[:test_size]
     x, y = arrays.train_x, arrays.train_y
     test_x, test_y = arrays.test_x[test_idx], arrays.test_y[test_idx]
-    return DataSplit(x[train_idx], y[train_idx], x[val_idx], y[val_idx], test_x, test_y)
+    return DataSplit(x[train_idx], y[train_idx], x[val_idx], y[val_idx], test_x, test_y, arrays.classes)
 
 
 # --------------------------------------------------------------------------------------- loading

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import datetime
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
+
+from freeze import comm
 
 
 @dataclass(frozen=True)
@@ -56,7 +60,9 @@ def setup_worker(dist_cfg) -> WorkerContext:
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size)))
     device = _pick_device(dist_cfg.device, local_rank)
     # Workers on one machine share its cores; oversubscription makes every rank slower.
-    threads = dist_cfg.threads_per_worker or max(1, (os.cpu_count() or 1) // local_world_size)
+    # The cores this process may use (taskset, cgroups, an emulated cluster node), not the machine's.
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    threads = dist_cfg.threads_per_worker or max(1, cores // local_world_size)
     if device.type == "cpu":
         torch.set_num_threads(threads)
     backend = None
@@ -85,11 +91,47 @@ def barrier() -> None:
         dist.barrier()
 
 
-def agree_on_error(message: str | None) -> str | None:
-    """Share rank 0's error (or None) with every rank, so all ranks stop together instead of the
-    others hanging in the next collective until the timeout."""
+def any_rank(flag: bool) -> bool:
+    """True on every rank when it is True on at least one."""
     if not dist.is_initialized():
-        return message
-    box = [message]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
+        return flag
+    flags = [None] * dist.get_world_size()
+    dist.all_gather_object(flags, bool(flag))  # object collectives work on gloo and nccl alike
+    return any(flags)
+
+
+def all_reduce_sum(totals: torch.Tensor) -> torch.Tensor:
+    """``totals`` summed over every rank (``totals`` itself without a process group). The sum runs on
+    the backend's device (gloo: CPU, NCCL: CUDA) and comes back on ``totals``' device."""
+    if not comm.is_distributed():
+        return totals
+    reduced = totals.to(comm.collective_device())
+    dist.all_reduce(reduced)
+    return reduced.to(totals.device)
+
+
+T = TypeVar("T")
+
+
+def run_and_agree(fn: Callable[[], T], *, run_here: bool, error_type: type[Exception]) -> T | None:
+    """Run ``fn`` on the ranks where ``run_here`` is true; if it raised ``error_type`` on any rank,
+    raise that error (the lowest such rank's message) on EVERY rank, so all ranks stop together
+    instead of the others hanging in the next collective until the timeout.
+
+    Returns ``fn()``'s result where it ran, None elsewhere. Every rank must call this (it is a
+    collective); it also acts as a barrier, as nobody gets past it before ``fn`` is done everywhere.
+    """
+    result, error = None, None
+    if run_here:
+        try:
+            result = fn()
+        except error_type as e:
+            error = str(e)
+    errors = [error]
+    if dist.is_initialized():
+        errors = [None] * dist.get_world_size()
+        dist.all_gather_object(errors, error)
+    first = next((e for e in errors if e is not None), None)
+    if first is not None:
+        raise error_type(first)
+    return result

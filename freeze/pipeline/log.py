@@ -8,7 +8,7 @@ above) to its own file. Nothing here touches ``print``.
     progress = ProgressLine(log, epoch, config.train.epochs, rank=rank, device=device)
     for step, batch in enumerate(loader, start=1):
         ...
-        progress.update(step, steps_per_epoch, loss.item(), step_s, data_s)
+        progress.update(step, steps_per_epoch, loss.detach(), step_s, data_s)
 """
 
 from __future__ import annotations
@@ -80,6 +80,8 @@ class ProgressLine:
 
     ``epoch`` is 0-based as in metrics.jsonl and shown 1-based. loss, step time and data time are
     means over the steps since the previous line, so one slow step does not dominate the line.
+    A loss given as a tensor is summed where it lives and read on the host only when a line is
+    printed: a ``.item()`` per step would wait for the device on every step.
     """
 
     def __init__(
@@ -110,12 +112,14 @@ class ProgressLine:
         self.window_step_s = 0.0
         self.window_data_s = 0.0
 
-    def update(self, step: int, total_steps: int, loss: float, step_s: float, data_s: float) -> str | None:
+    def update(
+        self, step: int, total_steps: int, loss: float | torch.Tensor, step_s: float, data_s: float
+    ) -> str | None:
         """Record step ``step`` (1-based, of ``total_steps``); return the line when one was printed."""
         if not self.enabled:
             return None
         self.window_steps += 1
-        self.window_loss += float(loss)
+        self.window_loss = self.window_loss + loss  # a tensor stays a tensor: no host sync here
         self.window_step_s += step_s
         self.window_data_s += data_s
         now_s = self.clock()
@@ -134,7 +138,7 @@ class ProgressLine:
         mem_gb = memory_bytes(self.device) / 1e9
         return (
             f"epoch {self.epoch + 1}/{self.num_epochs} [{step:>{width}}/{total_steps}]  "
-            f"eta {timedelta(seconds=round(eta_s))}  loss {self.window_loss / n:.3f}  "
+            f"eta {timedelta(seconds=round(eta_s))}  loss {float(self.window_loss) / n:.3f}  "
             f"step {1000 * self.window_step_s / n:.1f} ms  data {1000 * self.window_data_s / n:.1f} ms  "
             f"mem {mem_gb:.2f} GB"
         )

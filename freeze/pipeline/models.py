@@ -19,7 +19,7 @@ import torch
 import torchvision
 from torch import nn
 
-log = logging.getLogger(__name__)
+_log = logging.getLogger(__name__)
 
 STEMS = ("imagenet", "cifar")
 _WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # added by DDP / DataParallel and by torch.compile
@@ -33,7 +33,9 @@ def classification_models() -> list[str]:
     return torchvision.models.list_models(module=torchvision.models)
 
 
-def _check_arch(arch: str) -> None:
+def check_arch(arch: str) -> None:
+    """ModelError (one line naming model.arch and what is accepted) unless ``arch`` is a torchvision
+    classification model name; config validation reports the same line."""
     names = classification_models()
     if arch in names:
         return
@@ -78,7 +80,11 @@ def _imagenet_state_dict(arch: str) -> dict[str, torch.Tensor]:
 
 
 def build_model(
-    arch: str = "resnet18", num_classes: int = 10, stem: str = "imagenet", weights: str | Path = "none"
+    arch: str = "resnet18",
+    num_classes: int = 10,
+    stem: str = "imagenet",
+    weights: str | Path = "none",
+    logger: logging.Logger | None = None,
 ) -> nn.Module:
     """A torchvision classification model with a fresh ``num_classes`` head.
 
@@ -87,9 +93,10 @@ def build_model(
     everything but the head, which is always freshly initialised: a head trained on another task
     predicts that task's classes confidently and wrongly even when its shape fits (the reference
     study left the ImageNet head in place). Tensors whose shape does not fit (a CIFAR stem) also
-    keep their fresh initialization and are logged.
+    keep their fresh initialization. Every tensor kept fresh is named on ``logger`` (default: this
+    module's logger; the training loop passes the run's logger, so the list lands in the run's log).
     """
-    _check_arch(arch)
+    check_arch(arch)
     if not isinstance(num_classes, int) or num_classes < 1:
         raise ModelError(f"model.num_classes must be a positive integer, got {num_classes!r}")
     if stem not in STEMS:
@@ -102,7 +109,10 @@ def build_model(
     if weights == "none":
         return model
     source: Mapping[str, torch.Tensor] | str | Path = _imagenet_state_dict(arch) if weights == "imagenet" else weights
-    load_weights(model, source, keep_fresh=head_keys(model))  # logs the skipped keys
+    skipped = load_weights(model, source, keep_fresh=head_keys(model))
+    if skipped:
+        where = str(weights) if weights != "imagenet" else f"the ImageNet weights of {arch}"
+        (logger or _log).info("model.weights %s: kept fresh %s (the head, or shape differs)", where, ", ".join(skipped))
     return model
 
 
@@ -170,6 +180,4 @@ def load_weights(
     result = model.load_state_dict({k: v for k, v in state.items() if k not in skipped}, strict=False)
     if sorted(result.missing_keys) != skipped or result.unexpected_keys:  # guards the filtering above
         raise ModelError(f"{where}: loading left {result.missing_keys} unset")
-    if skipped:
-        log.info("load_weights %s: kept fresh %s (the head, or shape differs)", where, ", ".join(skipped))
     return skipped

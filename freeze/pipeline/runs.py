@@ -1,8 +1,9 @@
 """The run directory: config.toml, manifest.json, metrics.jsonl, checkpoint.pt, log.txt.
 
 Everything a run leaves behind goes through here, and every file that a crash could leave half
-written is written atomically (temp file in the same directory, fsync, rename, fsync of the
-directory), so after a kill the directory holds either the old or the new version of each file.
+written is written atomically (:mod:`freeze._atomic`: temp file in the same directory, fsync, rename,
+fsync of the directory), so after a kill the directory holds either the old or the new version of
+each file.
 metrics.jsonl is the exception: it only grows, one fsynced line per epoch, and a half-written last
 line is dropped on read.
 
@@ -17,15 +18,16 @@ import os
 import pickle
 import platform
 import subprocess
-import tempfile
 import tomllib
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import Any, BinaryIO, Literal
+from typing import Any, Literal
 
 import torch
+
+from freeze._atomic import atomic_write, atomic_write_json, atomic_write_text
 
 RunStatus = Literal["absent", "running", "complete", "failed"]
 _MANIFEST_STATUSES = ("running", "complete", "failed")
@@ -45,60 +47,12 @@ def _one_line(text: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# atomic writes
-
-
-def _fsync_dir(directory: Path) -> None:
-    # The rename is durable only once the directory entry itself is on disk.
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _temp_in(path: Path) -> tuple[int, Path]:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.fchmod(fd, 0o644)  # mkstemp makes 0600; results are meant to be read by others
-    return fd, Path(tmp)
-
-
-def _commit(tmp: Path, path: Path) -> None:
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
-def _atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
-    """``write`` into a temp file beside ``path``, fsync, rename over ``path``, fsync the directory:
-    a crash at any point leaves either the old file or the new one, never a mix."""
-    path = Path(path)
-    fd, tmp = _temp_in(path)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        _commit(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    _atomic_write(path, lambda f: f.write(data))
-
-
-def atomic_write_text(path: str | Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode("utf-8"))
-
-
-def atomic_write_json(path: str | Path, obj: Any) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2) + "\n")
+# checkpoints
 
 
 def save_checkpoint(obj: Any, path: str | Path) -> None:
     """torch.save ``obj`` to ``path`` atomically: a crash mid-save leaves the previous file intact."""
-    _atomic_write(path, lambda f: torch.save(obj, f))
+    atomic_write(path, lambda f: torch.save(obj, f))
 
 
 def load_checkpoint(path: str | Path, map_location: Any = "cpu", weights_only: bool = False) -> Any:
@@ -185,10 +139,11 @@ class RunDir:
             raise RunError(f"run {self.path} is complete; it is never overwritten: choose another run.name")
         return status
 
-    def create(self, config_toml: str, manifest: dict[str, Any], resume: bool) -> None:
-        """Start (or, with ``resume``, continue) the run: write config.toml and a "running" manifest.
-
-        On resume the original start_time is kept; the caller's other manifest fields win.
+    def prepare(self, config_toml: str, resume: bool) -> RunStatus:
+        """Check that the run may start (or, with ``resume``, continue) under this config, and write
+        it as config.toml; returns the status the run had. Calling it again with the same config
+        changes nothing: the launcher calls it before starting workers (which then load config.toml),
+        and rank 0 again when the run starts, which also covers workers started by a plain torchrun.
         """
         status = self.ensure_not_complete()
         if self.has_progress() and not resume:
@@ -196,13 +151,22 @@ class RunDir:
                 f"run {self.path} already has metrics or a checkpoint (status {status}); "
                 "pass --resume to continue it, or choose another run.name"
             )
-        previous: dict[str, Any] = {}
         if resume and self.config_path.exists():
             self._check_same_config(config_toml)
-            if status != "absent":
-                previous = self.read_manifest()
         self.path.mkdir(parents=True, exist_ok=True)
         atomic_write_text(self.config_path, config_toml)
+        return status
+
+    def create(self, config_toml: str, manifest: dict[str, Any], resume: bool) -> None:
+        """Start (or, with ``resume``, continue) the run: :meth:`prepare`, then a "running" manifest.
+
+        On resume the original start_time is kept; the caller's other manifest fields win.
+        """
+        had_config = self.config_path.exists()
+        status = self.prepare(config_toml, resume)
+        previous: dict[str, Any] = {}
+        if resume and had_config and status != "absent":
+            previous = self.read_manifest()
         record = {**previous, **manifest, "status": "running", "error": None, "end_time": None}
         record["start_time"] = previous.get("start_time") or manifest.get("start_time") or now_iso()
         atomic_write_json(self.manifest_path, record)
@@ -333,7 +297,8 @@ def git_commit() -> str | None:
     return commit + "+dirty" if changes else commit
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
+    """The CPU's model name ("Intel(R) Xeon(R) ..."), for manifests and benchmark reports."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             for line in f:
@@ -368,7 +333,7 @@ def environment_info(device: str | None = None) -> dict[str, Any]:
             "numpy": _version("numpy"),
         },
         "hardware": {
-            "cpu": _cpu_name(),
+            "cpu": cpu_name(),
             "cores": os.cpu_count(),
             "gpus": gpus,
             "device": device or ("cuda" if gpus else "cpu"),

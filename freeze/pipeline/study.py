@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import argparse
 import re
-import shutil
 import sys
 import time
 from pathlib import Path
 
+from freeze._atomic import atomic_write_bytes, atomic_write_text
 from freeze.pipeline.config import ConfigError
 from freeze.pipeline.sweep import SweepError, expand, read_toml, run_specs
 
@@ -61,7 +61,7 @@ def splice_tables(report_md: Path, tables_dir: Path) -> list[str]:
         return f"<!-- generated:{name} -->\n{source.read_text(encoding='utf-8').strip()}\n<!-- /generated:{name} -->"
 
     text = re.sub(r"<!-- generated:([\w-]+) -->.*?<!-- /generated:\1 -->", fill, text, flags=re.S)
-    report_md.write_text(text, encoding="utf-8")
+    atomic_write_text(report_md, text)
     return replaced
 
 
@@ -90,12 +90,12 @@ def main(argv: list[str] | None = None) -> int:
 
     if pretrain_specs:
         print(f"== pretraining ({study['pretrain']})", flush=True)
-        summary = run_specs(study["pretrain"], pretrain_specs)
+        summary = run_specs(pretrain_specs)
         if summary.failed:
             print(f"error: pretraining failed: {summary.failed[0][1]}", file=sys.stderr)
             return 1
     print(f"== fine-tuning: {len(specs)} runs", flush=True)
-    summary = run_specs(study["finetune"], specs)
+    summary = run_specs(specs)
     for line in summary.lines():
         print(line)
 
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         figures = report_md.parent / "figures" / study["name"]
         figures.mkdir(parents=True, exist_ok=True)
         for path in sorted(report_dir.glob("*.png")):
-            shutil.copy2(path, figures / path.name)
+            atomic_write_bytes(figures / path.name, path.read_bytes())
         print(f"== {report_md}: tables {', '.join(names) or 'none'} regenerated; figures in {figures}")
     print(f"== study wall time {time.perf_counter() - start_s:.0f} s ({len(written)} report files)")
     return 1 if summary.failed else 0

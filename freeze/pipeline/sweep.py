@@ -1,6 +1,7 @@
 """A grid of runs (policies x parameters x seeds x worker counts x any config key), one after another.
 
-    python -m experiments.sweep --sweep experiments/configs/ablation_offline.toml
+    python -m experiments.sweep --sweep my_sweep.toml
+    python -m experiments.sweep --sweep my_sweep.toml --dry-run    # list the run names
 
 Sweep file:
 
@@ -12,6 +13,9 @@ Sweep file:
     "freeze.policy" = ["none", "autofreeze:percentile=50"]
     "run.seed" = [0, 1, 2]
     "dist.nproc" = [2]
+
+Every run's config is resolved and validated once, before anything runs (:func:`expand`); each run
+then starts from the resolved config.toml written into its run directory.
 
 Re-running a sweep skips complete runs, resumes interrupted or failed ones from their checkpoint
 and never overwrites a result. A failing run is recorded as failed (its manifest holds the error)
@@ -32,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from freeze.pipeline.config import Config, ConfigError, load_config
-from freeze.pipeline.run import launch_local
+from freeze.pipeline.run import launch_cluster, launch_local, prepare_run_dir
 from freeze.pipeline.runs import RunDir, RunError
 
 SEED_KEY = "run.seed"
@@ -44,10 +48,17 @@ class SweepError(ValueError):
 
 @dataclass(frozen=True)
 class RunSpec:
-    name: str
-    group: str
-    overrides: tuple[str, ...]  # everything passed to freeze.pipeline.run after --config
-    config: Config  # the resolved config those overrides give (validated once, in expand)
+    """One run of a sweep: its resolved config (validated once, in :func:`expand`)."""
+
+    config: Config
+
+    @property
+    def name(self) -> str:
+        return self.config.run.name
+
+    @property
+    def group(self) -> str:
+        return self.config.run_group()
 
 
 @dataclass
@@ -125,18 +136,31 @@ def expand(base: str, study: str, grid: dict, overrides: list[str], out_dir: str
             config = load_config(base, run_overrides, check_files=False)
         except ConfigError as e:
             raise SweepError(f"run {'_'.join(_slug(k, v) for k, v in pairs) or base}: {e}") from None
-        specs.append(RunSpec(config.run.name, config.run_group(), tuple(run_overrides), config))
+        specs.append(RunSpec(config))
     names = [s.name for s in specs]
     if len(set(names)) != len(names):
         raise SweepError("sweep: two grid points map to the same run name; make the grid values distinct")
     return specs
 
 
-def run_specs(base: str, specs: list[RunSpec], log=print) -> SweepSummary:
+def _launch(config: Config, resume: bool) -> int:
+    """Run one resolved config to its end; returns the exit code."""
+    resolved = prepare_run_dir(config, resume)
+    if config.cluster.nodes:  # one torchrun agent per emulated node (freeze.pipeline.cluster)
+        return launch_cluster(config, resolved, resume)
+    if config.dist.nproc > 1:
+        # Workers are separate processes either way; hosting torchrun's agent here saves a
+        # launcher process (interpreter + torch import, ~3 s) per run.
+        return launch_local(resolved, config.dist.nproc, resume)
+    # A single-process run trains in its own process, so a crash cannot take the sweep down.
+    cmd = [sys.executable, "-m", "freeze.pipeline.run", "--config", str(resolved)]
+    return subprocess.run(cmd + (["--resume"] if resume else [])).returncode
+
+
+def run_specs(specs: list[RunSpec], log=print) -> SweepSummary:
     summary = SweepSummary()
     for i, spec in enumerate(specs, 1):
-        config = spec.config
-        run = RunDir(config.run_dir())
+        run = RunDir(spec.config.run_dir())
         try:
             status = run.status()
         except RunError as e:
@@ -149,13 +173,12 @@ def run_specs(base: str, specs: list[RunSpec], log=print) -> SweepSummary:
         resume = run.has_progress()
         log(f"[{i}/{len(specs)}] {spec.name}: {'resuming' if resume else 'starting'}")
         start_s = time.perf_counter()
-        if config.dist.nproc > 1:
-            # Workers are separate processes either way; hosting torchrun's agent here saves a
-            # launcher process (interpreter + torch import, ~3 s) per run.
-            code = launch_local(base, list(spec.overrides), config.dist.nproc, resume)
-        else:  # a single-process run trains in its own process, so a crash cannot take the sweep down
-            cmd = [sys.executable, "-m", "freeze.pipeline.run", "--config", base, *spec.overrides]
-            code = subprocess.run(cmd + (["--resume"] if resume else [])).returncode
+        try:
+            code = _launch(spec.config, resume)
+        except RunError as e:  # e.g. resuming a run directory written with another config
+            summary.failed.append((spec.name, str(e)))
+            log(f"[{i}/{len(specs)}] {spec.name}: FAILED ({e})")
+            continue
         summary.ran.append(spec.name)
         if resume:
             summary.resumed.append(spec.name)
@@ -186,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         for spec in specs:
             print(spec.name)
         return 0
-    summary = run_specs(sweep["base"], specs)
+    summary = run_specs(specs)
     for line in summary.lines():
         print(line)
     return 1 if summary.failed else 0

@@ -1,5 +1,6 @@
-"""The training loop of one worker: data, model, Freezer, optimizer, AMP, accumulation, eval,
-metrics.jsonl and atomic per-epoch checkpoints with exact resume.
+"""The training loop of one worker, in the shape of torchvision's classification reference: load the
+data, start the run, build the training objects and resume (:mod:`freeze.pipeline.prepare`), then
+per epoch ``train_one_epoch``, ``evaluate``, the epoch record and the checkpoint.
 
 Exact resume: the data order and augmentation are functions of (seed, epoch), the model is
 restored with the optimizer, scheduler, scaler, Freezer (boundary, monitor history, policy) and RNG
@@ -11,30 +12,36 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
-import random
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 from freeze import comm
-from freeze.blocks import children_block_names, split_blocks
-from freeze.cache import CacheConfig, CacheCounters
+from freeze.cache import CacheCounters
 from freeze.freezer import Freezer
 from freeze.monitor import relative_change
-from freeze.pipeline.config import Config, config_to_toml
-from freeze.pipeline.data import DataError, DataSplit, EvalLoader, TrainLoader, load_dataset, split_validation
-from freeze.pipeline.distributed import WorkerContext, agree_on_error, barrier
+from freeze.pipeline.config import Config
+from freeze.pipeline.data import EvalLoader
+from freeze.pipeline.distributed import WorkerContext, all_reduce_sum, any_rank, barrier
 from freeze.pipeline.log import ProgressLine, get_logger
 from freeze.pipeline.models import build_model
-from freeze.pipeline.optim import build_optimizer, build_scheduler
-from freeze.pipeline.runs import RunDir, RunError, environment_info, load_checkpoint, now_iso, save_checkpoint
+from freeze.pipeline.prepare import (
+    Training,
+    build_blocks,
+    build_training,
+    checkpoint_state,
+    load_data,
+    resume_training,
+    start_run,
+)
+from freeze.pipeline.runs import RunDir, save_checkpoint
+from freeze.pipeline.schema import BOUNDARY_AT_EPOCH_START, EVAL_PHASE, PHASES, TRAIN_PHASES
 from freeze.policies import parse_policy
-
-PHASES = ("data", "forward", "backward", "optimizer", "freezer", "eval")
 
 
 @dataclass
@@ -58,6 +65,10 @@ class PhaseClock:
         self._last = now
         return elapsed
 
+    def train_seconds(self) -> float:
+        """epoch_wall_s: every phase but evaluation."""
+        return sum(self.seconds[p] for p in TRAIN_PHASES)
+
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -72,77 +83,104 @@ def _autocast(precision: str, device: torch.device):
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
-def _rng_state() -> dict:
-    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
+# ---------------------------------------------------------------------------------------------
+# one epoch: train, evaluate, record, save
 
 
-def _set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+@dataclass(frozen=True)
+class EpochTraining:
+    """What ``train_one_epoch`` measured, summed over every rank."""
+
+    boundary_at_epoch_start: int
+    frozen_param_fraction: float  # mean over the epoch's steps
+    train_loss: float  # mean over every training image of the epoch
+    train_acc: float
+    allreduce_bytes: int
+    cache: dict | None  # this rank's activation-cache figures (None without a cache)
 
 
-@torch.no_grad()
-def evaluate(model, loader: EvalLoader, precision: str, device: torch.device) -> tuple[float, float]:
-    """(mean loss, accuracy) over the whole set; ranks evaluate disjoint shards, counts all-reduced."""
-    totals = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, count
-    for x, y in loader:
-        with _autocast(precision, device):
-            logits = model(x)
-        totals[0] += F.cross_entropy(logits.float(), y, reduction="sum").double()
-        totals[1] += (logits.argmax(1) == y).sum()
-        totals[2] += y.numel()
-    if comm.is_distributed():
-        reduced = totals.to(comm.collective_device())
-        torch.distributed.all_reduce(reduced)
-        totals = reduced.to(device)
-    loss_sum, correct, count = totals.tolist()
-    return loss_sum / count, correct / count
+def train_step(
+    t: Training,
+    cfg: Config,
+    device: torch.device,
+    batches: Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]],
+    clock: PhaseClock,
+    sums: torch.Tensor,
+) -> tuple[torch.Tensor, float]:
+    """One optimizer step over ``train.accumulate_steps`` micro-batches, with the Freezer's monitor
+    and step-level policy. Adds loss sum, correct and count to ``sums``; returns the last
+    micro-batch's loss (still on the device) and the seconds spent waiting for data."""
+    freezer, optimizer, scaler, accum = t.freezer, t.optimizer, t.scaler, cfg.train.accumulate_steps
+    data_s = 0.0
+    for micro in range(accum):
+        x, y, keys = next(batches)
+        data_s += clock.lap("data")
+        last = micro == accum - 1
+        sync = contextlib.nullcontext() if last or not comm.is_distributed() else freezer.ddp.no_sync()
+        with sync:
+            with _autocast(cfg.train.precision, device):
+                logits = freezer.forward(x, sample_ids=keys)
+                loss = F.cross_entropy(logits, y, label_smoothing=cfg.train.label_smoothing)
+            clock.lap("forward")
+            scaler.scale(loss / accum).backward()
+            clock.lap("backward")
+        with torch.no_grad():
+            sums[0] += loss.detach().double() * y.numel()
+            sums[1] += (logits.argmax(1) == y).sum()
+            sums[2] += y.numel()
+    scaler.unscale_(optimizer)
+    step_ok = True
+    if cfg.optim.grad_clip_norm > 0 or scaler.is_enabled():
+        max_norm = cfg.optim.grad_clip_norm if cfg.optim.grad_clip_norm > 0 else float("inf")
+        total_norm = torch.nn.utils.clip_grad_norm_([p for p in t.model.parameters() if p.grad is not None], max_norm)
+        # fp16 only: GradScaler skips steps with overflowed gradients, and so must the monitor.
+        step_ok = not scaler.is_enabled() or bool(torch.isfinite(total_norm))
+    if step_ok:
+        freezer.after_backward()
+    clock.lap("freezer")
+    scaler.step(optimizer)
+    scaler.update()
+    t.scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    clock.lap("optimizer")
+    freezer.after_step()
+    clock.lap("freezer")
+    return loss.detach(), data_s
 
 
-def _build_blocks(model, how: str):
-    return split_blocks(model, children_block_names(model) if how == "children" else None)
-
-
-def _prepare_data(cfg: Config, ctx: WorkerContext) -> DataSplit:
-    def load():
-        return load_dataset(
-            cfg.data.dataset,
-            cfg.data.root,
-            download=cfg.data.download,
-            synthetic_train_size=cfg.data.synthetic_train_size,
-            synthetic_test_size=cfg.data.synthetic_test_size,
-            synthetic_seed=cfg.data.synthetic_seed,
-        )
-
-    # One process per machine downloads or writes the files (and keeps what it read); the others
-    # read them once it is done.
-    error, arrays = None, None
-    if ctx.local_rank == 0:
-        try:
-            arrays = load()
-        except DataError as e:
-            error = str(e)
-    error = agree_on_error(error)
-    if error:
-        raise DataError(error)
-    barrier()
-    if arrays is None:
-        arrays = load()
-    return split_validation(arrays, cfg.data.val_size, cfg.run.seed, cfg.data.train_size, cfg.data.test_size)
-
-
-def _grad_norm_record(freezer: Freezer, epoch: int) -> dict:
-    hist = freezer.history
-    if not hist or hist[-1].epoch != epoch:
-        return {"summed": None, "mean_step": None, "eta": None}
-    eta = relative_change(hist[-2], hist[-1]) if len(hist) >= 2 else [None] * len(freezer.blocks)
-    return {"summed": list(hist[-1].summed_grad_norm), "mean_step": list(hist[-1].mean_step_grad_norm), "eta": eta}
+def train_one_epoch(
+    t: Training, cfg: Config, ctx: WorkerContext, epoch: int, clock: PhaseClock, logger: logging.Logger
+) -> EpochTraining:
+    """One pass over the training data; the epoch ends with the policy's end-of-epoch decision."""
+    freezer = t.freezer
+    progress = ProgressLine(logger, epoch, cfg.train.epochs, rank=ctx.rank, device=ctx.device)
+    t.loader.set_epoch(epoch)
+    freezer.train()
+    boundary_at_epoch_start = freezer.boundary
+    bytes_before = freezer.counters.allreduce_bytes_total
+    frozen_fraction_sum = 0.0
+    sums = torch.zeros(3, dtype=torch.float64, device=ctx.device)  # loss sum, correct, count
+    cache_start = dataclasses.replace(freezer.cache.counters) if freezer.cache is not None else None
+    batches = t.loader.iter_keyed()
+    clock.start()
+    for step in range(t.steps_per_epoch):
+        step_start_s = time.perf_counter()
+        frozen_fraction_sum += freezer.frozen_param_fraction
+        loss, data_s = train_step(t, cfg, ctx.device, batches, clock, sums)
+        # The loss stays on the device: the progress line reads it only when it prints.
+        progress.update(step + 1, t.steps_per_epoch, loss, time.perf_counter() - step_start_s, data_s)
+    freezer.end_epoch(epoch)
+    clock.lap("freezer")
+    cache = _cache_record(freezer, cache_start, int(sums[2].item()))
+    loss_sum, correct, count = all_reduce_sum(sums).tolist()
+    return EpochTraining(
+        boundary_at_epoch_start=boundary_at_epoch_start,
+        frozen_param_fraction=frozen_fraction_sum / t.steps_per_epoch,
+        train_loss=loss_sum / count,
+        train_acc=correct / count,
+        allreduce_bytes=freezer.counters.allreduce_bytes_total - bytes_before,
+        cache=cache,
+    )
 
 
 def _cache_record(freezer: Freezer, start: CacheCounters | None, samples_read: int) -> dict | None:
@@ -162,112 +200,132 @@ def _cache_record(freezer: Freezer, start: CacheCounters | None, samples_read: i
     }
 
 
+@torch.no_grad()
+def evaluate(model, loader: EvalLoader, precision: str, device: torch.device) -> tuple[float, float]:
+    """(mean loss, accuracy) over the whole set; ranks evaluate disjoint shards, counts all-reduced."""
+    totals = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, count
+    for x, y in loader:
+        with _autocast(precision, device):
+            logits = model(x)
+        totals[0] += F.cross_entropy(logits.float(), y, reduction="sum").double()
+        totals[1] += (logits.argmax(1) == y).sum()
+        totals[2] += y.numel()
+    loss_sum, correct, count = all_reduce_sum(totals).tolist()
+    return loss_sum / count, correct / count
+
+
+def _evaluation_due(cfg: Config, epoch: int) -> bool:
+    return (epoch + 1) % cfg.train.eval_every_epochs == 0 or epoch + 1 == cfg.train.epochs
+
+
+def evaluate_epoch(t: Training, cfg: Config, device: torch.device, clock: PhaseClock) -> dict[str, float | None]:
+    """Validation and test loss and accuracy (None for a set that is not evaluated)."""
+    # Trainable BN statistics are rank-local since the last forward: evaluate with rank 0's, as
+    # DDP's next forward would.
+    comm.broadcast_from_rank0(list(t.model.buffers()))
+    t.freezer.eval()
+    val_loss = val_acc = None
+    if t.val_loader is not None:
+        val_loss, val_acc = evaluate(t.model, t.val_loader, cfg.train.precision, device)
+    test_loss, test_acc = evaluate(t.model, t.test_loader, cfg.train.precision, device)
+    clock.lap(EVAL_PHASE)
+    return {"val_loss": val_loss, "val_acc": val_acc, "test_loss": test_loss, "test_acc": test_acc}
+
+
+def _grad_norm_record(freezer: Freezer, epoch: int) -> dict:
+    hist = freezer.history
+    if not hist or hist[-1].epoch != epoch:
+        return {"summed": None, "mean_step": None, "eta": None}
+    eta = relative_change(hist[-2], hist[-1]) if len(hist) >= 2 else [None] * len(freezer.blocks)
+    return {"summed": list(hist[-1].summed_grad_norm), "mean_step": list(hist[-1].mean_step_grad_norm), "eta": eta}
+
+
+def epoch_record(
+    t: Training,
+    epoch: int,
+    train: EpochTraining,
+    evaluation: dict[str, float | None],
+    clock: PhaseClock,
+    cumulative_wall_s: float,
+) -> dict:
+    """The epoch's line in metrics.jsonl (the keys the report reads are in freeze.pipeline.schema)."""
+    counters = t.freezer.counters
+    return {
+        "epoch": epoch,
+        "step": counters.steps,
+        "lr": t.optimizer.param_groups[0]["lr"],
+        "boundary": t.freezer.boundary,
+        BOUNDARY_AT_EPOCH_START: train.boundary_at_epoch_start,
+        "frozen_param_fraction": train.frozen_param_fraction,
+        "train_loss": train.train_loss,
+        "train_acc": train.train_acc,
+        **evaluation,
+        "epoch_wall_s": clock.train_seconds(),
+        "cumulative_wall_s": cumulative_wall_s,
+        "phase_s": dict(clock.seconds),
+        "allreduce_bytes": train.allreduce_bytes,
+        "allreduce_bytes_per_step": counters.allreduce_bytes_last_step,
+        "rewraps": counters.rewraps,
+        "rewrap_s": counters.rewrap_s_total,
+        "grad_norm": _grad_norm_record(t.freezer, epoch),
+        "cache": train.cache,
+    }
+
+
+def _log_epoch(logger: logging.Logger, record: dict, epochs: int) -> None:
+    val_acc, test_acc = record["val_acc"], record["test_acc"]
+    logger.info(
+        "epoch %d/%d  train loss %.4f acc %.4f  val acc %s  test acc %s  boundary %d->%d  %.1f s  %.2f MB/step",
+        record["epoch"] + 1,
+        epochs,
+        record["train_loss"],
+        record["train_acc"],
+        "-" if val_acc is None else f"{val_acc:.4f}",
+        "-" if test_acc is None else f"{test_acc:.4f}",
+        record[BOUNDARY_AT_EPOCH_START],
+        record["boundary"],
+        record["epoch_wall_s"],
+        record["allreduce_bytes_per_step"] / 1e6,
+    )
+
+
+def save_epoch(t: Training, cfg: Config, ctx: WorkerContext, run: RunDir, record: dict) -> None:
+    """Rank 0 appends the record and (every run.checkpoint_every_epochs, and at the end) saves the
+    checkpoint; no rank goes on before that is done."""
+    epochs_done = record["epoch"] + 1
+    if ctx.is_main:
+        run.append_metrics(record)
+        if epochs_done == cfg.train.epochs or epochs_done % cfg.run.checkpoint_every_epochs == 0:
+            save_checkpoint(checkpoint_state(t, epochs_done, record["cumulative_wall_s"]), run.checkpoint_path)
+        run.update_manifest(epochs_done=epochs_done)
+    barrier()  # no rank runs ahead of a checkpoint it might have to resume from
+
+
+# ---------------------------------------------------------------------------------------------
+# the worker
+
+
 def train_worker(cfg: Config, ctx: WorkerContext, resume: bool) -> dict:
     """Run (or resume) the configured run on this worker; returns the last metrics record."""
     run = RunDir(cfg.run_dir())
     # torchrun --max-restarts restarts every worker after a failure: continue from the checkpoint.
-    resume = resume or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+    # Agreed across ranks: on several nodes only the node whose worker failed counts a restart;
+    # torchrun restarts the others for the membership change with their count unchanged.
+    resume = any_rank(resume or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0)
     logger = get_logger(ctx.rank, run.path / f"log.rank{ctx.rank}.txt" if ctx.is_main else None)
     torch.manual_seed(cfg.run.seed)  # model init: identical on all ranks, and the Freezer syncs anyway
-    split = _prepare_data(cfg, ctx)
-    num_classes = int(max(split.train_y.max(), split.test_y.max())) + 1
-    model = build_model(cfg.model.arch, num_classes, cfg.model.stem, cfg.model.weights).to(ctx.device)
-    blocks = _build_blocks(model, cfg.model.blocks)
+    split = load_data(cfg, ctx)
+    model = build_model(cfg.model.arch, split.num_classes, cfg.model.stem, cfg.model.weights, logger=logger)
+    model = model.to(ctx.device)
+    blocks = build_blocks(model, cfg.model.blocks)
     policy = parse_policy(cfg.freeze.policy)
-
-    error = None
-    if ctx.is_main:
-        manifest = {
-            "run_name": cfg.run.name,
-            "study": cfg.run.study,
-            "group": cfg.run_group(),
-            "policy": policy.spec(),
-            "seed": cfg.run.seed,
-            "world_size": ctx.world_size,
-            "status": "running",
-            "error": None,
-            "epochs_planned": cfg.train.epochs,
-            "epochs_done": 0,
-            "block_names": [b.name for b in blocks],
-            "block_param_bytes": [b.param_bytes for b in blocks],
-            **environment_info(ctx.device.type),
-            "start_time": now_iso(),
-            "end_time": None,
-        }
-        try:
-            run.create(config_to_toml(cfg), manifest, resume=resume)
-        except RunError as e:
-            error = str(e)
-    error = agree_on_error(error)
-    if error:
-        raise RunError(error)
-
-    loader = TrainLoader(
-        split.train_x,
-        split.train_y,
-        cfg.train.batch_size,
-        ctx.rank,
-        ctx.world_size,
-        cfg.run.seed,
-        augment=cfg.data.augment,
-        device=ctx.device,
-    )
-    val_loader = (
-        EvalLoader(split.val_x, split.val_y, cfg.train.eval_batch_size, ctx.rank, ctx.world_size, ctx.device)
-        if len(split.val_y)
-        else None
-    )
-    test_loader = EvalLoader(
-        split.test_x, split.test_y, cfg.train.eval_batch_size, ctx.rank, ctx.world_size, ctx.device
-    )
-    accum = cfg.train.accumulate_steps
-    steps_per_epoch = len(loader) // accum
-    if cfg.train.max_steps_per_epoch:
-        steps_per_epoch = min(steps_per_epoch, cfg.train.max_steps_per_epoch)
-    if steps_per_epoch < 1:
-        raise RuntimeError(
-            f"train.accumulate_steps={accum} leaves no optimizer step in an epoch of {len(loader)} batches"
-        )
-    total_steps = steps_per_epoch * cfg.train.epochs
-
-    optimizer = build_optimizer(model, cfg.optim)
-    scheduler = build_scheduler(optimizer, cfg.schedule, steps_per_epoch, total_steps, cfg.optim.lr)
-    scaler = torch.amp.GradScaler("cuda", enabled=cfg.train.precision == "fp16")
-    ddp_kwargs = {"bucket_cap_mb": cfg.freeze.bucket_cap_mb}
-    if ctx.device.type == "cuda":
-        ddp_kwargs["device_ids"] = [ctx.device.index]
-    freezer = Freezer(
-        model,
-        blocks,
-        policy,
-        optimizer=optimizer,
-        epochs=cfg.train.epochs,
-        steps_per_epoch=steps_per_epoch,
-        interval_steps=cfg.freeze.interval_steps,
-        ddp_kwargs=ddp_kwargs,
-        comm_hook=cfg.freeze.comm_hook,
-        grad_checkpointing=cfg.train.grad_checkpointing,
-        track_summed_grads=cfg.freeze.track_summed_grads or None,
-        cache=CacheConfig(
-            mode=cfg.freeze.cache,
-            budget_bytes=cfg.freeze.cache_budget_bytes,
-            storage_dtype=cfg.freeze.cache_dtype,
-            directory=str(run.path),
-        ),
-        cache_source=loader.cache_source() if cfg.freeze.cache != "off" else None,
-    )
+    start_run(cfg, ctx, run, blocks, policy, resume)
+    t = build_training(cfg, ctx, split, model, blocks, policy)
 
     start_epoch, cumulative_wall_s = 0, 0.0
     if resume and run.checkpoint_path.exists():
-        ckpt = load_checkpoint(run.checkpoint_path, map_location=ctx.device)
-        model.load_state_dict(ckpt["model"])
-        freezer.load_state_dict(ckpt["freezer"])  # after the model: re-syncs frozen BN buffers from it
-        optimizer.load_state_dict(ckpt["optimizer"])
-        scheduler.load_state_dict(ckpt["scheduler"])
-        scaler.load_state_dict(ckpt["scaler"])
-        _set_rng_state(ckpt["rng"])
-        start_epoch, cumulative_wall_s = ckpt["epoch"], ckpt["cumulative_wall_s"]
-        logger.info("resumed %s at epoch %d (boundary %d)", run.path, start_epoch, freezer.boundary)
+        start_epoch, cumulative_wall_s = resume_training(t, run.checkpoint_path, ctx.device)
+        logger.info("resumed %s at epoch %d (boundary %d)", run.path, start_epoch, t.freezer.boundary)
     if ctx.is_main:
         run.truncate_metrics(start_epoch)  # epochs after the checkpoint are re-run, not duplicated
     logger.info(
@@ -277,138 +335,20 @@ def train_worker(cfg: Config, ctx: WorkerContext, resume: bool) -> dict:
         ctx.device,
         len(blocks),
         policy.spec(),
-        steps_per_epoch,
+        t.steps_per_epoch,
     )
 
     record: dict = {}
-    params = list(model.parameters())
     for epoch in range(start_epoch, cfg.train.epochs):
         clock = PhaseClock(ctx.device)
-        progress = ProgressLine(logger, epoch, cfg.train.epochs, rank=ctx.rank, device=ctx.device)
-        loader.set_epoch(epoch)
-        freezer.train()
-        boundary_during = freezer.boundary
-        bytes_before = freezer.counters.allreduce_bytes_total
-        frozen_fraction_sum = 0.0
-        stats = torch.zeros(3, dtype=torch.float64, device=ctx.device)  # loss sum, correct, count
-        cache_start = dataclasses.replace(freezer.cache.counters) if freezer.cache is not None else None
-        samples_read = 0
-        batches = loader.iter_keyed()
-        clock.start()
-        for step in range(steps_per_epoch):
-            step_start_s = time.perf_counter()
-            frozen_fraction_sum += freezer.frozen_param_fraction
-            data_s = 0.0
-            for micro in range(accum):
-                x, y, keys = next(batches)
-                samples_read += y.numel()
-                data_s += clock.lap("data")
-                last = micro == accum - 1
-                sync = contextlib.nullcontext() if last or not comm.is_distributed() else freezer.ddp.no_sync()
-                with sync:
-                    with _autocast(cfg.train.precision, ctx.device):
-                        logits = freezer.forward(x, sample_ids=keys)
-                        loss = F.cross_entropy(logits, y, label_smoothing=cfg.train.label_smoothing)
-                    clock.lap("forward")
-                    scaler.scale(loss / accum).backward()
-                    clock.lap("backward")
-                with torch.no_grad():
-                    stats[0] += loss.detach().double() * y.numel()
-                    stats[1] += (logits.argmax(1) == y).sum()
-                    stats[2] += y.numel()
-            scaler.unscale_(optimizer)
-            step_ok = True
-            if cfg.optim.grad_clip_norm > 0 or scaler.is_enabled():
-                max_norm = cfg.optim.grad_clip_norm if cfg.optim.grad_clip_norm > 0 else float("inf")
-                total_norm = torch.nn.utils.clip_grad_norm_([p for p in params if p.grad is not None], max_norm)
-                # fp16 only: GradScaler skips steps with overflowed gradients, and so must the monitor.
-                step_ok = not scaler.is_enabled() or bool(torch.isfinite(total_norm))
-            if step_ok:
-                freezer.after_backward()
-            clock.lap("freezer")
-            scaler.step(optimizer)
-            scaler.update()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            clock.lap("optimizer")
-            freezer.after_step()
-            clock.lap("freezer")
-            progress.update(step + 1, steps_per_epoch, loss.item(), time.perf_counter() - step_start_s, data_s)
-        freezer.end_epoch(epoch)
-        clock.lap("freezer")
-        epoch_wall_s = sum(clock.seconds[p] for p in PHASES if p != "eval")
-        cumulative_wall_s += epoch_wall_s
-
-        if comm.is_distributed():
-            reduced = stats.to(comm.collective_device())
-            torch.distributed.all_reduce(reduced)
-            stats = reduced.to(ctx.device)
-        train_loss, train_correct, train_count = stats.tolist()
-        val_loss = val_acc = test_loss = test_acc = None
-        if (epoch + 1) % cfg.train.eval_every_epochs == 0 or epoch + 1 == cfg.train.epochs:
-            # Trainable BN statistics are rank-local since the last forward: evaluate with rank 0's,
-            # as DDP's next forward would.
-            comm.broadcast_from_rank0(list(model.buffers()))
-            freezer.eval()
-            if val_loader is not None:
-                val_loss, val_acc = evaluate(model, val_loader, cfg.train.precision, ctx.device)
-            test_loss, test_acc = evaluate(model, test_loader, cfg.train.precision, ctx.device)
-            clock.lap("eval")
-        record = {
-            "epoch": epoch,
-            "step": freezer.counters.steps,
-            "lr": optimizer.param_groups[0]["lr"],
-            "boundary": freezer.boundary,
-            "boundary_during": boundary_during,
-            "frozen_param_fraction": frozen_fraction_sum / steps_per_epoch,
-            "train_loss": train_loss / train_count,
-            "train_acc": train_correct / train_count,
-            "val_loss": val_loss,
-            "val_acc": val_acc,
-            "test_loss": test_loss,
-            "test_acc": test_acc,
-            "epoch_wall_s": epoch_wall_s,
-            "cumulative_wall_s": cumulative_wall_s,
-            "phase_s": dict(clock.seconds),
-            "allreduce_bytes": freezer.counters.allreduce_bytes_total - bytes_before,
-            "allreduce_bytes_per_step": freezer.counters.allreduce_bytes_last_step,
-            "rewraps": freezer.counters.rewraps,
-            "rewrap_s": freezer.counters.rewrap_s_total,
-            "grad_norm": _grad_norm_record(freezer, epoch),
-            "cache": _cache_record(freezer, cache_start, samples_read),
-        }
-        logger.info(
-            "epoch %d/%d  train loss %.4f acc %.4f  val acc %s  test acc %s  boundary %d->%d  %.1f s  %.2f MB/step",
-            epoch + 1,
-            cfg.train.epochs,
-            record["train_loss"],
-            record["train_acc"],
-            "-" if val_acc is None else f"{val_acc:.4f}",
-            "-" if test_acc is None else f"{test_acc:.4f}",
-            boundary_during,
-            freezer.boundary,
-            epoch_wall_s,
-            record["allreduce_bytes_per_step"] / 1e6,
-        )
-        last_epoch = epoch + 1 == cfg.train.epochs
-        if ctx.is_main:
-            run.append_metrics(record)
-            if last_epoch or (epoch + 1) % cfg.run.checkpoint_every_epochs == 0:
-                save_checkpoint(
-                    {
-                        "epoch": epoch + 1,
-                        "cumulative_wall_s": cumulative_wall_s,
-                        "model": model.state_dict(),
-                        "optimizer": optimizer.state_dict(),
-                        "scheduler": scheduler.state_dict(),
-                        "scaler": scaler.state_dict(),
-                        "freezer": freezer.state_dict(),
-                        "rng": _rng_state(),
-                    },
-                    run.checkpoint_path,
-                )
-            run.update_manifest(epochs_done=epoch + 1)
-        barrier()  # no rank runs ahead of a checkpoint it might have to resume from
+        train = train_one_epoch(t, cfg, ctx, epoch, clock, logger)
+        cumulative_wall_s += clock.train_seconds()
+        evaluation = dict.fromkeys(("val_loss", "val_acc", "test_loss", "test_acc"))
+        if _evaluation_due(cfg, epoch):
+            evaluation = evaluate_epoch(t, cfg, ctx.device, clock)
+        record = epoch_record(t, epoch, train, evaluation, clock, cumulative_wall_s)
+        _log_epoch(logger, record, cfg.train.epochs)
+        save_epoch(t, cfg, ctx, run, record)
     if ctx.is_main:
         run.finish("complete")
     return record

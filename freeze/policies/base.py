@@ -65,7 +65,16 @@ def param(
     high_open: bool = False,
     choices: tuple[str, ...] | None = None,
 ) -> Any:
-    """A policy parameter: a dataclass field carrying its accepted values, checked on construction."""
+    """A policy parameter: a dataclass field carrying its accepted values, checked on construction.
+
+    Args:
+        default: the value when a spec or a call does not give one.
+        low: smallest accepted value (numbers), or None.
+        high: largest accepted value (numbers), or None.
+        low_open: exclude ``low`` itself.
+        high_open: exclude ``high`` itself.
+        choices: the accepted strings (string parameters), or None for any.
+    """
     limits = {"low": low, "high": high, "low_open": low_open, "high_open": high_open}
     return field(default=default, metadata={**limits, "choices": choices})
 
@@ -84,12 +93,24 @@ class Policy(ABC):
             object.__setattr__(self, f.name, _coerce(type(self), f, getattr(self, f.name)))
 
     def initial_boundary(self, num_blocks: int) -> int:
+        """The boundary before the first step (0 unless a policy starts frozen).
+
+        Args:
+            num_blocks: number of blocks L of the model.
+        """
         self._check_blocks(num_blocks)
         return 0
 
     @abstractmethod
     def decide(self, boundary: int, history: Sequence[IntervalStats], progress: Progress, num_blocks: int) -> int:
-        """The boundary to apply now, in [0, num_blocks - 1]."""
+        """The boundary to apply now, in [0, num_blocks - 1].
+
+        Args:
+            boundary: the boundary k in force now.
+            history: the monitor's closed intervals, oldest first (all-reduced, so equal on every rank).
+            progress: where training stands.
+            num_blocks: number of blocks L; the last one (the head) is never frozen by a rule.
+        """
 
     def spec(self) -> str:
         """Canonical config string with every parameter written out; parse_policy(p.spec()) == p."""
@@ -101,7 +122,14 @@ class Policy(ABC):
         return {"policy": self.name, "params": {f.name: getattr(self, f.name) for f in _fields(self)}}
 
     def load_state_dict(self, state: dict) -> None:
-        """Take the checkpoint's parameters, so a resumed run decides as the run that wrote it."""
+        """Take the checkpoint's parameters, so a resumed run decides as the run that wrote it.
+
+        Args:
+            state: a :meth:`state_dict` of a policy with the same name.
+
+        Raises:
+            PolicyError: ``state`` was written by another policy.
+        """
         found = state.get("policy") if isinstance(state, dict) else None
         if found != self.name or not isinstance(state.get("params"), dict):
             raise PolicyError(
@@ -141,7 +169,17 @@ POLICIES: dict[str, type[Policy]] = {}
 
 
 def register_policy(cls: type[Policy]) -> type[Policy]:
-    """Class decorator: make a frozen-dataclass policy reachable by its ``name``."""
+    """Class decorator: make a frozen-dataclass policy reachable by its ``name``.
+
+    Args:
+        cls: a ``@dataclass(frozen=True)`` subclass of :class:`Policy` with a class attribute ``name``.
+
+    Returns:
+        ``cls`` itself.
+
+    Raises:
+        PolicyError: the name is empty, contains ``:,=`` or a space, or belongs to another class.
+    """
     if not (isinstance(cls, type) and issubclass(cls, Policy) and dataclasses.is_dataclass(cls)):
         raise TypeError(f"register_policy: {cls!r} is not a dataclass subclass of Policy")
     name = getattr(cls, "name", None)
@@ -156,7 +194,15 @@ def register_policy(cls: type[Policy]) -> type[Policy]:
 
 
 def make_policy(name: str, **params: Any) -> Policy:
-    """Build a registered policy; parameter values may be typed or strings."""
+    """Build a registered policy; parameter values may be typed or strings.
+
+    Args:
+        name: a registered policy name (see ``POLICIES``).
+        **params: the policy's parameters; values are converted to the field types and checked.
+
+    Raises:
+        PolicyError: unknown name or parameter, or a value outside the accepted ones.
+    """
     cls = _policy_class(name)
     accepted = [f.name for f in _fields(cls)]
     for key in params:
@@ -168,7 +214,14 @@ def make_policy(name: str, **params: Any) -> Policy:
 
 
 def parse_policy(spec: str) -> Policy:
-    """``"name"`` or ``"name:param=value,param=value"`` -> policy."""
+    """``"name"`` or ``"name:param=value,param=value"`` -> policy.
+
+    Args:
+        spec: the policy spec, as in configs (``"autofreeze:percentile=50"``).
+
+    Raises:
+        PolicyError: a malformed spec, or what :func:`make_policy` rejects.
+    """
     if not isinstance(spec, str) or not spec.strip():
         raise PolicyError(
             f"empty policy spec {spec!r}; accepted: a policy name ({', '.join(POLICIES)}) "

@@ -9,8 +9,9 @@ statistics, and a run restored from a checkpoint (boundary + monitor history) de
 that wrote it did.
 
 Spec strings name a policy and its parameters, e.g. ``"none"``, ``"static:k=4"``,
-``"autofreeze:percentile=50"``, ``"freezeout:t0=0.8,scale=cubic"``. The rules and where they come
-from are in shared/design/algorithms.md.
+``"autofreeze:percentile=50"``, ``"freezeout:t0=0.8,scale=cubic"``. Each class's docstring names
+the paper or library its rule comes from (FreezeOut, Brock et al. 2017; Composer's LayerFreezing;
+PipeTransformer; AutoFreeze, Liu et al. 2021; ULMFiT), as does the README's policy table.
 """
 
 from __future__ import annotations

@@ -138,3 +138,33 @@ def test_cli_rejects_bad_input(capsys):
     assert "steps must be >= 1" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         bench.main(["--ks", "a,b"])
+
+
+def test_a_crash_while_writing_the_csv_keeps_the_previous_file(tmp_path, monkeypatch):
+    import freeze._atomic
+
+    rows = [dict.fromkeys(bench.CSV_COLUMNS, 1)]
+    bench.write_csv(rows, tmp_path / "bench.csv")
+    before = (tmp_path / "bench.csv").read_bytes()
+    assert before.startswith(b"approach,k,") and before.endswith(b"\r\n")  # csv's own line ends, as before
+
+    def dying_fsync(fd):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(freeze._atomic.os, "fsync", dying_fsync)
+    with pytest.raises(KeyboardInterrupt):
+        bench.write_csv([dict.fromkeys(bench.CSV_COLUMNS, 2)], tmp_path / "bench.csv")
+    monkeypatch.undo()
+    assert [p.name for p in tmp_path.iterdir()] == ["bench.csv"]
+    assert (tmp_path / "bench.csv").read_bytes() == before
+
+
+def test_combine_ranks_takes_the_slowest_rank_and_rank0_bytes():
+    def sample(step_ms: float, nbytes: int | None) -> bw.Sample:
+        return bw.Sample(bw.ENGINE, 2, 1, bw.StepTimes(step_ms, 1.0, step_ms - 2.0, 0.5, 0.5), nbytes)
+
+    cells = bw.combine_ranks([{"samples": [sample(10.0, 64)]}, {"samples": [sample(12.0, 32)]}])
+    cell = cells[(bw.ENGINE, 2)]
+    assert cell["step_ms"].tolist() == [12.0] and cell["backward_ms"].tolist() == [10.0]
+    assert cell["bytes"].tolist() == [64] and cell["bytes_agree"].tolist() == [False]
+    assert cell["round"].tolist() == [1]

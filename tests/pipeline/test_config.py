@@ -12,7 +12,6 @@ from freeze.pipeline.config import (
     config_to_dict,
     config_to_toml,
     load_config,
-    replace_key,
     section_keys,
 )
 
@@ -26,7 +25,7 @@ def write(tmp_path: Path, text: str, name: str = "c.toml") -> Path:
 def test_defaults_match_the_schema():
     config = load_config(None)
     assert config == Config()
-    assert SECTIONS == ("run", "data", "model", "freeze", "optim", "schedule", "train", "dist")
+    assert SECTIONS == ("run", "data", "model", "freeze", "optim", "schedule", "train", "dist", "cluster")
     assert (config.run.name, config.run.study, config.run.out_dir, config.run.seed) == ("run", "default", "runs", 0)
     assert (config.data.dataset, config.data.val_size, config.data.augment) == ("cifar10", 5000, "crop-flip")
     assert (config.model.arch, config.model.stem, config.model.weights, config.model.blocks) == (
@@ -253,16 +252,16 @@ def test_dict_round_trip():
         config_from_dict({"train": {"epoch": 3}})
 
 
-def test_replace_key_validates():
-    config = Config()
-    changed = replace_key(config, "optim.lr", 0.05)
-    assert changed.optim.lr == 0.05 and config.optim.lr == 0.1
-    assert replace_key(config, "run.seed", 3).run.seed == 3
-    assert replace_key(config, "optim.betas", [0.5, 0.6]).optim.betas == (0.5, 0.6)
+def test_an_override_changes_one_key_and_is_validated():
+    # (was replace_key's test: sweeps never used it; they resolve overrides through load_config)
+    changed = load_config(None, ["optim.lr=0.05"])
+    assert changed.optim.lr == 0.05 and Config().optim.lr == 0.1
+    assert load_config(None, ["run.seed=3"]).run.seed == 3
+    assert load_config(None, ["optim.betas=[0.5, 0.6]"]).optim.betas == (0.5, 0.6)
     with pytest.raises(ConfigError, match=r"^optim.lr: expected a number > 0, got -1$"):
-        replace_key(config, "optim.lr", -1)
+        load_config(None, ["optim.lr=-1"])
     with pytest.raises(ConfigError, match="unknown key 'optim.rate'"):
-        replace_key(config, "optim.rate", 0.1)
+        load_config(None, ["optim.rate=0.1"])
 
 
 def test_old_boolean_augment_key_still_loads(tmp_path):

@@ -301,6 +301,13 @@ def test_split_validation_is_disjoint_stratified_and_deterministic():
         split_validation(arrays, 340, seed=0)
 
 
+def test_split_carries_the_class_list_even_when_a_class_has_no_image():
+    arrays = _arrays_with_ids([0, 1, 2] * 20)  # classes 3..9 have no training image
+    split = split_validation(arrays, val_size=6, seed=0, test_size=3)
+    assert split.classes == tuple("abcdefghij")
+    assert split.num_classes == 10  # the head covers every class, not max label + 1
+
+
 def _keyed_epoch(loader: TrainLoader, epoch: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     loader.set_epoch(epoch)
     return list(loader.iter_keyed())

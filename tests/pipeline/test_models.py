@@ -151,3 +151,20 @@ def test_head_is_fresh_even_when_its_shape_fits(tmp_path):
         if not name.startswith("fc."):
             assert torch.equal(model.state_dict()[name], tensor), name
     assert head_keys(build_model("mobilenet_v3_small", num_classes=7)) == ["classifier.3.weight", "classifier.3.bias"]
+
+
+def test_kept_fresh_weights_are_named_in_the_run_log(tmp_path):
+    from freeze.pipeline.log import get_logger
+
+    path = tmp_path / "cifar_stem.pt"
+    torch.save(build_model("resnet18", num_classes=10, stem="cifar").state_dict(), path)
+    log_file = tmp_path / "log.rank0.txt"
+    logger = get_logger(0, log_file)  # the run's logger, as train_worker builds it
+    try:
+        build_model("resnet18", num_classes=10, weights=str(path), logger=logger)
+    finally:
+        for handler in list(logger.handlers):
+            logger.removeHandler(handler)
+            handler.close()
+    text = log_file.read_text()
+    assert "kept fresh" in text and "conv1.weight" in text and "fc.weight" in text

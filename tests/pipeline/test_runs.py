@@ -8,13 +8,11 @@ import pytest
 import torch
 
 import freeze.pipeline.runs as runs
+from freeze._atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
 from freeze.pipeline.log import ProgressLine, get_logger
 from freeze.pipeline.runs import (
     RunDir,
     RunError,
-    atomic_write_bytes,
-    atomic_write_json,
-    atomic_write_text,
     environment_info,
     load_checkpoint,
     now_iso,
@@ -280,3 +278,16 @@ def test_progress_line_rate_and_format():
     assert "[100/100]  eta 0:00:00" in lines[-1][1]
     quiet = ProgressLine(logger, epoch=0, num_epochs=1, rank=1, every_s=0.0)
     assert quiet.update(1, 1, 1.0, 0.1, 0.0) is None
+
+
+def test_progress_line_keeps_a_tensor_loss_off_the_host_until_it_prints():
+    clock = [0.0]
+    progress = ProgressLine(logging.getLogger("freeze.test.progress"), 0, 1, every_s=10.0, clock=lambda: clock[0])
+    for step in (1, 2):
+        clock[0] = step
+        assert progress.update(step, 3, torch.tensor(step, dtype=torch.float32), 0.1, 0.0) is None
+    # Still a tensor after two steps: nothing was read back (a .item() per step syncs the device).
+    assert isinstance(progress.window_loss, torch.Tensor)
+    clock[0] = 3
+    line = progress.update(3, 3, torch.tensor(3.0), 0.1, 0.0)
+    assert "loss 2.000" in line

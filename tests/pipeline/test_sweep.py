@@ -170,3 +170,19 @@ def test_bad_sweep_files_are_one_line_errors(tmp_path):
     with pytest.raises(SweepError, match=r"optim\.name: 'adam' is not accepted; accepted: sgd, adamw") as e:
         expand(sweep["base"], sweep["study"], sweep["grid"], sweep["overrides"])
     assert "\n" not in str(e.value)
+
+
+def test_each_run_starts_from_its_resolved_config_file(tmp_path, monkeypatch):
+    import freeze.pipeline.sweep as sweep_module
+    from freeze.pipeline.config import config_to_toml, load_config
+
+    launched = []
+    monkeypatch.setattr(sweep_module, "launch_local", lambda path, nproc, resume: launched.append(path) or 0)
+    grid = {"freeze.policy": ["none", "static:k=3"], "dist.nproc": [2]}
+    specs = expand(str(SMOKE), "tiny", grid, ["train.epochs=1"], str(tmp_path / "runs"))
+    assert [s.name for s in specs] == ["none_nproc=2", "static-k=3_nproc=2"]
+    assert sweep_module.run_specs(specs, log=lambda _: None).ran == [s.name for s in specs]
+    for spec, path in zip(specs, launched):
+        assert path == spec.config.run_dir() / "config.toml"
+        assert path.read_text() == config_to_toml(spec.config)
+        assert load_config(path) == spec.config

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from freeze._atomic import atomic_write_text
 from freeze.pipeline.report.load import ReportInputError, Run, load_runs
 from freeze.pipeline.report.tables import Table, build_tables, combined_markdown, to_latex, to_markdown
 
@@ -41,7 +42,7 @@ def build_report(
     written: dict[str, Path] = {}
 
     def write(name: str, text: str) -> None:
-        (out / name).write_text(text, encoding="utf-8")
+        atomic_write_text(out / name, text)
         written[name] = out / name
 
     for table in tables:

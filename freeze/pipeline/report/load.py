@@ -1,7 +1,9 @@
-"""Read run directories (the contract in freeze/runs.py) into plain Python + pandas objects.
+"""Read run directories (the contract in freeze/pipeline/runs.py and freeze/pipeline/schema.py) into
+plain Python + pandas objects.
 
-report/ never imports the training code: a run directory is the only interface, so a report can be
-rebuilt from copied results on a machine without torch. Every contract violation raises
+The report never imports the training code (only the names in :mod:`freeze.pipeline.schema`, which
+imports nothing): a run directory is the only interface, so a report can be rebuilt from results
+copied off the machines that trained. Every contract violation raises
 :class:`ReportInputError` with one line naming the file (and line) at fault.
 """
 
@@ -16,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-# Phases summed per epoch in metrics.jsonl; "eval" is logged but is not part of epoch_wall_s.
-PHASE_NAMES = ("data", "forward", "backward", "optimizer", "freezer", "eval")
+from freeze.pipeline.schema import BOUNDARY_AT_EPOCH_START, EVAL_PHASE, LEGACY_METRIC_KEYS, PHASES
+
 STATUSES = ("running", "complete", "failed")
 
 _MANIFEST_KEYS = {
@@ -46,7 +48,7 @@ _METRIC_KEYS = (
 _OPTIONAL_SCALARS = (
     "step",
     "lr",
-    "boundary_during",
+    BOUNDARY_AT_EPOCH_START,
     "train_loss",
     "train_acc",
     "val_loss",
@@ -185,7 +187,7 @@ def read_metrics(path: Path, n_blocks: int) -> tuple[pd.DataFrame, np.ndarray]:
             rows.append(row)
             eta_rows.append(eta)
     columns = ["epoch", *_OPTIONAL_SCALARS, *[k for k in _METRIC_KEYS if k not in ("epoch", "phase_s", "grad_norm")]]
-    columns += [f"phase_{name}_s" for name in PHASE_NAMES]
+    columns += [f"phase_{name}_s" for name in PHASES]
     frame = pd.DataFrame(rows, columns=columns).astype(float).astype({"epoch": int})
     eta = np.array(eta_rows, dtype=float).reshape(len(eta_rows), n_blocks)
     return frame, eta
@@ -206,12 +208,13 @@ def _parse_metrics_line(line: str, where: str, n_blocks: int) -> tuple[dict, lis
         if key not in ("epoch", "phase_s", "grad_norm"):
             row[key] = _number(record[key], key, where, nullable=key in ("val_acc", "test_acc"))
     for key in _OPTIONAL_SCALARS:
-        row[key] = _number(record.get(key), key, where, nullable=True)
+        key_in_file = key if key in record else LEGACY_METRIC_KEYS.get(key, key)  # older run directories
+        row[key] = _number(record.get(key_in_file), key_in_file, where, nullable=True)
     phase_s = record["phase_s"]
     if not isinstance(phase_s, dict):
         raise ReportInputError(f"{where}: malformed metrics line (phase_s must be an object)")
-    for name in PHASE_NAMES:
-        row[f"phase_{name}_s"] = _number(phase_s.get(name), f"phase_s.{name}", where, nullable=name == "eval")
+    for name in PHASES:
+        row[f"phase_{name}_s"] = _number(phase_s.get(name), f"phase_s.{name}", where, nullable=name == EVAL_PHASE)
     eta = record["grad_norm"].get("eta") if isinstance(record["grad_norm"], dict) else None
     if not isinstance(eta, list) or len(eta) != n_blocks:
         raise ReportInputError(

@@ -14,11 +14,12 @@ from matplotlib import colormaps
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from freeze._atomic import atomic_write
 from freeze.pipeline.report.load import Run
 from freeze.pipeline.report.tables import PHASE_COLUMNS, GroupKey, complete_groups
+from freeze.pipeline.schema import TRAIN_PHASES
 
 _DPI = 110
-_STACKED_PHASES = ("data", "forward", "backward", "optimizer", "freezer")
 
 
 def _label(key: GroupKey, multi_world_size: bool) -> str:
@@ -55,7 +56,7 @@ def _draw_band(ax, x: np.ndarray, values: np.ndarray, label: str) -> None:
 
 def _save(fig: Figure, path: Path) -> Path:
     fig.tight_layout()
-    fig.savefig(path, dpi=_DPI)
+    atomic_write(path, lambda f: fig.savefig(f, dpi=_DPI, format=path.suffix.lstrip(".")))
     return path
 
 
@@ -141,7 +142,7 @@ def plot_phase_times(groups: dict[GroupKey, list[Run]], path: Path) -> Path:
     multi = len({ws for _, ws in groups}) > 1
     x = np.arange(len(groups))
     bottom = np.zeros(len(groups))
-    for phase in _STACKED_PHASES:
+    for phase in TRAIN_PHASES:
         seconds = np.array([np.mean([r.metrics[PHASE_COLUMNS[phase]].mean() for r in m]) for m in groups.values()])
         ax.bar(x, seconds, bottom=bottom, label=phase)
         bottom += seconds

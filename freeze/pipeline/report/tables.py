@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,16 +19,11 @@ import pandas as pd
 from scipy import stats
 
 from freeze.pipeline.report.load import ReportInputError, Run
+from freeze.pipeline.schema import TRAIN_PHASES
 
 GroupKey = tuple[str, int]  # (group, world_size)
-PHASE_COLUMNS = {  # table phase name -> metrics column; total is epoch_wall_s (no eval)
-    "data": "phase_data_s",
-    "forward": "phase_forward_s",
-    "backward": "phase_backward_s",
-    "optimizer": "phase_optimizer_s",
-    "freezer": "phase_freezer_s",
-    "total": "epoch_wall_s",
-}
+# table phase name -> metrics column; total is epoch_wall_s (no eval)
+PHASE_COLUMNS = {phase: f"phase_{phase}_s" for phase in TRAIN_PHASES} | {"total": "epoch_wall_s"}
 NA = "n/a"
 
 
@@ -145,6 +141,16 @@ def _fmt_p(p: float) -> str:
     return "<0.0001" if p < 1e-4 else f"{p:.4f}"
 
 
+# A display column: header, alignment ("l" or "r"), and how to format it from one raw row.
+Column = tuple[str, str, Callable[[dict], str]]
+
+
+def _display(rows: list[dict], columns: list[Column]) -> tuple[pd.DataFrame, tuple[str, ...]]:
+    """Every table's formatted strings (for markdown and LaTeX) and alignments, from its raw rows."""
+    display = pd.DataFrame([[fmt(r) for _, _, fmt in columns] for r in rows], columns=[c[0] for c in columns])
+    return display, tuple(c[1] for c in columns)
+
+
 def main_table(runs: list[Run], baseline: Baseline, target_fraction: float) -> Table:
     groups = complete_groups(runs)
     compare = baseline.group is not None
@@ -155,7 +161,7 @@ def main_table(runs: list[Run], baseline: Baseline, target_fraction: float) -> T
             base_runs = groups.get((baseline.group, world_size))
             row.update(_comparison(members, row, base_runs, target_fraction))
         rows.append(row)
-    columns = [  # header, alignment, formatter of one raw row
+    columns: list[Column] = [
         ("group", "l", lambda r: r["group"]),
         ("workers", "r", lambda r: str(r["world_size"])),
         ("policy", "l", lambda r: r["policy"]),
@@ -187,7 +193,7 @@ def main_table(runs: list[Run], baseline: Baseline, target_fraction: float) -> T
         ("all-reduced (GB)", "r", lambda r: _fmt(r["allreduce_gb"], ".3f")),
         ("frozen param fraction", "r", lambda r: _fmt(r["frozen_fraction"], ".3f")),
     ]
-    display = pd.DataFrame([[fmt(r) for _, _, fmt in columns] for r in rows], columns=[c[0] for c in columns])
+    display, align = _display(rows, columns)
     notes = [baseline.note]
     missing = sorted({ws for _, ws in groups} - {ws for g, ws in groups if g == baseline.group})
     if compare and missing:
@@ -201,7 +207,6 @@ def main_table(runs: list[Run], baseline: Baseline, target_fraction: float) -> T
         f"reaches {target_fraction:g} x the baseline's mean final val accuracy (mean over seeds, only when all "
         "reached)."
     )
-    align = tuple(c[1] for c in columns)
     return Table("main", "Main results", caption, pd.DataFrame(rows), display, align, tuple(notes))
 
 
@@ -282,7 +287,7 @@ def static_sweep_table(runs: list[Run], baseline: Baseline) -> Table:
     k_of = {key: static_k(members[0].policy) for key, members in groups.items()}
     order = sorted(groups, key=lambda key: (key[1], k_of[key], key[0]))
     notes = []
-    rows, cells = [], []
+    rows = []
     for key in order:
         members = groups[key]
         # The k = 0 reference: the chosen baseline when it is a k = 0 group, else policy none first.
@@ -293,65 +298,69 @@ def static_sweep_table(runs: list[Run], baseline: Baseline) -> Table:
         s_per_epoch = _per_run_mean(members, "epoch_wall_s")
         ref_s = _per_run_mean(groups[zero[0]], "epoch_wall_s") if zero else math.nan
         acc_mean, acc_half = mean_ci95([final_test_acc(r) for r in members])
-        row = {
-            "k": k_of[key],
-            "group": key[0],
-            "world_size": key[1],
-            "n_runs": len(members),
-            "epoch_wall_s": s_per_epoch,
-            "test_acc_mean": acc_mean,
-            "test_acc_ci95": acc_half,
-            "reference_group": zero[0][0] if zero else "",
-            "speedup_per_epoch": _ratio(ref_s, s_per_epoch),
-        }
-        rows.append(row)
-        cells.append(
-            [
-                str(row["k"]),
-                key[0],
-                str(key[1]),
-                str(len(members)),
-                _fmt(s_per_epoch, ".2f"),
-                _fmt_acc(acc_mean, acc_half),
-                _fmt(row["speedup_per_epoch"], ".2f", "x"),
-            ]
+        rows.append(
+            {
+                "k": k_of[key],
+                "group": key[0],
+                "world_size": key[1],
+                "n_runs": len(members),
+                "epoch_wall_s": s_per_epoch,
+                "test_acc_mean": acc_mean,
+                "test_acc_ci95": acc_half,
+                "reference_group": zero[0][0] if zero else "",
+                "speedup_per_epoch": _ratio(ref_s, s_per_epoch),
+            }
         )
         if not zero:
             notes.append(f"no k = 0 group with world_size {key[1]}: speedup n/a")
     if not groups:
         notes.append("no complete groups with policy 'static:k=K' or 'none'")
-    headers = ["k", "group", "workers", "n", "s/epoch", "test acc % (final epoch)", "speedup per epoch vs k=0"]
+    columns: list[Column] = [
+        ("k", "r", lambda r: str(r["k"])),
+        ("group", "l", lambda r: r["group"]),
+        ("workers", "r", lambda r: str(r["world_size"])),
+        ("n", "r", lambda r: str(r["n_runs"])),
+        ("s/epoch", "r", lambda r: _fmt(r["epoch_wall_s"], ".2f")),
+        ("test acc % (final epoch)", "r", lambda r: _fmt_acc(r["test_acc_mean"], r["test_acc_ci95"])),
+        ("speedup per epoch vs k=0", "r", lambda r: _fmt(r["speedup_per_epoch"], ".2f", "x")),
+    ]
+    display, align = _display(rows, columns)
     caption = (
         "Static-k sweep (the reference study's view): the first k blocks frozen from the first step, policy none "
         f"as k = 0; {sum(r['n_runs'] for r in rows)} complete runs; s/epoch is the mean training wall time per "
         "epoch (no eval); accuracy is the final-epoch test accuracy (mean ± 95% CI half-width)."
     )
     return Table(
-        "static_sweep",
-        "Static-k sweep",
-        caption,
-        pd.DataFrame(rows),
-        pd.DataFrame(cells, columns=headers),
-        ("r", "l", "r", "r", "r", "r", "r"),
-        tuple(dict.fromkeys(notes)),
+        "static_sweep", "Static-k sweep", caption, pd.DataFrame(rows), display, align, tuple(dict.fromkeys(notes))
     )
 
 
 def phase_table(runs: list[Run], baseline: Baseline) -> Table:
     groups = complete_groups(runs)
-    rows, cells = [], []
+    rows = []
     for (group, world_size), members in groups.items():
         base_runs = groups.get((baseline.group, world_size)) if baseline.group else None
         row = {"group": group, "world_size": world_size, "n_runs": len(members)}
-        cell = [group, str(world_size), str(len(members))]
         for phase, column in PHASE_COLUMNS.items():
             seconds = _per_run_mean(members, column)
             speedup = _ratio(_per_run_mean(base_runs, column), seconds) if base_runs else math.nan
             row[f"{phase}_s"], row[f"{phase}_speedup"] = seconds, speedup
-            cell.append(_fmt(seconds, ".2f") + (f" ({_fmt(speedup, '.2f', 'x')})" if baseline.group else ""))
         rows.append(row)
-        cells.append(cell)
-    headers = ["group", "workers", "n", *[f"{phase} (s)" for phase in PHASE_COLUMNS]]
+
+    def seconds_and_speedup(phase: str) -> Callable[[dict], str]:
+        def fmt(r: dict) -> str:
+            speedup = f" ({_fmt(r[f'{phase}_speedup'], '.2f', 'x')})" if baseline.group else ""
+            return _fmt(r[f"{phase}_s"], ".2f") + speedup
+
+        return fmt
+
+    columns: list[Column] = [
+        ("group", "l", lambda r: r["group"]),
+        ("workers", "r", lambda r: str(r["world_size"])),
+        ("n", "r", lambda r: str(r["n_runs"])),
+        *[(f"{phase} (s)", "r", seconds_and_speedup(phase)) for phase in PHASE_COLUMNS],
+    ]
+    display, align = _display(rows, columns)
     vs = ""
     if baseline.group:
         vs = f"; in brackets the speedup vs the baseline {baseline.group!r} (n/a when a side is 0)"
@@ -359,15 +368,7 @@ def phase_table(runs: list[Run], baseline: Baseline) -> Table:
         f"Mean per-epoch phase times in seconds over {sum(map(len, groups.values()))} complete runs; backward includes "
         f"communication; total is epoch_wall_s (no eval){vs}."
     )
-    return Table(
-        "phases",
-        "Phase times per epoch",
-        caption,
-        pd.DataFrame(rows),
-        pd.DataFrame(cells, columns=headers),
-        ("l", "r", "r", *["r"] * len(PHASE_COLUMNS)),
-        (baseline.note,),
-    )
+    return Table("phases", "Phase times per epoch", caption, pd.DataFrame(rows), display, align, (baseline.note,))
 
 
 def incomplete_table(runs: list[Run]) -> Table:
@@ -385,34 +386,23 @@ def incomplete_table(runs: list[Run]) -> Table:
         }
         for r in members
     ]
-    cells = [
-        [
-            row["run"],
-            row["group"],
-            str(row["world_size"]),
-            str(row["seed"]),
-            row["status"],
-            f"{row['epochs_done']}/{row['epochs_planned']}",
-            row["reason"],
-        ]
-        for row in rows
+    columns: list[Column] = [
+        ("run", "l", lambda r: r["run"]),
+        ("group", "l", lambda r: r["group"]),
+        ("workers", "r", lambda r: str(r["world_size"])),
+        ("seed", "r", lambda r: str(r["seed"])),
+        ("status", "l", lambda r: r["status"]),
+        ("epochs", "r", lambda r: f"{r['epochs_done']}/{r['epochs_planned']}"),
+        ("reason", "l", lambda r: r["reason"]),
     ]
-    headers = ["run", "group", "workers", "seed", "status", "epochs", "reason"]
+    display, align = _display(rows, columns)
     caption = (
         f"Incomplete runs ({len(rows)}): status running or failed, or fewer epochs than planned; "
         "excluded from every mean above."
     )
     frame_columns = ["run", "group", "world_size", "seed", "status", "epochs_done", "epochs_planned", "reason"]
     frame = pd.DataFrame(rows, columns=frame_columns)
-    return Table(
-        "incomplete",
-        "Incomplete runs",
-        caption,
-        frame,
-        pd.DataFrame(cells, columns=headers),
-        ("l", "l", "r", "r", "l", "r", "l"),
-        () if rows else ("none",),
-    )
+    return Table("incomplete", "Incomplete runs", caption, frame, display, align, () if rows else ("none",))
 
 
 def build_tables(runs: list[Run], baseline: str | None = None, target_fraction: float = 0.95) -> list[Table]:

@@ -1,0 +1,194 @@
+"""Everything one worker does before its first epoch: load the data, start the run directory, build
+the training objects, and restore them from a checkpoint (the checkpoint's contents are defined
+here too, beside their restore).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from freeze.blocks import Block, children_block_names, split_blocks
+from freeze.cache import CacheConfig
+from freeze.freezer import Freezer
+from freeze.pipeline.config import Config, config_to_toml
+from freeze.pipeline.data import DataError, DataSplit, EvalLoader, TrainLoader, load_dataset, split_validation
+from freeze.pipeline.distributed import WorkerContext, run_and_agree
+from freeze.pipeline.optim import build_optimizer, build_scheduler
+from freeze.pipeline.runs import RunDir, RunError, environment_info, load_checkpoint, now_iso
+from freeze.policies import Policy
+
+
+def load_data(cfg: Config, ctx: WorkerContext) -> DataSplit:
+    """This worker's copy of the train / validation / test split."""
+
+    def load():
+        return load_dataset(
+            cfg.data.dataset,
+            cfg.data.root,
+            download=cfg.data.download,
+            synthetic_train_size=cfg.data.synthetic_train_size,
+            synthetic_test_size=cfg.data.synthetic_test_size,
+            synthetic_seed=cfg.data.synthetic_seed,
+        )
+
+    # One process per machine downloads or writes the files (and keeps what it read); the others
+    # read them once it is done.
+    arrays = run_and_agree(load, run_here=ctx.local_rank == 0, error_type=DataError)
+    if arrays is None:
+        arrays = load()
+    return split_validation(arrays, cfg.data.val_size, cfg.run.seed, cfg.data.train_size, cfg.data.test_size)
+
+
+def build_blocks(model: nn.Module, how: str) -> list[Block]:
+    return split_blocks(model, children_block_names(model) if how == "children" else None)
+
+
+def _manifest(cfg: Config, ctx: WorkerContext, blocks: list[Block], policy: Policy) -> dict:
+    return {
+        "run_name": cfg.run.name,
+        "study": cfg.run.study,
+        "group": cfg.run_group(),
+        "policy": policy.spec(),
+        "seed": cfg.run.seed,
+        "world_size": ctx.world_size,
+        "status": "running",
+        "error": None,
+        "epochs_planned": cfg.train.epochs,
+        "epochs_done": 0,
+        "block_names": [b.name for b in blocks],
+        "block_param_bytes": [b.param_bytes for b in blocks],
+        **environment_info(ctx.device.type),
+        "start_time": now_iso(),
+        "end_time": None,
+    }
+
+
+def start_run(cfg: Config, ctx: WorkerContext, run: RunDir, blocks: list[Block], policy: Policy, resume: bool) -> None:
+    """Rank 0 writes config.toml and a "running" manifest; a refusal stops every rank."""
+    run_and_agree(
+        lambda: run.create(config_to_toml(cfg), _manifest(cfg, ctx, blocks, policy), resume=resume),
+        run_here=ctx.is_main,
+        error_type=RunError,
+    )
+
+
+@dataclass
+class Training:
+    """What one worker trains with, built once by :func:`build_training`."""
+
+    model: nn.Module
+    freezer: Freezer
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+    loader: TrainLoader
+    val_loader: EvalLoader | None  # None when data.val_size = 0
+    test_loader: EvalLoader
+    steps_per_epoch: int  # optimizer steps
+
+
+def build_training(
+    cfg: Config, ctx: WorkerContext, split: DataSplit, model: nn.Module, blocks: list[Block], policy: Policy
+) -> Training:
+    loader = TrainLoader(
+        split.train_x,
+        split.train_y,
+        cfg.train.batch_size,
+        ctx.rank,
+        ctx.world_size,
+        cfg.run.seed,
+        augment=cfg.data.augment,
+        device=ctx.device,
+    )
+    val_loader = (
+        EvalLoader(split.val_x, split.val_y, cfg.train.eval_batch_size, ctx.rank, ctx.world_size, ctx.device)
+        if len(split.val_y)
+        else None
+    )
+    test_loader = EvalLoader(
+        split.test_x, split.test_y, cfg.train.eval_batch_size, ctx.rank, ctx.world_size, ctx.device
+    )
+    accum = cfg.train.accumulate_steps
+    steps_per_epoch = len(loader) // accum
+    if cfg.train.max_steps_per_epoch:
+        steps_per_epoch = min(steps_per_epoch, cfg.train.max_steps_per_epoch)
+    if steps_per_epoch < 1:
+        raise RuntimeError(
+            f"train.accumulate_steps={accum} leaves no optimizer step in an epoch of {len(loader)} batches"
+        )
+    total_steps = steps_per_epoch * cfg.train.epochs
+
+    optimizer = build_optimizer(model, cfg.optim)
+    scheduler = build_scheduler(optimizer, cfg.schedule, steps_per_epoch, total_steps, cfg.optim.lr)
+    scaler = torch.amp.GradScaler("cuda", enabled=cfg.train.precision == "fp16")
+    ddp_kwargs = {"bucket_cap_mb": cfg.freeze.bucket_cap_mb}
+    if ctx.device.type == "cuda":
+        ddp_kwargs["device_ids"] = [ctx.device.index]
+    freezer = Freezer(
+        model,
+        blocks,
+        policy,
+        optimizer=optimizer,
+        epochs=cfg.train.epochs,
+        steps_per_epoch=steps_per_epoch,
+        interval_steps=cfg.freeze.interval_steps,
+        ddp_kwargs=ddp_kwargs,
+        comm_hook=cfg.freeze.comm_hook,
+        grad_checkpointing=cfg.train.grad_checkpointing,
+        track_summed_grads=cfg.freeze.track_summed_grads or None,
+        cache=CacheConfig(
+            mode=cfg.freeze.cache,
+            budget_bytes=cfg.freeze.cache_budget_bytes,
+            storage_dtype=cfg.freeze.cache_dtype,
+            directory=str(cfg.run_dir()),  # a disk cache spills into the run directory
+        ),
+        cache_source=loader.cache_source() if cfg.freeze.cache != "off" else None,
+    )
+    return Training(model, freezer, optimizer, scheduler, scaler, loader, val_loader, test_loader, steps_per_epoch)
+
+
+def checkpoint_state(t: Training, epochs_done: int, cumulative_wall_s: float) -> dict:
+    """Everything :func:`resume_training` needs to continue bit-identically after ``epochs_done``."""
+    return {
+        "epoch": epochs_done,
+        "cumulative_wall_s": cumulative_wall_s,
+        "model": t.model.state_dict(),
+        "optimizer": t.optimizer.state_dict(),
+        "scheduler": t.scheduler.state_dict(),
+        "scaler": t.scaler.state_dict(),
+        "freezer": t.freezer.state_dict(),
+        "rng": _rng_state(),
+    }
+
+
+def resume_training(t: Training, checkpoint_path: Path, device: torch.device) -> tuple[int, float]:
+    """Restore every state from the checkpoint; returns (epochs done, cumulative_wall_s)."""
+    ckpt = load_checkpoint(checkpoint_path, map_location=device)
+    t.model.load_state_dict(ckpt["model"])
+    t.freezer.load_state_dict(ckpt["freezer"])  # after the model: re-syncs frozen BN buffers from it
+    t.optimizer.load_state_dict(ckpt["optimizer"])
+    t.scheduler.load_state_dict(ckpt["scheduler"])
+    t.scaler.load_state_dict(ckpt["scaler"])
+    _set_rng_state(ckpt["rng"])
+    return ckpt["epoch"], ckpt["cumulative_wall_s"]
+
+
+def _rng_state() -> dict:
+    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
