@@ -235,3 +235,30 @@ def test_auto_caches_only_where_it_pays():
     always = _freezer(TinyNet(), CacheConfig("auto", rule=lambda e: seen.append(e) or True), epochs=3)
     always.set_boundary(2)
     assert always.cache.level == 2 and seen[0].keys == N_KEYS and seen[0].reads_remaining_per_rank == 3 * N_KEYS
+
+
+class _Token(nn.Module):
+    """A parameter the model owns itself, read between two blocks (ViT's class_token, pos_embedding):
+    split_blocks gives it to the block that first uses it, so it trains with that block."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(4, 4, 3, padding=1)
+        self.token = nn.Parameter(torch.zeros(1, 4, 1, 1))
+        self.head = nn.Linear(4, 5)
+
+    def forward(self, x):
+        return self.head(self.b(self.a(x) + self.token).mean((2, 3)))
+
+
+def test_a_block_parameter_read_outside_its_module_stays_in_the_tail():
+    model = _Token()
+    freezer = _freezer(model, CacheConfig("memory"))
+    assert "token" in freezer.blocks[1].param_names
+    freezer.set_boundary(1)  # the token trains: the cut must sit before it, not after the addition
+    assert freezer.cache.level == 1 and freezer.cache.graph.cuts[1].value.target == "a"
+    keys = torch.tensor([0, 1, 2])
+    x = freezer.cache.source.inputs(keys)
+    with torch.no_grad():
+        model.token.add_(1.0)  # what a training step does to it
+        assert torch.equal(freezer.forward(x, sample_ids=keys), model(x))

@@ -98,12 +98,20 @@ class SplitGraph:
         self.input = placeholders[0]
         self.output = next(n for n in self.nodes if n.op == "output")
         self.index = {n: i for i, n in enumerate(self.nodes)}
-        self.member: dict[fx.Node, int | None] = {
-            n: _owner(str(n.target), prefixes) if n.op in ("call_module", "get_attr") else None for n in self.nodes
-        }
+        # A parameter a block owns directly (ViT's class_token) is read by a get_attr node.
+        loose = {name: i for i, b in enumerate(blocks) for name in b.param_names}
+        self.member: dict[fx.Node, int | None] = {n: self._member(n, prefixes, loose) for n in self.nodes}
         self.cuts = [self._cut(k) for k in range(self.num_blocks)]
         self.full = fx.GraphModule(model, graph)
         self._shapes: dict[fx.Node, tuple[torch.Size, torch.dtype, torch.memory_format]] | None = None
+
+    @staticmethod
+    def _member(node: fx.Node, prefixes: list[tuple[str, int]], loose: dict[str, int]) -> int | None:
+        if node.op == "get_attr" and str(node.target) in loose:
+            return loose[str(node.target)]
+        if node.op in ("call_module", "get_attr"):
+            return _owner(str(node.target), prefixes)
+        return None
 
     def _cut(self, k: int) -> Cut:
         if k == 0:
