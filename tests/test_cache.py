@@ -262,3 +262,13 @@ def test_a_block_parameter_read_outside_its_module_stays_in_the_tail():
     with torch.no_grad():
         model.token.add_(1.0)  # what a training step does to it
         assert torch.equal(freezer.forward(x, sample_ids=keys), model(x))
+
+
+@pytest.mark.parametrize(("epochs", "caches"), [(1, False), (3, True)])
+def test_default_auto_rule_caches_when_later_reads_outnumber_the_build(epochs, caches):
+    # One rank, 24 keys, no epoch_keys: a build computes 24 rows; every epoch left reads 24. With one
+    # epoch left the build costs what it saves (not strictly more: no cache); with three it saves 48.
+    freezer = _freezer(TinyNet(), CacheConfig("auto"), epochs=epochs)
+    freezer.set_boundary(2)
+    assert (freezer.cache.level == 2) is caches, freezer.cache.status
+    assert caches or "does not pay" in freezer.cache.status
