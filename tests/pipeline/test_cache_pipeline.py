@@ -1,5 +1,7 @@
 """The activation cache inside the training pipeline: it changes the time, never the result."""
 
+import json
+
 import torch
 
 from tests.pipeline.test_pipeline import _common, _final, _run
@@ -31,3 +33,14 @@ def test_parameters_with_the_cache_equal_those_without(tmp_path):
     assert cache[-1]["hit_rate"] > 0 and cache[-1]["bytes"] > 0 and cache[-1]["level"] >= 1
     assert sum(c["build_s"] for c in cache) > 0
     assert [step["op"] for step in ckpt_on["freezer"]["cache"]["lineage"]][:2] == ["build", "advance"]
+
+
+def test_memory_cache_over_budget_mid_run_stops_with_one_line(tmp_path):
+    # The boundary first moves at 30 % of the run; the stem's output for 256 keys (128 images x 2
+    # views) does not fit in 1000 bytes: the run stops there, marked failed, with one line.
+    proc = _run(_common(tmp_path, "tight") + CACHED + ["freeze.cache=memory", "freeze.cache_budget_bytes=1000"])
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "freeze.cache_budget_bytes" in lines[0] and "1,000 bytes" in lines[0], proc.stderr
+    manifest = json.loads((tmp_path / "runs" / "smoke" / "tight" / "manifest.json").read_text())
+    assert manifest["status"] == "failed"
