@@ -44,6 +44,24 @@ def end_process_group() -> None:
         dist.destroy_process_group()
 
 
+def world_size(process_group=None) -> int:
+    """Ranks in ``process_group``; 1 without a process group (the same code runs in one process).
+
+    Args:
+        process_group: the group (None: the default group).
+    """
+    return dist.get_world_size(process_group) if is_distributed() else 1
+
+
+def rank(process_group=None) -> int:
+    """This process's rank in ``process_group``; 0 without a process group.
+
+    Args:
+        process_group: the group (None: the default group).
+    """
+    return dist.get_rank(process_group) if is_distributed() else 0
+
+
 def collective_device(process_group=None) -> torch.device:
     """The device collectives on ``process_group`` take tensors on: NCCL only moves CUDA tensors,
     every other backend here takes CPU tensors.

@@ -29,6 +29,7 @@ from torch import nn
 
 from freeze import comm, steering
 from freeze.blocks import Block, frozen_names
+from freeze.cache import ActivationCache, CacheConfig, CacheError, CacheSource
 from freeze.dispatch import STALE_WRAPPER_FIX, FreezerModule, retire
 from freeze.monitor import GradNormMonitor, IntervalStats
 from freeze.policies import Policy, Progress, make_policy
@@ -95,6 +96,8 @@ class Freezer:
         process_group=None,
         track_summed_grads: bool | None = None,
         grad_checkpointing: bool = False,
+        cache: CacheConfig | str | None = None,
+        cache_source: CacheSource | None = None,
     ):
         if not blocks:
             raise ValueError("Freezer: blocks is empty; build them with split_blocks(model)")
@@ -149,9 +152,11 @@ class Freezer:
         self._epochs_completed = 0
         self._total_param_bytes = sum(b.param_bytes for b in self.blocks)
         self.boundary = 0
+        self._epoch_start_step = 0
         if self.distributed:
             # What DDP's constructor would do: start every replica from rank 0's weights and buffers.
             comm.broadcast_from_rank0(list(model.parameters()) + list(model.buffers()), process_group)
+        self.cache = self._make_cache(cache, cache_source)
         self._apply(self._clamp(self.policy.initial_boundary(len(self.blocks))), first=True)
 
     # ------------------------------------------------------------------ the user-facing loop API
@@ -160,11 +165,14 @@ class Freezer:
     def ddp(self) -> nn.Module:
         raise AttributeError(f"Freezer.ddp was removed: it went stale at every re-wrap; {STALE_WRAPPER_FIX}")
 
-    def _forward(self, *args, **kwargs):
+    def _forward(self, *args, sample_ids: torch.Tensor | None = None, **kwargs):
         """The one place a forward pass goes through (``freezer.module(...)`` calls it): the
-        current DDP wrapper, or the model itself without a process group."""
+        current DDP wrapper, or the model itself without a process group; while the activation
+        cache serves, the tail on the cached activations of ``sample_ids`` (see :meth:`forward`)."""
         if self._closed:
             raise RuntimeError("Freezer: closed (its DDP wrapper is released); build a new Freezer to train again")
+        if self.cache_active:
+            return self._cached_forward(args[0] if args else kwargs.get("x"), sample_ids)
         target = self._ddp if self._ddp is not None else self.model
         return target(*args, **kwargs)
 
@@ -189,6 +197,9 @@ class Freezer:
             mode: True for training mode, False for evaluation mode.
         """
         self.model.train(mode)
+        tail = self.cache.tail() if self.cache is not None else None
+        if tail is not None:
+            tail.train(mode)  # its own containers; the modules it shares with the model agree already
         for b in self.blocks[: self.boundary]:
             for norm in b.running_stat_norms():
                 norm.eval()
@@ -240,6 +251,7 @@ class Freezer:
             whether the boundary changed.
         """
         self._epochs_completed = epoch + 1
+        self._epoch_start_step = self.monitor.total_steps
         self._warn_if_after_backward_was_forgotten(epoch)
         if self.interval_steps:
             return False
@@ -307,6 +319,7 @@ class Freezer:
             "monitor": self.monitor.state_dict(),
             "decisions": [asdict(d) for d in self.decisions],
             "counters": asdict(self.counters),
+            "cache": None if self.cache is None else self.cache.state_dict(),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -333,8 +346,15 @@ class Freezer:
         self._bytes_at_last_step = self.counters.allreduce_bytes_total
         self._epochs_completed = int(state["epochs_completed"])
         self._steps_at_epoch_start = self.counters.steps
+        self._epoch_start_step = self.monitor.total_steps
         k = int(state["boundary"])
-        if k != self.boundary:
+        if self.cache is not None and state.get("cache") is not None:
+            if not self.cache.same_lineage(state["cache"]):
+                self.cache.drop("resuming from a checkpoint")  # built from the weights before loading
+            if k != self.boundary:
+                self._apply(k, count_rewrap=False, update_cache=False)
+            self._replay_cache(state["cache"])
+        elif k != self.boundary:
             self._apply(k, count_rewrap=False)
 
     def training_state_dict(self) -> dict:
@@ -400,9 +420,9 @@ class Freezer:
             for p in self.blocks[i].params:
                 self.optimizer.state.pop(p, None)
 
-    def _apply(self, k: int, first: bool = False, count_rewrap: bool = True) -> None:
+    def _apply(self, k: int, first: bool = False, count_rewrap: bool = True, update_cache: bool = True) -> None:
         """Make ``k`` the boundary: requires_grad and grads, optimizer state, frozen buffers,
-        hooks, norm-layer modes, the monitor's active blocks and the DDP wrapper.
+        hooks, norm-layer modes, the monitor's active blocks, the activation cache and the DDP wrapper.
 
         Args:
             k: the boundary to apply (already clamped and agreed on by every rank).
@@ -410,7 +430,11 @@ class Freezer:
                 buffer broadcast is needed (the constructor has just broadcast every tensor).
             count_rewrap: count the DDP construction in ``counters.rewraps``; False when
                 restoring a checkpoint, so a resumed run's counters match the run that wrote it.
+            update_cache: build, advance or drop the activation cache for ``k``; False when a
+                checkpoint's cache lineage is replayed instead.
         """
+        if update_cache and self.cache is not None:
+            self.cache.check(k, self._epochs_completed)  # a cache that cannot be built refuses before anything changes
         old = self.boundary
         newly_frozen = range(0, k) if first else range(old, max(old, k))
         for i, block in enumerate(self.blocks):
@@ -431,17 +455,86 @@ class Freezer:
             comm.broadcast_from_rank0(frozen_buffers, self.process_group)
         self.boundary = k
         self._steering.apply(k)
-        self.train(self.model.training)
         self.monitor.set_first_active(k)
-        if self.distributed:
-            start = time.perf_counter()
-            if self._ddp is not None:
-                retire(self._ddp)  # a script that kept it gets a clear error, not DDP's misleading one
-            self._ddp = None  # each live wrapper holds its own gradient buckets: drop the old one first
-            ignored = frozen_names(self.blocks, k)
-            self._ddp = comm.build_ddp(self.model, ignored, self._comm, self.comm_hook, self.ddp_kwargs)
-            elapsed_s = time.perf_counter() - start
-            if not first and count_rewrap:
-                self.counters.rewraps += 1
-                self.counters.rewrap_s_total += elapsed_s
-                self.counters.rewrap_s_last = elapsed_s
+        if update_cache:
+            self._update_cache()
+        self.train(self.model.training)
+        self._rewrap(count=not first and count_rewrap)
+
+    def _rewrap(self, count: bool) -> None:
+        """(Re)build DDP over what the forward runs: the model, or the cache's tail (same trainable
+        parameters, so the same bytes per step)."""
+        if not self.distributed:
+            return
+        start = time.perf_counter()
+        if self._ddp is not None:
+            retire(self._ddp)  # a script that kept it gets a clear error, not DDP's misleading one
+        self._ddp = None  # each live wrapper holds its own gradient buckets: drop the old one first
+        ignored = frozen_names(self.blocks, self.boundary)
+        self._ddp = comm.build_ddp(self._wrapped_module(), ignored, self._comm, self.comm_hook, self.ddp_kwargs)
+        elapsed_s = time.perf_counter() - start
+        if count:
+            self.counters.rewraps += 1
+            self.counters.rewrap_s_total += elapsed_s
+            self.counters.rewrap_s_last = elapsed_s
+
+    # ------------------------------------------------------------------ activation cache
+    @property
+    def cache_active(self) -> bool:
+        """Whether the forward currently runs the tail on cached activations."""
+        return self.cache is not None and self.cache.store is not None
+
+    def forward(self, x: torch.Tensor | None = None, sample_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """The training forward, the same as ``freezer.module(x, sample_ids=...)``.
+
+        Args:
+            x: the batch's inputs; while the activation cache serves it is read only for a batch
+                with a key the cache does not hold (then it may be None).
+            sample_ids: the keys of the batch's inputs, as the cache source numbers them; needed
+                while the cache serves, ignored otherwise.
+        """
+        if x is None and not self.cache_active:
+            raise ValueError("Freezer.forward: x is required while no activation cache serves")
+        return self._forward(x, sample_ids=sample_ids)
+
+    def _cached_forward(self, x: torch.Tensor | None, sample_ids: torch.Tensor | None) -> torch.Tensor:
+        """Only the tail runs, on the stored activations of ``sample_ids``."""
+        if sample_ids is None:
+            raise CacheError(
+                "Freezer: the activation cache is serving; pass sample_ids= (the keys of the batch's inputs) "
+                "to freezer.module(x, sample_ids=...)"
+            )
+        device = next(self.model.parameters()).device
+        activations = self.cache.read(torch.as_tensor(sample_ids), device)
+        if activations is None:  # exact fallback: the same prefix the cache would have stored
+            inputs = x if x is not None else self.cache.source.inputs(torch.as_tensor(sample_ids)).to(device)
+            with torch.no_grad():
+                activations = self.cache.prefix()(inputs)
+        return (self._ddp if self._ddp is not None else self.cache.tail())(activations)
+
+    def _make_cache(self, cache: CacheConfig | str | None, source: CacheSource | None) -> ActivationCache | None:
+        config = CacheConfig(mode=cache) if isinstance(cache, str) else (cache or CacheConfig())
+        if config.mode == "off":
+            return None
+        if source is None:
+            raise CacheError(
+                f"Freezer: cache mode '{config.mode}' needs cache_source=CacheSource(inputs=..., num_keys=...)"
+            )
+        return ActivationCache(self.model, self.blocks, config, source, self.epochs, self.process_group)
+
+    def _update_cache(self) -> None:
+        if self.cache is None:
+            return
+        done = (
+            (self.monitor.total_steps - self._epoch_start_step) / self.steps_per_epoch if self.steps_per_epoch else 0.0
+        )
+        self.cache.update(self.boundary, self._epochs_completed, done)
+
+    def _replay_cache(self, state: dict) -> None:
+        self.cache.replay(state)
+        self.train(self.model.training)
+        self._rewrap(count=False)
+
+    def _wrapped_module(self) -> nn.Module:
+        tail = self.cache.tail() if self.cache is not None else None
+        return tail if tail is not None else self.model

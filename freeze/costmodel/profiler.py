@@ -120,7 +120,7 @@ def _timed_step(freezer, optimizer, stamps: _Stamps, x, y) -> dict:
     stamps.reset()
     t0 = time.perf_counter()
     optimizer.zero_grad(set_to_none=True)
-    loss = F.cross_entropy(freezer.ddp(x), y)
+    loss = F.cross_entropy(freezer.module(x), y)
     t_loss = time.perf_counter()
     loss.backward()
     freezer.after_backward()

@@ -124,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         return launch_local(resolved, config.dist.nproc, args.resume, args.max_restarts)
 
     # Heavy imports only in the worker: the launcher process stays light.
+    from freeze.cache import CacheError
     from freeze.pipeline.data import DataError
     from freeze.pipeline.distributed import setup_worker, teardown_worker
     from freeze.pipeline.models import ModelError
@@ -136,6 +137,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except (RunError, DataError, ModelError) as e:  # bad input: raised before the run writes anything
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except CacheError as e:  # the cache asked for cannot be held (budget) or cut (model): every rank stops here
+        if ctx is None or ctx.is_main:
+            _mark_failed(config, e)
+        print(f"error: {e} (config keys freeze.cache, freeze.cache_budget_bytes)", file=sys.stderr)
         return 2
     except Exception as e:
         if ctx is None or ctx.is_main:

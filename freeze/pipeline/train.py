@@ -11,6 +11,7 @@ parameters and freeze decisions as an uninterrupted one.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import socket
@@ -22,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from freeze import comm
+from freeze.cache import CacheCounters
 from freeze.freezer import Freezer
 from freeze.monitor import relative_change
 from freeze.pipeline.config import Config
@@ -95,6 +97,7 @@ class EpochTraining:
     train_loss: float  # mean over every training image of the epoch
     train_acc: float
     allreduce_bytes: int
+    cache: dict | None  # this rank's activation-cache figures (None without a cache)
 
 
 def observe_then_clip(freezer: Freezer, params: list, optimizer, scaler, grad_clip_norm: float) -> None:
@@ -115,7 +118,7 @@ def train_step(
     t: Training,
     cfg: Config,
     device: torch.device,
-    batches: Iterator[tuple[torch.Tensor, torch.Tensor]],
+    batches: Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]],
     clock: PhaseClock,
     sums: torch.Tensor,
 ) -> tuple[torch.Tensor, float]:
@@ -125,13 +128,13 @@ def train_step(
     freezer, optimizer, scaler, accum = t.freezer, t.optimizer, t.scaler, cfg.train.accumulate_steps
     data_s = 0.0
     for micro in range(accum):
-        x, y = next(batches)
+        x, y, keys = next(batches)
         data_s += clock.lap("data")
         last = micro == accum - 1
         sync = contextlib.nullcontext() if last else freezer.module.no_sync()
         with sync:
             with _autocast(cfg.train.precision, device):
-                logits = freezer.module(x)
+                logits = freezer.module(x, sample_ids=keys)
                 loss = F.cross_entropy(logits, y, label_smoothing=cfg.train.label_smoothing)
             clock.lap("forward")
             scaler.scale(loss / accum).backward()
@@ -164,7 +167,8 @@ def train_one_epoch(
     bytes_before = freezer.counters.allreduce_bytes_total
     frozen_fraction_sum = 0.0
     sums = torch.zeros(3, dtype=torch.float64, device=ctx.device)  # loss sum, correct, count
-    batches = iter(t.loader)
+    cache_start = dataclasses.replace(freezer.cache.counters) if freezer.cache is not None else None
+    batches = t.loader.iter_keyed()
     clock.start()
     for step in range(t.steps_per_epoch):
         step_start_s = time.perf_counter()
@@ -174,6 +178,7 @@ def train_one_epoch(
         progress.update(step + 1, t.steps_per_epoch, loss, time.perf_counter() - step_start_s, data_s)
     freezer.end_epoch(epoch)
     clock.lap("freezer")
+    cache = _cache_record(freezer, cache_start, int(sums[2].item()))
     loss_sum, correct, count = all_reduce_sum(sums).tolist()
     return EpochTraining(
         boundary_at_epoch_start=boundary_at_epoch_start,
@@ -181,7 +186,25 @@ def train_one_epoch(
         train_loss=loss_sum / count,
         train_acc=correct / count,
         allreduce_bytes=freezer.counters.allreduce_bytes_total - bytes_before,
+        cache=cache,
     )
+
+
+def _cache_record(freezer: Freezer, start: CacheCounters | None, samples_read: int) -> dict | None:
+    """This rank's activation-cache figures for one epoch (None without a cache)."""
+    if freezer.cache is None or start is None:
+        return None
+    now = freezer.cache.counters
+    return {
+        "level": freezer.cache.level,
+        "bytes": freezer.cache.nbytes,
+        "placement": None if freezer.cache.store is None else freezer.cache.store.placement,
+        "build_s": now.build_s_total - start.build_s_total,
+        "advance_s": now.advance_s_total - start.advance_s_total,
+        "exchanged_bytes": now.exchanged_bytes_total - start.exchanged_bytes_total,
+        "hit_rate": (now.hit_keys - start.hit_keys) / samples_read if samples_read else 0.0,
+        "status": freezer.cache.status,
+    }
 
 
 @torch.no_grad()
@@ -252,6 +275,7 @@ def epoch_record(
         "rewraps": counters.rewraps,
         "rewrap_s": counters.rewrap_s_total,
         "grad_norm": _grad_norm_record(t.freezer, epoch),
+        "cache": train.cache,
     }
 
 
