@@ -181,7 +181,11 @@ class Steering:
     def _arm_order_check(self) -> None:
         # Registered after the frozen hooks: a check that raises leaves grad mode balanced.
         _remove(self._order_handles)
-        self.order.arm()
+        # Armed by the model's own forward only: an activation cache runs the tail (and builds the
+        # prefix) through modules of its own, whose block order is the traced model's by construction.
+        self.order.disarm()
+        start = ModuleHook(self.model, lambda m, a: self.order.arm())
+        self._order_handles.append(self.model.register_forward_pre_hook(start))
         for i, block in enumerate(self.blocks):
             for mod in block.modules:
                 runs = ModuleHook(mod, lambda m, a, i=i: self.order.block_runs(i))

@@ -270,7 +270,7 @@ class ActivationCache:
         entries are computed in ("" if it has one)."""
         if (start, end) in self._checked:
             return ""
-        frozen_bn = {bn for b in self.blocks[:end] for bn in b.batchnorms()}  # kept in eval by the Freezer
+        frozen_bn = {bn for b in self.blocks[:end] for bn in b.running_stat_norms()}  # kept in eval by the Freezer
         seg = self.segment(start, end)
         for node in seg.graph.nodes:
             random_call = node.op == "call_function" and node.target in _STOCHASTIC_FUNCTIONS
