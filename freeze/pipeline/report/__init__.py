@@ -11,11 +11,39 @@ from pathlib import Path
 
 from freeze._atomic import atomic_write_text
 from freeze.pipeline.report.load import ReportInputError, Run, load_runs
-from freeze.pipeline.report.tables import Table, build_tables, combined_markdown, to_latex, to_markdown
+from freeze.pipeline.report.paired import DEFAULT_MARGIN_POINTS, convergence_table, paired_table
+from freeze.pipeline.report.tables import (
+    Table,
+    combined_markdown,
+    incomplete_table,
+    main_table,
+    phase_table,
+    resolve_baseline,
+    static_sweep_table,
+    to_latex,
+    to_markdown,
+)
 
 FORMATS = ("md", "tex", "csv", "png")
 
 __all__ = ["FORMATS", "ReportInputError", "Run", "Table", "build_report", "load_runs"]
+
+
+def build_tables(
+    runs: list[Run],
+    baseline: str | None = None,
+    target_fraction: float = 0.95,
+    margin_points: float = DEFAULT_MARGIN_POINTS,
+) -> list[Table]:
+    chosen = resolve_baseline(runs, baseline)
+    return [
+        main_table(runs, chosen, target_fraction),
+        paired_table(runs, chosen, target_fraction, margin_points),
+        convergence_table(runs, chosen, margin_points),
+        static_sweep_table(runs, chosen),
+        phase_table(runs, chosen),
+        incomplete_table(runs),
+    ]
 
 
 def build_report(
@@ -24,6 +52,7 @@ def build_report(
     baseline: str | None = None,
     target_fraction: float = 0.95,
     formats: tuple[str, ...] = FORMATS,
+    margin_points: float = DEFAULT_MARGIN_POINTS,
 ) -> dict[str, Path]:
     """Write every table and figure for the runs under ``runs_dir``; returns file name -> path.
 
@@ -36,7 +65,9 @@ def build_report(
     if not 0.0 < target_fraction <= 1.0:
         raise ReportInputError(f"target_fraction must be in (0, 1], got {target_fraction}")
     runs = load_runs(runs_dir)
-    tables = build_tables(runs, baseline, target_fraction)
+    if not margin_points > 0:
+        raise ReportInputError(f"margin_points must be > 0, got {margin_points}")
+    tables = build_tables(runs, baseline, target_fraction, margin_points)
     out = Path(out_dir) if out_dir is not None else Path(runs_dir) / "report"
     out.mkdir(parents=True, exist_ok=True)
     written: dict[str, Path] = {}
@@ -58,5 +89,5 @@ def build_report(
         # Imported here so table-only reports never pay for matplotlib.
         from freeze.pipeline.report.plots import write_plots
 
-        written.update(write_plots(runs, out))
+        written.update(write_plots(runs, out, tables, margin_points))
     return written
