@@ -300,6 +300,15 @@ def test_spec_strings():
     assert isinstance(make_policy("autofreeze", percentile=50).percentile, float)
 
 
+def test_make_policy_takes_a_spec_string_or_a_name_with_parameters():
+    assert make_policy("static:k=2") == make_policy("static", k=2) == parse_policy("static:k=2")
+    assert make_policy("freezeout:t0=0.5,scale=linear") == FreezeOut(t0=0.5, scale="linear")
+    assert "not both" in one_line_error(make_policy, "static:k=2", k=3)
+    # a misspelled name says that both calls take a name or a spec string
+    assert "for make_policy and parse_policy" in one_line_error(make_policy, "statik:k=2")
+    assert "for make_policy and parse_policy" in one_line_error(make_policy, "statik", k=2)
+
+
 @pytest.mark.parametrize(
     "spec, needle",
     [

@@ -71,3 +71,33 @@ def test_readme_layout_lists_the_library_and_the_application_apart():
     for name in modules(REPO / "freeze" / "pipeline"):
         assert re.search(rf"\b{re.escape(name)}", application), f"{name} missing from the application list"
         assert not re.search(rf"\s{re.escape(name)}", library), f"{name} is listed as library"
+
+
+def test_readme_sweep_example_is_the_file_and_its_dry_run_prints_what_the_readme_shows():
+    text = (REPO / "README.md").read_text()
+    block = re.search(r"<!-- sweep-example:start -->\s*```toml\n(.*?)```\s*```console\n\$ (.*?)\n(.*?)```", text, re.S)
+    assert block, "README.md lost its sweep example"
+    toml_text, command, shown = block.groups()
+    assert toml_text == (REPO / "experiments" / "configs" / "sweep_smoke.toml").read_text()
+    assert command.startswith("python -m experiments.sweep ")
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    cmd = [sys.executable, *command.split()[1:]]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == shown
+
+
+def test_every_config_file_the_readme_and_docstrings_name_exists():
+    """A newcomer copies these paths; each one must be a file of the repository."""
+    sources = [REPO / "README.md", *REPO.glob("freeze/**/*.py"), *REPO.glob("experiments/**/*.py")]
+    sources += list(REPO.glob("experiments/configs/*.toml"))
+    named = {}
+    for source in sources:
+        text = source.read_text()
+        paths = re.findall(r"experiments/configs/[\w.-]+\.toml", text)
+        paths += re.findall(r"--(?:config|sweep)[ =]+([\w./-]+\.toml)", text)  # commands to copy
+        for path in paths:
+            named.setdefault(path, source.relative_to(REPO))
+    assert len(named) >= 5  # the pattern still finds the README's configs
+    missing = {path: str(where) for path, where in named.items() if not (REPO / path).is_file()}
+    assert not missing, f"named but missing: {missing}"

@@ -116,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
         except RunError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
+        where = f"{config.cluster.nodes} emulated nodes x " if config.cluster.nodes else ""
+        print(f"run {config.run_dir()}: starting {where}{config.dist.nproc} workers", flush=True)
         if config.cluster.nodes:
             return launch_cluster(config, resolved, args.resume, args.max_restarts)
         return launch_local(resolved, config.dist.nproc, args.resume, args.max_restarts)

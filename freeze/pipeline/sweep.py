@@ -1,18 +1,19 @@
 """A grid of runs (policies x parameters x seeds x worker counts x any config key), one after another.
 
-    python -m experiments.sweep --sweep my_sweep.toml
-    python -m experiments.sweep --sweep my_sweep.toml --dry-run    # list the run names
+    python -m experiments.sweep --sweep experiments/configs/sweep_smoke.toml --dry-run  # list the runs
+    python -m experiments.sweep --sweep experiments/configs/sweep_smoke.toml            # run them
 
-Sweep file:
+Sweep file (experiments/configs/sweep_smoke.toml; README, "Sweeps"):
 
-    [sweep]
-    base = "experiments/configs/offline_finetune.toml"   # the run config every run starts from
-    study = "ablation"                                    # runs/<study>/<run-name>/
-    overrides = ["train.epochs=4"]                        # applied to every run
-    [grid]                                                # the cartesian product of these
-    "freeze.policy" = ["none", "autofreeze:percentile=50"]
+    [sweep]                                          # accepted keys: base, study, overrides
+    base = "experiments/configs/smoke.toml"          # the run config every run starts from
+    study = "smoke-sweep"                            # runs/<study>/<run-name>/
+    overrides = ["train.epochs=2"]                   # applied to every run (section.key=value)
+    [grid]                                           # the cartesian product of these config keys
+    "freeze.policy" = ["none", "geometric:alpha=0.5"]
     "run.seed" = [0, 1, 2]
-    "dist.nproc" = [2]
+
+Run names join the grid values (none_seed=0); runs that differ only in run.seed share a group.
 
 Every run's config is resolved and validated once, before anything runs (:func:`expand`); each run
 then starts from the resolved config.toml written into its run directory.
@@ -104,14 +105,30 @@ def read_toml(path: str | Path, kind: str) -> dict:
         raise SweepError(f"{kind} file {path}: {e}") from None
 
 
+SWEEP_KEYS = ("base", "study", "overrides")
+
+
 def read_sweep(path: str | Path) -> dict:
     data = read_toml(path, "sweep")
-    sweep = data.get("sweep")
-    if not isinstance(sweep, dict) or "base" not in sweep or "study" not in sweep:
-        raise SweepError(f"sweep file {path}: needs a [sweep] table with 'base' and 'study'")
     unknown = set(data) - {"sweep", "grid"}
     if unknown:
         raise SweepError(f"sweep file {path}: unknown table(s) {', '.join(sorted(unknown))}; accepted: sweep, grid")
+    sweep = data.get("sweep")
+    if not isinstance(sweep, dict):
+        raise SweepError(f"sweep file {path}: needs a [sweep] table with 'base' and 'study'")
+    # A key meant for [grid] (or misspelled) would otherwise be ignored: the sweep would run the base
+    # config once instead of the grid, silently.
+    unknown = set(sweep) - set(SWEEP_KEYS)
+    if unknown:
+        raise SweepError(
+            f"sweep file {path}: unknown key(s) {', '.join(repr(k) for k in sorted(unknown))} under [sweep]; "
+            f"accepted: {', '.join(SWEEP_KEYS)} (grid values go under [grid])"
+        )
+    if "base" not in sweep or "study" not in sweep:
+        raise SweepError(f"sweep file {path}: needs a [sweep] table with 'base' and 'study'")
+    overrides = sweep.get("overrides", [])
+    if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
+        raise SweepError(f'sweep file {path}: overrides must be a list of "section.key=value" strings')
     grid = data.get("grid", {})
     for key, values in grid.items():
         if not isinstance(values, list) or not values:
@@ -141,6 +158,14 @@ def expand(base: str, study: str, grid: dict, overrides: list[str], out_dir: str
     if len(set(names)) != len(names):
         raise SweepError("sweep: two grid points map to the same run name; make the grid values distinct")
     return specs
+
+
+def dry_run_lines(specs: list[RunSpec]) -> list[str]:
+    """What ``--dry-run`` prints: where the runs go, then one run name per line."""
+    studies = sorted({str(Path(s.config.run.out_dir) / s.config.run.study) for s in specs})
+    return [f"{len(specs)} run{'' if len(specs) == 1 else 's'} in {', '.join(studies)}/:"] + [
+        f"  {spec.name}" for spec in specs
+    ]
 
 
 def _launch(config: Config, resume: bool) -> int:
@@ -194,7 +219,9 @@ def run_specs(specs: list[RunSpec], log=print) -> SweepSummary:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.sweep", description="Run a grid of experiments.")
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.sweep", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--sweep", required=True, help="sweep TOML file")
     parser.add_argument("--out-dir", default=None, help="override run.out_dir for every run")
     parser.add_argument("--dry-run", action="store_true", help="list the runs and exit")
@@ -206,8 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.dry_run:
-        for spec in specs:
-            print(spec.name)
+        print("\n".join(dry_run_lines(specs)))
         return 0
     summary = run_specs(specs)
     for line in summary.lines():

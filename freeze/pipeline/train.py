@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -25,7 +26,7 @@ from freeze.freezer import Freezer
 from freeze.monitor import relative_change
 from freeze.pipeline.config import Config
 from freeze.pipeline.data import EvalLoader
-from freeze.pipeline.distributed import WorkerContext, all_reduce_sum, any_rank, barrier
+from freeze.pipeline.distributed import WorkerContext, all_reduce_sum, any_rank, barrier, from_rank0
 from freeze.pipeline.log import ProgressLine, get_logger
 from freeze.pipeline.models import build_model
 from freeze.pipeline.prepare import (
@@ -285,6 +286,20 @@ def save_epoch(t: Training, cfg: Config, ctx: WorkerContext, run: RunDir, record
 # the worker
 
 
+def announce_start(cfg: Config, ctx: WorkerContext, run: RunDir, logger: logging.Logger) -> None:
+    """What this run is about to do, before the silent seconds of data and model set-up; and on
+    every machine, where the results go. Under a c10d rendezvous torchrun numbers the nodes by
+    arrival, so rank 0, which writes every result file, may run on any machine."""
+    host0, path0 = from_rank0((socket.gethostname(), str(run.path.resolve())))
+    threads = f"{ctx.threads} torch threads per worker ({ctx.cores} cores / {ctx.local_world_size} local workers"
+    threads += ", dist.threads_per_worker)" if cfg.dist.threads_per_worker else ")"
+    logger.info("run %s: %d workers on %s, %s; loading data", run.path, ctx.world_size, ctx.device, threads)
+    if ctx.is_main:
+        logger.info("results go to %s on %s (rank 0's machine)", path0, host0)
+    elif ctx.local_rank == 0:  # rank 0's logger prints on its machine only; say it on every machine
+        print(f"{socket.gethostname()}: rank 0 runs on {host0}; results go to {path0} there", flush=True)
+
+
 def train_worker(cfg: Config, ctx: WorkerContext, resume: bool) -> dict:
     """Run (or resume) the configured run on this worker; returns the last metrics record."""
     run = RunDir(cfg.run_dir())
@@ -293,11 +308,29 @@ def train_worker(cfg: Config, ctx: WorkerContext, resume: bool) -> dict:
     # torchrun restarts the others for the membership change with their count unchanged.
     resume = any_rank(resume or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0)
     logger = get_logger(ctx.rank, run.path / f"log.rank{ctx.rank}.txt" if ctx.is_main else None)
+    announce_start(cfg, ctx, run, logger)
     torch.manual_seed(cfg.run.seed)  # model init: identical on all ranks, and the Freezer syncs anyway
+    start_s = time.perf_counter()
     split = load_data(cfg, ctx)
+    logger.info(
+        "data: %d train / %d val / %d test images of %s in %.1f s",
+        len(split.train_y),
+        len(split.val_y),
+        len(split.test_y),
+        cfg.data.dataset,
+        time.perf_counter() - start_s,
+    )
+    start_s = time.perf_counter()
     model = build_model(cfg.model.arch, split.num_classes, cfg.model.stem, cfg.model.weights, logger=logger)
     model = model.to(ctx.device)
     blocks = build_blocks(model, cfg.model.blocks)
+    logger.info(
+        "model: %s (weights %s), %d blocks, built in %.1f s",
+        cfg.model.arch,
+        cfg.model.weights or "none",
+        len(blocks),
+        time.perf_counter() - start_s,
+    )
     policy = parse_policy(cfg.freeze.policy)
     start_run(cfg, ctx, run, blocks, policy, resume)
     t = build_training(cfg, ctx, split, model, blocks, policy)
@@ -308,15 +341,7 @@ def train_worker(cfg: Config, ctx: WorkerContext, resume: bool) -> dict:
         logger.info("resumed %s at epoch %d (boundary %d)", run.path, start_epoch, t.freezer.boundary)
     if ctx.is_main:
         run.truncate_metrics(start_epoch)  # epochs after the checkpoint are re-run, not duplicated
-    logger.info(
-        "run %s: %d workers on %s, %d blocks, policy %s, %d steps/epoch",
-        run.path,
-        ctx.world_size,
-        ctx.device,
-        len(blocks),
-        policy.spec(),
-        t.steps_per_epoch,
-    )
+    logger.info("training: policy %s, %d epochs of %d steps", policy.spec(), cfg.train.epochs, t.steps_per_epoch)
 
     record: dict = {}
     for epoch in range(start_epoch, cfg.train.epochs):
@@ -331,4 +356,6 @@ def train_worker(cfg: Config, ctx: WorkerContext, resume: bool) -> dict:
         save_epoch(t, cfg, ctx, run, record)
     if ctx.is_main:
         run.finish("complete")
+        logger.info("done: results in %s", run.path)
+        logger.info("report: python -m report %s", run.path.parent)  # writes <study dir>-report/
     return record

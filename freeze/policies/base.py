@@ -194,15 +194,27 @@ def register_policy(cls: type[Policy]) -> type[Policy]:
 
 
 def make_policy(name: str, **params: Any) -> Policy:
-    """Build a registered policy; parameter values may be typed or strings.
+    """Build a registered policy from a name and parameters, or from a spec string.
+
+    ``make_policy("static", k=2)`` and ``make_policy("static:k=2")`` are the same policy: a name
+    holding a ``:`` is a spec and goes to :func:`parse_policy` (then no ``params`` may be given).
 
     Args:
-        name: a registered policy name (see ``POLICIES``).
+        name: a registered policy name (see ``POLICIES``), or a spec ``"name:param=value,..."``.
         **params: the policy's parameters; values are converted to the field types and checked.
 
     Raises:
-        PolicyError: unknown name or parameter, or a value outside the accepted ones.
+        PolicyError: unknown name or parameter, a value outside the accepted ones, or a spec
+            string together with parameters.
     """
+    if isinstance(name, str) and ":" in name:
+        if params:
+            raise PolicyError(
+                f"make_policy({name!r}, {', '.join(params)}=...): a spec string and parameters, not both; "
+                "accepted: a spec alone (make_policy('static:k=2')) or a name with parameters "
+                "(make_policy('static', k=2))"
+            )
+        return parse_policy(name)
     cls = _policy_class(name)
     accepted = [f.name for f in _fields(cls)]
     for key in params:
@@ -254,7 +266,10 @@ def _policy_class(name: str) -> type[Policy]:
     # The built-in rules are registered by freeze/policies/__init__.py, which Python runs before
     # this module (a submodule import runs its package first): no import is deferred here.
     if name not in POLICIES:
-        raise PolicyError(f"unknown policy {name!r}; accepted: {', '.join(POLICIES)}")
+        raise PolicyError(
+            f"unknown policy {name!r}; accepted: {', '.join(POLICIES)} (as a name, or as a spec "
+            "'name:param=value,...' for make_policy and parse_policy)"
+        )
     return POLICIES[name]
 
 

@@ -216,11 +216,15 @@ def test_explicit_baseline_and_short_run_is_incomplete(tmp_path):
     assert "epochs_done 2 < epochs_planned 3" in incomplete["reason"][1]
 
 
-def test_main_default_out_dir(tmp_path, capsys):
+def test_main_default_out_dir_is_where_the_readme_says(tmp_path, capsys):
+    """README: `python -m report runs/<study>` writes runs/<study>-report/ (as the study command does)."""
     runs = _copy_study(tmp_path)
     assert main([str(runs), "--formats", "md"]) == 0
-    assert (runs / "report" / "main.md").read_text() == (FIXTURES / "expected_main_table.md").read_text()
-    assert not (runs / "report" / "main.csv").exists()
+    out = runs.with_name(f"{runs.name}-report")
+    assert (out / "main.md").read_text() == (FIXTURES / "expected_main_table.md").read_text()
+    assert not (out / "main.csv").exists() and not (runs / "report").exists()
+    assert str(out) in capsys.readouterr().out
+    assert "runs/<study>-report/" in (Path(__file__).parents[2] / "README.md").read_text()
 
 
 def _assert_one_line_error(capsys, argv: list[str], *fragments: str) -> None:
@@ -405,3 +409,24 @@ def test_settings_are_compared_only_within_themselves(tmp_path):
     assert af[""]["speedup"] == pytest.approx(loopback) and af["cluster"]["speedup"] == pytest.approx(cluster)
     main = pd.read_csv(tmp_path / "out" / "main.csv", keep_default_na=False)
     assert sorted(main["setting"]) == sorted(["", "", "", "cluster", "cluster", "cluster"])
+
+
+def test_two_runs_of_one_group_and_seed_name_the_way_round(tmp_path, capsys):
+    """A run re-made under another name leaves two complete runs of (none, seed 0): the report stops
+    with one line naming both and the command that keeps the newest, and that command works."""
+    runs = _copy_study(tmp_path)
+    again = runs / "fixture_study" / "none-s0-again"
+    shutil.copytree(runs / "fixture_study" / "none-s0", again)
+    _edit_manifest(runs, "none-s0-again", end_time="2025-01-02T00:00:00+00:00")
+    lines = (again / "metrics.jsonl").read_text().splitlines()
+    last = json.loads(lines[-1]) | {"test_acc": 0.9}
+    (again / "metrics.jsonl").write_text("\n".join(lines[:-1] + [json.dumps(last)]) + "\n")
+
+    _assert_one_line_error(
+        capsys, [str(runs)], "seed 0", "none-s0-again", f"python -m report {runs} --on-duplicate newest"
+    )
+    assert main([str(runs), "--on-duplicate", "newest", "--formats", "csv"]) == 0
+    assert f"left out {runs / 'fixture_study' / 'none-s0'}:" in capsys.readouterr().out
+    none = _rows(runs.with_name("runs-report") / "main.csv")["none"]
+    assert none["n_runs"] == 2 and none["test_acc_mean"] == pytest.approx((0.9 + 0.72) / 2)
+    _assert_one_line_error(capsys, [str(runs), "--on-duplicate", "oldest"], "newest")

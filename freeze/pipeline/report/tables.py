@@ -44,6 +44,45 @@ class Baseline:
     note: str
 
 
+ON_DUPLICATE = ("error", "newest")
+
+
+def drop_duplicate_runs(runs: list[Run], on_duplicate: str, runs_dir) -> tuple[list[Run], list[tuple[Run, Run]]]:
+    """Complete runs of one (group, world_size, seed) counted once: a second copy (a run re-made
+    under a new name, results copied twice) would count one seed twice in every mean.
+
+    Args:
+        runs: the loaded runs.
+        on_duplicate: "error" stops with one line naming both directories and the way round;
+            "newest" keeps the run that ended last (manifest end_time) and leaves the others out.
+        runs_dir: the folder given to the report (named in the error's command).
+
+    Returns:
+        (runs kept, [(left-out run, the run kept instead)]).
+    """
+    if on_duplicate not in ON_DUPLICATE:
+        raise ReportInputError(f"--on-duplicate {on_duplicate!r}; accepted: {', '.join(ON_DUPLICATE)}")
+    by_key: dict[tuple, list[Run]] = {}
+    for run in runs:
+        if run.is_complete:
+            by_key.setdefault((run.setting, run.group, run.world_size, run.seed), []).append(run)
+    dropped: list[tuple[Run, Run]] = []
+    for (setting, group, world_size, seed), members in sorted(by_key.items()):
+        if len(members) < 2:
+            continue
+        members.sort(key=lambda r: (str(r.manifest.get("end_time") or ""), str(r.run_dir)))
+        if on_duplicate == "error":
+            raise ReportInputError(
+                f"group {group!r} ({'setting ' + setting + ', ' if setting else ''}world_size {world_size}) has "
+                f"{len(members)} complete runs with seed {seed}: "
+                f"{', '.join(str(r.run_dir) for r in members)}; keep the newest with "
+                f"`python -m report {runs_dir} --on-duplicate newest`, or move the others out of {runs_dir}"
+            )
+        dropped += [(old, members[-1]) for old in members[:-1]]
+    left_out = {id(old) for old, _ in dropped}
+    return [r for r in runs if id(r) not in left_out], dropped
+
+
 def complete_groups(runs: list[Run]) -> dict[GroupKey, list[Run]]:
     """Complete runs by (setting, group, world_size), sorted; each seed at most once per group."""
     groups: dict[GroupKey, list[Run]] = {}
