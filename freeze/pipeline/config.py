@@ -81,6 +81,9 @@ class RunConfig:
     out_dir: str = "runs"
     seed: int = _f(0, ge=0)
     group: str = ""  # "" -> the policy spec (see Config.run_group)
+    # The environment a study compares arms in ("loopback", "cluster-1gbit"): the report compares
+    # a group only with the baseline of the same setting and world size.
+    setting: str = ""
     checkpoint_every_epochs: int = _f(1, ge=1)
 
 
@@ -155,6 +158,9 @@ class TrainConfig:
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     grad_checkpointing: bool = False
     eval_every_epochs: int = _f(1, ge=1)  # the last epoch is always evaluated
+    # "final": the test set only at the last epoch (the only test number a study may report; a
+    # large test set evaluated every epoch would cost the study more than its training)
+    test_eval: Literal["every-eval", "final"] = "every-eval"
     max_steps_per_epoch: int = _f(0, ge=0)  # 0 = full epoch
     eval_batch_size: int = _f(256, ge=1)
 

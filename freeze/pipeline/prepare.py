@@ -54,6 +54,7 @@ def _manifest(cfg: Config, ctx: WorkerContext, blocks: list[Block], policy: Poli
         "run_name": cfg.run.name,
         "study": cfg.run.study,
         "group": cfg.run_group(),
+        "setting": cfg.run.setting,
         "policy": policy.spec(),
         "seed": cfg.run.seed,
         "world_size": ctx.world_size,

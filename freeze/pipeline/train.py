@@ -225,7 +225,9 @@ def _evaluation_due(cfg: Config, epoch: int) -> bool:
     return (epoch + 1) % cfg.train.eval_every_epochs == 0 or epoch + 1 == cfg.train.epochs
 
 
-def evaluate_epoch(t: Training, cfg: Config, device: torch.device, clock: PhaseClock) -> dict[str, float | None]:
+def evaluate_epoch(
+    t: Training, cfg: Config, device: torch.device, clock: PhaseClock, is_last_epoch: bool
+) -> dict[str, float | None]:
     """Validation and test loss and accuracy (None for a set that is not evaluated)."""
     # Trainable BN statistics are rank-local since the last forward: evaluate with rank 0's, as
     # DDP's next forward would.
@@ -234,7 +236,9 @@ def evaluate_epoch(t: Training, cfg: Config, device: torch.device, clock: PhaseC
     val_loss = val_acc = None
     if t.val_loader is not None:
         val_loss, val_acc = evaluate(t.model, t.val_loader, cfg.train.precision, device)
-    test_loss, test_acc = evaluate(t.model, t.test_loader, cfg.train.precision, device)
+    test_loss = test_acc = None
+    if is_last_epoch or cfg.train.test_eval == "every-eval":
+        test_loss, test_acc = evaluate(t.model, t.test_loader, cfg.train.precision, device)
     clock.lap(EVAL_PHASE)
     return {"val_loss": val_loss, "val_acc": val_acc, "test_loss": test_loss, "test_acc": test_acc}
 
@@ -376,7 +380,7 @@ def train_worker(cfg: Config, ctx: WorkerContext, resume: bool) -> dict:
         cumulative_wall_s += clock.train_seconds()
         evaluation = dict.fromkeys(("val_loss", "val_acc", "test_loss", "test_acc"))
         if _evaluation_due(cfg, epoch):
-            evaluation = evaluate_epoch(t, cfg, ctx.device, clock)
+            evaluation = evaluate_epoch(t, cfg, ctx.device, clock, epoch + 1 == cfg.train.epochs)
         record = epoch_record(t, epoch, train, evaluation, clock, cumulative_wall_s)
         _log_epoch(logger, record, cfg.train.epochs)
         save_epoch(t, cfg, ctx, run, record)

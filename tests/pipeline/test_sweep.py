@@ -210,5 +210,7 @@ def test_study_dry_run_lists_the_runs_of_the_readme_command(capsys, monkeypatch)
     monkeypatch.chdir(REPO)  # the README's command runs from the checkout's root
     assert main(["--config", "experiments/configs/study_cifar10.toml", "--dry-run"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == "27 runs in runs/cifar10-reference/:"
-    assert lines[1:4] == ["  none_seed=0", "  none_seed=1", "  none_seed=2"] and len(lines) == 28
+    # the search (baseline + 2 autofreeze candidates on seed 100), then 10 arms x 5 seeds
+    assert lines[-1] == "0 pretraining, 3 search and 50 study runs" and len(lines) == 54
+    assert sum(line.startswith("search    ") for line in lines) == 3
+    assert "study     none_seed=0  (none)" in lines[3:13]

@@ -11,12 +11,17 @@ from pathlib import Path
 
 from freeze._atomic import atomic_write_text
 from freeze.pipeline.report.load import ReportInputError, Run, load_runs
+from freeze.pipeline.report.paired import DEFAULT_MARGIN_POINTS, convergence_table, paired_table
 from freeze.pipeline.report.tables import (
     ON_DUPLICATE,
     Table,
-    build_tables,
     combined_markdown,
     drop_duplicate_runs,
+    incomplete_table,
+    main_table,
+    phase_table,
+    resolve_baseline,
+    static_sweep_table,
     to_latex,
     to_markdown,
 )
@@ -46,6 +51,23 @@ def default_out_dir(runs_dir: str | Path) -> Path:
     return runs.with_name(f"{runs.name}-report")
 
 
+def build_tables(
+    runs: list[Run],
+    baseline: str | None = None,
+    target_fraction: float = 0.95,
+    margin_points: float = DEFAULT_MARGIN_POINTS,
+) -> list[Table]:
+    chosen = resolve_baseline(runs, baseline)
+    return [
+        main_table(runs, chosen, target_fraction),
+        paired_table(runs, chosen, target_fraction, margin_points),
+        convergence_table(runs, chosen, margin_points),
+        static_sweep_table(runs, chosen),
+        phase_table(runs, chosen),
+        incomplete_table(runs),
+    ]
+
+
 def build_report(
     runs_dir: str | Path,
     out_dir: str | Path | None = None,
@@ -54,6 +76,7 @@ def build_report(
     formats: tuple[str, ...] = FORMATS,
     on_duplicate: str = "error",
     log=None,
+    margin_points: float = DEFAULT_MARGIN_POINTS,
 ) -> dict[str, Path]:
     """Write every table and figure for the runs under ``runs_dir``; returns file name -> path.
 
@@ -66,13 +89,15 @@ def build_report(
         raise ReportInputError(f"formats {rejected} not accepted; accepted: {', '.join(FORMATS)}")
     if not 0.0 < target_fraction <= 1.0:
         raise ReportInputError(f"target_fraction must be in (0, 1], got {target_fraction}")
+    if not margin_points > 0:
+        raise ReportInputError(f"margin_points must be > 0, got {margin_points}")
     runs, dropped = drop_duplicate_runs(load_runs(runs_dir), on_duplicate, runs_dir)
     for old, kept in dropped:
         if log is not None:
             log(
                 f"report: left out {old.run_dir}: same group and seed as the newer {kept.run_dir} (--on-duplicate newest)"
             )
-    tables = build_tables(runs, baseline, target_fraction)
+    tables = build_tables(runs, baseline, target_fraction, margin_points)
     out = Path(out_dir) if out_dir is not None else default_out_dir(runs_dir)
     out.mkdir(parents=True, exist_ok=True)
     written: dict[str, Path] = {}
@@ -94,5 +119,5 @@ def build_report(
         # Imported here so table-only reports never pay for matplotlib.
         from freeze.pipeline.report.plots import write_plots
 
-        written.update(write_plots(runs, out))
+        written.update(write_plots(runs, out, tables, margin_points))
     return written
