@@ -199,10 +199,22 @@ def test_search_refuses_incomplete_runs(tmp_path):
 
 
 def test_study_files_in_the_repo_dry_run():
-    for name in ("study_offline.toml", "study_offline_full.toml", "study_cifar10.toml"):
+    for name in ("study_offline.toml", "study_offline_full.toml", "study_cifar10.toml", "study_views.toml"):
         study = read_study(REPO / "experiments" / "configs" / name)
         assert len(study.seeds) >= 3, name
         try:
             main_specs(study, {a: c[0] for a, c in (study.search.candidates if study.search else {}).items()}, None)
         except SweepError as e:  # pragma: no cover - the message is the failure
             pytest.fail(f"{name}: {e}")
+
+
+def test_same_as_arm_runs_the_policy_chosen_for_its_source(tmp_path):
+    text = STUDY.replace("autofreeze = []", 'autofreeze = []\nautofreeze-nocache = ["freeze.cache=off"]')
+    text += '[search.same_as]\nautofreeze-nocache = "autofreeze"\n'
+    study = read_study(_study(tmp_path, text))
+    chosen = study.search.choices_for({"autofreeze": "autofreeze:percentile=80"})
+    specs = {s.name: s.config for s in main_specs(study, chosen, str(tmp_path / "runs"))}
+    assert specs["single_autofreeze-nocache_seed=0"].freeze.policy == "autofreeze:percentile=80"
+    bad = _study(tmp_path, text.replace('autofreeze-nocache = "autofreeze"', 'autofreeze-nocache = "none"'))
+    with pytest.raises(SweepError, match="search.same_as.autofreeze-nocache = 'none'"):
+        read_study(bad)

@@ -75,7 +75,7 @@ def _print_plan(study: StudyFile, pretrain: list[RunSpec], search: list[RunSpec]
         print(f"pretrain  {spec.name}")
     for spec in search:
         print(f"search    {spec.name}  ({spec.config.freeze.policy})")
-    searched = study.search.candidates if study.search else {}
+    searched = study.search.choices_for(dict.fromkeys(study.search.candidates, "")) if study.search else {}
     for spec in grid:
         policy = "policy chosen by the search" if spec.group in searched else spec.config.freeze.policy
         print(f"study     {spec.name}  ({policy})")
@@ -111,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
         pretrain, weights = _pretrain(study, out_dir)
         search = search_specs(study, out_dir, weights)
         placeholder = {arm: specs[0] for arm, specs in (study.search.candidates if study.search else {}).items()}
+        if study.search:
+            placeholder = study.search.choices_for(placeholder)
         grid = main_specs(study, placeholder, out_dir, weights)  # validates every run's config up front
     except (SweepError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -138,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         search_md = search_markdown(candidates, base_val, study.search, study.margin_points)
         print(search_md)
-        grid = main_specs(study, chosen, out_dir, weights)
+        grid = main_specs(study, study.search.choices_for(chosen), out_dir, weights)
     ok = _run_stage("study grid (interleaved per seed)", grid)
 
     runs_dir = Path(out_dir) / study.name

@@ -28,6 +28,8 @@
     seeds = [100]
     [search.candidates]                                     # arm -> policy specs to try
     autofreeze = ["autofreeze:percentile=50", "autofreeze:percentile=80"]
+    [search.same_as]                                        # arm -> the arm whose choice it takes
+    autofreeze-nocache = "autofreeze"
 
 Why interleave: runs are timed one after another on a machine whose speed drifts (+-20 % here
 over minutes). Within a seed's block every arm runs once, in an order drawn from ``order_seed`` and
@@ -58,7 +60,7 @@ _STUDY_KEYS = {
     "out_dir",
 }
 _TABLES = {"study", "settings", "arms", "search"}
-_SEARCH_KEYS = {"setting", "seeds", "candidates"}
+_SEARCH_KEYS = {"setting", "seeds", "candidates", "same_as"}
 BASELINE_ARM = "none"
 
 
@@ -69,6 +71,11 @@ class Search:
     setting: str
     seeds: tuple[int, ...]
     candidates: dict[str, tuple[str, ...]]  # arm -> policy specs
+    same_as: dict[str, str]  # arm -> the searched arm whose chosen policy it runs (e.g. without the cache)
+
+    def choices_for(self, chosen: dict[str, str]) -> dict[str, str]:
+        """Every searched or same_as arm -> its policy spec, from the searched arms' choices."""
+        return {**chosen, **{arm: chosen[source] for arm, source in self.same_as.items()}}
 
 
 @dataclass(frozen=True)
@@ -222,7 +229,15 @@ def _read_search(path, search, arms: dict, settings: dict, seeds: tuple[int, ...
             raise _error(path, f"search.candidates.{arm} is empty")
     if not candidates:
         raise _error(path, "[search] needs a [search.candidates] table: arm -> list of policy specs")
-    return Search(setting, search_seeds, candidates)
+    same_as = search.get("same_as") or {}
+    for arm, source in same_as.items():
+        if arm not in arms or source not in candidates:
+            raise _error(
+                path, f"search.same_as.{arm} = {source!r}: needs an arm and a searched arm ({', '.join(candidates)})"
+            )
+        if any(o.startswith("freeze.policy=") for o in arms[arm].overrides):
+            raise _error(path, f"arms.{arm} sets freeze.policy, but search.same_as chooses it; remove one")
+    return Search(setting, search_seeds, candidates, dict(same_as))
 
 
 def _slug(text: str) -> str:
