@@ -33,6 +33,7 @@ from freeze.pipeline.report.tables import (
     display_columns,
     final_test_acc,
     fmt_number,
+    group_fields,
     mean_ci95,
     time_to_target_s,
 )
@@ -83,10 +84,7 @@ def paired_row(members: list[Run], base: list[Run], target_fraction: float, marg
             ttt_ratios.append(base_s / arm_s)
     ttt, ttt_low, ttt_high = ratio_ci95(ttt_ratios)
     return {
-        "setting": members[0].setting,
-        "group": members[0].group,
-        "policy": members[0].policy,
-        "world_size": members[0].world_size,
+        **group_fields(members[0]),
         "n_pairs": len(pairs),
         "speedup": speedup,
         "speedup_low": speedup_low,

@@ -263,15 +263,17 @@ def main_table(runs: list[Run], baseline: Baseline, target_fraction: float) -> T
     return Table("main", "Main results", caption, pd.DataFrame(rows), display, align, tuple(notes))
 
 
+def group_fields(run: Run) -> dict:
+    """The columns that name a run's group in every table's raw rows."""
+    return {"setting": run.setting, "group": run.group, "world_size": run.world_size, "policy": run.policy}
+
+
 def _main_row(members: list[Run]) -> dict:
     """The numbers of one (group, world_size) that need no baseline."""
     acc_by_seed = {r.seed: final_test_acc(r) for r in members}
     acc_mean, acc_half = mean_ci95(list(acc_by_seed.values()))
     return {
-        "setting": members[0].setting,
-        "group": members[0].group,
-        "world_size": members[0].world_size,
-        "policy": members[0].policy,
+        **group_fields(members[0]),
         "n_runs": len(members),
         "seeds": " ".join(str(s) for s in acc_by_seed),
         "test_acc_mean": acc_mean,
