@@ -18,6 +18,15 @@ FORMATS = ("md", "tex", "csv", "png")
 __all__ = ["FORMATS", "ReportInputError", "Run", "Table", "build_report", "load_runs"]
 
 
+def _check_out_dir(out: Path) -> None:
+    """ReportInputError when ``out``, or the nearest part of it that exists, is not a directory."""
+    for existing in (out, *out.parents):
+        if existing.exists():
+            if not existing.is_dir():
+                raise ReportInputError(f"output folder {out}: {existing} is a file, not a directory; give a directory")
+            return
+
+
 def build_report(
     runs_dir: str | Path,
     out_dir: str | Path | None = None,
@@ -35,10 +44,14 @@ def build_report(
         raise ReportInputError(f"formats {rejected} not accepted; accepted: {', '.join(FORMATS)}")
     if not 0.0 < target_fraction <= 1.0:
         raise ReportInputError(f"target_fraction must be in (0, 1], got {target_fraction}")
+    out = Path(out_dir) if out_dir is not None else Path(runs_dir) / "report"
+    _check_out_dir(out)  # before the work, not after it
     runs = load_runs(runs_dir)
     tables = build_tables(runs, baseline, target_fraction)
-    out = Path(out_dir) if out_dir is not None else Path(runs_dir) / "report"
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ReportInputError(f"output folder {out} cannot be created: {exc.strerror}") from None
     written: dict[str, Path] = {}
 
     def write(name: str, text: str) -> None:
