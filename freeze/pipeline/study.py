@@ -28,22 +28,26 @@ from pathlib import Path
 
 from freeze._atomic import atomic_write_bytes, atomic_write_text
 from freeze.pipeline.config import ConfigError
-from freeze.pipeline.sweep import SweepError, expand, read_toml, run_specs
+from freeze.pipeline.sweep import SweepError, check_runnable_here, check_table, expand, read_toml, run_specs
 
-_ALLOWED = {"name", "finetune", "pretrain", "overrides", "target_fraction", "report_md", "out_dir"}
+_STUDY_KEYS = {
+    "name": str,
+    "finetune": str,
+    "pretrain": str,
+    "overrides": list,
+    "target_fraction": float,
+    "report_md": str,
+    "out_dir": str,
+}
 
 
 def read_study(path: str | Path) -> dict:
     data = read_toml(path, "study")
-    study = data.get("study")
-    if not isinstance(study, dict) or "name" not in study or "finetune" not in study:
-        raise SweepError(f"study file {path}: needs a [study] table with 'name' and 'finetune'")
-    unknown = set(study) - _ALLOWED
-    if unknown:
-        raise SweepError(
-            f"study file {path}: unknown key(s) {', '.join(sorted(unknown))}; accepted: {', '.join(sorted(_ALLOWED))}"
-        )
-    return {**study, "grid": data.get("grid", {})}
+    study = check_table(f"study file {path}: [study]", data.get("study"), _STUDY_KEYS, ("name", "finetune"))
+    grid = data.get("grid", {})
+    if not isinstance(grid, dict):
+        raise SweepError(f'study file {path}: [grid] must be a table of "section.key" = [values]')
+    return {**study, "grid": grid}
 
 
 def splice_tables(report_md: Path, tables_dir: Path) -> list[str]:
@@ -84,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
             pretrain_specs = expand(study["pretrain"], f"{study['name']}-pretrain", {}, [], out_dir)
             overrides.append(f"model.weights={pretrain_specs[0].config.run_dir() / 'checkpoint.pt'}")
         specs = expand(study["finetune"], study["name"], study["grid"], overrides, out_dir)
+        check_runnable_here(pretrain_specs + specs)
     except (SweepError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -91,19 +96,23 @@ def main(argv: list[str] | None = None) -> int:
     if pretrain_specs:
         print(f"== pretraining ({study['pretrain']})", flush=True)
         summary = run_specs(pretrain_specs)
-        if summary.failed:
-            print(f"error: pretraining failed: {summary.failed[0][1]}", file=sys.stderr)
+        if not summary.ok:
+            print(f"error: pretraining failed: {(summary.failed + summary.busy)[0][1]}", file=sys.stderr)
             return 1
     print(f"== fine-tuning: {len(specs)} runs", flush=True)
     summary = run_specs(specs)
     for line in summary.lines():
         print(line)
 
-    from freeze.pipeline.report import build_report  # the report reads run directories only
+    from freeze.pipeline.report import ReportInputError, build_report  # the report reads run directories only
 
     runs_dir = Path(out_dir) / study["name"]
     report_dir = runs_dir.parent / f"{study['name']}-report"
-    written = build_report(runs_dir, report_dir, target_fraction=float(study.get("target_fraction", 0.95)))
+    try:
+        written = build_report(runs_dir, report_dir, target_fraction=float(study.get("target_fraction", 0.95)))
+    except ReportInputError as e:
+        print(f"error: report: {e}", file=sys.stderr)
+        return 1
     print(f"== report: {report_dir}")
     main_table = report_dir / "main.md"
     if main_table.exists():
@@ -117,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
             atomic_write_bytes(figures / path.name, path.read_bytes())
         print(f"== {report_md}: tables {', '.join(names) or 'none'} regenerated; figures in {figures}")
     print(f"== study wall time {time.perf_counter() - start_s:.0f} s ({len(written)} report files)")
-    return 1 if summary.failed else 0
+    return 0 if summary.ok else 1
 
 
 if __name__ == "__main__":

@@ -4,9 +4,13 @@ no worker outlives its launcher, and user errors are one line.
 The malicious files carry a payload that would create a marker file when unpickled; each test
 shows the load refused in one line and no marker."""
 
+import contextlib
 import os
 import pickle
-import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -93,3 +97,141 @@ def test_our_own_checkpoint_loads_weights_only(tmp_path):
     expected = np.random.rand()
     _set_rng_state(torch.load(path, weights_only=True)["rng"])
     assert np.random.rand() == expected  # numpy's RNG survives the tensor form exactly
+
+
+# ----------------------------------------------------------------------------- one writer per run
+def test_a_second_writer_is_refused_naming_the_holder(tmp_path):
+    import socket
+
+    from freeze.pipeline.run_lock import RunBusyError, RunLock
+
+    with RunLock.acquire(tmp_path / "run"):
+        with pytest.raises(RunBusyError) as err:
+            RunLock.acquire(tmp_path / "run")
+    message = _one_line(err)
+    assert f"pid {os.getpid()} on host {socket.gethostname()}" in message
+    RunLock.acquire(tmp_path / "run").release()  # released: the next writer gets it
+
+
+def _python(code: str, **kwargs) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, **kwargs
+    )
+
+
+def _hold_lock(run_dir: Path) -> subprocess.Popen:
+    holder = _python(
+        "import sys, time\n"
+        "from freeze.pipeline.run_lock import RunLock\n"
+        f"lock = RunLock.acquire({str(run_dir)!r})\n"
+        "print('locked', flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    assert holder.stdout.readline().strip() == "locked"
+    return holder
+
+
+def test_a_killed_holder_leaves_no_stale_lock_and_its_temp_files_go(tmp_path):
+    from freeze.pipeline.run_lock import RunBusyError, RunLock
+
+    run_dir = tmp_path / "run"
+    holder = _hold_lock(run_dir)
+    try:
+        with pytest.raises(RunBusyError, match=f"pid {holder.pid} on host"):
+            RunLock.acquire(run_dir)
+        (run_dir / ".checkpoint.pt.abcd1234.tmp").write_bytes(b"\0" * 100)  # a write it never finished
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+    with RunLock.acquire(run_dir):  # the kernel dropped the dead holder's flock
+        assert not (run_dir / ".checkpoint.pt.abcd1234.tmp").exists()
+
+
+def test_resume_is_refused_while_another_process_writes_the_run(tmp_path, capsys):
+    import freeze.pipeline.run as run_module
+
+    overrides = [f"run.out_dir={tmp_path / 'runs'}", "run.name=r", "dist.nproc=1"]
+    holder = _hold_lock(tmp_path / "runs" / "smoke" / "r")
+    try:
+        assert run_module.main(["--config", str(SMOKE), "--resume", *overrides]) == 2
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and f"pid {holder.pid}" in err and "one writer per run" in err
+
+
+# ------------------------------------------------------------------------------------- no orphans
+SMOKE = Path(__file__).resolve().parents[2] / "experiments" / "configs" / "smoke.toml"
+
+
+def _children(pid: int) -> list[int]:
+    """Live processes whose parent is ``pid``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            fields = stat.rsplit(")", 1)[1].split()
+            if int(fields[1]) == pid and fields[0] != "Z":
+                found.append(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _wait_for(predicate, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+@pytest.mark.parametrize("launcher", ["run", "sweep"])
+def test_workers_die_with_a_sigkilled_launcher(tmp_path, launcher):
+    """experiments.run with dist.nproc=2 (torchrun's agent in the launcher, 2 workers) and a sweep
+    (its single-process run is a subprocess): SIGKILL the launcher, the workers are gone."""
+    overrides = [
+        f"run.out_dir={tmp_path / 'runs'}",
+        f"data.root={tmp_path / 'data'}",
+        "train.epochs=100",  # still training when it is killed
+        "dist.timeout_s=60",
+    ]
+    if launcher == "run":
+        cmd = ["-m", "freeze.pipeline.run", "--config", str(SMOKE), "dist.nproc=2", *overrides]
+        n_workers = 2
+    else:
+        sweep = tmp_path / "sweep.toml"
+        listed = ", ".join(f'"{o}"' for o in [*overrides, "dist.nproc=1"])
+        sweep.write_text(f'[sweep]\nbase = "{SMOKE}"\nstudy = "s"\noverrides = [{listed}]\n')
+        cmd = ["-m", "freeze.pipeline.sweep", "--sweep", str(sweep), "--out-dir", str(tmp_path / "runs")]
+        n_workers = 1
+    launcher_proc = subprocess.Popen(
+        [sys.executable, *cmd], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL
+    )
+    workers: list[int] = []
+    try:
+        def started() -> list[int]:
+            found = _children(launcher_proc.pid)
+            return found if len(found) >= n_workers else []
+
+        workers = _wait_for(started, 120, f"{n_workers} workers")
+        launcher_proc.kill()
+        launcher_proc.wait(timeout=30)
+        _wait_for(lambda: not any(_alive(p) for p in workers), 10, "the workers to die with their launcher")
+    finally:
+        launcher_proc.kill()
+        for pid in workers:  # never leave a stray process, even when the test fails
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

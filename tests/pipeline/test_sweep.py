@@ -177,7 +177,7 @@ def test_each_run_starts_from_its_resolved_config_file(tmp_path, monkeypatch):
     from freeze.pipeline.config import config_to_toml, load_config
 
     launched = []
-    monkeypatch.setattr(sweep_module, "launch_local", lambda path, nproc, resume: launched.append(path) or 0)
+    monkeypatch.setattr(sweep_module, "launch_local", lambda path, nproc, resume, lock: launched.append(path) or 0)
     grid = {"freeze.policy": ["none", "static:k=3"], "dist.nproc": [2]}
     specs = expand(str(SMOKE), "tiny", grid, ["train.epochs=1"], str(tmp_path / "runs"))
     assert [s.name for s in specs] == ["none_nproc=2", "static-k=3_nproc=2"]
