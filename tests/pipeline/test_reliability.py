@@ -105,9 +105,8 @@ def test_a_second_writer_is_refused_naming_the_holder(tmp_path):
 
     from freeze.pipeline.run_lock import RunBusyError, RunLock
 
-    with RunLock.acquire(tmp_path / "run"):
-        with pytest.raises(RunBusyError) as err:
-            RunLock.acquire(tmp_path / "run")
+    with RunLock.acquire(tmp_path / "run"), pytest.raises(RunBusyError) as err:
+        RunLock.acquire(tmp_path / "run")
     message = _one_line(err)
     assert f"pid {os.getpid()} on host {socket.gethostname()}" in message
     RunLock.acquire(tmp_path / "run").release()  # released: the next writer gets it
@@ -222,6 +221,7 @@ def test_workers_die_with_a_sigkilled_launcher(tmp_path, launcher):
     )
     workers: list[int] = []
     try:
+
         def started() -> list[int]:
             found = _children(launcher_proc.pid)
             return found if len(found) >= n_workers else []
@@ -235,3 +235,113 @@ def test_workers_die_with_a_sigkilled_launcher(tmp_path, launcher):
         for pid in workers:  # never leave a stray process, even when the test fails
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+# ------------------------------------------------------------------ every user error: one line, exit 2
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("train.precision=fp16", "train.precision"),
+        ("dist.device=cuda", "dist.device"),
+        ("dist.backend=nccl", "dist.backend"),
+    ],
+)
+def test_hardware_the_machine_lacks_is_refused_before_anything_starts(tmp_path, capsys, override, key):
+    import freeze.pipeline.run as run_module
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: the request is accepted")
+    argv = ["--config", str(SMOKE), f"run.out_dir={tmp_path / 'runs'}", "dist.nproc=2", override]
+    assert run_module.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith(f"error: {key}:") and "accepted" in err
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    "overrides, key",
+    [(["train.batch_size=1000"], "train.batch_size"), (["train.accumulate_steps=50"], "train.accumulate_steps")],
+)
+def test_a_batch_larger_than_the_data_is_refused_and_leaves_no_run(tmp_path, capsys, overrides, key):
+    """Was: a traceback (accumulate_steps), or a manifest at "running" forever (batch_size)."""
+    import freeze.pipeline.run as run_module
+
+    argv = ["--config", str(SMOKE), f"run.out_dir={tmp_path / 'runs'}", f"data.root={tmp_path / 'data'}"]
+    assert run_module.main([*argv, "dist.nproc=1", *overrides]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"error: {key}:") and "accepted here: 1.." in err
+    assert not (tmp_path / "runs" / "smoke").exists()
+
+
+def test_control_character_in_run_name_is_one_line():
+    from freeze.pipeline.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError) as err:
+        load_config(SMOKE, ["run.name=a\nb"])
+    assert _one_line(err).startswith("run.name:")
+
+
+@pytest.mark.parametrize(
+    "table, expected",
+    [
+        (
+            'base = "b.toml"\nstudy = "s"\noverides = ["train.epochs=1"]',
+            "unknown key 'overides' (did you mean 'overrides'?)",
+        ),
+        ('base = 3\nstudy = "s"', "'base' must be a string, got 3"),
+    ],
+)
+def test_sweep_table_keys_are_checked(tmp_path, table, expected):
+    from freeze.pipeline.sweep import SweepError, read_sweep
+
+    path = tmp_path / "sweep.toml"
+    path.write_text(f"[sweep]\n{table}\n")
+    with pytest.raises(SweepError) as err:
+        read_sweep(path)
+    assert expected in _one_line(err)
+
+
+def test_report_manifest_numbers_must_make_sense(tmp_path):
+    import json
+
+    from freeze.pipeline.report import ReportInputError
+    from freeze.pipeline.report.load import read_manifest
+
+    manifest = {"group": "g", "policy": "none", "seed": 0, "world_size": 2, "status": "complete"}
+    manifest.update(epochs_planned=2, epochs_done=2, block_names=["a", "b"])
+    for key, value in (("world_size", 0), ("epochs_planned", -5)):
+        (tmp_path / "manifest.json").write_text(json.dumps({**manifest, key: value}))
+        with pytest.raises(ReportInputError, match=f"key '{key}' must be an integer >= 1"):
+            read_manifest(tmp_path / "manifest.json")
+
+
+def test_report_drops_a_torn_last_line_and_names_a_line_that_is_not_utf8(tmp_path):
+    from freeze.pipeline.report import ReportInputError
+    from freeze.pipeline.report.load import read_metrics
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(b'{"epoch": 0, "train_lo')  # a crash mid-append: the run's own reader drops it
+    frame, _ = read_metrics(path, n_blocks=2)
+    assert len(frame) == 0
+    path.write_bytes(b'\xff\xfe{"epoch": 0}\n{"epoch": 1}\n')
+    with pytest.raises(ReportInputError) as err:
+        read_metrics(path, n_blocks=2)
+    assert f"{path}:1:" in _one_line(err) and "not UTF-8" in str(err.value)
+
+
+def test_report_out_that_is_a_file_is_refused_before_the_work(tmp_path):
+    from freeze.pipeline.report import ReportInputError, build_report
+
+    (tmp_path / "out").write_text("a file")
+    with pytest.raises(ReportInputError) as err:
+        build_report(tmp_path / "no-runs-here", tmp_path / "out" / "sub")
+    assert "is a file, not a directory" in _one_line(err)
+
+
+def test_checkpoint_of_another_architecture_is_one_short_line():
+    from freeze.pipeline.models import state_dict_mismatch
+
+    own = build_model("resnet18", num_classes=10).state_dict()
+    other = {"features.0.weight": torch.zeros(1)}  # a VGG key
+    message = state_dict_mismatch(own, other)
+    assert "\n" not in message and len(message) < 200 and message.startswith(f"1 unexpected, {len(own)} missing keys")
