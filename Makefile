@@ -10,10 +10,12 @@ $(STAMP): requirements.txt setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q -r requirements.txt
 	$(BIN)/python -m pip install -q --no-deps -e .
+	@command -v ip >/dev/null && command -v tc >/dev/null || \
+		echo "note: the emulated cluster (experiments.cluster) needs iproute2: apt-get install iproute2"
 	touch $(STAMP)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -rs tests
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -28,6 +30,8 @@ study: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m experiments.bench
+	@# the cluster part exits 2 with one line where namespaces cannot be built (no root, no iproute2)
+	$(BIN)/python -m experiments.bench_cluster || test $$? -eq 2
 
 clean-venv:
 	rm -rf $(VENV)

@@ -243,13 +243,21 @@ def timed_step(runner: _Runner, x: torch.Tensor, y: torch.Tensor) -> StepTimes:
     return StepTimes((t4 - t0) * ms, (t1 - t0) * ms, (t2 - t1) * ms, (t3 - t2) * ms, (t4 - t3) * ms)
 
 
-def schedule(ks: tuple[int, ...], phase_ks: tuple[int, ...], rounds: int) -> list[tuple[int, int, tuple[str, ...]]]:
+def schedule(
+    ks: tuple[int, ...],
+    phase_ks: tuple[int, ...],
+    rounds: int,
+    approaches: tuple[str, ...] = MAIN_APPROACHES,
+    monitor_cell: bool = True,
+) -> list[tuple[int, int, tuple[str, ...]]]:
     """(round, k, approaches) groups. Boundaries go up in even rounds and down in odd ones, so the
-    engine re-wraps in both directions and slow drift does not line up with k."""
+    engine re-wraps in both directions and slow drift does not line up with k. ``monitor_cell``
+    adds the engine without its monitor at k=0; NO_COMM runs at ``phase_ks``."""
     out = []
     for r in range(rounds):
         for k in ks if r % 2 == 0 else tuple(reversed(ks)):
-            names = MAIN_APPROACHES + ((ENGINE_NO_MONITOR,) if k == 0 else ()) + ((NO_COMM,) if k in phase_ks else ())
+            extra = ((ENGINE_NO_MONITOR,) if k == 0 and monitor_cell else ()) + ((NO_COMM,) if k in phase_ks else ())
+            names = tuple(approaches) + extra
             out.append((r, k, names))
     return out
 
@@ -270,7 +278,13 @@ def measure(cfg: dict, rank: int, log) -> dict:
     gen = torch.Generator().manual_seed(cfg["seed"] + rank)
     shape = (cfg["batch_size"], 3, cfg["image_size"], cfg["image_size"])
     samples: list[Sample] = []
-    plan = schedule(tuple(cfg["ks"]), tuple(cfg["phase_ks"]), cfg["rounds"])
+    plan = schedule(
+        tuple(cfg["ks"]),
+        tuple(cfg["phase_ks"]),
+        cfg["rounds"],
+        tuple(cfg.get("approaches", MAIN_APPROACHES)),
+        cfg.get("monitor_cell", True),
+    )
     start_s = time.perf_counter()
     for index, (r, k, names) in enumerate(plan):
         for name in names:

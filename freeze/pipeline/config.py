@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from freeze.pipeline.cluster.spec import DEFAULT_SUBNET, ClusterSpecError, parse_delay, parse_rate, parse_subnet
+
 
 class ConfigError(ValueError):
     """A config file, override or value that is not accepted; the message is one line."""
@@ -160,6 +162,16 @@ class DistConfig:
 
 
 @dataclass(frozen=True)
+class ClusterConfig:
+    """An emulated cluster on this machine (freeze.pipeline.cluster); nodes = 0: none."""
+
+    nodes: int = _f(0, ge=0)  # 0 = no cluster; >= 2 network namespaces, dist.nproc workers each
+    bandwidth: str = "1gbit"  # each node's link, each direction: tc rate ("100mbit", "1gbit") or "uncapped"
+    latency: str = "0"  # one-way node-to-node delay, e.g. "0.2ms" (needs the kernel's netem qdisc)
+    subnet: str = DEFAULT_SUBNET  # node addresses, inside the cluster's own namespaces only
+
+
+@dataclass(frozen=True)
 class Config:
     run: RunConfig = field(default_factory=RunConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -169,6 +181,7 @@ class Config:
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     dist: DistConfig = field(default_factory=DistConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
     def run_dir(self) -> Path:
         return Path(self.run.out_dir) / self.run.study / self.run.name
@@ -356,6 +369,17 @@ def _check_policy(spec: str) -> None:
         raise ConfigError(message if message.startswith("freeze.policy") else f"freeze.policy: {message}") from None
 
 
+def _check_cluster(cluster: ClusterConfig) -> None:
+    if cluster.nodes == 1:
+        raise ConfigError("cluster.nodes: expected 0 (no cluster) or >= 2 nodes, got 1")
+    try:
+        parse_rate(cluster.bandwidth)
+        parse_delay(cluster.latency)
+        parse_subnet(cluster.subnet, max(cluster.nodes, 1))
+    except ClusterSpecError as err:
+        raise ConfigError(str(err)) from None
+
+
 def validate(config: Config, check_files: bool = True) -> Config:
     """Check every value of ``config``; return it normalized (ints in float fields become floats).
 
@@ -381,6 +405,7 @@ def validate(config: Config, check_files: bool = True) -> Config:
     if config.optim.nesterov and config.optim.name == "sgd" and config.optim.momentum == 0:
         # torch.optim.SGD would refuse this only when the optimizer is built, inside every worker.
         raise ConfigError("optim.nesterov: true requires optim.momentum > 0, got optim.momentum = 0")
+    _check_cluster(config.cluster)
     _check_weights(config.model.weights, check_files)
     _check_arch(config.model.arch)
     _check_policy(config.freeze.policy)

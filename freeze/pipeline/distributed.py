@@ -83,7 +83,9 @@ def setup_worker(dist_cfg: DistConfig) -> WorkerContext:
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size)))
     device = _pick_device(dist_cfg.device, local_rank)
     # Workers on one machine share its cores; oversubscription makes every rank slower.
-    threads = dist_cfg.threads_per_worker or max(1, (os.cpu_count() or 1) // local_world_size)
+    # The cores this process may use (taskset, cgroups, an emulated cluster node), not the machine's.
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    threads = dist_cfg.threads_per_worker or max(1, cores // local_world_size)
     if device.type == "cpu":
         torch.set_num_threads(threads)
     backend = None
@@ -108,6 +110,15 @@ def teardown_worker() -> None:
 def barrier() -> None:
     if dist.is_initialized():
         dist.barrier()
+
+
+def any_rank(flag: bool) -> bool:
+    """True on every rank when it is True on at least one."""
+    if not dist.is_initialized():
+        return flag
+    flags = [None] * dist.get_world_size()
+    dist.all_gather_object(flags, bool(flag))  # object collectives work on gloo and nccl alike
+    return any(flags)
 
 
 def all_reduce_sum(totals: torch.Tensor) -> torch.Tensor:

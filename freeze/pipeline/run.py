@@ -4,6 +4,8 @@
     python -m experiments.run --config experiments/configs/smoke.toml
     # N local workers (this command starts them through torchrun's launcher)
     python -m experiments.run --config experiments/configs/smoke.toml dist.nproc=2
+    # on an emulated cluster of 2 network namespaces with 1 Gbit/s links (freeze.pipeline.cluster)
+    python -m experiments.run --config experiments/configs/smoke.toml dist.nproc=1 cluster.nodes=2 cluster.bandwidth=1gbit
     # under torchrun, one node or many (gloo on CPU, nccl on CUDA)
     torchrun --nnodes=4 --nproc-per-node=1 --rdzv-backend=c10d --rdzv-endpoint=HOST:29400 \
         --rdzv-id=study --max-restarts=1 -m experiments.run --config experiments/configs/reference.toml
@@ -48,7 +50,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--resume", action="store_true", help="continue the run from its last checkpoint")
     parser.add_argument("--max-restarts", type=int, default=0, help="torchrun restarts after a worker failure")
     parser.add_argument("overrides", nargs="*", help="section.key=value")
-    return parser.parse_args(argv)
+    return parser.parse_intermixed_args(argv)  # overrides may come before and after flags
 
 
 _WORKER_EXIT_LOGGER = "torch.distributed.elastic.multiprocessing.api"
@@ -129,6 +131,22 @@ def launch_local(
     return 0
 
 
+def launch_cluster(
+    config: Config, resolved_config: Path, resume: bool = False, max_restarts: int = 0, lock: RunLock | None = None
+) -> int:
+    """Run on an emulated cluster of ``config.cluster.nodes`` network namespaces, ``dist.nproc``
+    workers each, one torchrun agent per node (freeze.pipeline.cluster), on the resolved config file
+    written by :func:`prepare_run_dir`; returns the exit code. ``lock``: the run's lock, held by the
+    caller; the workers get its token. They die with this process through the cluster's own PID
+    namespaces (freeze.pipeline.cluster.launch), not through :data:`lifetime.PARENT_PID_ENV`: their
+    parent is their node's agent, which the launcher's pid would not match."""
+    from freeze.pipeline.cluster.jobs import run_config_entry, run_on_cluster
+
+    entry = run_config_entry(resolved_config, resume)
+    with _exported(lock.env() if lock is not None else {}):  # each node's agent copies os.environ
+        return run_on_cluster(config.cluster, entry, config.dist.nproc, max_restarts, run_dir=config.run_dir())
+
+
 def _refuse(error: Exception) -> int:
     # Every rank of a plain torchrun checks the same things: one line from rank 0 is enough.
     if os.environ.get("RANK", "0") == "0":
@@ -174,7 +192,8 @@ def run_worker(config: Config, resume: bool) -> int:
 
 
 def run_launcher(config: Config, resume: bool, max_restarts: int) -> int:
-    """Hold the run's lock, write its config.toml and start ``dist.nproc`` local workers."""
+    """Hold the run's lock, write its config.toml and start ``dist.nproc`` local workers (on each
+    node of an emulated cluster when ``cluster.nodes`` is set)."""
     try:
         lock = RunLock.acquire(config.run_dir())
     except RunError as e:
@@ -185,7 +204,10 @@ def run_launcher(config: Config, resume: bool, max_restarts: int) -> int:
         except RunError as e:
             lock.discard_if_unstarted()
             return _refuse(e)
-        code = launch_local(resolved, config.dist.nproc, resume, max_restarts, lock)
+        if config.cluster.nodes:
+            code = launch_cluster(config, resolved, resume, max_restarts, lock)
+        else:
+            code = launch_local(resolved, config.dist.nproc, resume, max_restarts, lock)
         if code != 0:
             lock.discard_if_unstarted()  # the workers refused the run before it started
         return code
@@ -199,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         check_hardware(config)
     except ConfigError as e:
         return _refuse(e)
-    if not _under_launcher() and config.dist.nproc > 1:
+    if not _under_launcher() and (config.dist.nproc > 1 or config.cluster.nodes):
         return run_launcher(config, args.resume, args.max_restarts)
     return run_worker(config, args.resume)
 

@@ -44,7 +44,7 @@ from pathlib import Path
 from freeze.pipeline.config import Config, ConfigError, load_config
 from freeze.pipeline.distributed import check_hardware
 from freeze.pipeline.lifetime import launcher_env, worker_argv
-from freeze.pipeline.run import launch_local, prepare_run_dir
+from freeze.pipeline.run import launch_cluster, launch_local, prepare_run_dir
 from freeze.pipeline.run_lock import RunBusyError, RunLock
 from freeze.pipeline.runs import RunDir, RunError
 
@@ -198,6 +198,8 @@ def expand(base: str, study: str, grid: dict, overrides: list[str], out_dir: str
 def _launch(config: Config, resume: bool, lock: RunLock) -> int:
     """Run one resolved config to its end under ``lock`` (held here); returns the exit code."""
     resolved = prepare_run_dir(config, resume)
+    if config.cluster.nodes:  # one torchrun agent per emulated node (freeze.pipeline.cluster)
+        return launch_cluster(config, resolved, resume, lock=lock)
     if config.dist.nproc > 1:
         # Workers are separate processes either way; hosting torchrun's agent here saves a
         # launcher process (interpreter + torch import, ~3 s) per run.

@@ -25,7 +25,7 @@ from freeze.freezer import Freezer
 from freeze.monitor import relative_change
 from freeze.pipeline.config import Config
 from freeze.pipeline.data import EvalLoader
-from freeze.pipeline.distributed import WorkerContext, all_reduce_sum, run_and_agree
+from freeze.pipeline.distributed import WorkerContext, all_reduce_sum, any_rank, run_and_agree
 from freeze.pipeline.log import ProgressLine, get_logger
 from freeze.pipeline.models import build_model
 from freeze.pipeline.prepare import (
@@ -302,7 +302,9 @@ def train_worker(cfg: Config, ctx: WorkerContext, resume: bool, outcome: WorkerO
     outcome = outcome if outcome is not None else WorkerOutcome()
     run = RunDir(cfg.run_dir())
     # torchrun --max-restarts restarts every worker after a failure: continue from the checkpoint.
-    resume = resume or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+    # Agreed across ranks: on several nodes only the node whose worker failed counts a restart;
+    # torchrun restarts the others for the membership change with their count unchanged.
+    resume = any_rank(resume or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0)
     lock = claim_run(cfg, ctx, run, resume)
     try:
         return _train(cfg, ctx, run, lock, resume, outcome)

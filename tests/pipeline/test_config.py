@@ -25,7 +25,7 @@ def write(tmp_path: Path, text: str, name: str = "c.toml") -> Path:
 def test_defaults_match_the_schema():
     config = load_config(None)
     assert config == Config()
-    assert SECTIONS == ("run", "data", "model", "freeze", "optim", "schedule", "train", "dist")
+    assert SECTIONS == ("run", "data", "model", "freeze", "optim", "schedule", "train", "dist", "cluster")
     assert (config.run.name, config.run.study, config.run.out_dir, config.run.seed) == ("run", "default", "runs", 0)
     assert (config.data.dataset, config.data.val_size, config.data.augment) == ("cifar10", 5000, True)
     assert (config.model.arch, config.model.stem, config.model.weights, config.model.blocks) == (

@@ -1,0 +1,290 @@
+"""What freezing buys on a cluster: the engine benchmark across emulated nodes with capped links.
+
+    .venv/bin/python -m experiments.bench_cluster            # 2 and 4 nodes, 1 Gbit/s and uncapped
+    .venv/bin/python -m experiments.bench_cluster --quick    # a few minutes: k = 0, 8, 9, 2 steps
+    .venv/bin/python -m experiments.bench_cluster --nodes 2 --bandwidths 100mbit,1gbit --ks 0,8
+
+For every (nodes, link cap) it builds an emulated cluster (freeze.pipeline.cluster: one network
+namespace per node, tbf-capped veth links, one torchrun agent per node, one worker each) and runs
+the engine benchmark's step loop there (experiments.bench_workers.measure): freeze engine,
+find-unused and the static limit at each boundary k, plus a no-communication run at a few k, so
+that bytes per step turn into wall time. Writes ``<out-dir>/bench_cluster.csv`` and replaces the
+cluster section of ``<out-dir>/BENCH.md`` (appended when absent; ``make bench`` runs
+experiments.bench first, which rewrites BENCH.md). Exit 2 with one line where no cluster can be built.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import shlex
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from experiments import bench as bench_main
+from experiments import bench_workers as bw
+
+SECTION_START, SECTION_END = "<!-- cluster-bench:start -->", "<!-- cluster-bench:end -->"
+APPROACHES = (bw.ENGINE, bw.STATIC, bw.FIND_UNUSED)
+CSV_COLUMNS = ("nodes", "bandwidth", *bench_main.CSV_COLUMNS)
+
+
+@dataclass(frozen=True)
+class ClusterBenchConfig:
+    nodes: tuple[int, ...] = (2, 4)
+    bandwidths: tuple[str, ...] = ("1gbit", "uncapped")
+    model: str = "resnet18"
+    batch_size: int = 64  # per worker
+    image_size: int = 32
+    steps: int = 5  # timed steps per approach per (round, k)
+    rounds: int = 1
+    warmup: int = 1
+    ks: tuple[int, ...] | None = None  # None: every boundary
+    phase_ks: tuple[int, ...] = (0, 8)  # no-comm runs: what communication costs in wall time
+    lr: float = 0.01
+    seed: int = 0
+    collective_timeout_s: float = 600.0
+
+
+QUICK = {"ks": (0, 8, 9), "phase_ks": (8,), "steps": 2, "warmup": 1, "rounds": 1}
+
+
+# ------------------------------------------------------------------------------------- worker side
+def worker_main(cfg_path: str, workdir: str) -> int:
+    """One rank under torchrun on a cluster node: bench_workers.measure, gathered on rank 0."""
+    import torch
+    import torch.distributed as dist
+
+    from freeze.pipeline.log import get_logger
+    from freeze.testing import write_payload
+
+    cfg = json.loads(Path(cfg_path).read_text())
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))  # the node's share of the cores
+    torch.set_flush_denormal(True)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=cfg["collective_timeout_s"]))
+    try:
+        rank = dist.get_rank()
+        result = bw.measure(cfg, rank, get_logger(rank))
+        gathered = [None] * dist.get_world_size() if rank == 0 else None
+        dist.gather_object(result, gathered, dst=0)
+        if rank == 0:
+            write_payload(workdir, 0, {"ok": True, "result": gathered})
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+# ------------------------------------------------------------------------------------- parent side
+def measure_cluster(cfg: ClusterBenchConfig, nodes: int, bandwidth: str, ks, deadline_s: float) -> dict:
+    """One (nodes, cap) cell: the per-rank measurements and the link counters."""
+    import pickle
+
+    from freeze.pipeline.cluster import Cluster, ClusterError, ClusterSpec, plan_cpus
+    from freeze.pipeline.cluster.launch import run_job, sigterm_as_interrupt
+    from freeze.testing import payload_path
+
+    worker_cfg = {
+        **asdict(cfg),
+        "workers": nodes,
+        "ks": list(ks),
+        "phase_ks": [k for k in cfg.phase_ks if k in ks],
+        "approaches": list(APPROACHES),
+        "monitor_cell": False,
+    }
+    spec = ClusterSpec.parse(nodes, bandwidth)
+    with tempfile.TemporaryDirectory(prefix="fzc-bench-") as tmp:
+        cfg_path = Path(tmp) / "cfg.json"
+        cfg_path.write_text(json.dumps(worker_cfg))
+        entry = ["-m", "experiments.bench_cluster", "--worker", str(cfg_path), tmp]
+        with sigterm_as_interrupt(), Cluster(spec, plan_cpus(nodes, 1)) as cluster:
+            print(cluster.describe(), flush=True)
+            result = run_job(cluster, entry, 1, 0, deadline_s)
+        if result.returncode != 0 or not payload_path(tmp, 0).exists():
+            raise ClusterError(f"bench_cluster: workers failed (exit codes {list(result.node_returncodes)})")
+        with open(payload_path(tmp, 0), "rb") as f:
+            ranks = pickle.load(f)["result"]
+    return {
+        "ranks": ranks,
+        "threads": ranks[0]["threads"],
+        "cores": [list(n.cpu.cores) for n in cluster.nodes],
+        "tx_bytes": [c.tx_bytes for c in result.counters],
+        "drops": sum(c.qdisc_drops for c in result.counters),
+        "wall_s": result.wall_s,
+    }
+
+
+def _ms(row: dict | None) -> str:
+    return "-" if row is None else f"{row['median_ms']:.0f}"
+
+
+def section(cfg: ClusterBenchConfig, results: list[tuple[int, str, list[dict], dict]], run: dict) -> str:
+    lines = [
+        SECTION_START,
+        "## On an emulated cluster (experiments/bench_cluster.py)",
+        "",
+        f"Generated by `{run['command']}` in {run['wall_s']:.0f} s. One network namespace per node joined by a bridge, "
+        "each node's link capped in both directions with tbf (or uncapped: veth at memory speed), one torchrun agent "
+        "and one gloo worker per node (c10d rendezvous on node 0). "
+        f"Load average (1 min) before / after: {run['load_avg'][0]:.2f} / {run['load_avg'][1]:.2f}. "
+        f"{cfg.model}, batch {cfg.batch_size} per worker, {cfg.rounds} round(s) x {cfg.steps} timed steps per cell after "
+        f"{cfg.warmup} warm-up step(s); ms = median step time of the slowest rank. The forwarding of the emulated links "
+        "runs on the same cores as training.",
+        "",
+    ]
+    for nodes, bandwidth, rows, meta in results:
+        get = {(r["approach"], r["k"]): r for r in rows}
+        ks = sorted({r["k"] for r in rows})
+        cores = ", ".join(str(c) for c in meta["cores"])
+        shared = " (nodes share cores)" if nodes > len({c for cs in meta["cores"] for c in cs}) else ""
+        lines += [
+            f"### {nodes} nodes, links {bandwidth}",
+            "",
+            f"Cores per node {cores}{shared}, {meta['threads']} thread(s) per worker; bytes sent per node over the "
+            f"whole cell: {', '.join(f'{b / 1e9:.2f} GB' for b in meta['tx_bytes'])}; tbf drops {meta['drops']}.",
+            "",
+            "| k | engine ms | static ms | find-unused ms | find-unused / engine | engine MB/step | "
+            "find-unused MB/step | no-comm ms |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for k in ks:
+            e, s, f = get.get((bw.ENGINE, k)), get.get((bw.STATIC, k)), get.get((bw.FIND_UNUSED, k))
+            ratio = f"{f['median_ms'] / e['median_ms']:.2f}" if e and f else "-"
+            lines.append(
+                f"| {k} | {_ms(e)} | {_ms(s)} | {_ms(f)} | {ratio} | "
+                f"{e['allreduce_bytes_per_step'] / 1e6:.2f} | {f['allreduce_bytes_per_step'] / 1e6:.2f} | "
+                f"{_ms(get.get((bw.NO_COMM, k)))} |"
+            )
+        lines.append("")
+    lines.append(SECTION_END)
+    return "\n".join(lines)
+
+
+def splice(bench_md: Path, text: str) -> None:
+    """Replace the cluster section of BENCH.md (or append it), atomically."""
+    old = bench_md.read_text(encoding="utf-8") if bench_md.exists() else "# Benchmarks\n"
+    if SECTION_START in old and SECTION_END in old:
+        head, rest = old.split(SECTION_START, 1)
+        new = head + text + rest.split(SECTION_END, 1)[1]
+    else:
+        new = old.rstrip("\n") + "\n\n" + text + "\n"
+    tmp = bench_md.with_suffix(".md.tmp")
+    tmp.write_text(new, encoding="utf-8")
+    os.replace(tmp, bench_md)
+
+
+def resolve_ks(cfg: ClusterBenchConfig) -> tuple[int, ...]:
+    num_blocks = len(bw.split_blocks(bw.build_model(cfg.model, cfg.image_size)))
+    if cfg.ks is None:
+        return tuple(range(num_blocks))
+    bad = sorted(k for k in set(cfg.ks) if not 0 <= k < num_blocks)
+    if bad:
+        raise ValueError(f"bench_cluster: --ks {bad} not accepted; accepted: 0..{num_blocks - 1} for {cfg.model}")
+    return tuple(sorted(set(cfg.ks)))
+
+
+def run(cfg: ClusterBenchConfig, out_dir: Path, deadline_s: float, command: str) -> list[dict]:
+    start_s, load_before = time.perf_counter(), os.getloadavg()[0]
+    ks = resolve_ks(cfg)
+    results, csv_rows = [], []
+    for nodes in cfg.nodes:
+        for bandwidth in cfg.bandwidths:
+            print(f"bench_cluster: {nodes} nodes, links {bandwidth}", flush=True)
+            meta = measure_cluster(cfg, nodes, bandwidth, ks, deadline_s)
+            rows = bench_main.summarize(bw.combine_ranks(meta["ranks"]), meta["ranks"][0]["block_param_bytes"])
+            results.append((nodes, bandwidth, rows, meta))
+            csv_rows += [{"nodes": nodes, "bandwidth": bandwidth, **r} for r in rows]
+    run_info = {
+        "command": command,
+        "wall_s": time.perf_counter() - start_s,
+        "load_avg": (load_before, os.getloadavg()[0]),
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _write_csv(csv_rows, out_dir / "bench_cluster.csv")
+    splice(out_dir / "BENCH.md", section(cfg, results, run_info))
+    return csv_rows
+
+
+def _write_csv(rows: list[dict], path: Path) -> None:
+    import csv
+
+    tmp = path.with_suffix(".csv.tmp")
+    with open(tmp, "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(CSV_COLUMNS)
+        for row in rows:
+            writer.writerow([bench_main._fmt(row[c]) for c in CSV_COLUMNS])
+    os.replace(tmp, path)
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got '{text}'") from None
+
+
+def _words(text: str) -> tuple[str, ...]:
+    return tuple(v.strip() for v in text.split(",") if v.strip())
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--worker"]:
+        return worker_main(argv[1], argv[2])
+    d = ClusterBenchConfig()
+    p = argparse.ArgumentParser(prog="python -m experiments.bench_cluster", description=__doc__.split("\n")[0])
+    p.add_argument("--nodes", type=_ints, default=d.nodes, help="node counts, e.g. 2,4")
+    p.add_argument("--bandwidths", type=_words, default=d.bandwidths, help="link caps, e.g. 1gbit,uncapped")
+    p.add_argument("--ks", type=_ints, default=None, help="boundaries (default: all)")
+    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--rounds", type=int, default=None)
+    p.add_argument("--warmup", type=int, default=None)
+    p.add_argument("--batch-size", type=int, default=d.batch_size)
+    p.add_argument("--model", default=d.model, choices=bw.MODELS)
+    p.add_argument("--quick", action="store_true", help=f"k {QUICK['ks']}, {QUICK['steps']} steps: a few minutes")
+    p.add_argument("--out-dir", type=Path, default=Path("report"))
+    p.add_argument("--deadline-s", type=float, default=7200.0, help="per (nodes, cap): kill the agents after this")
+    args = p.parse_args(argv)
+    base = {**asdict(d), **(QUICK if args.quick else {})}
+    for key in ("ks", "steps", "rounds", "warmup"):
+        if getattr(args, key) is not None:
+            base[key] = getattr(args, key)
+    cfg = ClusterBenchConfig(
+        **{**base, "nodes": args.nodes, "bandwidths": args.bandwidths, "batch_size": args.batch_size}
+    )
+    from freeze.pipeline.cluster import ClusterError, ClusterSpec, ClusterSpecError
+    from freeze.pipeline.cluster.net import unavailable_reason
+
+    try:
+        for nodes in cfg.nodes:
+            for bandwidth in cfg.bandwidths:
+                ClusterSpec.parse(nodes, bandwidth)
+        if min(cfg.steps, cfg.rounds, cfg.warmup, cfg.batch_size) < 1:
+            raise ClusterSpecError("bench_cluster: --steps, --rounds, --warmup and --batch-size must be >= 1")
+        resolve_ks(cfg)
+    except (ClusterSpecError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    reason = unavailable_reason()
+    if reason is not None:
+        print(f"bench_cluster: not run: {reason}", file=sys.stderr)
+        return 2
+    command = shlex.join(getattr(sys, "orig_argv", [sys.executable, "-m", "experiments.bench_cluster", *argv]))
+    try:
+        run(cfg, args.out_dir, args.deadline_s, command)
+    except ClusterError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(
+        f"bench_cluster: wrote {args.out_dir / 'bench_cluster.csv'} and the cluster section of {args.out_dir / 'BENCH.md'}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
