@@ -345,3 +345,19 @@ def test_checkpoint_of_another_architecture_is_one_short_line():
     other = {"features.0.weight": torch.zeros(1)}  # a VGG key
     message = state_dict_mismatch(own, other)
     assert "\n" not in message and len(message) < 200 and message.startswith(f"1 unexpected, {len(own)} missing keys")
+
+
+def test_a_second_sweep_leaves_a_run_another_process_writes_and_says_so(tmp_path):
+    """Was: both sweeps trained the run, interleaved its epochs and exited 0."""
+    from freeze.pipeline.sweep import expand, run_specs
+
+    (spec,) = expand(str(SMOKE), "s", {}, ["dist.nproc=1"], str(tmp_path / "runs"))
+    holder = _hold_lock(spec.config.run_dir())
+    try:
+        summary = run_specs([spec], log=lambda line: None)
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+    assert not summary.ok and summary.ran == [] and [name for name, _ in summary.busy] == [spec.name]
+    assert f"pid {holder.pid}" in summary.busy[0][1]
+    assert not (spec.config.run_dir() / "manifest.json").exists()  # nothing written by the second sweep
