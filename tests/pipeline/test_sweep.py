@@ -81,7 +81,7 @@ def test_rerun_skips_complete_and_resumes_interrupted(swept):
     assert code == 0, out
     assert "none_seed=0: complete, skipped" in out
     assert "none_seed=1: resuming" in out
-    assert "4 ran" not in out and "1 skipped (complete), 0 failed" in out
+    assert "4 ran" not in out and "1 skipped (complete), 0 busy (another writer), 0 failed" in out
     for name in ("none_seed=0", "none_seed=1", "static-k=3_seed=0", "static-k=3_seed=1"):
         manifest = json.loads((runs / name / "manifest.json").read_text())
         assert manifest["status"] == "complete", name
