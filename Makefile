@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: test lint format study bench clean-venv
+.PHONY: test lint format study study-full bench clean-venv
 
 $(STAMP): requirements.txt setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,6 +27,10 @@ format: $(STAMP)
 
 study: $(STAMP)
 	$(BIN)/python -m experiments.study --config experiments/configs/study_offline.toml
+
+# The study report/REPORT.md carries; it regenerates REPORT.md's tables and figures.
+study-full: $(STAMP)
+	$(BIN)/python -m experiments.study --config experiments/configs/study_offline_full.toml --update-report
 
 bench: $(STAMP)
 	$(BIN)/python -m experiments.bench

@@ -52,6 +52,9 @@ CSV_COLUMNS = (
     "comm_est_ms",
     "bytes_match_trainable",
     "rounds",
+    "cache_build_s",
+    "cache_advance_s",
+    "cache_bytes",
 )
 QUICK_STEPS, QUICK_ROUNDS = 4, 1
 
@@ -70,9 +73,11 @@ class BenchConfig:
     lr: float = 0.01
     seed: int = 0
     collective_timeout_s: float = 300.0
+    cache_keys: int = 2048  # images the cache runner keys into: "one epoch" for the build target
+    cache_chunk: int = 256  # rows per cache build chunk
 
     def validate(self) -> None:
-        for name in ("workers", "batch_size", "image_size", "steps", "rounds", "warmup"):
+        for name in ("workers", "batch_size", "image_size", "steps", "rounds", "warmup", "cache_keys", "cache_chunk"):
             if getattr(self, name) < 1:
                 raise ValueError(f"bench: {name} must be >= 1, got {getattr(self, name)}")
         if self.model not in bw.MODELS:
@@ -104,9 +109,22 @@ def bootstrap_ci(stat, *samples: np.ndarray, resamples: int = 2000, seed: int = 
     return float(lo), float(hi)
 
 
-def summarize(cells: dict[tuple[str, int], dict[str, np.ndarray]], block_bytes: list[int]) -> list[dict]:
+def cache_medians(events: list[tuple[str, int, float, int]]) -> dict[tuple[str, int], tuple[float, int]]:
+    """(build|advance, k) -> (median seconds, store bytes) over the rounds."""
+    grouped: dict[tuple[str, int], list[tuple[float, int]]] = {}
+    for kind, k, seconds, nbytes in events:
+        grouped.setdefault((kind, k), []).append((seconds, nbytes))
+    return {key: (float(np.median([s for s, _ in v])), v[-1][1]) for key, v in grouped.items()}
+
+
+def summarize(
+    cells: dict[tuple[str, int], dict[str, np.ndarray]],
+    block_bytes: list[int],
+    cache_events: list[tuple[str, int, float, int]] = (),
+) -> list[dict]:
     """One CSV row per (approach, k)."""
     total_bytes = sum(block_bytes)
+    cache = cache_medians(list(cache_events))
     rows = []
     for (name, k), cell in sorted(cells.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         step = cell["step_ms"]
@@ -143,6 +161,9 @@ def summarize(cells: dict[tuple[str, int], dict[str, np.ndarray]], block_bytes: 
                     else None
                 ),
                 "rounds": len(set(cell["round"].tolist())),
+                "cache_build_s": cache.get(("build", k), (None,))[0] if name == bw.ENGINE_CACHE else None,
+                "cache_advance_s": cache.get(("advance", k), (None,))[0] if name == bw.ENGINE_CACHE else None,
+                "cache_bytes": cache.get(("build", k), (None, None))[1] if name == bw.ENGINE_CACHE else None,
             }
         )
     return rows
@@ -177,7 +198,11 @@ NAMES = {
     bw.PER_PARAMETER: "per-parameter",
     bw.NO_COMM: "no-comm",
     bw.ENGINE_NO_MONITOR: "freeze engine, no monitor",
+    bw.ENGINE_CACHE: "engine + cache",
+    bw.PREFIX_FORWARD: "prefix forward (no grad)",
 }
+TARGET_CACHE_RECOVERED = 0.90  # share of the prefix forward the cache must remove, at k >= 3
+TARGET_CACHE_FROM_K = 3
 
 
 def _get(rows: list[dict], name: str, k: int) -> dict | None:
@@ -335,6 +360,64 @@ def _rewrap_target(rewrap_ms: list[float]) -> Target:
     return Target("rewrap", f"re-wrap < {TARGET_REWRAP_MS:g} ms", "n/a", "no boundary change measured (one k only)")
 
 
+def cache_section(cfg: BenchConfig, rows: list[dict], cells: dict) -> list[str]:
+    """The "engine + cache" table beside the engine, and its two targets."""
+    ks = [k for k in cfg.ks if k >= 1 and _get(rows, bw.PREFIX_FORWARD, k) is not None]
+    if not ks:
+        return []
+    steps_per_epoch = cfg.cache_keys / (cfg.workers * cfg.batch_size)
+    lines = [
+        "## Activation cache (engine + cache)",
+        "",
+        f"The engine with a memory cache of the frozen prefix's output over {cfg.cache_keys} fixed images "
+        f"(`Freezer(cache=...)`, fp32, chunks of {cfg.cache_chunk}): each step reads {cfg.batch_size} random keys and "
+        "runs only the tail. prefix = the frozen prefix's no-grad forward alone on a batch, measured in the same "
+        "rotation; limit = engine - prefix; recovered = (engine - engine+cache) / prefix. Build: from the images at "
+        "every k (slowest rank, median over rounds); advance: from k-1 on the way up. One epoch = "
+        f"{cfg.cache_keys} images = {steps_per_epoch:g} steps of {cfg.workers} x {cfg.batch_size}; its prefix "
+        "forward = steps x prefix.",
+        "",
+        "| k | engine | engine + cache | prefix | limit | recovered (95% CI) | build s | advance s "
+        "| epoch's prefix fwd s | build / epoch prefix | cache MB per rank |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    steps = {key: cell["step_ms"] for key, cell in cells.items()}
+    missed_recovery, missed_build = [], []
+    for k in ks:
+        eng, cached = _get(rows, bw.ENGINE, k), _get(rows, bw.ENGINE_CACHE, k)
+        prefix = _get(rows, bw.PREFIX_FORWARD, k)["median_ms"]
+        recovered = (eng["median_ms"] - cached["median_ms"]) / prefix
+        lo, hi = bootstrap_ci(
+            lambda a, b, c: (a - b) / c,
+            steps[(bw.ENGINE, k)],
+            steps[(bw.ENGINE_CACHE, k)],
+            steps[(bw.PREFIX_FORWARD, k)],
+        )
+        epoch_prefix_s = steps_per_epoch * prefix / 1e3
+        build, advance = cached["cache_build_s"], cached["cache_advance_s"]
+        ratio = build / epoch_prefix_s if build is not None else None
+        if k >= TARGET_CACHE_FROM_K and recovered < TARGET_CACHE_RECOVERED:
+            missed_recovery.append(f"k={k}: {recovered:.0%} (95% CI {lo:.0%}..{hi:.0%})")
+        if ratio is not None and ratio > 1.0:
+            missed_build.append(f"k={k}: {ratio:.2f}x")
+        lines.append(
+            f"| {k} | {eng['median_ms']:.1f} | {cached['median_ms']:.1f} | {prefix:.1f} | "
+            f"{eng['median_ms'] - prefix:.1f} | {recovered:.0%} ({lo:.0%}..{hi:.0%}) | {_fmt(build)} | {_fmt(advance)} | "
+            f"{epoch_prefix_s:.3f} | {_fmt(ratio)} | {(cached['cache_bytes'] or 0) / 1e6:.2f} |"
+        )
+    lines += [
+        "",
+        "| target | verdict | measured |",
+        "|---|---|---|",
+        f"| the cache recovers >= {TARGET_CACHE_RECOVERED:.0%} of the prefix forward at every k >= {TARGET_CACHE_FROM_K} "
+        f"| {_verdict(not missed_recovery)} | {'; '.join(missed_recovery) or 'every k'} |",
+        f"| a build costs <= one epoch's prefix forward ({cfg.cache_keys} images) | {_verdict(not missed_build)} "
+        f"| {'; '.join(missed_build) or 'every k'} |",
+        "",
+    ]
+    return lines
+
+
 def evaluate_targets(cfg: BenchConfig, rows: list[dict], cells: dict, rewrap_ms: list[float]) -> list[Target]:
     """One :class:`Target` per target, in report order. A miss whose 95% interval still reaches the
     target is marked "within noise": on a shared machine that is a different finding."""
@@ -439,6 +522,7 @@ def write_markdown(
                 f"{r['monitor_ms']:.2f} | {r['optimizer_ms']:.1f} | {est} |"
             )
     lines.append("")
+    lines += cache_section(cfg, rows, cells)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, "\n".join(lines))
 
@@ -462,7 +546,11 @@ def run_benchmark(
     else:
         ranks = bw.launch(asdict(cfg), Path(workdir), deadline_s)
     cells = bw.combine_ranks(ranks)
-    rows = summarize(cells, ranks[0]["block_param_bytes"])
+    # Each build happened on every rank; the slowest rank's time is the one training waits for.
+    cache_events = [
+        (evs[0][0], evs[0][1], max(e[2] for e in evs), evs[0][3]) for evs in zip(*(r["cache_events"] for r in ranks))
+    ]
+    rows = summarize(cells, ranks[0]["block_param_bytes"], cache_events)
     out_dir = Path(out_dir)
     write_csv(rows, out_dir / "bench.csv")
     # Each re-wrap happened on every rank; the slowest rank's time is the one training waits for.
@@ -504,6 +592,8 @@ def get_args_parser() -> argparse.ArgumentParser:
         "--phase-ks", type=_int_list, default=None, help="boundaries with a no-comm run (default: 0, middle, last two)"
     )
     p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--cache-keys", type=int, default=d.cache_keys, help="images the cache runner keys into")
+    p.add_argument("--cache-chunk", type=int, default=d.cache_chunk, help="rows per cache build chunk")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--quick", action="store_true", help="a ~1-2 minute run: fewer steps, one round")
     p.add_argument("--out-dir", type=Path, default=Path("report"))
@@ -526,6 +616,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         phase_ks=args.phase_ks,
         lr=args.lr,
         seed=args.seed,
+        cache_keys=args.cache_keys,
+        cache_chunk=args.cache_chunk,
     )
 
 

@@ -80,8 +80,11 @@ def worker_main(cfg_path: str, workdir: str) -> int:
 
 
 # ------------------------------------------------------------------------------------- parent side
-def measure_cluster(cfg: ClusterBenchConfig, nodes: int, bandwidth: str, ks, deadline_s: float) -> dict:
-    """One (nodes, cap) cell: the per-rank measurements and the link counters."""
+def measure_cluster(
+    cfg: ClusterBenchConfig, nodes: int, bandwidth: str, ks, deadline_s: float, approaches: tuple[str, ...] = APPROACHES
+) -> dict:
+    """One (nodes, cap) cell: the per-rank measurements and the link counters. ``approaches``: the
+    step loops to measure (experiments.validate_costmodel measures the engine alone)."""
     import pickle
 
     from freeze.pipeline.cluster import Cluster, ClusterError, ClusterSpec, plan_cpus
@@ -93,7 +96,7 @@ def measure_cluster(cfg: ClusterBenchConfig, nodes: int, bandwidth: str, ks, dea
         "workers": nodes,
         "ks": list(ks),
         "phase_ks": [k for k in cfg.phase_ks if k in ks],
-        "approaches": list(APPROACHES),
+        "approaches": list(approaches),
         "monitor_cell": False,
     }
     spec = ClusterSpec.parse(nodes, bandwidth)

@@ -22,7 +22,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from freeze import Freezer, comm, split_blocks
-from freeze.blocks import Block
+from freeze.blocks import Block, frozen_names
+from freeze.cache import CacheConfig, CacheSource, SplitGraph
 from freeze.pipeline.log import get_logger
 from freeze.testing import SpawnError, run_gloo_rank, spawn_and_collect
 
@@ -36,8 +37,11 @@ STATIC = "static_limit"
 FIND_UNUSED = "find_unused"
 PER_PARAMETER = "per_parameter"
 NO_COMM = "no_comm"
-# Measured at every k; NO_COMM only at the phase boundaries, ENGINE_NO_MONITOR only at k=0.
-MAIN_APPROACHES = (ENGINE, STATIC, FIND_UNUSED, PER_PARAMETER)
+ENGINE_CACHE = "freeze_engine_cache"
+PREFIX_FORWARD = "prefix_forward"  # not a training step: the frozen prefix's no-grad forward alone
+# Measured at every k; NO_COMM only at the phase boundaries, ENGINE_NO_MONITOR only at k=0,
+# PREFIX_FORWARD beside ENGINE_CACHE where there is a prefix (k >= 1).
+MAIN_APPROACHES = (ENGINE, STATIC, FIND_UNUSED, PER_PARAMETER, ENGINE_CACHE)
 
 
 class StepTimes(NamedTuple):
@@ -78,10 +82,6 @@ def build_model(name: str, image_size: int) -> nn.Module:
     raise ValueError(f"model: '{name}' is not accepted; accepted: {', '.join(MODELS)}")
 
 
-def _frozen_names(blocks: list[Block], k: int) -> list[str]:
-    return [n for b in blocks[:k] for n in b.param_names] + [n for b in blocks[:k] for n, _, _ in b.buffers()]
-
-
 def freeze_prefix(model: nn.Module, blocks: list[Block], k: int, bn_eval: bool) -> None:
     """Blocks 0..k-1 frozen the plain way: requires_grad=False and grad=None (a zero gradient would
     still feed momentum). ``bn_eval`` keeps their BatchNorm in eval, as the engine does."""
@@ -93,8 +93,8 @@ def freeze_prefix(model: nn.Module, blocks: list[Block], k: int, bn_eval: bool) 
     model.train()
     if bn_eval:
         for block in blocks[:k]:
-            for bn in block.batchnorms():
-                bn.eval()
+            for norm in block.running_stat_norms():
+                norm.eval()
 
 
 class _Runner:
@@ -125,6 +125,9 @@ class _Runner:
 
     def step_bytes(self) -> int | None:
         return self._bytes_last
+
+    def forward(self, x: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        return self.module(x)
 
 
 class _CountingDDPRunner(_Runner):
@@ -157,7 +160,7 @@ class StaticRunner(_CountingDDPRunner):
             self.ddp = None
             freeze_prefix(self.model, self.blocks, k, bn_eval=True)
             DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
-                self.model, _frozen_names(self.blocks, k)
+                self.model, frozen_names(self.blocks, k)
             )
             self._wrap()
             self.k = k
@@ -206,7 +209,7 @@ class EngineRunner(_Runner):
 
     @property
     def module(self) -> nn.Module:
-        return self.freezer.ddp
+        return self.freezer.module
 
     def set_k(self, k: int) -> None:
         rewraps_before = self.freezer.counters.rewraps
@@ -225,12 +228,91 @@ class EngineRunner(_Runner):
         return self.freezer.counters.allreduce_bytes_last_step if self.monitor else None
 
 
-def timed_step(runner: _Runner, x: torch.Tensor, y: torch.Tensor) -> StepTimes:
+def cache_images(cfg: dict) -> torch.Tensor:
+    """The fixed training set the cache runner keys into (the same on every rank)."""
+    gen = torch.Generator().manual_seed(cfg["seed"] + 10_000)
+    return torch.randn(cfg["cache_keys"], 3, cfg["image_size"], cfg["image_size"], generator=gen)
+
+
+class CacheEngineRunner(EngineRunner):
+    """The engine with a memory activation cache over ``cache_keys`` fixed images. At every k the
+    cache is built afresh from the images (timed); on the way up it is first advanced from the
+    previous k (timed), as training would."""
+
+    def __init__(self, cfg: dict):
+        _Runner.__init__(self, cfg)
+        images = cache_images(cfg)
+        self.freezer = Freezer(
+            self.model,
+            self.blocks,
+            optimizer=self.optimizer,
+            cache=CacheConfig("memory", chunk_samples=cfg["cache_chunk"]),
+            cache_source=CacheSource(inputs=lambda keys: images[keys], num_keys=images.shape[0]),
+        )
+        self.monitor = True
+        self.rewrap_ms: list[float] = []
+        self.cache_events: list[tuple[str, int, float, int]] = []  # (build|advance, k, seconds, store bytes)
+
+    def _timed_boundary(self, k: int, kind: str) -> None:
+        counters = self.freezer.cache.counters
+        before = counters.build_s_total + counters.advance_s_total
+        self.freezer.set_boundary(k)
+        elapsed = counters.build_s_total + counters.advance_s_total - before
+        if self.freezer.cache_active:
+            self.cache_events.append((kind, k, elapsed, self.freezer.cache.nbytes))
+
+    def set_k(self, k: int) -> None:
+        if k == self.k:
+            return
+        if 0 < self.k < k:
+            self._timed_boundary(k, "advance")
+        self.freezer.set_boundary(0)  # drop, so that the build below starts from the images
+        self._timed_boundary(k, "build")
+        self.freezer.train()
+        self.k = k
+
+    def forward(self, x: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        return self.freezer.forward(x, sample_ids=keys)
+
+
+class PrefixRunner(_Runner):
+    """The frozen prefix's no-grad forward alone (blocks 0..k-1, frozen BN in eval), on its own
+    replica: what the cache saves per step, measured in the same rotation as the steps."""
+
+    forward_only = True
+
+    def __init__(self, cfg: dict):
+        super().__init__(cfg)
+        self.graph = SplitGraph(self.model, self.blocks)
+        self.prefix: nn.Module | None = None
+
+    def set_k(self, k: int) -> None:
+        if k != self.k:
+            freeze_prefix(self.model, self.blocks, k, bn_eval=True)
+            self.prefix = self.graph.segment(0, k)
+            self.k = k
+
+    def step_bytes(self) -> int | None:
+        return None
+
+
+def timed_prefix(runner: PrefixRunner, x: torch.Tensor) -> StepTimes:
+    dist.barrier()
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        runner.prefix(x)
+    ms = (time.perf_counter() - t0) * 1e3
+    return StepTimes(ms, ms, 0.0, 0.0, 0.0)
+
+
+def timed_step(runner: _Runner, x: torch.Tensor, y: torch.Tensor, keys: torch.Tensor | None = None) -> StepTimes:
     """zero_grad + forward + loss | backward (+ blocking comm) | after_backward | optimizer step, ms."""
+    if getattr(runner, "forward_only", False):
+        return timed_prefix(runner, x)
     dist.barrier()  # every rank starts the clock together
     t0 = time.perf_counter()
     runner.optimizer.zero_grad(set_to_none=True)
-    loss = F.cross_entropy(runner.module(x), y)
+    loss = F.cross_entropy(runner.forward(x, keys), y)
     t1 = time.perf_counter()
     loss.backward()  # DDP's reducer waits for its all-reduces before backward returns
     runner.communicate()
@@ -257,6 +339,7 @@ def schedule(
     for r in range(rounds):
         for k in ks if r % 2 == 0 else tuple(reversed(ks)):
             extra = ((ENGINE_NO_MONITOR,) if k == 0 and monitor_cell else ()) + ((NO_COMM,) if k in phase_ks else ())
+            extra += (PREFIX_FORWARD,) if k > 0 and ENGINE_CACHE in approaches else ()
             names = tuple(approaches) + extra
             out.append((r, k, names))
     return out
@@ -265,15 +348,17 @@ def schedule(
 def measure(cfg: dict, rank: int, log) -> dict:
     """Within a (round, k) group the approaches take turns step by step (order rotating every
     cycle), so each sees the same machine load: on a shared machine load changes within seconds."""
-    runners: dict[str, _Runner] = {
-        ENGINE: EngineRunner(cfg),
+    makers = {
+        ENGINE: lambda: EngineRunner(cfg),
         # Its own Freezer: skipping after_backward on the main one would fold the skipped steps'
         # bytes into its next per-step count.
-        ENGINE_NO_MONITOR: EngineRunner(cfg, monitor=False),
-        STATIC: StaticRunner(cfg),
-        FIND_UNUSED: FindUnusedRunner(cfg),
-        PER_PARAMETER: PerParameterRunner(cfg),
-        NO_COMM: NoCommRunner(cfg),
+        ENGINE_NO_MONITOR: lambda: EngineRunner(cfg, monitor=False),
+        STATIC: lambda: StaticRunner(cfg),
+        FIND_UNUSED: lambda: FindUnusedRunner(cfg),
+        PER_PARAMETER: lambda: PerParameterRunner(cfg),
+        NO_COMM: lambda: NoCommRunner(cfg),
+        ENGINE_CACHE: lambda: CacheEngineRunner(cfg),
+        PREFIX_FORWARD: lambda: PrefixRunner(cfg),
     }
     gen = torch.Generator().manual_seed(cfg["seed"] + rank)
     shape = (cfg["batch_size"], 3, cfg["image_size"], cfg["image_size"])
@@ -285,6 +370,8 @@ def measure(cfg: dict, rank: int, log) -> dict:
         tuple(cfg.get("approaches", MAIN_APPROACHES)),
         cfg.get("monitor_cell", True),
     )
+    # Only the approaches the plan runs: each holds a model replica (the cache runner also its images).
+    runners: dict[str, _Runner] = {name: makers[name]() for name in makers if any(name in n for _, _, n in plan)}
     start_s = time.perf_counter()
     for index, (r, k, names) in enumerate(plan):
         for name in names:
@@ -296,7 +383,8 @@ def measure(cfg: dict, rank: int, log) -> dict:
                 # memorised and drive gradients towards denormals.
                 x = torch.randn(shape, generator=gen)
                 y = torch.randint(0, NUM_CLASSES, (cfg["batch_size"],), generator=gen)
-                times = timed_step(runners[name], x, y)
+                keys = torch.randint(0, cfg.get("cache_keys", 1), (cfg["batch_size"],), generator=gen)
+                times = timed_step(runners[name], x, y, keys)
                 if cycle >= cfg["warmup"]:
                     samples.append(Sample(name, k, r, times, runners[name].step_bytes()))
         done_s = time.perf_counter() - start_s
@@ -307,6 +395,7 @@ def measure(cfg: dict, rank: int, log) -> dict:
     return {
         "samples": samples,
         "rewrap_ms": engine.rewrap_ms,
+        "cache_events": runners[ENGINE_CACHE].cache_events if ENGINE_CACHE in runners else [],
         "block_names": [b.name for b in engine.blocks],
         "block_param_bytes": [b.param_bytes for b in engine.blocks],
         "threads": torch.get_num_threads(),

@@ -5,6 +5,7 @@ freezer = Freezer(model, split_blocks(model), make_policy("autofreeze", percenti
 """
 
 from freeze.blocks import Block, BlockError, split_blocks
+from freeze.cache import CacheConfig, CacheError, CacheSource
 from freeze.freezer import Freezer, FreezerCounters
 from freeze.monitor import GradNormMonitor, IntervalStats
 from freeze.policies import POLICIES, Policy, PolicyError, Progress, make_policy, parse_policy
@@ -12,6 +13,9 @@ from freeze.policies import POLICIES, Policy, PolicyError, Progress, make_policy
 __all__ = [
     "Block",
     "BlockError",
+    "CacheConfig",
+    "CacheError",
+    "CacheSource",
     "Freezer",
     "FreezerCounters",
     "GradNormMonitor",

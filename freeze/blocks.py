@@ -48,11 +48,22 @@ class Block:
                     out.append((f"{prefix}.{buf_name}", sub, buf_name))
         return out
 
-    def batchnorms(self) -> list[nn.modules.batchnorm._BatchNorm]:
-        """Every BatchNorm module inside the block (they stay in eval mode while it is frozen)."""
-        return [
-            sub for mod in self.modules for sub in mod.modules() if isinstance(sub, nn.modules.batchnorm._BatchNorm)
-        ]
+    def running_stat_norms(self) -> list[nn.Module]:
+        """Norm layers of the block that keep running statistics (BatchNorm, InstanceNorm with
+        ``track_running_stats=True``, any ``_NormBase`` tracking them): frozen, each stays in eval."""
+        return [sub for mod in self.modules for sub in mod.modules() if tracks_running_stats(sub)]
+
+
+def frozen_names(blocks: Sequence[Block], k: int) -> list[str]:
+    """Qualified names of the parameters and buffers of blocks ``0 .. k-1``: what DDP must leave
+    alone at boundary ``k`` (frozen parameters reduce nothing; frozen buffers must not be
+    re-broadcast at every forward)."""
+    return [n for b in blocks[:k] for n in b.param_names] + [n for b in blocks[:k] for n, _, _ in b.buffers()]
+
+
+def tracks_running_stats(module: nn.Module) -> bool:
+    """True for a norm layer whose train-mode forward updates running statistics."""
+    return isinstance(module, nn.modules.batchnorm._NormBase) and module.track_running_stats
 
 
 def children_block_names(model: nn.Module) -> list[list[str]]:

@@ -10,6 +10,7 @@ about that construction lives here.
 
 # No `from __future__ import annotations`: DDP checks the comm hooks' annotations at runtime.
 
+import gc
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
@@ -27,6 +28,38 @@ COMM_HOOKS: tuple[str, ...] = ("allreduce", "bf16")
 def is_distributed() -> bool:
     """True when a default process group exists (torch.distributed is available and initialised)."""
     return dist.is_available() and dist.is_initialized()
+
+
+def end_process_group() -> None:
+    """Destroy the default process group so that its threads stop while the interpreter is alive.
+
+    A DDP wrapper still alive holds the group, and then ``destroy_process_group()`` leaves gloo's
+    two worker threads and its transport thread running (observed at interpreter finalization in
+    the README example); during interpreter shutdown such a thread can abort the process
+    ("terminate called without an active exception"). Wrappers that are garbage but in reference
+    cycles (a Freezer and its module) are collected first; close a live Freezer before calling
+    this."""
+    gc.collect()
+    if is_distributed():
+        dist.destroy_process_group()
+
+
+def world_size(process_group=None) -> int:
+    """Ranks in ``process_group``; 1 without a process group (the same code runs in one process).
+
+    Args:
+        process_group: the group (None: the default group).
+    """
+    return dist.get_world_size(process_group) if is_distributed() else 1
+
+
+def rank(process_group=None) -> int:
+    """This process's rank in ``process_group``; 0 without a process group.
+
+    Args:
+        process_group: the group (None: the default group).
+    """
+    return dist.get_rank(process_group) if is_distributed() else 0
 
 
 def collective_device(process_group=None) -> torch.device:

@@ -3,8 +3,9 @@
 Reads the (already all-reduced) gradients of the active blocks once per optimizer step and keeps,
 per block and per evaluation interval:
 
-* ``summed_grad_norm``: the norm of the gradient SUMMED over the interval, ``||sum_t g_t||``. This is
-  the statistic AutoFreeze and the reference study compare between intervals.
+* ``summed_grad_norm`` / ``summed_grad_l1_norm``: the L2 / L1 norm of the gradient SUMMED over the
+  interval, ``||sum_t g_t||``: the statistic AutoFreeze (L1, its reference code's
+  ``torch.norm(grad, p=1)``) and the reference study (L2) compare between intervals.
 * ``mean_step_grad_norm``: the mean over the interval's steps of the per-step norm ``||g_t||``.
 
 Per step it only launches foreach kernels: no ``.item()`` and no host sync, so it does not stall a
@@ -30,10 +31,12 @@ class IntervalStats:
     index: int  # 0-based interval number
     epoch: int  # 0-based epoch in which the interval ended
     end_step: int  # optimizer steps completed when the interval ended
-    steps: int  # optimizer steps observed in the interval
+    steps: int  # optimizer steps in the interval, skipped ones included
+    skipped_steps: int  # of those, steps whose gradients were not observed (fp16 overflow)
     boundary: int  # boundary k in force when the interval ended
-    summed_grad_norm: tuple[float | None, ...]
-    mean_step_grad_norm: tuple[float | None, ...]
+    summed_grad_norm: tuple[float | None, ...]  # L2
+    summed_grad_l1_norm: tuple[float | None, ...]
+    mean_step_grad_norm: tuple[float | None, ...]  # L2
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -50,14 +53,27 @@ class IntervalStats:
             epoch=int(d["epoch"]),
             end_step=int(d["end_step"]),
             steps=int(d["steps"]),
+            skipped_steps=int(d["skipped_steps"]),
             boundary=int(d["boundary"]),
             summed_grad_norm=tuple(d["summed_grad_norm"]),
+            summed_grad_l1_norm=tuple(d["summed_grad_l1_norm"]),
             mean_step_grad_norm=tuple(d["mean_step_grad_norm"]),
         )
 
 
-def relative_change(prev: IntervalStats, cur: IntervalStats) -> list[float | None]:
-    """eta_l = |G_prev - G_cur| / G_prev per block (AutoFreeze's gradient-norm change).
+NORMS: tuple[str, ...] = ("l1", "l2")
+
+
+def summed_norms(stats: IntervalStats, norm: str = "l2") -> tuple[float | None, ...]:
+    """The per-block norms of the interval's summed gradient, ``norm`` in :data:`NORMS`."""
+    if norm not in NORMS:
+        raise ValueError(f"norm: '{norm}' is not accepted; accepted: {', '.join(NORMS)}")
+    return stats.summed_grad_l1_norm if norm == "l1" else stats.summed_grad_norm
+
+
+def relative_change(prev: IntervalStats, cur: IntervalStats, norm: str = "l2") -> list[float | None]:
+    """eta_l = |G_prev - G_cur| / G_prev per block (AutoFreeze's gradient-norm change), G the
+    ``norm`` ("l1" or "l2") of the summed gradient.
 
     Args:
         prev: the earlier interval.
@@ -68,7 +84,7 @@ def relative_change(prev: IntervalStats, cur: IntervalStats) -> list[float | Non
         not observe the block or G_prev is zero/non-finite.
     """
     out: list[float | None] = []
-    for g_prev, g_cur in zip(prev.summed_grad_norm, cur.summed_grad_norm):
+    for g_prev, g_cur in zip(summed_norms(prev, norm), summed_norms(cur, norm)):
         if g_prev is None or g_cur is None or not math.isfinite(g_prev) or g_prev <= 0.0:
             out.append(None)
         else:
@@ -99,14 +115,34 @@ class GradNormMonitor:
         self._norm_sum: torch.Tensor | None = None  # [num_blocks] sum of per-step norms
         self._block_steps = [0] * len(self.blocks)  # steps each block was observed this interval
         self._interval_steps = 0
+        self._interval_skipped_steps = 0
+        self._active_positions = list(range(len(self._params)))
+        # Block index of each observed parameter, as a device tensor, per set of observed
+        # positions: built once per boundary change rather than copied from the host every step
+        # (on CUDA a host-to-device copy per step would stall the stream).
+        self._block_ids: dict[tuple[int, ...], torch.Tensor] = {}
 
-    def _block_norms(self, positions: list[int], tensors: list[torch.Tensor]) -> torch.Tensor:
-        """[num_blocks] L2 norm per block of ``tensors`` (the tensors of parameters ``positions``):
-        one foreach norm and one segment-sum, whatever the number of blocks; 0 for blocks absent."""
+    def _block_ids_for(self, positions: list[int], device: torch.device) -> torch.Tensor:
+        key = tuple(positions)
+        ids = self._block_ids.get(key)
+        if ids is None or ids.device != device:
+            if len(self._block_ids) >= 8:  # the set of parameters with a gradient keeps changing
+                self._block_ids.clear()
+            ids = torch.tensor([self._param_block[pos] for pos in positions], device=device)
+            self._block_ids[key] = ids
+        return ids
+
+    def _block_norms(self, positions: list[int], tensors: list[torch.Tensor], ord: int = 2) -> torch.Tensor:
+        """[num_blocks] L``ord`` norm (1 or 2) per block of ``tensors`` (the tensors of parameters
+        ``positions``): one foreach norm and one segment-sum, whatever the number of blocks; 0 for
+        blocks absent."""
         device = tensors[0].device
-        sq = torch.stack([n.float() for n in torch._foreach_norm(tensors)]).square()
-        block_ids = torch.tensor([self._param_block[pos] for pos in positions], device=device)
-        return torch.zeros(len(self.blocks), device=device).index_add_(0, block_ids, sq).sqrt()
+        per_tensor = torch.stack([n.float() for n in torch._foreach_norm(tensors, ord)])
+        block_ids = self._block_ids_for(positions, device)
+        summed = torch.zeros(len(self.blocks), device=device)
+        if ord == 1:  # the L1 norm of a block is the sum of its tensors' L1 norms
+            return summed.index_add_(0, block_ids, per_tensor)
+        return summed.index_add_(0, block_ids, per_tensor.square()).sqrt()
 
     # ---------------------------------------------------------------- per step
     def set_first_active(self, first_active: int) -> None:
@@ -118,17 +154,24 @@ class GradNormMonitor:
         self._first_active = first_active
         for pos in [pos for pos in self._summed if self._param_block[pos] < first_active]:
             del self._summed[pos]
+        self._active_positions = [pos for pos, b in enumerate(self._param_block) if b >= first_active]
+        self._block_ids.clear()
+
+    def _tick(self) -> None:
+        self.total_steps += 1
+        self._interval_steps += 1
+
+    def skip_step(self) -> None:
+        """Count an optimizer step whose gradients must not be read (an fp16 step GradScaler skips
+        for overflow): the step clock moves, no statistic changes."""
+        self._tick()
+        self._interval_skipped_steps += 1
 
     @torch.no_grad()
     def observe(self) -> None:
         """Read the current gradients of the active blocks (call once per optimizer step)."""
-        positions = [
-            pos
-            for pos, p in enumerate(self._params)
-            if self._param_block[pos] >= self._first_active and p.grad is not None
-        ]
-        self.total_steps += 1
-        self._interval_steps += 1
+        positions = [pos for pos in self._active_positions if self._params[pos].grad is not None]
+        self._tick()
         for b in range(self._first_active, len(self.blocks)):
             self._block_steps[b] += 1
         if not positions:
@@ -158,13 +201,17 @@ class GradNormMonitor:
         """
         num_blocks = len(self.blocks)
         summed: list[float | None] = [None] * num_blocks
+        summed_l1: list[float | None] = [None] * num_blocks
         mean: list[float | None] = [None] * num_blocks
         if self.track_summed and self._summed:
             positions = sorted(self._summed)
             tensors = [self._summed[pos] for pos in positions]
-            values = self._block_norms(positions, tensors).cpu().tolist()
+            l2 = self._block_norms(positions, tensors, ord=2)
+            l1 = self._block_norms(positions, tensors, ord=1)
+            values, values_l1 = torch.stack([l2, l1]).cpu().tolist()
             observed = {self._param_block[pos] for pos in positions}
             summed = [values[b] if b in observed else None for b in range(num_blocks)]
+            summed_l1 = [values_l1[b] if b in observed else None for b in range(num_blocks)]
             torch._foreach_zero_(tensors)
         if self._norm_sum is not None:
             sums = self._norm_sum.cpu().tolist()
@@ -172,20 +219,22 @@ class GradNormMonitor:
             self._norm_sum.zero_()
         # A block frozen for the whole interval was never observed.
         for b in range(min(self._first_active, num_blocks)):
-            summed[b] = None
-            mean[b] = None
+            summed[b] = summed_l1[b] = mean[b] = None
         stats = IntervalStats(
             index=len(self.history),
             epoch=epoch,
             end_step=self.total_steps,
             steps=self._interval_steps,
+            skipped_steps=self._interval_skipped_steps,
             boundary=boundary,
             summed_grad_norm=tuple(summed),
+            summed_grad_l1_norm=tuple(summed_l1),
             mean_step_grad_norm=tuple(mean),
         )
         self.history.append(stats)
         self._block_steps = [0] * num_blocks
         self._interval_steps = 0
+        self._interval_skipped_steps = 0
         return stats
 
     @property
@@ -199,6 +248,7 @@ class GradNormMonitor:
             "total_steps": self.total_steps,
             "first_active": self._first_active,
             "interval_steps": self._interval_steps,
+            "interval_skipped_steps": self._interval_skipped_steps,
             "block_steps": list(self._block_steps),
             # Partial sums, so a run checkpointed mid-interval resumes with the same statistics.
             "summed": {pos: t.detach().cpu().clone() for pos, t in self._summed.items()},
@@ -213,8 +263,9 @@ class GradNormMonitor:
         """
         self.history = [IntervalStats.from_dict(d) for d in state["history"]]
         self.total_steps = int(state["total_steps"])
-        self._first_active = int(state["first_active"])
+        self.set_first_active(int(state["first_active"]))
         self._interval_steps = int(state["interval_steps"])
+        self._interval_skipped_steps = int(state["interval_skipped_steps"])
         self._block_steps = [int(s) for s in state["block_steps"]]
         self._summed = {}
         for pos, t in state["summed"].items():

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import os
 import pickle
+import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -19,6 +20,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from freeze._atomic import atomic_write
+from freeze.comm import end_process_group
 
 
 class SpawnError(RuntimeError):
@@ -120,6 +122,27 @@ def run_gloo_rank(
     except BaseException:
         payload = {"ok": False, "error": traceback.format_exc()}
     finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        end_process_group()  # body's DDP wrappers are garbage by now: its threads stop here
     write_payload(workdir, rank, payload)
+
+
+def local_torchrun_command(script: str | Path, log_dir: str | Path, *script_args: str, redirects: int = 1) -> list[str]:
+    """The command that runs ``script`` under torchrun with 2 local ranks, one log folder per rank.
+
+    Args:
+        script: the Python file each rank runs.
+        log_dir: torchrun's ``--log-dir``; rank r's output lands in ``<log_dir>/**/attempt_0/r/``.
+        script_args: passed to the script.
+        redirects: torchrun's ``--redirects`` (1: stdout to a file per rank, 3: stdout and stderr).
+    """
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        f"--log-dir={log_dir}",
+        f"--redirects={redirects}",
+        str(script),
+        *script_args,
+    ]

@@ -78,7 +78,7 @@ def test_every_boundary_trains_exactly_the_unfrozen_blocks(name, built):
         freezer.set_boundary(k)
         freezer.train()
         model.zero_grad(set_to_none=True)
-        loss(FAMILIES[name], freezer.ddp, x, y).backward()
+        loss(FAMILIES[name], freezer.module, x, y).backward()
         missing = [n for b in blocks[k:] for n, p in zip(b.param_names, b.params) if p.grad is None]
         frozen_with_grad = [n for b in blocks[:k] for n, p in zip(b.param_names, b.params) if p.grad is not None]
         assert missing == [], f"k={k}: trainable parameters without a gradient"
@@ -115,7 +115,7 @@ def families_worker(rank: int, world_size: int, names: list[str]) -> dict:
             before = _frozen_tensors(blocks, k)
             x, y = batch(family, LOCAL_BATCH, seed=100 * step + rank)
             optimizer.zero_grad(set_to_none=True)
-            loss(family, freezer.ddp, x, y).backward()
+            loss(family, freezer.module, x, y).backward()
             freezer.after_backward()
             optimizer.step()
             after = _frozen_tensors(blocks, k)

@@ -4,6 +4,7 @@ import torchvision
 from torch import nn
 
 from freeze import BlockError, split_blocks
+from freeze.blocks import frozen_names
 from tests.tiny_models import TinyNet
 
 
@@ -32,7 +33,7 @@ def test_children_split_is_the_reference_studys_seven_groups():
 def test_generic_model_uses_parameter_owning_children_in_order():
     blocks = split_blocks(TinyNet())
     assert [b.name for b in blocks] == ["stem", "block1", "block2", "head"]  # pool/flatten own nothing
-    assert [len(b.batchnorms()) for b in blocks] == [1, 1, 1, 0]
+    assert [len(b.running_stat_norms()) for b in blocks] == [1, 1, 1, 0]
     assert {n for n, _, _ in blocks[0].buffers()} == {
         "stem.1.running_mean",
         "stem.1.running_var",
@@ -60,6 +61,17 @@ def test_multi_module_block():
     blocks = split_blocks(model, [["0", "1"], "2"])
     assert [b.name for b in blocks] == ["0+1", "2"]
     assert blocks[0].param_names == ("0.weight", "0.bias", "1.weight", "1.bias")
+
+
+def test_frozen_names_are_the_parameters_and_buffers_of_the_prefix():
+    model = TinyNet()
+    blocks = split_blocks(model)
+    assert frozen_names(blocks, 0) == []
+    names = frozen_names(blocks, 2)
+    assert set(names) == {n for n, _ in model.named_parameters() if n.startswith(("stem.", "block1."))} | {
+        n for n, _ in model.named_buffers() if n.startswith(("stem.", "block1."))
+    }
+    assert len(names) == len(set(names))
 
 
 # ------------------------------------------------------------------------------ the default rule

@@ -1,6 +1,9 @@
 """Freezer behaviour in one process (no process group): the same object serves debugging."""
 
 import copy
+import io
+import pickle
+import warnings
 
 import pytest
 import torch
@@ -8,13 +11,14 @@ import torch.nn.functional as F
 
 from freeze import Freezer, make_policy, split_blocks
 from freeze.checkpointing import is_checkpointed
-from tests.tiny_models import TinyNet, global_batch
+from freeze.steering import BlockOrderError
+from tests.tiny_models import InstanceNormNet, SharedLayerNet, TinyNet, global_batch
 
 
 def _step(freezer, optimizer, step, batch=8):
     x, y = global_batch(step, batch)
     optimizer.zero_grad(set_to_none=True)
-    loss = F.cross_entropy(freezer.ddp(x), y)
+    loss = F.cross_entropy(freezer.module(x), y)
     loss.backward()
     freezer.after_backward()
     optimizer.step()
@@ -77,6 +81,22 @@ def test_unfreezing_restores_training():
     assert model.stem[0].weight.grad is not None
 
 
+def test_frozen_instance_norm_with_running_stats_is_frozen_like_batchnorm():
+    torch.manual_seed(0)
+    model = InstanceNormNet()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    freezer = Freezer(model, split_blocks(model), optimizer=optimizer)
+    freezer.set_boundary(1)
+    model.train()  # a plain train() must not wake it up either
+    frozen_norm, trainable_norm = model[0][1], model[1][1]
+    before = {n: b.clone() for n, b in model.named_buffers()}
+    _step(freezer, optimizer, 0)
+    assert not frozen_norm.training and trainable_norm.training
+    assert torch.equal(frozen_norm.running_mean, before["0.1.running_mean"])
+    assert torch.equal(frozen_norm.running_var, before["0.1.running_var"])
+    assert not torch.equal(trainable_norm.running_mean, before["1.1.running_mean"])
+
+
 @pytest.mark.parametrize("bad", [-1, 4, 10])
 def test_set_boundary_out_of_range(bad):
     model = TinyNet()
@@ -85,16 +105,17 @@ def test_set_boundary_out_of_range(bad):
         freezer.set_boundary(bad)
 
 
-def test_grad_checkpointing_matches_plain_backward_including_bn_statistics():
+@pytest.mark.parametrize("net", [TinyNet, InstanceNormNet])
+def test_grad_checkpointing_matches_plain_backward_including_running_statistics(net):
     torch.manual_seed(0)
-    plain = TinyNet()
+    plain = net()
     ckpt = copy.deepcopy(plain)
     fp = Freezer(plain, split_blocks(plain))
     fc = Freezer(ckpt, split_blocks(ckpt), grad_checkpointing=True)
     for f in (fp, fc):
         f.set_boundary(1)  # the first trainable block follows a frozen prefix (the reentrant-variant bug)
         f.train()
-    assert is_checkpointed(ckpt.block1) and not is_checkpointed(ckpt.stem)
+    assert is_checkpointed(fc.blocks[1].modules[0]) and not is_checkpointed(fc.blocks[0].modules[0])
     x, y = global_batch(0, 8)
     for model in (plain, ckpt):
         F.cross_entropy(model(x), y).backward()
@@ -103,7 +124,7 @@ def test_grad_checkpointing_matches_plain_backward_including_bn_statistics():
             assert q.grad is not None, n
             torch.testing.assert_close(p.grad, q.grad, msg=n)
     for (n, b), c in zip(plain.named_buffers(), ckpt.buffers()):
-        assert torch.equal(b, c), f"{n}: BN statistics updated twice under checkpointing"
+        assert torch.equal(b, c), f"{n}: running statistics updated twice under checkpointing"
 
 
 def test_restored_freezer_makes_the_same_next_decision():
@@ -124,17 +145,15 @@ def test_restored_freezer_makes_the_same_next_decision():
             _step(freezer, opt, step)
             step += 1
         freezer.end_epoch(epoch)
-    saved = {
-        "model": copy.deepcopy(model.state_dict()),
-        "opt": copy.deepcopy(opt.state_dict()),
-        "freezer": freezer.state_dict(),
-    }
+    buffer = io.BytesIO()
+    torch.save(freezer.training_state_dict() | {"epoch": 3}, buffer)
+    buffer.seek(0)
+    saved = torch.load(buffer, weights_only=True)  # plain containers, numbers, strings, tensors only
 
     model2, opt2, freezer2 = build(seed=1)  # different init: everything must come from the checkpoint
-    model2.load_state_dict(saved["model"])
-    freezer2.load_state_dict(saved["freezer"])
-    opt2.load_state_dict(saved["opt"])
+    freezer2.load_training_state_dict(saved)  # model, then Freezer, then optimizer
     assert freezer2.boundary == freezer.boundary
+    assert freezer2.counters == freezer.counters
     boundaries = []
     for f, o in ((freezer, opt), (freezer2, opt2)):
         s = step
@@ -163,7 +182,206 @@ def test_interval_policy_decides_in_after_step():
     assert freezer.end_epoch(0) is False  # per-epoch evaluation is off when interval_steps > 0
 
 
+def test_blocks_of_another_model_are_refused():
+    with pytest.raises(ValueError, match="'stem.0.weight', which is not a parameter of this model"):
+        Freezer(TinyNet(), split_blocks(TinyNet()))
+
+
 def test_run_length_policies_require_epochs():
     model = TinyNet()
     with pytest.raises(ValueError, match="needs the run length"):
         Freezer(model, split_blocks(model), make_policy("freezeout"))
+
+
+def test_step_level_epoch_schedules_wait_for_the_epoch_to_complete():
+    torch.manual_seed(0)
+    model = TinyNet()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    geometric = Freezer(model, split_blocks(model), make_policy("geometric", alpha=0.5), interval_steps=2)
+    other = TinyNet()
+    unfreeze = Freezer(other, split_blocks(other), make_policy("gradual-unfreeze"), interval_steps=2)
+    for s in range(4):  # two evaluations inside the first epoch
+        _step(geometric, opt, s)
+        geometric.after_step()
+        unfreeze.after_backward()  # no gradients needed: the schedule reads only the clock
+        unfreeze.after_step()
+    assert (geometric.boundary, unfreeze.boundary) == (0, 3)
+    geometric.end_epoch(0)
+    unfreeze.end_epoch(0)
+    for s in range(4, 6):
+        _step(geometric, opt, s)
+        geometric.after_step()
+        unfreeze.after_backward()  # no gradients needed: the schedule reads only the clock
+        unfreeze.after_step()
+    assert (geometric.boundary, unfreeze.boundary) == (2, 2)  # floor(4 * (1 - 0.5^1)); one block back
+
+
+def test_run_length_policy_evaluated_per_step_needs_the_run_length_in_steps():
+    model = TinyNet()
+    with pytest.raises(ValueError, match="interval_steps=2 steps needs the run length in steps: pass steps_per_epoch"):
+        Freezer(model, split_blocks(model), make_policy("freezeout"), epochs=10, interval_steps=2)
+    freezer = Freezer(
+        model, split_blocks(model), make_policy("freezeout", t0=0.5), epochs=10, steps_per_epoch=10, interval_steps=2
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for s in range(2):
+        _step(freezer, opt, s)
+        freezer.after_step()
+    assert freezer.boundary == 0  # 2 of 100 steps done: block 0 is due at half of the run
+
+
+def test_freezer_module_is_the_model_without_a_process_group():
+    torch.manual_seed(0)
+    model = TinyNet()
+    freezer = Freezer(model, split_blocks(model))
+    freezer.set_boundary(1)
+    module = freezer.module
+    assert module.module is model and freezer.model is model  # `model_without_ddp`
+    assert list(module.state_dict()) == [f"module.{n}" for n in model.state_dict()]  # keys as DDP's
+    x, _ = global_batch(0, 4)
+    module.eval()
+    assert torch.equal(module(x), model(x))
+    module.train()  # as freezer.train(): the frozen stem's BN stays in eval
+    assert model.block1[1].training and not model.stem[1].training
+    with module.no_sync():  # a no-op without DDP
+        module(x).sum().backward()
+    assert model.head.weight.grad is not None
+    with pytest.raises(AttributeError, match="call freezer.module"):
+        freezer.ddp  # noqa: B018
+    with pytest.raises(TypeError, match="copy freezer.model"):
+        copy.deepcopy(module)
+
+
+def test_accumulation_with_static_graph_is_refused_in_one_line():
+    model = TinyNet()
+    freezer = Freezer(model, split_blocks(model), ddp_kwargs={"static_graph": True})
+    with pytest.raises(ValueError, match="drop static_graph=True") as info, freezer.module.no_sync():
+        pass
+    assert "\n" not in str(info.value)
+
+
+def test_frozen_module_called_after_a_trainable_one_passes_the_gradient_through():
+    torch.manual_seed(0)
+    model = SharedLayerNet()
+    reference = copy.deepcopy(model)
+    freezer = Freezer(model, split_blocks(model))
+    freezer.set_boundary(1)  # proj frozen; it also runs after the trainable mid
+    reference.proj.requires_grad_(False)
+    x, y = global_batch(0, 8)
+    for net in (freezer.module, reference):
+        F.cross_entropy(net(x), y).backward()
+    assert model.proj.weight.grad is None
+    for name in ("mid.weight", "mid.bias", "head.weight"):
+        got, want = model.get_parameter(name).grad, reference.get_parameter(name).grad
+        assert got is not None, name
+        torch.testing.assert_close(got, want, msg=name)
+
+
+def test_blocks_out_of_forward_order_raise_one_line_naming_both():
+    model = TinyNet()
+    freezer = Freezer(model, split_blocks(model, names=["block1", "stem", "block2", "head"]))
+    x, _ = global_batch(0, 4)
+    with pytest.raises(BlockOrderError) as info:
+        freezer.module(x)
+    message = str(info.value)
+    assert "\n" not in message and "'block1' (block 0) ran after block 'stem' (block 1)" in message
+    assert torch.is_grad_enabled()
+
+
+class _BlockOneFirst(TinyNet):
+    """When ``swap`` is set, its forward runs block1 (on a zero input) before stem."""
+
+    swap = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.swap:
+            self.block1(torch.zeros(x.shape[0], 8, x.shape[2], x.shape[3]))
+        return super().forward(x)
+
+
+def test_order_is_checked_on_the_first_model_forward_after_each_boundary_change_only():
+    model = _BlockOneFirst()
+    freezer = Freezer(model, split_blocks(model))
+    x, _ = global_batch(0, 4)
+    freezer.module(x)  # checked: in order
+    model.swap = True
+    freezer.module(x)  # not the first forward after a change: not checked
+    model.block1(model.stem(x))  # blocks called outside a model forward (as a cache's tail does): not checked
+    freezer.set_boundary(2)
+    with pytest.raises(BlockOrderError, match="'stem' \\(block 0\\) ran after block 'block1'"):
+        freezer.module(x)
+
+
+def test_deepcopy_made_after_the_freezer_is_not_steered_by_it():
+    """An EMA copy (torchvision's reference makes one after wrapping) runs as a plain model."""
+    torch.manual_seed(0)
+    model = TinyNet()
+    freezer = Freezer(model, split_blocks(model), grad_checkpointing=True)
+    freezer.set_boundary(2)  # stem, block1 frozen; block2 checkpointed
+    ema = copy.deepcopy(model)
+    x, _ = global_batch(0, 4)
+    h = ema.stem(x)
+    freezer.set_boundary(1)  # moves only the original's boundary, and arms its block-order check
+    ema.block1(h)  # the copy's calls, out of order, do not feed the original's check
+    ema.stem(x)
+    ema.train()
+    out = ema(x)
+    assert ema.stem[1].training and ema.block1[1].training  # no frozen-BN steering
+    assert out.requires_grad and ema.stem[0].weight.requires_grad is False  # copied flags, own autograd
+    ema.stem[0].weight.requires_grad_(True)
+    ema(x).sum().backward()
+    assert ema.stem[0].weight.grad is not None  # its stem no longer runs under no_grad
+    with torch.no_grad():  # the copy's checkpointed block runs the copy's own weights
+        for p in ema.block2.parameters():
+            p.zero_()
+        assert torch.count_nonzero(ema.block2(model.block1(model.stem(x)))) == 0
+    freezer.module(x)  # the original's check sees only the original's forward
+    restored = pickle.loads(pickle.dumps(model))  # torch.save(model) pickles the hooks: inert ones
+    restored.train()
+    restored(x)
+    assert restored.stem[1].training
+
+
+def test_forgotten_after_backward_is_reported_once_at_the_end_of_the_epoch():
+    torch.manual_seed(0)
+    model = TinyNet()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    freezer = Freezer(model, split_blocks(model), make_policy("autofreeze"), optimizer=optimizer)
+    x, y = global_batch(0, 4)
+    freezer.train()
+    for _ in range(2):
+        optimizer.zero_grad()
+        F.cross_entropy(freezer.module(x), y).backward()
+        optimizer.step()
+    with pytest.warns(RuntimeWarning, match="epoch 0 ran 2 training forward passes but after_backward"):
+        freezer.end_epoch(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _step(freezer, optimizer, 1)
+        with torch.no_grad():
+            freezer.eval()
+            model(x)  # evaluation forwards do not count
+        freezer.end_epoch(1)
+
+
+def test_training_state_needs_the_optimizer_on_both_sides():
+    model = TinyNet()
+    with_opt = Freezer(model, split_blocks(model), optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    other = TinyNet()
+    without = Freezer(other, split_blocks(other))
+    with pytest.raises(ValueError, match="has an 'optimizer' entry and this Freezer has no optimizer"):
+        without.load_training_state_dict(with_opt.training_state_dict())
+    with pytest.raises(ValueError, match="lacks an 'optimizer' entry and this Freezer has an optimizer"):
+        with_opt.load_training_state_dict(without.training_state_dict())
+
+
+def test_closed_freezer_refuses_to_run_and_leaves_the_model_usable():
+    model = TinyNet()
+    freezer = Freezer(model, split_blocks(model))
+    x, _ = global_batch(0, 4)
+    freezer.module(x)
+    freezer.close()
+    freezer.close()  # twice is harmless: an end-of-script call after an error path's
+    with pytest.raises(RuntimeError, match="closed"):
+        freezer.module(x)
+    assert model(x).shape == (4, 5)

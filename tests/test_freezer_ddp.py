@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from freeze import Freezer, split_blocks
+from freeze.blocks import frozen_names
 from tests.distributed_harness import run_distributed
 from tests.tiny_models import TinyNet, global_batch
 
@@ -45,18 +46,18 @@ def ddp_worker(rank: int, world_size: int, optimizer_name: str) -> dict:
         freezer.set_boundary(k)
         freezer.train()
         model.train()  # a user's plain train() must not wake frozen BN up
-        frozen_names = [n for b in blocks[:k] for n in b.param_names] + [
-            n for b in blocks[:k] for n, _, _ in b.buffers()
-        ]
+        frozen = frozen_names(blocks, k)
         before = named_tensors(model)
         x, y = global_batch(step, GLOBAL_BATCH)
         optimizer.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(freezer.ddp(x[rank * local : (rank + 1) * local]), y[rank * local : (rank + 1) * local])
+        loss = F.cross_entropy(
+            freezer.module(x[rank * local : (rank + 1) * local]), y[rank * local : (rank + 1) * local]
+        )
         loss.backward()
         freezer.after_backward()
         optimizer.step()
         after = named_tensors(model)
-        out["frozen_moved"].append([n for n in frozen_names if not torch.equal(before[n], after[n])])
+        out["frozen_moved"].append([n for n in frozen if not torch.equal(before[n], after[n])])
         out["bytes"].append(freezer.counters.allreduce_bytes_last_step)
         out["expected_bytes"].append(freezer.trainable_grad_bytes)
         out["params"].append(flat_params(model))

@@ -31,7 +31,9 @@ def test_summed_and_mean_norms_match_hand_computation():
     assert math.isclose(s.summed_grad_norm[1], 4.0 * math.sqrt(n[1]), rel_tol=1e-6)
     assert math.isclose(s.summed_grad_norm[2], 4.0 * math.sqrt(n[2]), rel_tol=1e-6)
     assert math.isclose(s.mean_step_grad_norm[2], 2.0 * math.sqrt(n[2]), rel_tol=1e-6)
-    assert (s.steps, s.end_step, s.index) == (2, 2, 0)
+    # L1 of the summed gradient: |sum| per element times the elements (AutoFreeze's statistic)
+    assert s.summed_grad_l1_norm == (0.0, 4.0 * n[1], 4.0 * n[2])
+    assert (s.steps, s.skipped_steps, s.end_step, s.index) == (2, 0, 2, 0)
     # the next interval starts from zero
     _set_grads(model, [1.0, 1.0, 1.0])
     mon.observe()
@@ -46,7 +48,7 @@ def test_frozen_blocks_are_not_observed():
     _set_grads(model, [5.0, 1.0, 1.0])
     mon.observe()
     s = mon.close_interval(epoch=0, boundary=1)
-    assert s.summed_grad_norm[0] is None and s.mean_step_grad_norm[0] is None
+    assert s.summed_grad_norm[0] is None and s.summed_grad_l1_norm[0] is None and s.mean_step_grad_norm[0] is None
     assert s.summed_grad_norm[1] is not None
 
 
@@ -67,6 +69,38 @@ def test_state_round_trip_mid_interval_gives_identical_statistics():
 
 
 def test_relative_change():
-    a = IntervalStats(0, 0, 1, 1, 0, (2.0, None, 0.0, 4.0), (0, 0, 0, 0))
-    b = IntervalStats(1, 1, 2, 1, 0, (1.0, 1.0, 1.0, 5.0), (0, 0, 0, 0))
+    a = IntervalStats(0, 0, 1, 1, 0, 0, (2.0, None, 0.0, 4.0), (4.0, 1.0, 1.0, 1.0), (0, 0, 0, 0))
+    b = IntervalStats(1, 1, 2, 1, 0, 0, (1.0, 1.0, 1.0, 5.0), (1.0, 1.0, 1.0, 1.0), (0, 0, 0, 0))
     assert relative_change(a, b) == [0.5, None, None, 0.25]
+    assert relative_change(a, b, norm="l1") == [0.75, 0.0, 0.0, 0.0]
+
+
+def test_observe_copies_no_host_data_per_step(monkeypatch):
+    """Per-step work is device kernels only: the block index is built once per boundary change."""
+    model = _model()
+    mon = GradNormMonitor(split_blocks(model))
+    _set_grads(model, [1.0, 2.0, 3.0])
+    mon.observe()
+    built = []
+    real_tensor = torch.tensor
+    monkeypatch.setattr(torch, "tensor", lambda *a, **kw: built.append(a) or real_tensor(*a, **kw))
+    for _ in range(3):
+        mon.observe()
+    assert built == []
+    mon.set_first_active(1)
+    for _ in range(3):
+        mon.observe()
+    assert len(built) == 1  # the new active set's index, once
+
+
+def test_skipped_steps_move_the_clock_not_the_statistics():
+    model = _model()
+    mon = GradNormMonitor(split_blocks(model))
+    _set_grads(model, [1.0, 2.0, 3.0])
+    mon.observe()
+    _set_grads(model, [float("inf"), 2.0, 3.0])  # an fp16 overflow: not read
+    mon.skip_step()
+    s = mon.close_interval(epoch=0, boundary=0)
+    assert (s.steps, s.skipped_steps, s.end_step, mon.total_steps) == (2, 1, 2, 2)
+    assert math.isclose(s.mean_step_grad_norm[0], math.sqrt(6), rel_tol=1e-6)  # one observed step
+    assert math.isclose(s.summed_grad_l1_norm[0], 6.0, rel_tol=1e-6)

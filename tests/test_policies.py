@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -18,7 +19,7 @@ from freeze.policies.rules import (
     StaticFreeze,
 )
 
-PROGRESS = Progress(epoch=3, epochs_total=10, step=400, steps_total=1000)
+PROGRESS = Progress(epochs_completed=4, epochs_total=10, steps_completed=400, steps_total=1000)
 
 
 def interval(index: int, norms: list[float | None], boundary: int = 0) -> IntervalStats:
@@ -27,8 +28,10 @@ def interval(index: int, norms: list[float | None], boundary: int = 0) -> Interv
         epoch=index,
         end_step=10 * (index + 1),
         steps=10,
+        skipped_steps=0,
         boundary=boundary,
         summed_grad_norm=tuple(norms),
+        summed_grad_l1_norm=tuple(norms),
         mean_step_grad_norm=tuple(norms),
     )
 
@@ -43,11 +46,11 @@ def eta_history(etas: list[float | None], boundary: int = 0) -> list[IntervalSta
 
 
 def at_fraction(f: float) -> Progress:
-    return Progress(epoch=0, epochs_total=1, step=round(f * 1000), steps_total=1000)
+    return Progress(epochs_completed=0, epochs_total=1, steps_completed=round(f * 1000), steps_total=1000)
 
 
-def at_epoch(epoch: int, epochs_total: int = 50) -> Progress:
-    return Progress(epoch=epoch, epochs_total=epochs_total, step=0, steps_total=0)
+def after_epochs(epochs_completed: int, epochs_total: int = 50) -> Progress:
+    return Progress(epochs_completed=epochs_completed, epochs_total=epochs_total, steps_completed=0, steps_total=0)
 
 
 def one_line_error(fn, *args, **kwargs) -> str:
@@ -60,34 +63,52 @@ def one_line_error(fn, *args, **kwargs) -> str:
 
 # ------------------------------------------------------------------------------------ progress
 def test_progress_fraction_by_steps_then_epochs_clipped():
-    assert Progress(epoch=0, epochs_total=4, step=250, steps_total=1000).fraction == 0.25
-    assert Progress(epoch=4, epochs_total=10, step=7, steps_total=0).fraction == 0.5
-    assert Progress(epoch=0, epochs_total=2, step=1500, steps_total=1000).fraction == 1.0
+    assert Progress(epochs_completed=0, epochs_total=4, steps_completed=250, steps_total=1000).fraction == 0.25
+    assert Progress(epochs_completed=5, epochs_total=10, steps_completed=7, steps_total=0).fraction == 0.5
+    # Mid-way through the first epoch without a step total: nothing is completed yet.
+    assert Progress(epochs_completed=0, epochs_total=10, steps_completed=7, steps_total=0).fraction == 0.0
+    assert Progress(epochs_completed=0, epochs_total=2, steps_completed=1500, steps_total=1000).fraction == 1.0
     with pytest.raises(ValueError, match="epochs_total"):
-        Progress(epoch=0, epochs_total=0, step=0, steps_total=0)
+        Progress(epochs_completed=0, epochs_total=0, steps_completed=0, steps_total=0)
 
 
 # ------------------------------------------------------------------------------------ autofreeze
 def test_autofreeze_freezes_leading_run_below_median_and_stops_at_first_above():
-    # Active etas sorted: 0.05 0.1 0.2 0.3 0.4 0.5 -> median 0.25. Blocks 0, 1 freeze; block 2
-    # (0.5) stops the run, so block 3 stays active although its eta (0.05) is the smallest.
-    history = eta_history([0.1, 0.2, 0.5, 0.05, 0.4, 0.3])
-    assert AutoFreeze().decide(0, history, PROGRESS, 6) == 2
+    # Freezable etas sorted: 0.05 0.1 0.2 0.3 0.4 0.5 -> median 0.25 (the head's 0.9 is not in the
+    # population). Blocks 0, 1 freeze; block 2 (0.5) stops the run, so block 3 stays active
+    # although its eta (0.05) is the smallest.
+    history = eta_history([0.1, 0.2, 0.5, 0.05, 0.4, 0.3, 0.9])
+    assert AutoFreeze().decide(0, history, PROGRESS, 7) == 2
 
 
 def test_autofreeze_other_percentile_and_active_blocks_only():
-    history = eta_history([0.1, 0.2, 0.5, 0.05, 0.4, 0.3])
+    history = eta_history([0.1, 0.2, 0.5, 0.05, 0.4, 0.3, 0.9])
     # 25th percentile of 6 values: 0.1 + 0.25 * (0.2 - 0.1) = 0.125 -> only block 0 (0.1) freezes.
-    assert AutoFreeze(percentile=25).decide(0, history, PROGRESS, 6) == 1
-    # Boundary 1: block 0 is frozen (not observed); active etas 0.05 0.2 0.3 0.4 0.5 -> median 0.3,
-    # block 1 (0.2) freezes, block 2 (0.5) stops.
-    frozen0 = eta_history([None, 0.2, 0.5, 0.05, 0.4, 0.3], boundary=1)
-    assert AutoFreeze().decide(1, frozen0, PROGRESS, 6) == 2
+    assert AutoFreeze(percentile=25).decide(0, history, PROGRESS, 7) == 1
+    # Boundary 1: block 0 is frozen (not observed); freezable etas 0.05 0.2 0.3 0.4 0.5 -> median
+    # 0.3, block 1 (0.2) freezes, block 2 (0.5) stops.
+    frozen0 = eta_history([None, 0.2, 0.5, 0.05, 0.4, 0.3, 0.9], boundary=1)
+    assert AutoFreeze().decide(1, frozen0, PROGRESS, 7) == 2
     # A block below the boundary must not enter the percentile even if its eta is in the history:
-    # active etas 0.3 0.4 0.5 0.6 -> p25 = 0.375, block 1 (0.3) freezes; counting block 0's 0.0
-    # would give p25 = 0.3 and block 1 would stay.
+    # freezable etas 0.3 0.4 0.6 -> p25 = 0.35, block 1 (0.3) freezes; counting block 0's 0.0
+    # would give p25 = 0.225 and block 1 would stay.
     decisive = eta_history([0.0, 0.3, 0.6, 0.4, 0.5], boundary=1)
     assert AutoFreeze(percentile=25).decide(1, decisive, PROGRESS, 5) == 2
+
+
+def test_autofreeze_percentile_leaves_the_head_out():
+    # Freezable etas 0.1 0.2 0.3 -> median 0.2: only block 0 freezes. With the head's 0.9 in the
+    # population the median would be 0.25 and block 1 would freeze too.
+    assert AutoFreeze().decide(0, eta_history([0.1, 0.2, 0.3, 0.9]), PROGRESS, 4) == 1
+
+
+def test_autofreeze_compares_l1_norms_by_default():
+    # L1 etas 0.5 0.1 0.2 -> median 0.2, block 0 (0.5) stays; L2 etas 0.1 0.5 0.2 -> block 0 freezes.
+    prev = interval(0, [10.0, 10.0, 10.0, 10.0])
+    cur = dataclasses.replace(interval(1, [9.0, 5.0, 8.0, 1.0]), summed_grad_l1_norm=(5.0, 9.0, 8.0, 1.0))
+    assert AutoFreeze().decide(0, [prev, cur], PROGRESS, 4) == 0
+    assert AutoFreeze(norm="l2").decide(0, [prev, cur], PROGRESS, 4) == 1
+    assert AutoFreeze().spec() == "autofreeze:percentile=50.0,min_intervals=2,norm=l1"
 
 
 def test_autofreeze_percentile_edges():
@@ -95,8 +116,8 @@ def test_autofreeze_percentile_edges():
     # p = 0: threshold is the minimum, nothing is strictly below it.
     assert AutoFreeze(percentile=0).decide(0, history, PROGRESS, 5) == 0
     assert AutoFreeze(percentile=0).decide(0, eta_history([0.05, 0.2, 0.3, 0.4, 0.5]), PROGRESS, 5) == 0
-    # p = 100: threshold is the maximum (the head's here): every block but the head freezes.
-    assert AutoFreeze(percentile=100).decide(0, history, PROGRESS, 5) == 4
+    # p = 100: threshold is the largest freezable eta (block 3's 0.4): blocks 0-2 freeze.
+    assert AutoFreeze(percentile=100).decide(0, history, PROGRESS, 5) == 3
     # p = 100 with the maximum in the middle: the run stops there.
     assert AutoFreeze(percentile=100).decide(0, eta_history([0.1, 0.2, 0.9, 0.4, 0.5]), PROGRESS, 5) == 2
 
@@ -106,19 +127,19 @@ def test_autofreeze_never_freezes_head_and_stops_at_undefined_eta():
     history = [interval(0, [10.0, 10.0, 10.0, 0.0]), interval(1, [9.0, 8.0, 1.0, 5.0])]
     assert AutoFreeze(percentile=100).decide(0, history, PROGRESS, 4) == 2
     assert AutoFreeze().decide(3, eta_history([None, None, None, 0.0]), PROGRESS, 4) == 3
-    # Block 1 undefined stops the run even though block 2 is far below the threshold.
-    gap = [interval(0, [10.0, 0.0, 10.0, 10.0, 10.0]), interval(1, [9.0, 3.0, 9.5, 1.0, 2.0])]
-    assert AutoFreeze().decide(0, gap, PROGRESS, 5) == 1
+    # Block 1 undefined stops the run even though block 2 is far below the threshold (0.45).
+    gap = [interval(0, [10.0, 0.0, 10.0, 10.0, 10.0, 10.0]), interval(1, [9.0, 3.0, 9.5, 1.0, 2.0, 5.0])]
+    assert AutoFreeze().decide(0, gap, PROGRESS, 6) == 1
 
 
 def test_autofreeze_waits_for_min_intervals_and_uses_last_two():
-    two = eta_history([0.1, 0.2, 0.5, 0.4])
-    assert AutoFreeze().decide(0, two[:1], PROGRESS, 4) == 0
-    assert AutoFreeze(min_intervals=3).decide(0, two, PROGRESS, 4) == 0
+    two = eta_history([0.1, 0.2, 0.5, 0.4, 0.3])
+    assert AutoFreeze().decide(0, two[:1], PROGRESS, 5) == 0
+    assert AutoFreeze(min_intervals=3).decide(0, two, PROGRESS, 5) == 0
     # An older first interval must be ignored: G 1 -> 10 would give eta 9 for every block.
-    three = [interval(0, [1.0, 1.0, 1.0, 1.0]), two[0], interval(2, list(two[1].summed_grad_norm))]
-    # Last two intervals: G 10 -> 9, 8, 5, 6: etas 0.1 0.2 0.5 0.4 -> median 0.3 -> k = 2.
-    assert AutoFreeze(min_intervals=3).decide(0, three, PROGRESS, 4) == 2
+    three = [interval(0, [1.0] * 5), two[0], interval(2, list(two[1].summed_grad_norm))]
+    # Last two intervals: G 10 -> 9, 8, 5, 6: freezable etas 0.1 0.2 0.5 0.4 -> median 0.3 -> k = 2.
+    assert AutoFreeze(min_intervals=3).decide(0, three, PROGRESS, 5) == 2
 
 
 def test_gradient_policies_reject_history_of_wrong_width():
@@ -187,12 +208,12 @@ def test_freezeout_linear_exact_thresholds_and_monotone():
     [
         (0.3, 1.0, 0),
         (0.5, 1.0, 0),
-        (0.6, 1.0, 2),
-        (0.75, 1.0, 5),
-        (0.95, 1.0, 9),
+        (0.6, 1.0, 1),  # int(0.2 * 9): a fraction of the 9 freezable blocks, as Composer
+        (0.75, 1.0, 4),
+        (0.95, 1.0, 8),
         (1.0, 1.0, 9),
-        (0.8, 0.5, 3),
-        (1.0, 0.5, 5),
+        (0.8, 0.5, 2),
+        (1.0, 0.5, 4),
     ],
 )
 def test_linear_schedule(fraction, level, k):
@@ -201,17 +222,24 @@ def test_linear_schedule(fraction, level, k):
 
 def test_linear_never_decreases_and_uses_epochs_without_step_total():
     assert LinearFreeze().decide(7, [], at_fraction(0.6), 10) == 7
-    # 8 of 10 epochs done -> fraction 0.8 -> (0.8 - 0.5) / 0.5 = 0.6 of 10 blocks.
-    assert LinearFreeze().decide(0, [], at_epoch(7, epochs_total=10), 10) == 6
+    # 8 of 10 epochs done -> fraction 0.8 -> (0.8 - 0.5) / 0.5 = 0.6 of the 9 freezable blocks.
+    assert LinearFreeze().decide(0, [], after_epochs(8, epochs_total=10), 10) == 5
 
 
 # ------------------------------------------------------------------------------------ geometric
 def test_geometric_count_per_epoch_alpha_third():
     # floor(10 * (1 - (2/3)^e)): 3.33 5.56 7.04 8.02 8.68 9.12 -> capped at the head (9).
-    counts = [GeometricFreeze().decide(0, [], at_epoch(e), 10) for e in range(8)]
+    counts = [GeometricFreeze().decide(0, [], after_epochs(e), 10) for e in range(1, 9)]
     assert counts == [3, 5, 7, 8, 8, 9, 9, 9]
-    assert GeometricFreeze(alpha=0.5).decide(0, [], at_epoch(0), 4) == 2
-    assert GeometricFreeze().decide(6, [], at_epoch(0), 10) == 6
+    assert GeometricFreeze(alpha=0.5).decide(0, [], after_epochs(1), 4) == 2
+    assert GeometricFreeze().decide(6, [], after_epochs(1), 10) == 6
+
+
+def test_epoch_schedules_do_not_count_the_running_epoch():
+    """Evaluated every N steps, a policy is asked during the first epoch: nothing may move yet."""
+    mid_first_epoch = Progress(epochs_completed=0, epochs_total=10, steps_completed=2, steps_total=100)
+    assert GeometricFreeze(alpha=0.5).decide(0, [], mid_first_epoch, 4) == 0
+    assert GradualUnfreeze().decide(4, [], mid_first_epoch, 5) == 4
 
 
 # ------------------------------------------------------------------- gradual-unfreeze, static, none
@@ -221,12 +249,12 @@ def test_gradual_unfreeze_schedule():
     assert boundary == 4
     seen = []
     for epoch in range(12):
-        boundary = policy.decide(boundary, [], at_epoch(epoch), 5)
+        boundary = policy.decide(boundary, [], after_epochs(epoch + 1), 5)
         seen.append(boundary)
     assert seen == [4, 3, 3, 2, 2, 1, 1, 0, 0, 0, 0, 0]
-    assert [GradualUnfreeze().decide(4, [], at_epoch(e), 5) for e in range(5)] == [3, 2, 1, 0, 0]
+    assert [GradualUnfreeze().decide(4, [], after_epochs(n), 5) for n in range(1, 6)] == [3, 2, 1, 0, 0]
     # A block already unfrozen is not frozen again when the schedule lags behind the boundary.
-    assert GradualUnfreeze().decide(1, [], at_epoch(0), 5) == 1
+    assert GradualUnfreeze().decide(1, [], after_epochs(1), 5) == 1
     assert GradualUnfreeze.may_unfreeze and not AutoFreeze.may_unfreeze
 
 
@@ -235,7 +263,7 @@ def test_static_and_none():
     assert StaticFreeze(k=4).decide(4, [], PROGRESS, 10) == 4
     assert StaticFreeze(k=4).initial_boundary(5) == 4  # the largest k: every block but the head
     assert make_policy("none").initial_boundary(5) == 0
-    assert [make_policy("none").decide(0, [], at_epoch(e), 5) for e in range(3)] == [0, 0, 0]
+    assert [make_policy("none").decide(0, [], after_epochs(e), 5) for e in range(3)] == [0, 0, 0]
     message = one_line_error(make_policy, "static", k=-1)
     assert "'k'" in message and "int >= 0" in message
 
@@ -274,7 +302,7 @@ NON_DEFAULT = {
     "freezeout": {"t0": 0.5, "scale": "squared"},
     "linear": {"freeze_start": 0.25, "freeze_level": 0.75},
     "geometric": {"alpha": 0.2},
-    "autofreeze": {"percentile": 30.0, "min_intervals": 4},
+    "autofreeze": {"percentile": 30.0, "min_intervals": 4, "norm": "l2"},
     "cs744": {},
     "gradual-unfreeze": {"every_epochs": 3},
 }
@@ -289,7 +317,7 @@ def test_spec_round_trip(name):
 
 
 def test_spec_strings():
-    assert make_policy("autofreeze", percentile=50).spec() == "autofreeze:percentile=50.0,min_intervals=2"
+    assert make_policy("autofreeze", percentile=50).spec() == "autofreeze:percentile=50.0,min_intervals=2,norm=l1"
     assert parse_policy("none").spec() == "none"
     assert parse_policy(" static : k = 4 ") == StaticFreeze(k=4)
     assert parse_policy("freezeout:t0=0.8,scale=cubic") == FreezeOut()
@@ -299,12 +327,22 @@ def test_spec_strings():
     assert isinstance(make_policy("autofreeze", percentile=50).percentile, float)
 
 
+def test_make_policy_takes_a_spec_string_or_a_name_with_parameters():
+    assert make_policy("static:k=2") == make_policy("static", k=2) == parse_policy("static:k=2")
+    assert make_policy("freezeout:t0=0.5,scale=linear") == FreezeOut(t0=0.5, scale="linear")
+    assert "not both" in one_line_error(make_policy, "static:k=2", k=3)
+    # a misspelled name says that both calls take a name or a spec string
+    assert "for make_policy and parse_policy" in one_line_error(make_policy, "statik:k=2")
+    assert "for make_policy and parse_policy" in one_line_error(make_policy, "statik", k=2)
+
+
 @pytest.mark.parametrize(
     "spec, needle",
     [
         ("frezeout", "accepted: none, static, freezeout"),
         ("", "none, static, freezeout"),
-        ("autofreeze:pct=50", "accepted: percentile, min_intervals"),
+        ("autofreeze:pct=50", "accepted: percentile, min_intervals, norm"),
+        ("autofreeze:norm=l3", "accepted: one of l1, l2"),
         ("none:k=1", "accepted: no parameters"),
         ("autofreeze:percentile=abc", "accepted: float in [0, 100]"),
         ("autofreeze:percentile=150", "accepted: float in [0, 100]"),

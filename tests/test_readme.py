@@ -6,14 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from experiments.repeat_readme_example import readme_example
+from freeze.testing import local_torchrun_command
+
 REPO = Path(__file__).resolve().parents[1]
-
-
-def _example() -> str:
-    text = (REPO / "README.md").read_text()
-    block = re.search(r"<!-- example:start -->\s*```python\n(.*?)```\s*<!-- example:end -->", text, re.S)
-    assert block, "README.md lost its example block"
-    return block.group(1)
 
 
 def _run(cmd, tmp_path):
@@ -23,7 +19,7 @@ def _run(cmd, tmp_path):
 
 def test_readme_example_runs_in_one_process(tmp_path):
     script = tmp_path / "example.py"
-    script.write_text(_example())
+    script.write_text(readme_example())
     proc = _run([sys.executable, str(script)], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.strip().splitlines()
@@ -33,17 +29,8 @@ def test_readme_example_runs_in_one_process(tmp_path):
 
 def test_readme_example_runs_under_torchrun(tmp_path):
     script = tmp_path / "example.py"
-    script.write_text(_example())
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node=2",
-        f"--log-dir={tmp_path / 'logs'}",
-        "--redirects=1",
-        str(script),
-    ]  # one stdout file per rank
+    script.write_text(readme_example())
+    cmd = local_torchrun_command(script, tmp_path / "logs")  # one stdout file per rank
     proc = _run(cmd, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     logs = sorted((tmp_path / "logs").glob("**/stdout.log"))
@@ -71,3 +58,33 @@ def test_readme_layout_lists_the_library_and_the_application_apart():
     for name in modules(REPO / "freeze" / "pipeline"):
         assert re.search(rf"\b{re.escape(name)}", application), f"{name} missing from the application list"
         assert not re.search(rf"\s{re.escape(name)}", library), f"{name} is listed as library"
+
+
+def test_readme_sweep_example_is_the_file_and_its_dry_run_prints_what_the_readme_shows():
+    text = (REPO / "README.md").read_text()
+    block = re.search(r"<!-- sweep-example:start -->\s*```toml\n(.*?)```\s*```console\n\$ (.*?)\n(.*?)```", text, re.S)
+    assert block, "README.md lost its sweep example"
+    toml_text, command, shown = block.groups()
+    assert toml_text == (REPO / "experiments" / "configs" / "sweep_smoke.toml").read_text()
+    assert command.startswith("python -m experiments.sweep ")
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    cmd = [sys.executable, *command.split()[1:]]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == shown
+
+
+def test_every_config_file_the_readme_and_docstrings_name_exists():
+    """A newcomer copies these paths; each one must be a file of the repository."""
+    sources = [REPO / "README.md", *REPO.glob("freeze/**/*.py"), *REPO.glob("experiments/**/*.py")]
+    sources += list(REPO.glob("experiments/configs/*.toml"))
+    named = {}
+    for source in sources:
+        text = source.read_text()
+        paths = re.findall(r"experiments/configs/[\w.-]+\.toml", text)
+        paths += re.findall(r"--(?:config|sweep)[ =]+([\w./-]+\.toml)", text)  # commands to copy
+        for path in paths:
+            named.setdefault(path, source.relative_to(REPO))
+    assert len(named) >= 5  # the pattern still finds the README's configs
+    missing = {path: str(where) for path, where in named.items() if not (REPO / path).is_file()}
+    assert not missing, f"named but missing: {missing}"

@@ -42,6 +42,17 @@ class _FullDisk(io.RawIOBase):
         self._free -= len(data)
         return self._f.write(data)
 
+    # io.RawIOBase defines these (fileno raising, close not closing ``f``): __getattr__ never sees them.
+    def fileno(self) -> int:
+        return self._f.fileno()
+
+    def flush(self) -> None:
+        self._f.flush()
+
+    def close(self) -> None:
+        self._f.close()
+        super().close()
+
     def __getattr__(self, name):
         return getattr(self._f, name)
 

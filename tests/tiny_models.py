@@ -29,3 +29,34 @@ def global_batch(step: int, size: int, num_classes: int = 5, hw: int = 8) -> tup
     x = torch.randn(size, 3, hw, hw, generator=g)
     y = torch.randint(0, num_classes, (size,), generator=g)
     return x, y
+
+
+class InstanceNormNet(nn.Sequential):
+    """Three blocks whose norm layers are InstanceNorm with running statistics: not BatchNorm, yet
+    updating buffers in train mode as BatchNorm does."""
+
+    def __init__(self, num_classes: int = 5, width: int = 4):
+        super().__init__(
+            nn.Sequential(
+                nn.Conv2d(3, width, 3, padding=1), nn.InstanceNorm2d(width, affine=True, track_running_stats=True)
+            ),
+            nn.Sequential(nn.Conv2d(width, width, 3, padding=1), nn.InstanceNorm2d(width, track_running_stats=True)),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Linear(width, num_classes),
+        )
+
+
+class SharedLayerNet(nn.Module):
+    """``proj`` runs twice: first, and again after the trainable ``mid``. Frozen, its second call
+    must pass the gradient on to ``mid`` (it runs with an input that requires grad)."""
+
+    def __init__(self, num_classes: int = 5, width: int = 6):
+        super().__init__()
+        self.proj = nn.Linear(3 * 8 * 8, width)
+        self.mid = nn.Linear(width, 3 * 8 * 8)
+        self.head = nn.Linear(width, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.mid(torch.relu(self.proj(x.flatten(1)))))
+        return self.head(self.proj(h))

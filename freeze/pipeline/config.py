@@ -81,6 +81,9 @@ class RunConfig:
     out_dir: str = "runs"
     seed: int = _f(0, ge=0)
     group: str = ""  # "" -> the policy spec (see Config.run_group)
+    # The environment a study compares arms in ("loopback", "cluster-1gbit"): the report compares
+    # a group only with the baseline of the same setting and world size.
+    setting: str = ""
     checkpoint_every_epochs: int = _f(1, ge=1)
 
 
@@ -92,7 +95,9 @@ class DataConfig:
     val_size: int = _f(5000, ge=0)  # images held out of the training set
     train_size: int = _f(0, ge=0)  # 0 = all remaining training images, else the first N after the val split
     test_size: int = _f(0, ge=0)  # 0 = all
-    augment: bool = True
+    # crop-flip | views:V (V fixed crop+flip views per sample) | none; the old true/false mean
+    # crop-flip/none (freeze.pipeline.augment)
+    augment: str = "crop-flip"
     synthetic_train_size: int = _f(20000, ge=1)
     synthetic_test_size: int = _f(4000, ge=1)
     synthetic_seed: int = _f(0, ge=0)
@@ -116,6 +121,11 @@ class FreezeConfig:
     # Record summed-gradient norms (eta heatmaps) also for policies that do not read them. Off by
     # default: it costs a few % of a step, which would bias timing comparisons against the baseline.
     track_summed_grads: bool = False
+    # Activation cache of the frozen prefix (freeze.cache): off | memory | disk | auto. It needs
+    # inputs that repeat exactly, so data.augment must be views:V or none.
+    cache: Literal["off", "memory", "disk", "auto"] = "off"
+    cache_budget_bytes: int = _f(0, ge=0)  # of one store (every entry once); 0 = a quarter of RAM
+    cache_dtype: Literal["fp32", "bf16", "fp16"] = "fp32"  # storage; bf16/fp16 halve it, fp32 is exact
 
 
 @dataclass(frozen=True)
@@ -148,6 +158,9 @@ class TrainConfig:
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     grad_checkpointing: bool = False
     eval_every_epochs: int = _f(1, ge=1)  # the last epoch is always evaluated
+    # "final": the test set only at the last epoch (the only test number a study may report; a
+    # large test set evaluated every epoch would cost the study more than its training)
+    test_eval: Literal["every-eval", "final"] = "every-eval"
     max_steps_per_epoch: int = _f(0, ge=0)  # 0 = full epoch
     eval_batch_size: int = _f(256, ge=1)
 
@@ -369,6 +382,28 @@ def _check_policy(spec: str) -> None:
         raise ConfigError(message if message.startswith("freeze.policy") else f"freeze.policy: {message}") from None
 
 
+def _normalize_augment(config: Config) -> Config:
+    """data.augment was a boolean once: old configs (true/false) still load, as crop-flip/none."""
+    from freeze.pipeline.augment import AugmentError, parse_augment  # deferred: keeps this module light
+
+    value = config.data.augment
+    if not isinstance(value, (str, bool)):
+        raise ConfigError(f"data.augment: expected a string (crop-flip, views:V, none), got {_show(value)}")
+    try:
+        spec = parse_augment(value).spec()
+    except AugmentError as err:
+        raise ConfigError(str(err)) from None
+    return dataclasses.replace(config, data=dataclasses.replace(config.data, augment=spec))
+
+
+def _check_cache(config: Config) -> None:
+    if config.freeze.cache != "off" and config.data.augment == "crop-flip":
+        raise ConfigError(
+            f"freeze.cache = {config.freeze.cache!r} needs inputs that repeat exactly, but data.augment = 'crop-flip' "
+            "draws a new view every epoch (a cache would silently freeze it): use data.augment = 'views:V' or 'none'"
+        )
+
+
 def _check_cluster(cluster: ClusterConfig) -> None:
     if cluster.nodes == 1:
         raise ConfigError("cluster.nodes: expected 0 (no cluster) or >= 2 nodes, got 1")
@@ -386,6 +421,7 @@ def validate(config: Config, check_files: bool = True) -> Config:
     ``check_files=False`` skips the existence check of ``model.weights``, for reading a finished
     run directory on a machine that does not have the weights file.
     """
+    config = _normalize_augment(config)
     normalized = {}
     for section in SECTIONS:
         cls = _section_class(section)
@@ -409,6 +445,7 @@ def validate(config: Config, check_files: bool = True) -> Config:
     _check_weights(config.model.weights, check_files)
     _check_arch(config.model.arch)
     _check_policy(config.freeze.policy)
+    _check_cache(config)
     return config
 
 

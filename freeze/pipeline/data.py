@@ -11,8 +11,9 @@ the data directory can switch either off: the ``SYNTHETIC.json`` beside generate
 generator version, nothing more.
 
 Loaders: one permutation of the GLOBAL dataset per epoch, seeded by (seed, epoch); rank r takes its
-contiguous slice of every global batch, and crop/flip parameters are drawn per global position, so
-1 process with batch G sees exactly the batches that W processes with batch G/W see together.
+contiguous slice of every global batch, and crop/flip parameters are drawn per global position (or,
+for ``views:V``, per sample: see freeze.pipeline.augment), so 1 process with batch G sees exactly
+the batches that W processes with batch G/W see together.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ import torch
 from torchvision.datasets import CIFAR10
 from torchvision.datasets.utils import check_integrity, download_and_extract_archive
 
+from freeze.cache import CacheSource
+from freeze.pipeline.augment import PAD, FixedViews, crop_flip, parse_augment
 from freeze.pipeline.synthetic import SYNTHETIC_VERSION, render_synthetic_split, synthetic_class_names
 from freeze.pipeline.synthetic import TASKS as SYNTHETIC_TASKS
 
@@ -421,29 +424,19 @@ def epoch_generator(seed: int, epoch: int) -> torch.Generator:
     return torch.Generator().manual_seed(int(mixed))
 
 
-def crop_flip(x: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, flip: torch.Tensor, pad: int) -> torch.Tensor:
-    """Batched random crop (offsets ``dy``, ``dx`` in 0..2*pad into the zero-padded image) and
-    horizontal flip, as ONE gather over flat indices: no per-image Python loop, and ~3x faster on
-    CPU than 4-D advanced indexing. A flip just reads the columns backwards."""
-    b, c, h, w = x.shape
-    hp, wp = h + 2 * pad, w + 2 * pad
-    padded = torch.nn.functional.pad(x, (pad, pad, pad, pad)).reshape(b, c * hp * wp)
-    ar_w = torch.arange(w, device=x.device)
-    cols = dx[:, None] + torch.where(flip[:, None], w - 1 - ar_w, ar_w)  # [B, W]
-    rows = (dy[:, None] + torch.arange(h, device=x.device)) * wp  # [B, H]
-    chans = torch.arange(c, device=x.device) * (hp * wp)
-    flat = rows[:, None, :, None] + cols[:, None, None, :] + chans[None, :, None, None]  # [B, C, H, W]
-    return padded.gather(1, flat.reshape(b, -1)).reshape(b, c, h, w)
-
-
 class TrainLoader:
     """Shuffled, augmented batches of this rank's slice of every global batch (see module doc).
 
     ``len(loader)`` is the number of steps in a full epoch; after ``set_epoch(e, start_step=s)`` an
     iteration yields steps s..len-1 of epoch e. With ``drop_last=False`` the last, partial global
-    batch is split into ``world_size`` near-equal parts (dropped if smaller than ``world_size``)."""
+    batch is split into ``world_size`` near-equal parts (dropped if smaller than ``world_size``).
 
-    pad = 4  # pixels of zero padding for the random crop, as in the standard CIFAR recipe
+    ``augment``: "crop-flip", "views:V" or "none" (freeze.pipeline.augment; True/False = crop-flip/
+    none). Iterating yields ``(x, y)``; :meth:`iter_keyed` yields ``(x, y, keys)``, where a key
+    identifies the exact input (``sample * V + view``; None under crop-flip, whose inputs never repeat),
+    and :meth:`cache_source` hands those keys' inputs to the activation cache."""
+
+    pad = PAD
 
     def __init__(
         self,
@@ -453,7 +446,7 @@ class TrainLoader:
         rank: int,
         world_size: int,
         seed: int,
-        augment: bool = True,
+        augment: str | bool = "crop-flip",
         device: str | torch.device = "cpu",
         drop_last: bool = True,
     ) -> None:
@@ -464,8 +457,11 @@ class TrainLoader:
         self.y = y.to(self.device, torch.int64)
         self.batch_size, self.rank, self.world_size = batch_size, rank, world_size
         self.global_batch_size = batch_size * world_size
-        self.seed, self.augment, self.drop_last = seed, augment, drop_last
+        self.seed, self.drop_last = seed, drop_last
+        self.augment = parse_augment(augment)
         n = self.x.shape[0]
+        # Fixed views are seeded by the data seed alone: they must not change with the epoch.
+        self.views = FixedViews(n, self.augment.views, seed, self.pad) if self.augment.kind == "views" else None
         full, partial = divmod(n, self.global_batch_size)
         self.steps_per_epoch = full + int(not drop_last and partial >= world_size)
         if self.steps_per_epoch == 0:
@@ -480,6 +476,10 @@ class TrainLoader:
     def __len__(self) -> int:
         return self.steps_per_epoch
 
+    @property
+    def num_keys(self) -> int:
+        return self.x.shape[0] * self.augment.views
+
     def _rank_slice(self, step: int) -> slice:
         begin = step * self.global_batch_size
         length = min(self.global_batch_size, self.x.shape[0] - begin)
@@ -488,22 +488,58 @@ class TrainLoader:
         bounds = [begin + length * r // self.world_size for r in range(self.world_size + 1)]
         return slice(bounds[self.rank], bounds[self.rank + 1])
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def _epoch_keys_by_position(self, epoch: int, gen: torch.Generator) -> torch.Tensor:
+        """The key at every global position of ``epoch`` (after the permutation was drawn)."""
+        perm = torch.randperm(self.x.shape[0], generator=gen)
+        if self.views is None:
+            return perm
+        return perm * self.augment.views + self.views.epoch_views(epoch)[perm]
+
+    def images(self, keys: torch.Tensor) -> torch.Tensor:
+        """Normalized float inputs of ``keys`` (not under crop-flip, whose inputs have no key)."""
+        if not self.augment.finite:
+            raise DataError("data.augment: crop-flip draws a new view every epoch; its inputs have no key")
+        keys = keys.to(self.device)
+        if self.views is None:
+            return normalize_uint8(self.x[keys])
+        return normalize_uint8(self.views.images(self.x, keys))
+
+    def epoch_keys(self, epoch: int) -> torch.Tensor:
+        """Every key read in ``epoch`` (all ranks together), in global order."""
+        keys = self._epoch_keys_by_position(epoch, epoch_generator(self.seed, epoch))
+        return keys[: min(self.steps_per_epoch * self.global_batch_size, keys.numel())]
+
+    def cache_source(self) -> CacheSource:
+        """What the activation cache needs to build its entries (keys -> inputs, which keys each epoch reads)."""
+        return CacheSource(
+            inputs=self.images,
+            num_keys=self.num_keys,
+            epoch_keys=self.epoch_keys,
+        )
+
+    def iter_keyed(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
+        """Like iterating, with each batch's keys (None under crop-flip)."""
         n = self.x.shape[0]
         gen = epoch_generator(self.seed, self.epoch)
         # Every random number is drawn per GLOBAL position of the epoch, so a rank's batch does
         # not depend on how many ranks share the global batch.
-        perm = torch.randperm(n, generator=gen).to(self.device)
-        if self.augment:
+        keys = self._epoch_keys_by_position(self.epoch, gen).to(self.device)
+        if self.augment.kind == "crop-flip":
             offsets = torch.randint(0, 2 * self.pad + 1, (2, n), generator=gen).to(self.device)
             flips = torch.randint(0, 2, (n,), generator=gen).bool().to(self.device)
         for step in range(self.start_step, self.steps_per_epoch):
             part = self._rank_slice(step)
-            idx = perm[part]
-            x = self.x[idx]
-            if self.augment:
-                x = crop_flip(x, offsets[0, part], offsets[1, part], flips[part], self.pad)
-            yield normalize_uint8(x), self.y[idx]
+            if self.augment.kind == "crop-flip":
+                idx = keys[part]
+                x = crop_flip(self.x[idx], offsets[0, part], offsets[1, part], flips[part], self.pad)
+                yield normalize_uint8(x), self.y[idx], None
+            else:
+                batch_keys = keys[part]
+                yield self.images(batch_keys), self.y[batch_keys // self.augment.views], batch_keys
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for x, y, _ in self.iter_keyed():
+            yield x, y
 
 
 class EvalLoader:

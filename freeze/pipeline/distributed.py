@@ -14,6 +14,8 @@ import torch.distributed as dist
 from freeze import comm
 from freeze.pipeline.config import Config, ConfigError, DistConfig
 
+T = TypeVar("T")
+
 
 @dataclass(frozen=True)
 class WorkerContext:
@@ -23,6 +25,8 @@ class WorkerContext:
     local_world_size: int
     device: torch.device
     backend: str | None  # None: single process, no process group
+    threads: int = 1  # torch threads of this worker (CPU), see worker_threads
+    cores: int = 1  # cores this process may run on
 
     @property
     def is_main(self) -> bool:
@@ -74,6 +78,31 @@ def _per_attempt_store(world_size: int, timeout: datetime.timedelta) -> dist.Sto
     return dist.PrefixStore(f"freeze/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
+def worker_threads(configured: int, cores: int, local_world_size: int) -> int:
+    """Torch threads per worker: ``configured`` (dist.threads_per_worker) when set, else the cores
+    shared equally among the workers of this machine, at least 1.
+
+    Workers on one machine share its cores: torch's default, one thread per core in every process,
+    would run local_world_size x cores threads on them. torchrun sets OMP_NUM_THREADS=1 against
+    that; an equal share also uses the cores that leaves idle. Only this machine's workers are
+    known here: agents started by hand for several "nodes" on one host each see every core, so set
+    dist.threads_per_worker there (the emulated cluster pins each node to its own cores instead).
+
+    Args:
+        configured: dist.threads_per_worker; 0 means "derive it".
+        cores: the cores this process may run on (its affinity mask, not the machine's count).
+        local_world_size: the workers on this machine (torchrun's LOCAL_WORLD_SIZE).
+    """
+    if configured:
+        return configured
+    return max(1, cores // max(1, local_world_size))
+
+
+def available_cores() -> int:
+    """The cores this process may use (taskset, cgroups, an emulated cluster node), not the machine's."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def setup_worker(dist_cfg: DistConfig) -> WorkerContext:
     """Join the process group when torchrun's variables are set. The config has passed
     :func:`check_hardware`."""
@@ -82,10 +111,8 @@ def setup_worker(dist_cfg: DistConfig) -> WorkerContext:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size)))
     device = _pick_device(dist_cfg.device, local_rank)
-    # Workers on one machine share its cores; oversubscription makes every rank slower.
-    # The cores this process may use (taskset, cgroups, an emulated cluster node), not the machine's.
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    threads = dist_cfg.threads_per_worker or max(1, cores // local_world_size)
+    cores = available_cores()
+    threads = worker_threads(dist_cfg.threads_per_worker, cores, local_world_size)
     if device.type == "cpu":
         torch.set_num_threads(threads)
     backend = None
@@ -99,17 +126,25 @@ def setup_worker(dist_cfg: DistConfig) -> WorkerContext:
             device_id=device if device.type == "cuda" else None,
             **({"store": store, "rank": rank, "world_size": world_size} if store is not None else {}),
         )
-    return WorkerContext(rank, world_size, local_rank, local_world_size, device, backend)
+    return WorkerContext(rank, world_size, local_rank, local_world_size, device, backend, threads, cores)
 
 
 def teardown_worker() -> None:
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    comm.end_process_group()
 
 
 def barrier() -> None:
     if dist.is_initialized():
         dist.barrier()
+
+
+def from_rank0(obj: T) -> T:
+    """Rank 0's ``obj`` on every rank (``obj`` itself without a process group); a collective."""
+    if not dist.is_initialized():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def any_rank(flag: bool) -> bool:
@@ -129,9 +164,6 @@ def all_reduce_sum(totals: torch.Tensor) -> torch.Tensor:
     reduced = totals.to(comm.collective_device())
     dist.all_reduce(reduced)
     return reduced.to(totals.device)
-
-
-T = TypeVar("T")
 
 
 def run_and_agree(fn: Callable[[], T], *, run_here: bool, error_type: type[Exception]) -> T | None:

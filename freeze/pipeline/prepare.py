@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from freeze.blocks import Block, children_block_names, split_blocks
+from freeze.cache import CacheConfig
 from freeze.freezer import Freezer
 from freeze.pipeline.config import Config, ConfigError, config_to_toml
 from freeze.pipeline.data import DataError, DataSplit, EvalLoader, TrainLoader, load_dataset, split_validation
@@ -59,6 +60,7 @@ def _manifest(cfg: Config, ctx: WorkerContext, blocks: list[Block], policy: Poli
         "run_name": cfg.run.name,
         "study": cfg.run.study,
         "group": cfg.run_group(),
+        "setting": cfg.run.setting,
         "policy": policy.spec(),
         "seed": cfg.run.seed,
         "world_size": ctx.world_size,
@@ -189,6 +191,13 @@ def build_training(
         comm_hook=cfg.freeze.comm_hook,
         grad_checkpointing=cfg.train.grad_checkpointing,
         track_summed_grads=cfg.freeze.track_summed_grads or None,
+        cache=CacheConfig(
+            mode=cfg.freeze.cache,
+            budget_bytes=cfg.freeze.cache_budget_bytes,
+            storage_dtype=cfg.freeze.cache_dtype,
+            directory=str(cfg.run_dir()),  # a disk cache spills into the run directory
+        ),
+        cache_source=loader.cache_source() if cfg.freeze.cache != "off" else None,
     )
     return Training(model, freezer, optimizer, scheduler, scaler, loader, val_loader, test_loader, steps_per_epoch)
 

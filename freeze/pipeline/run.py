@@ -34,6 +34,7 @@ import contextlib
 import logging
 import os
 import sys
+import traceback
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -166,6 +167,7 @@ def _mark_failed(config: Config, error: BaseException) -> None:
 def run_worker(config: Config, resume: bool) -> int:
     """This process trains: alone, or as one worker of torchrun (ours or a plain torchrun command)."""
     # Heavy imports only in the worker: the launcher process stays light.
+    from freeze.cache import CacheError
     from freeze.pipeline.data import DataError
     from freeze.pipeline.distributed import setup_worker, teardown_worker
     from freeze.pipeline.models import ModelError
@@ -176,6 +178,11 @@ def run_worker(config: Config, resume: bool) -> int:
         ctx = setup_worker(config.dist)
         train_worker(config, ctx, resume, outcome)
         return 0
+    except CacheError as e:  # the cache asked for cannot be held (budget) or cut (model): every rank stops here
+        if ctx is None or ctx.is_main:
+            _mark_failed(config, e)
+        print(f"error: {e} (config keys freeze.cache, freeze.cache_budget_bytes)", file=sys.stderr)
+        return 2
     except (ConfigError, RunError, DataError, ModelError, OSError) as e:
         if not outcome.started:
             return _refuse(e)  # raised before the run was marked as started
@@ -186,6 +193,9 @@ def run_worker(config: Config, resume: bool) -> int:
     except Exception as e:
         if outcome.started and (ctx is None or ctx.is_main):
             _mark_failed(config, e)
+        # The traceback keeps train_worker's locals (its Freezer and DDP wrapper, which hold the
+        # process group) alive; clear them so that teardown_worker can stop the group's threads.
+        traceback.clear_frames(e.__traceback__)
         raise
     finally:
         teardown_worker()
@@ -204,6 +214,8 @@ def run_launcher(config: Config, resume: bool, max_restarts: int) -> int:
         except RunError as e:
             lock.discard_if_unstarted()
             return _refuse(e)
+        where = f"{config.cluster.nodes} emulated nodes x " if config.cluster.nodes else ""
+        print(f"run {config.run_dir()}: starting {where}{config.dist.nproc} workers", flush=True)
         if config.cluster.nodes:
             code = launch_cluster(config, resolved, resume, max_restarts, lock)
         else:

@@ -1,18 +1,19 @@
 """A grid of runs (policies x parameters x seeds x worker counts x any config key), one after another.
 
-    python -m experiments.sweep --sweep my_sweep.toml
-    python -m experiments.sweep --sweep my_sweep.toml --dry-run    # list the run names
+    python -m experiments.sweep --sweep experiments/configs/sweep_smoke.toml --dry-run  # list the runs
+    python -m experiments.sweep --sweep experiments/configs/sweep_smoke.toml            # run them
 
-Sweep file:
+Sweep file (experiments/configs/sweep_smoke.toml; README, "Sweeps"):
 
-    [sweep]
-    base = "experiments/configs/offline_finetune.toml"   # the run config every run starts from
-    study = "ablation"                                    # runs/<study>/<run-name>/
-    overrides = ["train.epochs=4"]                        # applied to every run
-    [grid]                                                # the cartesian product of these
-    "freeze.policy" = ["none", "autofreeze:percentile=50"]
+    [sweep]                                          # accepted keys: base, study, overrides
+    base = "experiments/configs/smoke.toml"          # the run config every run starts from
+    study = "smoke-sweep"                            # runs/<study>/<run-name>/
+    overrides = ["train.epochs=2"]                   # applied to every run (section.key=value)
+    [grid]                                           # the cartesian product of these config keys
+    "freeze.policy" = ["none", "geometric:alpha=0.5"]
     "run.seed" = [0, 1, 2]
-    "dist.nproc" = [2]
+
+Run names join the grid values (none_seed=0); runs that differ only in run.seed share a group.
 
 Every run's config is resolved and validated once, before anything runs (:func:`expand`); each run
 then starts from the resolved config.toml written into its run directory.
@@ -30,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import difflib
 import itertools
 import os
 import re
@@ -123,37 +123,7 @@ def read_toml(path: str | Path, kind: str) -> dict:
         raise SweepError(f"{kind} file {path}: {e}") from None
 
 
-_TYPE_NAMES = {str: "a string", list: "a list of strings", float: "a number"}
-
-
-def check_table(where: str, table: object, keys: dict[str, type], required: tuple[str, ...]) -> dict:
-    """``table`` (the [sweep] or [study] table) checked against ``keys`` (name -> str, list of str,
-    or float): SweepError naming the key for a missing, unknown (with a did-you-mean) or mistyped one."""
-    if not isinstance(table, dict):
-        raise SweepError(f"{where}: expected a table with keys {', '.join(keys)}")
-    for key in table:
-        if key not in keys:
-            close = difflib.get_close_matches(key, list(keys), n=1)
-            hint = f" (did you mean '{close[0]}'?)" if close else ""
-            raise SweepError(f"{where}: unknown key '{key}'{hint}; accepted: {', '.join(keys)}")
-    missing = [k for k in required if k not in table]
-    if missing:
-        raise SweepError(f"{where}: needs the key(s) {', '.join(missing)}")
-    for key, value in table.items():
-        if not _is_kind(value, keys[key]):
-            raise SweepError(f"{where}: '{key}' must be {_TYPE_NAMES[keys[key]]}, got {value!r}")
-    return table
-
-
-def _is_kind(value: object, kind: type) -> bool:
-    if kind is list:
-        return isinstance(value, list) and all(isinstance(v, str) for v in value)
-    if kind is float:  # bool is an int subclass: `target_fraction = true` is not a number
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    return isinstance(value, kind)
-
-
-_SWEEP_KEYS = {"base": str, "study": str, "overrides": list}
+SWEEP_KEYS = ("base", "study", "overrides")
 
 
 def read_sweep(path: str | Path) -> dict:
@@ -161,7 +131,25 @@ def read_sweep(path: str | Path) -> dict:
     unknown = set(data) - {"sweep", "grid"}
     if unknown:
         raise SweepError(f"sweep file {path}: unknown table(s) {', '.join(sorted(unknown))}; accepted: sweep, grid")
-    sweep = check_table(f"sweep file {path}: [sweep]", data.get("sweep"), _SWEEP_KEYS, ("base", "study"))
+    sweep = data.get("sweep")
+    if not isinstance(sweep, dict):
+        raise SweepError(f"sweep file {path}: needs a [sweep] table with 'base' and 'study'")
+    # A key meant for [grid] (or misspelled) would otherwise be ignored: the sweep would run the base
+    # config once instead of the grid, silently.
+    unknown = set(sweep) - set(SWEEP_KEYS)
+    if unknown:
+        raise SweepError(
+            f"sweep file {path}: unknown key(s) {', '.join(repr(k) for k in sorted(unknown))} under [sweep]; "
+            f"accepted: {', '.join(SWEEP_KEYS)} (grid values go under [grid])"
+        )
+    if "base" not in sweep or "study" not in sweep:
+        raise SweepError(f"sweep file {path}: needs a [sweep] table with 'base' and 'study'")
+    for key in ("base", "study"):
+        if not isinstance(sweep[key], str):
+            raise SweepError(f"sweep file {path}: '{key}' under [sweep] must be a string, got {sweep[key]!r}")
+    overrides = sweep.get("overrides", [])
+    if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
+        raise SweepError(f'sweep file {path}: overrides must be a list of "section.key=value" strings')
     grid = data.get("grid", {})
     if not isinstance(grid, dict):
         raise SweepError(f'sweep file {path}: [grid] must be a table of "section.key" = [values]')
@@ -193,6 +181,14 @@ def expand(base: str, study: str, grid: dict, overrides: list[str], out_dir: str
     if len(set(names)) != len(names):
         raise SweepError("sweep: two grid points map to the same run name; make the grid values distinct")
     return specs
+
+
+def dry_run_lines(specs: list[RunSpec]) -> list[str]:
+    """What ``--dry-run`` prints: where the runs go, then one run name per line."""
+    studies = sorted({str(Path(s.config.run.out_dir) / s.config.run.study) for s in specs})
+    return [f"{len(specs)} run{'' if len(specs) == 1 else 's'} in {', '.join(studies)}/:"] + [
+        f"  {spec.name}" for spec in specs
+    ]
 
 
 def _launch(config: Config, resume: bool, lock: RunLock) -> int:
@@ -282,7 +278,9 @@ def check_runnable_here(specs: list[RunSpec]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.sweep", description="Run a grid of experiments.")
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.sweep", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--sweep", required=True, help="sweep TOML file")
     parser.add_argument("--out-dir", default=None, help="override run.out_dir for every run")
     parser.add_argument("--dry-run", action="store_true", help="list the runs and exit")
@@ -296,8 +294,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.dry_run:
-        for spec in specs:
-            print(spec.name)
+        print("\n".join(dry_run_lines(specs)))
         return 0
     summary = run_specs(specs)
     for line in summary.lines():

@@ -11,8 +11,10 @@ parameters and freeze decisions as an uninterrupted one.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
+import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -21,11 +23,12 @@ import torch
 import torch.nn.functional as F
 
 from freeze import comm
+from freeze.cache import CacheCounters
 from freeze.freezer import Freezer
 from freeze.monitor import relative_change
 from freeze.pipeline.config import Config
 from freeze.pipeline.data import EvalLoader
-from freeze.pipeline.distributed import WorkerContext, all_reduce_sum, any_rank, run_and_agree
+from freeze.pipeline.distributed import WorkerContext, all_reduce_sum, any_rank, from_rank0, run_and_agree
 from freeze.pipeline.log import ProgressLine, get_logger
 from freeze.pipeline.models import build_model
 from freeze.pipeline.prepare import (
@@ -94,13 +97,28 @@ class EpochTraining:
     train_loss: float  # mean over every training image of the epoch
     train_acc: float
     allreduce_bytes: int
+    cache: dict | None  # this rank's activation-cache figures (None without a cache)
+
+
+def observe_then_clip(freezer: Freezer, params: list, optimizer, scaler, grad_clip_norm: float) -> None:
+    """Unscale, let the Freezer read the gradients the backward produced, then clip them.
+
+    The monitor reads before clipping: clipped norms would be the clip threshold, not the
+    gradients' own. fp16: a step GradScaler will skip for inf/NaN gradients is still counted, as
+    skipped, so the step clock and the bytes per step stay in step with the loop."""
+    scaler.unscale_(optimizer)
+    grads = [p.grad for p in params if p.grad is not None]
+    total_norm = torch.nn.utils.get_total_norm(grads) if (scaler.is_enabled() or grad_clip_norm > 0) else None
+    freezer.after_backward(skipped=scaler.is_enabled() and not bool(torch.isfinite(total_norm)))
+    if grad_clip_norm > 0:
+        torch.nn.utils.clip_grads_with_norm_([p for p in params if p.grad is not None], grad_clip_norm, total_norm)
 
 
 def train_step(
     t: Training,
     cfg: Config,
     device: torch.device,
-    batches: Iterator[tuple[torch.Tensor, torch.Tensor]],
+    batches: Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]],
     clock: PhaseClock,
     sums: torch.Tensor,
 ) -> tuple[torch.Tensor, float]:
@@ -110,13 +128,13 @@ def train_step(
     freezer, optimizer, scaler, accum = t.freezer, t.optimizer, t.scaler, cfg.train.accumulate_steps
     data_s = 0.0
     for micro in range(accum):
-        x, y = next(batches)
+        x, y, keys = next(batches)
         data_s += clock.lap("data")
         last = micro == accum - 1
-        sync = contextlib.nullcontext() if last or not comm.is_distributed() else freezer.ddp.no_sync()
+        sync = contextlib.nullcontext() if last else freezer.module.no_sync()
         with sync:
             with _autocast(cfg.train.precision, device):
-                logits = freezer.ddp(x)
+                logits = freezer.module(x, sample_ids=keys)
                 loss = F.cross_entropy(logits, y, label_smoothing=cfg.train.label_smoothing)
             clock.lap("forward")
             scaler.scale(loss / accum).backward()
@@ -125,15 +143,7 @@ def train_step(
             sums[0] += loss.detach().double() * y.numel()
             sums[1] += (logits.argmax(1) == y).sum()
             sums[2] += y.numel()
-    scaler.unscale_(optimizer)
-    step_ok = True
-    if cfg.optim.grad_clip_norm > 0 or scaler.is_enabled():
-        max_norm = cfg.optim.grad_clip_norm if cfg.optim.grad_clip_norm > 0 else float("inf")
-        total_norm = torch.nn.utils.clip_grad_norm_([p for p in t.model.parameters() if p.grad is not None], max_norm)
-        # fp16 only: GradScaler skips steps with overflowed gradients, and so must the monitor.
-        step_ok = not scaler.is_enabled() or bool(torch.isfinite(total_norm))
-    if step_ok:
-        freezer.after_backward()
+    observe_then_clip(freezer, list(t.model.parameters()), optimizer, scaler, cfg.optim.grad_clip_norm)
     clock.lap("freezer")
     scaler.step(optimizer)
     scaler.update()
@@ -157,7 +167,8 @@ def train_one_epoch(
     bytes_before = freezer.counters.allreduce_bytes_total
     frozen_fraction_sum = 0.0
     sums = torch.zeros(3, dtype=torch.float64, device=ctx.device)  # loss sum, correct, count
-    batches = iter(t.loader)
+    cache_start = dataclasses.replace(freezer.cache.counters) if freezer.cache is not None else None
+    batches = t.loader.iter_keyed()
     clock.start()
     for step in range(t.steps_per_epoch):
         step_start_s = time.perf_counter()
@@ -167,6 +178,7 @@ def train_one_epoch(
         progress.update(step + 1, t.steps_per_epoch, loss, time.perf_counter() - step_start_s, data_s)
     freezer.end_epoch(epoch)
     clock.lap("freezer")
+    cache = _cache_record(freezer, cache_start, int(sums[2].item()))
     loss_sum, correct, count = all_reduce_sum(sums).tolist()
     return EpochTraining(
         boundary_at_epoch_start=boundary_at_epoch_start,
@@ -174,7 +186,25 @@ def train_one_epoch(
         train_loss=loss_sum / count,
         train_acc=correct / count,
         allreduce_bytes=freezer.counters.allreduce_bytes_total - bytes_before,
+        cache=cache,
     )
+
+
+def _cache_record(freezer: Freezer, start: CacheCounters | None, samples_read: int) -> dict | None:
+    """This rank's activation-cache figures for one epoch (None without a cache)."""
+    if freezer.cache is None or start is None:
+        return None
+    now = freezer.cache.counters
+    return {
+        "level": freezer.cache.level,
+        "bytes": freezer.cache.nbytes,
+        "placement": None if freezer.cache.store is None else freezer.cache.store.placement,
+        "build_s": now.build_s_total - start.build_s_total,
+        "advance_s": now.advance_s_total - start.advance_s_total,
+        "exchanged_bytes": now.exchanged_bytes_total - start.exchanged_bytes_total,
+        "hit_rate": (now.hit_keys - start.hit_keys) / samples_read if samples_read else 0.0,
+        "status": freezer.cache.status,
+    }
 
 
 @torch.no_grad()
@@ -195,7 +225,9 @@ def _evaluation_due(cfg: Config, epoch: int) -> bool:
     return (epoch + 1) % cfg.train.eval_every_epochs == 0 or epoch + 1 == cfg.train.epochs
 
 
-def evaluate_epoch(t: Training, cfg: Config, device: torch.device, clock: PhaseClock) -> dict[str, float | None]:
+def evaluate_epoch(
+    t: Training, cfg: Config, device: torch.device, clock: PhaseClock, is_last_epoch: bool
+) -> dict[str, float | None]:
     """Validation and test loss and accuracy (None for a set that is not evaluated)."""
     # Trainable BN statistics are rank-local since the last forward: evaluate with rank 0's, as
     # DDP's next forward would.
@@ -204,7 +236,9 @@ def evaluate_epoch(t: Training, cfg: Config, device: torch.device, clock: PhaseC
     val_loss = val_acc = None
     if t.val_loader is not None:
         val_loss, val_acc = evaluate(t.model, t.val_loader, cfg.train.precision, device)
-    test_loss, test_acc = evaluate(t.model, t.test_loader, cfg.train.precision, device)
+    test_loss = test_acc = None
+    if is_last_epoch or cfg.train.test_eval == "every-eval":
+        test_loss, test_acc = evaluate(t.model, t.test_loader, cfg.train.precision, device)
     clock.lap(EVAL_PHASE)
     return {"val_loss": val_loss, "val_acc": val_acc, "test_loss": test_loss, "test_acc": test_acc}
 
@@ -245,6 +279,7 @@ def epoch_record(
         "rewraps": counters.rewraps,
         "rewrap_s": counters.rewrap_s_total,
         "grad_norm": _grad_norm_record(t.freezer, epoch),
+        "cache": train.cache,
     }
 
 
@@ -289,6 +324,20 @@ def save_epoch(t: Training, cfg: Config, ctx: WorkerContext, run: RunDir, lock: 
 # the worker
 
 
+def announce_start(cfg: Config, ctx: WorkerContext, run: RunDir, logger: logging.Logger) -> None:
+    """What this run is about to do, before the silent seconds of data and model set-up; and on
+    every machine, where the results go. Under a c10d rendezvous torchrun numbers the nodes by
+    arrival, so rank 0, which writes every result file, may run on any machine."""
+    host0, path0 = from_rank0((socket.gethostname(), str(run.path.resolve())))
+    threads = f"{ctx.threads} torch threads per worker ({ctx.cores} cores / {ctx.local_world_size} local workers"
+    threads += ", dist.threads_per_worker)" if cfg.dist.threads_per_worker else ")"
+    logger.info("run %s: %d workers on %s, %s; loading data", run.path, ctx.world_size, ctx.device, threads)
+    if ctx.is_main:
+        logger.info("results go to %s on %s (rank 0's machine)", path0, host0)
+    elif ctx.local_rank == 0:  # rank 0's logger prints on its machine only; say it on every machine
+        print(f"{socket.gethostname()}: rank 0 runs on {host0}; results go to {path0} there", flush=True)
+
+
 @dataclass
 class WorkerOutcome:
     """What the caller of :func:`train_worker` needs when it raises: whether the run had started
@@ -321,11 +370,29 @@ def _train(
     cfg: Config, ctx: WorkerContext, run: RunDir, lock: RunLock | None, resume: bool, outcome: WorkerOutcome
 ) -> dict:
     logger = get_logger(ctx.rank, run.path / f"log.rank{ctx.rank}.txt" if ctx.is_main else None)
+    announce_start(cfg, ctx, run, logger)
     torch.manual_seed(cfg.run.seed)  # model init: identical on all ranks, and the Freezer syncs anyway
+    start_s = time.perf_counter()
     split = load_data(cfg, ctx)
+    logger.info(
+        "data: %d train / %d val / %d test images of %s in %.1f s",
+        len(split.train_y),
+        len(split.val_y),
+        len(split.test_y),
+        cfg.data.dataset,
+        time.perf_counter() - start_s,
+    )
+    start_s = time.perf_counter()
     model = build_model(cfg.model.arch, split.num_classes, cfg.model.stem, cfg.model.weights, logger=logger)
     model = model.to(ctx.device)
     blocks = build_blocks(model, cfg.model.blocks)
+    logger.info(
+        "model: %s (weights %s), %d blocks, built in %.1f s",
+        cfg.model.arch,
+        cfg.model.weights or "none",
+        len(blocks),
+        time.perf_counter() - start_s,
+    )
     policy = build_policy(cfg, blocks)
     t = build_training(cfg, ctx, split, model, blocks, policy)
 
@@ -337,15 +404,7 @@ def _train(
     outcome.started = True
     if ctx.is_main:
         run.truncate_metrics(start_epoch)  # epochs after the checkpoint are re-run, not duplicated
-    logger.info(
-        "run %s: %d workers on %s, %d blocks, policy %s, %d steps/epoch",
-        run.path,
-        ctx.world_size,
-        ctx.device,
-        len(blocks),
-        policy.spec(),
-        t.steps_per_epoch,
-    )
+    logger.info("training: policy %s, %d epochs of %d steps", policy.spec(), cfg.train.epochs, t.steps_per_epoch)
 
     record: dict = {}
     for epoch in range(start_epoch, cfg.train.epochs):
@@ -354,10 +413,13 @@ def _train(
         cumulative_wall_s += clock.train_seconds()
         evaluation = dict.fromkeys(("val_loss", "val_acc", "test_loss", "test_acc"))
         if _evaluation_due(cfg, epoch):
-            evaluation = evaluate_epoch(t, cfg, ctx.device, clock)
+            evaluation = evaluate_epoch(t, cfg, ctx.device, clock, epoch + 1 == cfg.train.epochs)
         record = epoch_record(t, epoch, train, evaluation, clock, cumulative_wall_s)
         _log_epoch(logger, record, cfg.train.epochs)
         save_epoch(t, cfg, ctx, run, lock, record)
+    t.freezer.close()  # releases the DDP wrapper, so that teardown_worker can stop the group's threads
     if ctx.is_main:
         run.finish("complete")
+        logger.info("done: results in %s", run.path)
+        logger.info("report: python -m report %s", run.path.parent)  # writes <study dir>-report/
     return record

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from freeze.monitor import IntervalStats, relative_change
+from freeze.monitor import IntervalStats, relative_change, summed_norms
 
 # Schedule arithmetic in floats lands a hair off exact values (0.8 + 0.2 * 1/4 = 0.8500000000000001);
 # without this slack a block due exactly at an evaluation would freeze one evaluation late.
@@ -33,26 +33,30 @@ class PolicyError(ValueError):
 
 @dataclass(frozen=True)
 class Progress:
-    """Where training stands when a policy is asked."""
+    """Where training stands when a policy is asked, as work COMPLETED.
 
-    epoch: int  # 0-based epoch that just ended (or is running, for step-level evaluation)
+    A policy evaluated every N steps is asked in the middle of an epoch: the running epoch is not
+    completed, so an epoch schedule must read ``epochs_completed`` (0 throughout the first epoch),
+    never "the current epoch + 1", or it fires one epoch early."""
+
+    epochs_completed: int  # whole epochs finished (0 during the first epoch)
     epochs_total: int  # planned epochs (>= 1)
-    step: int  # optimizer steps completed so far
-    steps_total: int  # optimizer steps in the whole run; 0 if unknown
+    steps_completed: int  # optimizer steps finished, skipped (fp16 overflow) steps included
+    steps_total: int  # optimizer steps planned for the whole run; 0 if unknown
 
     def __post_init__(self) -> None:
-        for name, low in (("epoch", 0), ("epochs_total", 1), ("step", 0), ("steps_total", 0)):
+        for name, low in (("epochs_completed", 0), ("epochs_total", 1), ("steps_completed", 0), ("steps_total", 0)):
             value = getattr(self, name)
             if not _is_int(value) or value < low:
                 raise ValueError(f"Progress: {name} = {value!r}; accepted: int >= {low}")
 
     @property
     def fraction(self) -> float:
-        """Fraction of training done: by steps when their total is known, else by epochs."""
+        """Fraction of training done: by steps when their total is known, else by whole epochs."""
         if self.steps_total:
-            done = self.step / self.steps_total
+            done = self.steps_completed / self.steps_total
         else:
-            done = (self.epoch + 1) / self.epochs_total
+            done = self.epochs_completed / self.epochs_total
         return min(max(done, 0.0), 1.0)
 
 
@@ -84,7 +88,7 @@ class Policy(ABC):
 
     name: ClassVar[str]
     uses_gradients: ClassVar[bool] = False  # decisions read the monitor history
-    needs_run_length: ClassVar[bool] = False  # decisions read progress.fraction
+    needs_run_length: ClassVar[bool] = False  # decisions read progress.fraction (the run length)
     may_unfreeze: ClassVar[bool] = False  # may return k < boundary
 
     def __post_init__(self) -> None:
@@ -152,16 +156,18 @@ class Policy(ABC):
                 f"policy '{self.name}': boundary = {boundary!r} with {num_blocks} blocks; accepted: 0..{num_blocks - 1}"
             )
 
-    def _last_etas(self, history: Sequence[IntervalStats], num_blocks: int) -> list[float | None]:
-        """eta_l = |G_prev - G_cur| / G_prev per block between the last two intervals."""
+    def _last_etas(self, history: Sequence[IntervalStats], num_blocks: int, norm: str = "l2") -> list[float | None]:
+        """eta_l = |G_prev - G_cur| / G_prev per block between the last two intervals, G the
+        ``norm`` of the summed gradient."""
         prev, cur = history[-2], history[-1]
         for stats in (prev, cur):
-            if len(stats.summed_grad_norm) != num_blocks:
+            width = len(summed_norms(stats, norm))
+            if width != num_blocks:
                 raise PolicyError(
-                    f"policy '{self.name}': interval {stats.index} has {len(stats.summed_grad_norm)} "
+                    f"policy '{self.name}': interval {stats.index} has {width} "
                     f"block statistics; accepted: exactly num_blocks = {num_blocks}"
                 )
-        return relative_change(prev, cur)
+        return relative_change(prev, cur, norm)
 
 
 # -------------------------------------------------------------------- registry and parsing
@@ -194,15 +200,27 @@ def register_policy(cls: type[Policy]) -> type[Policy]:
 
 
 def make_policy(name: str, **params: Any) -> Policy:
-    """Build a registered policy; parameter values may be typed or strings.
+    """Build a registered policy from a name and parameters, or from a spec string.
+
+    ``make_policy("static", k=2)`` and ``make_policy("static:k=2")`` are the same policy: a name
+    holding a ``:`` is a spec and goes to :func:`parse_policy` (then no ``params`` may be given).
 
     Args:
-        name: a registered policy name (see ``POLICIES``).
+        name: a registered policy name (see ``POLICIES``), or a spec ``"name:param=value,..."``.
         **params: the policy's parameters; values are converted to the field types and checked.
 
     Raises:
-        PolicyError: unknown name or parameter, or a value outside the accepted ones.
+        PolicyError: unknown name or parameter, a value outside the accepted ones, or a spec
+            string together with parameters.
     """
+    if isinstance(name, str) and ":" in name:
+        if params:
+            raise PolicyError(
+                f"make_policy({name!r}, {', '.join(params)}=...): a spec string and parameters, not both; "
+                "accepted: a spec alone (make_policy('static:k=2')) or a name with parameters "
+                "(make_policy('static', k=2))"
+            )
+        return parse_policy(name)
     cls = _policy_class(name)
     accepted = [f.name for f in _fields(cls)]
     for key in params:
@@ -254,7 +272,10 @@ def _policy_class(name: str) -> type[Policy]:
     # The built-in rules are registered by freeze/policies/__init__.py, which Python runs before
     # this module (a submodule import runs its package first): no import is deferred here.
     if name not in POLICIES:
-        raise PolicyError(f"unknown policy {name!r}; accepted: {', '.join(POLICIES)}")
+        raise PolicyError(
+            f"unknown policy {name!r}; accepted: {', '.join(POLICIES)} (as a name, or as a spec "
+            "'name:param=value,...' for make_policy and parse_policy)"
+        )
     return POLICIES[name]
 
 

@@ -22,7 +22,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from freeze.monitor import IntervalStats
+from freeze.monitor import NORMS, IntervalStats
 from freeze.policies.base import (
     SCHEDULE_EPS,
     Policy,
@@ -106,7 +106,10 @@ class FreezeOut(Policy):
 @register_policy
 @dataclass(frozen=True)
 class LinearFreeze(Policy):
-    """Composer LayerFreezing: the frozen fraction grows linearly from freeze_start to the end."""
+    """Composer LayerFreezing: the frozen fraction grows linearly from freeze_start to the end.
+
+    The fraction is of the L - 1 freezable blocks (the head excluded), rounded down, as Composer's
+    ``int(freeze_percentage * len(flat_children[0:-1]))``."""
 
     name: ClassVar[str] = "linear"
     needs_run_length: ClassVar[bool] = True
@@ -117,7 +120,7 @@ class LinearFreeze(Policy):
         self._check_call(boundary, num_blocks)
         ramp = (progress.fraction - self.freeze_start) / (1.0 - self.freeze_start)
         frozen_fraction = min(max(ramp, 0.0), 1.0) * self.freeze_level
-        return max(boundary, min(floor_with_slack(frozen_fraction * num_blocks), num_blocks - 1))
+        return max(boundary, floor_with_slack(frozen_fraction * (num_blocks - 1)))
 
 
 @register_policy
@@ -130,8 +133,7 @@ class GeometricFreeze(Policy):
 
     def decide(self, boundary: int, history: Sequence[IntervalStats], progress: Progress, num_blocks: int) -> int:
         self._check_call(boundary, num_blocks)
-        epochs_done = progress.epoch + 1
-        k = floor_with_slack(num_blocks * (1.0 - (1.0 - self.alpha) ** epochs_done))
+        k = floor_with_slack(num_blocks * (1.0 - (1.0 - self.alpha) ** progress.epochs_completed))
         return max(boundary, min(k, num_blocks - 1))
 
 
@@ -139,19 +141,24 @@ class GeometricFreeze(Policy):
 @dataclass(frozen=True)
 class AutoFreeze(Policy):
     """AutoFreeze (Liu et al. 2021): freeze the leading active blocks whose gradient-norm change
-    eta is below the percentile of eta over the active blocks."""
+    eta is below the ``percentile`` of eta over the active freezable blocks.
+
+    As the reference code (and PipeTransformer's): G is the L1 norm of the gradient accumulated
+    over the interval (``norm="l2"`` takes the Euclidean norm instead), and the percentile is taken
+    over the active blocks that may freeze, the head left out."""
 
     name: ClassVar[str] = "autofreeze"
     uses_gradients: ClassVar[bool] = True
     percentile: float = param(50.0, low=0.0, high=100.0)
     min_intervals: int = param(2, low=2)  # eta compares two intervals
+    norm: str = param("l1", choices=NORMS)
 
     def decide(self, boundary: int, history: Sequence[IntervalStats], progress: Progress, num_blocks: int) -> int:
         self._check_call(boundary, num_blocks)
         if len(history) < self.min_intervals:
             return boundary
-        eta = self._last_etas(history, num_blocks)
-        defined = [e for e in eta[boundary:] if e is not None]
+        eta = self._last_etas(history, num_blocks, self.norm)
+        defined = [e for e in eta[boundary : num_blocks - 1] if e is not None]
         if not defined:
             return boundary
         threshold = float(np.percentile(defined, self.percentile, method="linear"))
@@ -199,6 +206,6 @@ class GradualUnfreeze(Policy):
 
     def decide(self, boundary: int, history: Sequence[IntervalStats], progress: Progress, num_blocks: int) -> int:
         self._check_call(boundary, num_blocks)
-        scheduled = max(num_blocks - 1 - (progress.epoch + 1) // self.every_epochs, 0)
+        scheduled = max(num_blocks - 1 - progress.epochs_completed // self.every_epochs, 0)
         # Moves only towards unfreezing: a block once unfrozen is never frozen again.
         return min(boundary, scheduled)

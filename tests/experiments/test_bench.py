@@ -23,13 +23,15 @@ TINY = bench.BenchConfig(
     ks=(0, 2),
     phase_ks=(0,),
     collective_timeout_s=30.0,
+    cache_keys=24,
+    cache_chunk=8,
 )
 
 
 @pytest.fixture(scope="module")
 def bench_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("bench")
-    bench.run_benchmark(TINY, tmp / "out", workdir=tmp / "rdzv", deadline_s=50.0, command="pytest tiny bench")
+    bench.run_benchmark(TINY, tmp / "out", workdir=tmp / "rdzv", deadline_s=120.0, command="pytest tiny bench")
     with open(tmp / "out" / "bench.csv", newline="", encoding="utf-8") as f:
         reader = csv.DictReader(f)
         header = reader.fieldnames
@@ -46,7 +48,7 @@ def test_csv_has_one_row_per_approach_and_k(bench_run):
     header, rows, _ = bench_run
     assert tuple(header) == bench.CSV_COLUMNS
     expected = {(a, k) for a in bw.MAIN_APPROACHES for k in (0, 2)}
-    expected |= {(bw.NO_COMM, 0), (bw.ENGINE_NO_MONITOR, 0)}
+    expected |= {(bw.NO_COMM, 0), (bw.ENGINE_NO_MONITOR, 0), (bw.PREFIX_FORWARD, 2)}
     assert set(rows) == expected
     for row in rows.values():
         assert int(row["steps"]) == TINY.rounds * TINY.steps
@@ -61,7 +63,18 @@ def test_csv_has_one_row_per_approach_and_k(bench_run):
     assert rows[(bw.ENGINE, 2)]["comm_est_ms"] == ""
 
 
-@pytest.mark.parametrize("approach", [bw.ENGINE, bw.STATIC, bw.PER_PARAMETER])
+def test_cache_rows_carry_build_and_advance_times(bench_run):
+    _, rows, md = bench_run
+    cached = rows[(bw.ENGINE_CACHE, 2)]
+    assert float(cached["cache_build_s"]) > 0 and cached["cache_advance_s"] == ""  # up from k=0: no advance
+    # the MLP's cut before block 2 is its second Linear's input: 128 fp32 values per key
+    assert int(cached["cache_bytes"]) == TINY.cache_keys * 128 * 4
+    assert rows[(bw.ENGINE_CACHE, 0)]["cache_build_s"] == ""
+    section = md.split("## Activation cache (engine + cache)", 1)[1]
+    assert "| 2 |" in section and section.count("| met |") + section.count("| **MISSED**") == 2
+
+
+@pytest.mark.parametrize("approach", [bw.ENGINE, bw.STATIC, bw.PER_PARAMETER, bw.ENGINE_CACHE])
 @pytest.mark.parametrize("k", [0, 2])
 def test_bytes_per_step_equal_trainable_bytes(bench_run, approach, k):
     _, rows, _ = bench_run

@@ -27,7 +27,7 @@ def test_defaults_match_the_schema():
     assert config == Config()
     assert SECTIONS == ("run", "data", "model", "freeze", "optim", "schedule", "train", "dist", "cluster")
     assert (config.run.name, config.run.study, config.run.out_dir, config.run.seed) == ("run", "default", "runs", 0)
-    assert (config.data.dataset, config.data.val_size, config.data.augment) == ("cifar10", 5000, True)
+    assert (config.data.dataset, config.data.val_size, config.data.augment) == ("cifar10", 5000, "crop-flip")
     assert (config.model.arch, config.model.stem, config.model.weights, config.model.blocks) == (
         "resnet18",
         "imagenet",
@@ -87,8 +87,11 @@ BAD_OVERRIDES = [
     (["optim.betas=[0.9]"], ["optim.betas", "list of 2 numbers"]),
     (["optim.betas=[0.9, 1.5]"], ["optim.betas", "list of 2 numbers in [0, 1)", "1.5"]),
     (["optim.betas=0.9"], ["optim.betas", "list of 2 numbers"]),
-    (["data.augment=1"], ["data.augment", "expected true or false", "got 1"]),
-    (["data.augment=yes"], ["data.augment", "expected true or false", "'yes'"]),
+    (["data.augment=1"], ["data.augment", "'1' is not accepted", "crop-flip, views:V"]),
+    (["data.augment=yes"], ["data.augment", "'yes' is not accepted", "none"]),
+    (["data.augment=views:0"], ["data.augment", "'views:0' is not accepted"]),
+    (["freeze.cache=memory"], ["freeze.cache = 'memory'", "data.augment = 'crop-flip'", "views:V"]),
+    (["freeze.cache=ram"], ["freeze.cache", "accepted: off, memory, disk, auto"]),
     (
         ["optim.lrr=0.1"],
         ["config: unknown key 'optim.lrr'", "did you mean 'optim.lr'", "keys in [optim]: name, lr, momentum"],
@@ -178,7 +181,7 @@ def test_overrides(tmp_path):
     assert config.train.precision == "bf16"
     assert config.optim.betas == (0.9, 0.95)
     assert config.run.name == "123"
-    assert config.data.augment is False
+    assert config.data.augment == "none"  # the old boolean key still loads
     assert config.train.epochs == 4
     assert config.run.study == "with space"
     assert config.run_group() == "autofreeze:percentile=50"
@@ -259,3 +262,11 @@ def test_an_override_changes_one_key_and_is_validated():
         load_config(None, ["optim.lr=-1"])
     with pytest.raises(ConfigError, match="unknown key 'optim.rate'"):
         load_config(None, ["optim.rate=0.1"])
+
+
+def test_old_boolean_augment_key_still_loads(tmp_path):
+    assert load_config(write(tmp_path, "[data]\naugment = true\n")).data.augment == "crop-flip"
+    assert load_config(write(tmp_path, "[data]\naugment = false\n")).data.augment == "none"
+    config = load_config(None, ["data.augment=views:4", "freeze.cache=disk", "freeze.cache_dtype=bf16"])
+    assert (config.data.augment, config.freeze.cache, config.freeze.cache_dtype) == ("views:4", "disk", "bf16")
+    assert load_config(write(tmp_path, config_to_toml(config))) == config

@@ -305,3 +305,46 @@ def test_split_carries_the_class_list_even_when_a_class_has_no_image():
     split = split_validation(arrays, val_size=6, seed=0, test_size=3)
     assert split.classes == tuple("abcdefghij")
     assert split.num_classes == 10  # the head covers every class, not max label + 1
+
+
+def _keyed_epoch(loader: TrainLoader, epoch: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    loader.set_epoch(epoch)
+    return list(loader.iter_keyed())
+
+
+def test_fixed_views_are_keyed_and_the_same_in_every_epoch_rank_and_world_size():
+    x, y = _indexed_images(48)
+    views = 3
+    single = TrainLoader(x, y, 8, 0, 1, seed=4, augment=f"views:{views}")
+    seen: dict[int, torch.Tensor] = {}
+    for epoch in range(4):
+        batches = _keyed_epoch(single, epoch)
+        keys = torch.cat([k for _, _, k in batches])
+        assert torch.equal(keys, single.epoch_keys(epoch))  # the cache knows every epoch's keys in advance
+        assert sorted((keys // views).tolist()) == list(range(48))  # one view of every sample per epoch
+        for xb, yb, kb in batches:
+            assert torch.equal(yb, kb // views) and torch.equal(xb, single.images(kb))
+            for key, img in zip(kb.tolist(), xb):
+                assert key not in seen or torch.equal(seen[key], img)  # a key is always the same image
+                seen[key] = img
+    assert len(seen) > 48  # several views per sample were drawn over the epochs
+    by_sample = {}
+    for key, img in seen.items():
+        by_sample.setdefault(key // views, []).append(img)
+    assert all(img.shape == (3, 32, 32) for img in seen.values())
+    assert any(not torch.equal(a, b) for imgs in by_sample.values() for a in imgs for b in imgs)  # views differ
+    ranks = [_keyed_epoch(TrainLoader(x, y, 4, r, 2, seed=4, augment=f"views:{views}"), 2) for r in range(2)]
+    for step, (gx, _, gk) in enumerate(_keyed_epoch(single, 2)):
+        assert torch.equal(torch.cat([r[step][2] for r in ranks]), gk)
+        assert torch.equal(torch.cat([r[step][0] for r in ranks]), gx)
+
+
+def test_keys_without_augmentation_are_the_samples_and_crop_flip_has_none():
+    x, y = _indexed_images(32)
+    (xb, yb, kb), *_ = _keyed_epoch(TrainLoader(x, y, 16, 0, 1, seed=0, augment="none"), 1)
+    assert torch.equal(kb, yb) and torch.equal(xb, normalize_uint8(x[kb]))
+    (_, _, none_keys), *_ = _keyed_epoch(TrainLoader(x, y, 16, 0, 1, seed=0, augment="crop-flip"), 1)
+    assert none_keys is None
+    # the old boolean and the new name give the same batches
+    old, new = TrainLoader(x, y, 16, 0, 1, seed=3, augment=True), TrainLoader(x, y, 16, 0, 1, seed=3)
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(_epoch(old, 2), _epoch(new, 2)))

@@ -40,3 +40,45 @@ def test_single_process_needs_no_group():
     assert run_and_agree(lambda: 1, run_here=True, error_type=DataError) == 1
     total = torch.tensor([2.0])
     assert all_reduce_sum(total) is total
+
+
+def test_worker_threads_share_the_cores_among_this_machines_workers():
+    from freeze.pipeline.distributed import worker_threads
+
+    assert worker_threads(0, cores=8, local_world_size=1) == 8
+    assert worker_threads(0, cores=8, local_world_size=4) == 2
+    assert worker_threads(0, cores=8, local_world_size=3) == 2  # floor: never more threads than cores
+    assert worker_threads(0, cores=2, local_world_size=4) == 1  # at least one
+    assert worker_threads(3, cores=2, local_world_size=4) == 3  # dist.threads_per_worker wins
+
+
+def _announce(rank: int, world_size: int, out_dir: str) -> str:
+    """Each rank as the only worker of its own machine (local rank 0), as on 2 nodes."""
+    import contextlib
+    import io
+
+    from freeze.pipeline.config import load_config
+    from freeze.pipeline.distributed import WorkerContext
+    from freeze.pipeline.log import get_logger
+    from freeze.pipeline.runs import RunDir
+    from freeze.pipeline.train import announce_start
+
+    cfg = load_config("experiments/configs/smoke.toml", [f"run.out_dir={out_dir}"], check_files=False)
+    ctx = WorkerContext(rank, world_size, 0, 1, torch.device("cpu"), "gloo", threads=2, cores=2)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        announce_start(cfg, ctx, RunDir(cfg.run_dir()), get_logger(rank))
+    return printed.getvalue()
+
+
+def test_every_machine_prints_where_rank_0_writes_the_results(tmp_path, monkeypatch):
+    import socket
+    from pathlib import Path
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
+    rank0, rank1 = run_distributed(_announce, 2, tmp_path, str(tmp_path / "runs"))
+    run_dir = tmp_path.resolve() / "runs" / "smoke" / "smoke"
+    host = socket.gethostname()
+    assert "2 torch threads per worker (2 cores / 1 local workers)" in rank0
+    assert f"results go to {run_dir} on {host} (rank 0's machine)" in rank0
+    assert rank1 == f"{host}: rank 0 runs on {host}; results go to {run_dir} there\n"

@@ -170,7 +170,7 @@ def test_missing_dataset_is_one_line_error(tmp_path):
 
 def test_recipe_options_run_together(tmp_path):
     """AdamW + cosine with warm-up + label smoothing + bf16 autocast + 2-step gradient accumulation +
-    gradient checkpointing + step-level policy evaluation, in one short run."""
+    gradient checkpointing + gradient clipping + step-level policy evaluation, in one short run."""
     proc = _run(
         _common(tmp_path, "recipe")
         + [
@@ -185,6 +185,7 @@ def test_recipe_options_run_together(tmp_path):
             "train.accumulate_steps=2",
             "train.grad_checkpointing=true",
             "train.batch_size=16",
+            "optim.grad_clip_norm=1e-6",
         ]
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -194,3 +195,31 @@ def test_recipe_options_run_together(tmp_path):
     assert m["step"] == 256 // 16 // 2  # one optimizer step per 2 micro-batches
     assert m["lr"] == pytest.approx(0.0, abs=1e-12)  # cosine ends at min_lr = 0 after the last step
     assert m["train_loss"] > 0 and 0.0 <= m["test_acc"] <= 1.0
+    # The monitor reads the gradients before clipping: clipped ones would all be below 1e-6.
+    assert min(n for n in m["grad_norm"]["mean_step"] if n is not None) > 1e-3
+
+
+def test_readme_smoke_run_says_what_it_does_and_shows_a_freeze(tmp_path):
+    """README's first command, `python -m experiments.run --config experiments/configs/smoke.toml
+    dist.nproc=2` (only where its files go is changed): it says what it does before the first
+    epoch, the boundary moves and the bytes per step drop within the run, and it ends with the run
+    directory and the command that makes its report."""
+    readme = (REPO / "README.md").read_text()
+    assert "python -m experiments.run --config experiments/configs/smoke.toml dist.nproc=2" in readme
+    out_dir, data = tmp_path / "runs", tmp_path / "data"
+    proc = _run(["--config", str(SMOKE), "dist.nproc=2", f"run.out_dir={out_dir}", f"data.root={data}"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_dir = out_dir / "smoke" / "smoke"
+    lines = [line.split(" ", 1)[1] if line[:2].isdigit() else line for line in proc.stdout.splitlines()]
+    assert lines[0] == f"run {run_dir}: starting 2 workers"
+    assert lines[1].startswith(f"run {run_dir}: 2 workers on cpu,") and "torch threads per worker" in lines[1]
+    assert lines[2].startswith(f"results go to {run_dir.resolve()} on ")
+    assert lines[3].startswith("data: 256 train / 64 val / 128 test images of synthetic-target in ")
+    assert lines[4].startswith("model: resnet18 (weights none), 10 blocks, built in ")
+    assert lines[-2:] == [f"done: results in {run_dir}", f"report: python -m report {run_dir.parent}"]
+
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    moved = [m["epoch"] for m in metrics if m["boundary"] > 0]
+    assert moved, "the smoke run froze nothing"
+    after = [m for m in metrics if m["boundary_at_epoch_start"] > 0]
+    assert after and after[0]["allreduce_bytes_per_step"] < metrics[0]["allreduce_bytes_per_step"]

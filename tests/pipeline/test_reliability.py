@@ -286,9 +286,9 @@ def test_control_character_in_run_name_is_one_line():
     [
         (
             'base = "b.toml"\nstudy = "s"\noverides = ["train.epochs=1"]',
-            "unknown key 'overides' (did you mean 'overrides'?)",
+            "unknown key(s) 'overides' under [sweep]; accepted: base, study, overrides",
         ),
-        ('base = 3\nstudy = "s"', "'base' must be a string, got 3"),
+        ('base = 3\nstudy = "s"', "'base' under [sweep] must be a string, got 3"),
     ],
 )
 def test_sweep_table_keys_are_checked(tmp_path, table, expected):

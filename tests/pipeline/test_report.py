@@ -147,12 +147,12 @@ def test_combined_markdown_and_latex(report):
     tables_md = (out / "tables.md").read_text(encoding="utf-8")
     assert "5 complete runs in 3 groups (1 incomplete run excluded" in tables_md
     assert "final-epoch test accuracy" in tables_md
-    assert tables_md.count("\n## ") == 4
+    assert tables_md.count("\n## ") == 6
     main_tex = (out / "main.tex").read_text(encoding="utf-8")
     assert r"\toprule" in main_tex and r"\bottomrule" in main_tex and r"test acc \% (final epoch)" in main_tex
     assert r"67.50 $\pm$ 19.06" in main_tex
     assert r"epoch\_wall\_s" in (out / "phases.tex").read_text(encoding="utf-8")
-    for name in ("main", "static_sweep", "phases", "incomplete"):
+    for name in ("main", "paired", "convergence", "static_sweep", "phases", "incomplete"):
         assert {f"{name}.md", f"{name}.tex", f"{name}.csv"} <= set(written)
 
 
@@ -164,6 +164,7 @@ def test_pngs_are_written_and_valid(report):
             "accuracy_vs_epoch.png",
             "accuracy_vs_time.png",
             "freeze_boundary.png",
+            "pareto.png",
             "phase_times.png",
             "eta_autofreeze_percentile_50_ws2.png",
             "eta_none_ws2.png",
@@ -215,11 +216,15 @@ def test_explicit_baseline_and_short_run_is_incomplete(tmp_path):
     assert "epochs_done 2 < epochs_planned 3" in incomplete["reason"][1]
 
 
-def test_main_default_out_dir(tmp_path, capsys):
+def test_main_default_out_dir_is_where_the_readme_says(tmp_path, capsys):
+    """README: `python -m report runs/<study>` writes runs/<study>-report/ (as the study command does)."""
     runs = _copy_study(tmp_path)
     assert main([str(runs), "--formats", "md"]) == 0
-    assert (runs / "report" / "main.md").read_text() == (FIXTURES / "expected_main_table.md").read_text()
-    assert not (runs / "report" / "main.csv").exists()
+    out = runs.with_name(f"{runs.name}-report")
+    assert (out / "main.md").read_text() == (FIXTURES / "expected_main_table.md").read_text()
+    assert not (out / "main.csv").exists() and not (runs / "report").exists()
+    assert str(out) in capsys.readouterr().out
+    assert "runs/<study>-report/" in (Path(__file__).parents[2] / "README.md").read_text()
 
 
 def _assert_one_line_error(capsys, argv: list[str], *fragments: str) -> None:
@@ -315,3 +320,113 @@ def test_a_crash_while_writing_the_report_keeps_the_previous_files(tmp_path, mon
         build_report(RUNS, out, baseline="static:k=2", formats=("md",))
     monkeypatch.undo()
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # no half file, no temp file
+
+
+def _log_ratio_interval(ratios: list[float]) -> tuple[float, float, float]:
+    logs = [math.log(r) for r in ratios]
+    mean, half = statistics.mean(logs), _ci95(logs)
+    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
+
+
+def test_paired_table_numbers_match_hand_computation(report):
+    out, _ = report
+    paired = _rows(out / "paired.csv")
+    af = paired[AF]
+    # Seeds 0 and 1 on both sides (autofreeze-s2 has no baseline partner and failed anyway).
+    assert af["n_pairs"] == 2
+    speedup, low, high = _log_ratio_interval([300.0 / 240.0, 330.0 / 270.0])
+    assert (af["speedup"], af["speedup_low"], af["speedup_high"]) == pytest.approx((speedup, low, high), rel=1e-9)
+    diffs = [100 * (0.66 - 0.70), 100 * (0.69 - 0.72)]  # -4 and -3 points
+    half = _ci95(diffs)
+    assert af["diff_points"] == pytest.approx(-3.5)
+    assert (af["diff_low"], af["diff_high"]) == pytest.approx((-3.5 - half, -3.5 + half))
+    assert af["verdict"] == "not shown"  # [-9.85, 2.85] straddles -0.5
+    # A single pair: a speedup but no interval, and no verdict.
+    static = paired["static:k=2"]
+    assert static["n_pairs"] == 1 and static["speedup"] == pytest.approx(300.0 / 180.0)
+    assert math.isnan(static["speedup_low"]) and static["verdict"] == "n/a"
+    assert "none" not in paired  # the baseline is not compared with itself
+
+
+def test_paired_verdicts_at_the_margin():
+    from freeze.pipeline.report.paired import non_inferiority
+
+    assert non_inferiority(-0.4, 0.3, 0.5) == "non-inferior"
+    assert non_inferiority(-0.6, 0.3, 0.5) == "not shown"
+    assert non_inferiority(-2.0, -0.6, 0.5) == "inferior"
+    assert non_inferiority(math.nan, 0.3, 0.5) == "n/a"
+
+
+def test_control_group_shows_its_speedup_against_one(tmp_path):
+    runs = _copy_study(tmp_path)
+    study = runs / "fixture_study"
+    for seed, wall_scale in ((0, 1.02), (1, 0.99)):  # a control timed 2 % slower and 1 % faster
+        dst = study / f"control-s{seed}"
+        shutil.copytree(study / f"none-s{seed}", dst)
+        _edit_manifest(runs, dst.name, group="control")
+        lines = [json.loads(line) for line in (dst / "metrics.jsonl").read_text().splitlines()]
+        for line in lines:
+            line["cumulative_wall_s"] *= wall_scale
+        (dst / "metrics.jsonl").write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    build_report(runs, tmp_path / "out", formats=("md", "csv"))
+    control = _rows(tmp_path / "out" / "paired.csv")["control"]
+    speedup, low, high = _log_ratio_interval([1 / 1.02, 1 / 0.99])
+    assert control["speedup"] == pytest.approx(speedup) and low < 1.0 < high
+    assert control["diff_points"] == 0.0
+    assert "control control (policy none" in (tmp_path / "out" / "paired.md").read_text()
+    assert "holds 1.00x" in (tmp_path / "out" / "paired.md").read_text()
+
+
+def test_convergence_of_the_baseline(report):
+    out, _ = report
+    row = _rows(out / "convergence.csv")["none"]
+    # 3 epochs: the last fifth is the final epoch, compared with epoch 2 (row 1).
+    changes = [100 * (0.72 - 0.62), 100 * (0.74 - 0.70)]  # 10 and 4 points
+    assert row["val_change_points"] == pytest.approx(statistics.mean(changes))
+    assert row["val_change_ci95"] == pytest.approx(_ci95(changes))
+    assert not row["flat"] and row["from_epoch"] == 2
+
+
+def test_settings_are_compared_only_within_themselves(tmp_path):
+    runs = _copy_study(tmp_path)
+    study = runs / "fixture_study"
+    # The same runs again as a second setting whose autofreeze is twice as fast: its speedup must be
+    # taken against that setting's own baseline, and the first setting must be unchanged.
+    for run_dir in sorted(study.iterdir()):
+        shutil.copytree(run_dir, study / f"{run_dir.name}-cluster")
+        _edit_manifest(runs, f"{run_dir.name}-cluster", setting="cluster")
+    for seed in (0, 1):
+        path = study / f"autofreeze-s{seed}-cluster" / "metrics.jsonl"
+        lines = [json.loads(line) for line in path.read_text().splitlines()]
+        for line in lines:
+            line["cumulative_wall_s"] /= 2
+        path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    build_report(runs, tmp_path / "out", formats=("md", "csv"))
+    frame = pd.read_csv(tmp_path / "out" / "paired.csv", keep_default_na=False)  # setting "" stays ""
+    af = {row["setting"]: row for row in frame.to_dict("records") if row["group"] == AF}
+    loopback, _, _ = _log_ratio_interval([300.0 / 240.0, 330.0 / 270.0])
+    cluster, _, _ = _log_ratio_interval([300.0 / 120.0, 330.0 / 135.0])
+    assert af[""]["speedup"] == pytest.approx(loopback) and af["cluster"]["speedup"] == pytest.approx(cluster)
+    main = pd.read_csv(tmp_path / "out" / "main.csv", keep_default_na=False)
+    assert sorted(main["setting"]) == sorted(["", "", "", "cluster", "cluster", "cluster"])
+
+
+def test_two_runs_of_one_group_and_seed_name_the_way_round(tmp_path, capsys):
+    """A run re-made under another name leaves two complete runs of (none, seed 0): the report stops
+    with one line naming both and the command that keeps the newest, and that command works."""
+    runs = _copy_study(tmp_path)
+    again = runs / "fixture_study" / "none-s0-again"
+    shutil.copytree(runs / "fixture_study" / "none-s0", again)
+    _edit_manifest(runs, "none-s0-again", end_time="2025-01-02T00:00:00+00:00")
+    lines = (again / "metrics.jsonl").read_text().splitlines()
+    last = json.loads(lines[-1]) | {"test_acc": 0.9}
+    (again / "metrics.jsonl").write_text("\n".join(lines[:-1] + [json.dumps(last)]) + "\n")
+
+    _assert_one_line_error(
+        capsys, [str(runs)], "seed 0", "none-s0-again", f"python -m report {runs} --on-duplicate newest"
+    )
+    assert main([str(runs), "--on-duplicate", "newest", "--formats", "csv"]) == 0
+    assert f"left out {runs / 'fixture_study' / 'none-s0'}:" in capsys.readouterr().out
+    none = _rows(runs.with_name("runs-report") / "main.csv")["none"]
+    assert none["n_runs"] == 2 and none["test_acc_mean"] == pytest.approx((0.9 + 0.72) / 2)
+    _assert_one_line_error(capsys, [str(runs), "--on-duplicate", "oldest"], "newest")

@@ -202,3 +202,31 @@ def test_each_run_starts_from_its_resolved_config_file(tmp_path, monkeypatch):
         assert path == spec.config.run_dir() / "config.toml"
         assert path.read_text() == config_to_toml(spec.config)
         assert load_config(path) == spec.config
+
+
+def test_a_grid_key_under_sweep_is_refused_not_run_once(tmp_path, capsys):
+    """A guessed file with the grid under [sweep] used to dry-run as one run of the base config."""
+    from freeze.pipeline.sweep import main
+
+    guessed = tmp_path / "guessed.toml"
+    guessed.write_text(
+        f'[sweep]\nbase = "{SMOKE}"\nstudy = "x"\n"freeze.policy" = ["none", "static:k=2"]\nseeds = [0, 1, 2]\n'
+    )
+    assert main(["--sweep", str(guessed), "--dry-run"]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert "\n" not in err and captured.out == ""
+    assert "unknown key(s) 'freeze.policy', 'seeds' under [sweep]; accepted: base, study, overrides" in err
+
+
+def test_study_dry_run_lists_the_runs_of_the_readme_command(capsys, monkeypatch):
+    """README, several machines: `python -m experiments.study --config .../study_cifar10.toml --dry-run`."""
+    from freeze.pipeline.study import main
+
+    monkeypatch.chdir(REPO)  # the README's command runs from the checkout's root
+    assert main(["--config", "experiments/configs/study_cifar10.toml", "--dry-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    # the search (baseline + 2 autofreeze candidates on seed 100), then 10 arms x 5 seeds
+    assert lines[-1] == "0 pretraining, 3 search and 50 study runs" and len(lines) == 54
+    assert sum(line.startswith("search    ") for line in lines) == 3
+    assert "study     none_seed=0  (none)" in lines[3:13]

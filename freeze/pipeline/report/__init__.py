@@ -11,11 +11,61 @@ from pathlib import Path
 
 from freeze._atomic import atomic_write_text
 from freeze.pipeline.report.load import ReportInputError, Run, load_runs
-from freeze.pipeline.report.tables import Table, build_tables, combined_markdown, to_latex, to_markdown
+from freeze.pipeline.report.paired import DEFAULT_MARGIN_POINTS, convergence_table, paired_table
+from freeze.pipeline.report.tables import (
+    ON_DUPLICATE,
+    Table,
+    combined_markdown,
+    drop_duplicate_runs,
+    incomplete_table,
+    main_table,
+    phase_table,
+    resolve_baseline,
+    static_sweep_table,
+    to_latex,
+    to_markdown,
+)
 
 FORMATS = ("md", "tex", "csv", "png")
 
-__all__ = ["FORMATS", "ReportInputError", "Run", "Table", "build_report", "load_runs"]
+__all__ = [
+    "FORMATS",
+    "ON_DUPLICATE",
+    "ReportInputError",
+    "Run",
+    "Table",
+    "build_report",
+    "default_out_dir",
+    "load_runs",
+]
+
+
+def default_out_dir(runs_dir: str | Path) -> Path:
+    """``<runs_dir>-report``, beside the runs folder: runs/offline -> runs/offline-report.
+
+    Args:
+        runs_dir: the folder of run directories the report reads.
+    """
+    runs = Path(runs_dir)
+    runs = runs if runs.name else runs.resolve()  # "." has no name of its own
+    return runs.with_name(f"{runs.name}-report")
+
+
+def build_tables(
+    runs: list[Run],
+    baseline: str | None = None,
+    target_fraction: float = 0.95,
+    margin_points: float = DEFAULT_MARGIN_POINTS,
+) -> list[Table]:
+    chosen = resolve_baseline(runs, baseline)
+    return [
+        main_table(runs, chosen, target_fraction),
+        paired_table(runs, chosen, target_fraction, margin_points),
+        convergence_table(runs, chosen, margin_points),
+        static_sweep_table(runs, chosen),
+        phase_table(runs, chosen),
+        incomplete_table(runs),
+    ]
 
 
 def _check_out_dir(out: Path) -> None:
@@ -33,10 +83,14 @@ def build_report(
     baseline: str | None = None,
     target_fraction: float = 0.95,
     formats: tuple[str, ...] = FORMATS,
+    on_duplicate: str = "error",
+    log=None,
+    margin_points: float = DEFAULT_MARGIN_POINTS,
 ) -> dict[str, Path]:
     """Write every table and figure for the runs under ``runs_dir``; returns file name -> path.
 
-    ``out_dir`` defaults to ``<runs_dir>/report``. Raises ReportInputError (one line) on bad input.
+    ``out_dir`` defaults to :func:`default_out_dir` (``runs/<study>-report`` beside
+    ``runs/<study>``, where the study command writes too). Raises ReportInputError (one line) on bad input.
     """
     unknown = sorted(set(formats) - set(FORMATS))
     if unknown or not formats:
@@ -44,10 +98,17 @@ def build_report(
         raise ReportInputError(f"formats {rejected} not accepted; accepted: {', '.join(FORMATS)}")
     if not 0.0 < target_fraction <= 1.0:
         raise ReportInputError(f"target_fraction must be in (0, 1], got {target_fraction}")
-    out = Path(out_dir) if out_dir is not None else Path(runs_dir) / "report"
+    if not margin_points > 0:
+        raise ReportInputError(f"margin_points must be > 0, got {margin_points}")
+    out = Path(out_dir) if out_dir is not None else default_out_dir(runs_dir)
     _check_out_dir(out)  # before the work, not after it
-    runs = load_runs(runs_dir)
-    tables = build_tables(runs, baseline, target_fraction)
+    runs, dropped = drop_duplicate_runs(load_runs(runs_dir), on_duplicate, runs_dir)
+    for old, kept in dropped:
+        if log is not None:
+            log(
+                f"report: left out {old.run_dir}: same group and seed as the newer {kept.run_dir} (--on-duplicate newest)"
+            )
+    tables = build_tables(runs, baseline, target_fraction, margin_points)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -71,5 +132,5 @@ def build_report(
         # Imported here so table-only reports never pay for matplotlib.
         from freeze.pipeline.report.plots import write_plots
 
-        written.update(write_plots(runs, out))
+        written.update(write_plots(runs, out, tables, margin_points))
     return written

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from freeze.pipeline.report import FORMATS, ReportInputError, build_report
+from freeze.pipeline.report import FORMATS, ON_DUPLICATE, ReportInputError, build_report
 
 
 class _Parser(argparse.ArgumentParser):
@@ -20,7 +20,11 @@ class _Parser(argparse.ArgumentParser):
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m report", description="Tables and figures from run directories.")
     parser.add_argument("runs_dir", help="folder searched recursively for run directories (manifest.json)")
-    parser.add_argument("--out", default=None, help="output folder (default: <runs_dir>/report)")
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="output folder (default: <runs_dir>-report beside it, e.g. runs/offline -> runs/offline-report)",
+    )
     parser.add_argument(
         "--baseline", default=None, help="group to compare against (default: the group with policy none)"
     )
@@ -30,6 +34,12 @@ def _parser() -> argparse.ArgumentParser:
         default=0.95,
         help="time-to-target threshold, as a fraction of the baseline's mean final val accuracy",
     )
+    parser.add_argument(
+        "--on-duplicate",
+        default="error",
+        choices=ON_DUPLICATE,
+        help="two complete runs of one group and seed: stop (error) or keep the one that ended last (newest)",
+    )
     parser.add_argument("--formats", default=",".join(FORMATS), help=f"comma-separated subset of {','.join(FORMATS)}")
     return parser
 
@@ -38,7 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = _parser().parse_args(argv)
         formats = tuple(f.strip() for f in args.formats.split(",") if f.strip())
-        written = build_report(args.runs_dir, args.out, args.baseline, args.target_fraction, formats)
+        written = build_report(
+            args.runs_dir, args.out, args.baseline, args.target_fraction, formats, args.on_duplicate, log=print
+        )
     except ReportInputError as exc:
         print(f"report: error: {exc}", file=sys.stderr)
         return 2

@@ -93,6 +93,11 @@ class Run:
         return self.manifest["seed"]
 
     @property
+    def setting(self) -> str:
+        """The study setting ("" for runs made before settings existed, or outside a study)."""
+        return str(self.manifest.get("setting") or "")
+
+    @property
     def world_size(self) -> int:
         return self.manifest["world_size"]
 

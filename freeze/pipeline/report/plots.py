@@ -10,21 +10,22 @@ import re
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 from matplotlib import colormaps
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from freeze._atomic import atomic_write
 from freeze.pipeline.report.load import Run
-from freeze.pipeline.report.tables import PHASE_COLUMNS, GroupKey, complete_groups
+from freeze.pipeline.report.tables import PHASE_COLUMNS, GroupKey, Table, complete_groups, group_label
 from freeze.pipeline.schema import TRAIN_PHASES
 
 _DPI = 110
 
 
 def _label(key: GroupKey, multi_world_size: bool) -> str:
-    group, world_size = key
-    return f"{group} ({world_size} workers)" if multi_world_size else group
+    label = group_label(key)
+    return f"{label} ({key[2]} workers)" if multi_world_size else label
 
 
 def _slug(text: str) -> str:
@@ -63,7 +64,7 @@ def _save(fig: Figure, path: Path) -> Path:
 def plot_accuracy_vs_epoch(groups: dict[GroupKey, list[Run]], path: Path) -> Path:
     fig = Figure(figsize=(7, 4.5))
     ax = fig.add_subplot()
-    multi = len({ws for _, ws in groups}) > 1
+    multi = len({ws for _, _, ws in groups}) > 1
     for key, members in groups.items():
         acc = 100 * _per_epoch(members, "test_acc")
         _draw_band(ax, np.arange(1, acc.shape[1] + 1, dtype=float), acc, _label(key, multi))
@@ -79,7 +80,7 @@ def plot_accuracy_vs_epoch(groups: dict[GroupKey, list[Run]], path: Path) -> Pat
 def plot_accuracy_vs_time(groups: dict[GroupKey, list[Run]], path: Path) -> Path:
     fig = Figure(figsize=(7, 4.5))
     ax = fig.add_subplot()
-    multi = len({ws for _, ws in groups}) > 1
+    multi = len({ws for _, _, ws in groups}) > 1
     for key, members in groups.items():
         minutes, _, _ = _mean_min_max(_per_epoch(members, "cumulative_wall_s") / 60)
         _draw_band(ax, minutes, 100 * _per_epoch(members, "test_acc"), _label(key, multi))
@@ -94,7 +95,7 @@ def plot_accuracy_vs_time(groups: dict[GroupKey, list[Run]], path: Path) -> Path
 def plot_freeze_boundary(groups: dict[GroupKey, list[Run]], path: Path) -> Path:
     fig = Figure(figsize=(7, 4.5))
     ax = fig.add_subplot()
-    multi = len({ws for _, ws in groups}) > 1
+    multi = len({ws for _, _, ws in groups}) > 1
     for key, members in groups.items():
         boundary = _per_epoch(members, "boundary")
         _draw_band(ax, np.arange(1, boundary.shape[1] + 1, dtype=float), boundary, _label(key, multi))
@@ -128,7 +129,7 @@ def plot_eta_heatmap(key: GroupKey, run: Run, path: Path) -> Path:
     ax.set_xlabel("epoch (1 = first epoch)")
     ax.set_ylabel("block (input at top)")
     ax.set_title(
-        f"{key[0]} ({key[1]} workers), seed {run.seed}\n"
+        f"{group_label(key)} ({key[2]} workers), seed {run.seed}\n"
         "eta = |G_prev - G_cur| / G_prev; grey = null (frozen or undefined)",
         fontsize="small",
     )
@@ -139,7 +140,7 @@ def plot_eta_heatmap(key: GroupKey, run: Run, path: Path) -> Path:
 def plot_phase_times(groups: dict[GroupKey, list[Run]], path: Path) -> Path:
     fig = Figure(figsize=(max(6.0, 1.2 * len(groups) + 3), 4.5))
     ax = fig.add_subplot()
-    multi = len({ws for _, ws in groups}) > 1
+    multi = len({ws for _, _, ws in groups}) > 1
     x = np.arange(len(groups))
     bottom = np.zeros(len(groups))
     for phase in TRAIN_PHASES:
@@ -155,8 +156,52 @@ def plot_phase_times(groups: dict[GroupKey, list[Run]], path: Path) -> Path:
     return _save(fig, path)
 
 
-def write_plots(runs: list[Run], out_dir: Path) -> dict[str, Path]:
-    """All figures for the complete runs; returns file name -> path (nothing when none is complete)."""
+def plot_pareto(paired: pd.DataFrame, margin_points: float | None, path: Path) -> Path:
+    """Speedup against accuracy difference, one point per (setting, group), 95 % intervals both ways:
+    the study's headline picture (up and to the right of the margin line is a win)."""
+    fig = Figure(figsize=(7.5, 5))
+    ax = fig.add_subplot()
+    settings = sorted(set(paired["setting"]))
+    markers = "osD^v<>P*X"
+    for i, setting in enumerate(settings):
+        rows = paired[paired["setting"] == setting]
+        for row in rows.itertuples(index=False):
+            x, y = row.diff_points, row.speedup
+            if not (np.isfinite(x) and np.isfinite(y)):
+                continue
+            xerr = [[x - row.diff_low], [row.diff_high - x]] if np.isfinite(row.diff_low) else None
+            yerr = [[y - row.speedup_low], [row.speedup_high - y]] if np.isfinite(row.speedup_low) else None
+            line = ax.errorbar(x, y, xerr=xerr, yerr=yerr, fmt=markers[i % len(markers)], capsize=3, markersize=6)
+            label = f"{setting}/{row.group}" if setting else row.group
+            ax.annotate(
+                label, (x, y), textcoords="offset points", xytext=(5, 4), fontsize="x-small", color=line[0].get_color()
+            )
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.axvline(0.0, color="grey", linewidth=0.8)
+    if margin_points:
+        ax.axvline(-margin_points, color="red", linestyle="--", linewidth=0.8, label=f"-{margin_points:g} point margin")
+        ax.legend(fontsize="small")
+    ax.set_xlabel("final test accuracy - baseline's (points, paired over seeds, 95% CI)")
+    ax.set_ylabel("speedup in train wall time (x, geometric mean, 95% CI)")
+    ax.set_title(
+        "Speedup vs accuracy difference" + (f" (markers by setting: {', '.join(settings)})" if any(settings) else ""),
+        fontsize="small",
+    )
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def write_plots(
+    runs: list[Run], out_dir: Path, tables: list[Table] = (), margin_points: float | None = None
+) -> dict[str, Path]:
+    """All figures for the complete runs; returns file name -> path (nothing when none is complete).
+
+    Args:
+        runs: every loaded run directory (incomplete ones are skipped).
+        out_dir: where the PNGs go.
+        tables: the report's tables; the Pareto figure is drawn from the "paired" one when present.
+        margin_points: the non-inferiority margin drawn on the Pareto figure (None: not drawn).
+    """
     groups = complete_groups(runs)
     if not groups:
         return {}
@@ -167,9 +212,13 @@ def write_plots(runs: list[Run], out_dir: Path) -> dict[str, Path]:
         plot_freeze_boundary(groups, out_dir / "freeze_boundary.png"),
         plot_phase_times(groups, out_dir / "phase_times.png"),
     ]
+    paired = next((t for t in tables if t.name == "paired"), None)
+    if paired is not None and len(paired.data):
+        paths.append(plot_pareto(paired.data, margin_points, out_dir / "pareto.png"))
     for key, members in groups.items():
         # Runs record summed-gradient norms only when their policy reads them (or when
         # freeze.track_summed_grads is set); an all-undefined heatmap would say nothing.
         if np.isfinite(members[0].eta).any():
-            paths.append(plot_eta_heatmap(key, members[0], out_dir / f"eta_{_slug(key[0])}_ws{key[1]}.png"))
+            name = f"eta_{_slug(group_label(key))}_ws{key[2]}.png"
+            paths.append(plot_eta_heatmap(key, members[0], out_dir / name))
     return {p.name: p for p in paths}

@@ -4,7 +4,7 @@ Rules that every table follows, because they decide what a number means:
 * only complete runs enter a mean; the others are listed in the incomplete-runs table;
 * accuracy is the LAST epoch's test accuracy, never the best epoch's (choosing the best epoch on the
   test set is selection on the test set);
-* comparisons are made within one world size, against the baseline group's runs of that size.
+* comparisons are made within one setting and world size, against the baseline group's runs there.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from scipy import stats
 from freeze.pipeline.report.load import ReportInputError, Run
 from freeze.pipeline.schema import TRAIN_PHASES
 
-GroupKey = tuple[str, int]  # (group, world_size)
+GroupKey = tuple[str, str, int]  # (setting, group, world_size)
 # table phase name -> metrics column; total is epoch_wall_s (no eval)
 PHASE_COLUMNS = {phase: f"phase_{phase}_s" for phase in TRAIN_PHASES} | {"total": "epoch_wall_s"}
 NA = "n/a"
@@ -44,21 +44,73 @@ class Baseline:
     note: str
 
 
+ON_DUPLICATE = ("error", "newest")
+
+
+def drop_duplicate_runs(runs: list[Run], on_duplicate: str, runs_dir) -> tuple[list[Run], list[tuple[Run, Run]]]:
+    """Complete runs of one (group, world_size, seed) counted once: a second copy (a run re-made
+    under a new name, results copied twice) would count one seed twice in every mean.
+
+    Args:
+        runs: the loaded runs.
+        on_duplicate: "error" stops with one line naming both directories and the way round;
+            "newest" keeps the run that ended last (manifest end_time) and leaves the others out.
+        runs_dir: the folder given to the report (named in the error's command).
+
+    Returns:
+        (runs kept, [(left-out run, the run kept instead)]).
+    """
+    if on_duplicate not in ON_DUPLICATE:
+        raise ReportInputError(f"--on-duplicate {on_duplicate!r}; accepted: {', '.join(ON_DUPLICATE)}")
+    by_key: dict[tuple, list[Run]] = {}
+    for run in runs:
+        if run.is_complete:
+            by_key.setdefault((run.setting, run.group, run.world_size, run.seed), []).append(run)
+    dropped: list[tuple[Run, Run]] = []
+    for (setting, group, world_size, seed), members in sorted(by_key.items()):
+        if len(members) < 2:
+            continue
+        members.sort(key=lambda r: (str(r.manifest.get("end_time") or ""), str(r.run_dir)))
+        if on_duplicate == "error":
+            raise ReportInputError(
+                f"group {group!r} ({'setting ' + setting + ', ' if setting else ''}world_size {world_size}) has "
+                f"{len(members)} complete runs with seed {seed}: "
+                f"{', '.join(str(r.run_dir) for r in members)}; keep the newest with "
+                f"`python -m report {runs_dir} --on-duplicate newest`, or move the others out of {runs_dir}"
+            )
+        dropped += [(old, members[-1]) for old in members[:-1]]
+    left_out = {id(old) for old, _ in dropped}
+    return [r for r in runs if id(r) not in left_out], dropped
+
+
 def complete_groups(runs: list[Run]) -> dict[GroupKey, list[Run]]:
-    """Complete runs by (group, world_size), sorted; each seed at most once per group."""
+    """Complete runs by (setting, group, world_size), sorted; each seed at most once per group."""
     groups: dict[GroupKey, list[Run]] = {}
     for run in runs:
         if run.is_complete:
-            groups.setdefault((run.group, run.world_size), []).append(run)
-    for (group, world_size), members in groups.items():
+            groups.setdefault((run.setting, run.group, run.world_size), []).append(run)
+    for (setting, group, world_size), members in groups.items():
         members.sort(key=lambda r: (r.seed, r.name))
         for a, b in zip(members, members[1:]):
             if a.seed == b.seed:
+                where = f"setting {setting!r}, " if setting else ""
                 raise ReportInputError(
-                    f"group {group!r} (world_size {world_size}) has two complete runs with seed {a.seed}: "
+                    f"group {group!r} ({where}world_size {world_size}) has two complete runs with seed {a.seed}: "
                     f"{a.run_dir} and {b.run_dir}"
                 )
     return dict(sorted(groups.items()))
+
+
+def baseline_runs(groups: dict[GroupKey, list[Run]], baseline: Baseline, key: GroupKey) -> list[Run] | None:
+    """The baseline group's runs in the setting and world size of ``key`` (None without a baseline)."""
+    if baseline.group is None:
+        return None
+    return groups.get((key[0], baseline.group, key[2]))
+
+
+def group_label(key: GroupKey) -> str:
+    """ "setting/group" (just the group outside a study with settings)."""
+    return f"{key[0]}/{key[1]}" if key[0] else key[1]
 
 
 def resolve_baseline(runs: list[Run], baseline: str | None) -> Baseline:
@@ -127,12 +179,12 @@ def _ratio(numerator: float, denominator: float) -> float:
     return numerator / denominator if ok else math.nan
 
 
-def _fmt(value: float, spec: str, suffix: str = "") -> str:
+def fmt_number(value: float, spec: str, suffix: str = "") -> str:
     return format(value, spec) + suffix if math.isfinite(value) else NA
 
 
 def _fmt_acc(mean: float, half: float) -> str:
-    return f"{_fmt(100 * mean, '.2f')} ± {_fmt(100 * half, '.2f')}"
+    return f"{fmt_number(100 * mean, '.2f')} ± {fmt_number(100 * half, '.2f')}"
 
 
 def _fmt_p(p: float) -> str:
@@ -145,7 +197,7 @@ def _fmt_p(p: float) -> str:
 Column = tuple[str, str, Callable[[dict], str]]
 
 
-def _display(rows: list[dict], columns: list[Column]) -> tuple[pd.DataFrame, tuple[str, ...]]:
+def display_columns(rows: list[dict], columns: list[Column]) -> tuple[pd.DataFrame, tuple[str, ...]]:
     """Every table's formatted strings (for markdown and LaTeX) and alignments, from its raw rows."""
     display = pd.DataFrame([[fmt(r) for _, _, fmt in columns] for r in rows], columns=[c[0] for c in columns])
     return display, tuple(c[1] for c in columns)
@@ -155,13 +207,13 @@ def main_table(runs: list[Run], baseline: Baseline, target_fraction: float) -> T
     groups = complete_groups(runs)
     compare = baseline.group is not None
     rows = []
-    for (_, world_size), members in groups.items():
+    for key, members in groups.items():
         row = _main_row(members)
         if compare:
-            base_runs = groups.get((baseline.group, world_size))
-            row.update(_comparison(members, row, base_runs, target_fraction))
+            row.update(_comparison(members, row, baseline_runs(groups, baseline, key), target_fraction))
         rows.append(row)
-    columns: list[Column] = [
+    columns: list[Column] = [("setting", "l", lambda r: r["setting"])] if any(k[0] for k in groups) else []
+    columns += [
         ("group", "l", lambda r: r["group"]),
         ("workers", "r", lambda r: str(r["world_size"])),
         ("policy", "l", lambda r: r["policy"]),
@@ -173,15 +225,15 @@ def main_table(runs: list[Run], baseline: Baseline, target_fraction: float) -> T
             (
                 "diff vs baseline (points)",
                 "r",
-                lambda r: "—" if r["test"] == "baseline" else _fmt(r["diff_points"], "+.2f"),
+                lambda r: "—" if r["test"] == "baseline" else fmt_number(r["diff_points"], "+.2f"),
             ),
             ("p", "r", lambda r: "—" if r["test"] == "baseline" else _fmt_p(r["p_value"])),
             ("test", "l", lambda r: r["test"]),
         ]
-    columns.append(("train time (min)", "r", lambda r: _fmt(r["wall_min"], ".2f")))
+    columns.append(("train time (min)", "r", lambda r: fmt_number(r["wall_min"], ".2f")))
     if compare:
         columns += [
-            ("speedup", "r", lambda r: _fmt(r["speedup"], ".2f", "x")),
+            ("speedup", "r", lambda r: fmt_number(r["speedup"], ".2f", "x")),
             (f"time to {target_fraction:g} x baseline val acc (min)", "r", _fmt_time_to_target),
             (
                 "reached",
@@ -190,14 +242,15 @@ def main_table(runs: list[Run], baseline: Baseline, target_fraction: float) -> T
             ),
         ]
     columns += [
-        ("all-reduced (GB)", "r", lambda r: _fmt(r["allreduce_gb"], ".3f")),
-        ("frozen param fraction", "r", lambda r: _fmt(r["frozen_fraction"], ".3f")),
+        ("all-reduced (GB)", "r", lambda r: fmt_number(r["allreduce_gb"], ".3f")),
+        ("frozen param fraction", "r", lambda r: fmt_number(r["frozen_fraction"], ".3f")),
     ]
-    display, align = _display(rows, columns)
+    display, align = display_columns(rows, columns)
     notes = [baseline.note]
-    missing = sorted({ws for _, ws in groups} - {ws for g, ws in groups if g == baseline.group})
+    missing = sorted({(s, ws) for s, _, ws in groups} - {(s, ws) for s, g, ws in groups if g == baseline.group})
     if compare and missing:
-        notes.append(f"no complete baseline runs with world_size {', '.join(map(str, missing))}: comparisons n/a there")
+        where = "; ".join(f"{'setting ' + s + ', ' if s else ''}world_size {ws}" for s, ws in missing)
+        notes.append(f"no complete baseline runs with {where}: comparisons n/a there")
     n_runs, n_incomplete = sum(map(len, groups.values())), sum(not r.is_complete for r in runs)
     caption = (
         f"Main results: {n_runs} complete runs in {len(groups)} groups ({n_incomplete} incomplete "
@@ -215,6 +268,7 @@ def _main_row(members: list[Run]) -> dict:
     acc_by_seed = {r.seed: final_test_acc(r) for r in members}
     acc_mean, acc_half = mean_ci95(list(acc_by_seed.values()))
     return {
+        "setting": members[0].setting,
         "group": members[0].group,
         "world_size": members[0].world_size,
         "policy": members[0].policy,
@@ -265,7 +319,7 @@ def _comparison(members: list[Run], row: dict, base_runs: list[Run] | None, targ
 def _fmt_time_to_target(row: dict) -> str:
     if not math.isfinite(row["ttt_target_val_acc"]):
         return NA  # no baseline runs at this world size, or the baseline logged no val accuracy
-    return "not reached" if row["ttt_reached"] < row["n_runs"] else _fmt(row["ttt_min"], ".2f")
+    return "not reached" if row["ttt_reached"] < row["n_runs"] else fmt_number(row["ttt_min"], ".2f")
 
 
 def static_k(policy: str) -> int | None:
@@ -285,15 +339,15 @@ def static_k(policy: str) -> int | None:
 def static_sweep_table(runs: list[Run], baseline: Baseline) -> Table:
     groups = {key: m for key, m in complete_groups(runs).items() if static_k(m[0].policy) is not None}
     k_of = {key: static_k(members[0].policy) for key, members in groups.items()}
-    order = sorted(groups, key=lambda key: (key[1], k_of[key], key[0]))
+    order = sorted(groups, key=lambda key: (key[0], key[2], k_of[key], key[1]))
     notes = []
     rows = []
     for key in order:
         members = groups[key]
         # The k = 0 reference: the chosen baseline when it is a k = 0 group, else policy none first.
         zero = sorted(
-            (z for z in order if z[1] == key[1] and k_of[z] == 0),
-            key=lambda z: (z[0] != baseline.group, groups[z][0].policy != "none", z[0]),
+            (z for z in order if z[0] == key[0] and z[2] == key[2] and k_of[z] == 0),
+            key=lambda z: (z[1] != baseline.group, groups[z][0].policy != "none", z[1]),
         )
         s_per_epoch = _per_run_mean(members, "epoch_wall_s")
         ref_s = _per_run_mean(groups[zero[0]], "epoch_wall_s") if zero else math.nan
@@ -301,30 +355,32 @@ def static_sweep_table(runs: list[Run], baseline: Baseline) -> Table:
         rows.append(
             {
                 "k": k_of[key],
-                "group": key[0],
-                "world_size": key[1],
+                "setting": key[0],
+                "group": key[1],
+                "world_size": key[2],
                 "n_runs": len(members),
                 "epoch_wall_s": s_per_epoch,
                 "test_acc_mean": acc_mean,
                 "test_acc_ci95": acc_half,
-                "reference_group": zero[0][0] if zero else "",
+                "reference_group": zero[0][1] if zero else "",
                 "speedup_per_epoch": _ratio(ref_s, s_per_epoch),
             }
         )
         if not zero:
-            notes.append(f"no k = 0 group with world_size {key[1]}: speedup n/a")
+            notes.append(f"no k = 0 group with world_size {key[2]}{' in ' + key[0] if key[0] else ''}: speedup n/a")
     if not groups:
         notes.append("no complete groups with policy 'static:k=K' or 'none'")
-    columns: list[Column] = [
+    columns: list[Column] = [("setting", "l", lambda r: r["setting"])] if any(k[0] for k in groups) else []
+    columns += [
         ("k", "r", lambda r: str(r["k"])),
         ("group", "l", lambda r: r["group"]),
         ("workers", "r", lambda r: str(r["world_size"])),
         ("n", "r", lambda r: str(r["n_runs"])),
-        ("s/epoch", "r", lambda r: _fmt(r["epoch_wall_s"], ".2f")),
+        ("s/epoch", "r", lambda r: fmt_number(r["epoch_wall_s"], ".2f")),
         ("test acc % (final epoch)", "r", lambda r: _fmt_acc(r["test_acc_mean"], r["test_acc_ci95"])),
-        ("speedup per epoch vs k=0", "r", lambda r: _fmt(r["speedup_per_epoch"], ".2f", "x")),
+        ("speedup per epoch vs k=0", "r", lambda r: fmt_number(r["speedup_per_epoch"], ".2f", "x")),
     ]
-    display, align = _display(rows, columns)
+    display, align = display_columns(rows, columns)
     caption = (
         "Static-k sweep (the reference study's view): the first k blocks frozen from the first step, policy none "
         f"as k = 0; {sum(r['n_runs'] for r in rows)} complete runs; s/epoch is the mean training wall time per "
@@ -338,9 +394,9 @@ def static_sweep_table(runs: list[Run], baseline: Baseline) -> Table:
 def phase_table(runs: list[Run], baseline: Baseline) -> Table:
     groups = complete_groups(runs)
     rows = []
-    for (group, world_size), members in groups.items():
-        base_runs = groups.get((baseline.group, world_size)) if baseline.group else None
-        row = {"group": group, "world_size": world_size, "n_runs": len(members)}
+    for key, members in groups.items():
+        base_runs = baseline_runs(groups, baseline, key)
+        row = {"setting": key[0], "group": key[1], "world_size": key[2], "n_runs": len(members)}
         for phase, column in PHASE_COLUMNS.items():
             seconds = _per_run_mean(members, column)
             speedup = _ratio(_per_run_mean(base_runs, column), seconds) if base_runs else math.nan
@@ -349,18 +405,19 @@ def phase_table(runs: list[Run], baseline: Baseline) -> Table:
 
     def seconds_and_speedup(phase: str) -> Callable[[dict], str]:
         def fmt(r: dict) -> str:
-            speedup = f" ({_fmt(r[f'{phase}_speedup'], '.2f', 'x')})" if baseline.group else ""
-            return _fmt(r[f"{phase}_s"], ".2f") + speedup
+            speedup = f" ({fmt_number(r[f'{phase}_speedup'], '.2f', 'x')})" if baseline.group else ""
+            return fmt_number(r[f"{phase}_s"], ".2f") + speedup
 
         return fmt
 
-    columns: list[Column] = [
+    columns: list[Column] = [("setting", "l", lambda r: r["setting"])] if any(k[0] for k in groups) else []
+    columns += [
         ("group", "l", lambda r: r["group"]),
         ("workers", "r", lambda r: str(r["world_size"])),
         ("n", "r", lambda r: str(r["n_runs"])),
         *[(f"{phase} (s)", "r", seconds_and_speedup(phase)) for phase in PHASE_COLUMNS],
     ]
-    display, align = _display(rows, columns)
+    display, align = display_columns(rows, columns)
     vs = ""
     if baseline.group:
         vs = f"; in brackets the speedup vs the baseline {baseline.group!r} (n/a when a side is 0)"
@@ -395,7 +452,7 @@ def incomplete_table(runs: list[Run]) -> Table:
         ("epochs", "r", lambda r: f"{r['epochs_done']}/{r['epochs_planned']}"),
         ("reason", "l", lambda r: r["reason"]),
     ]
-    display, align = _display(rows, columns)
+    display, align = display_columns(rows, columns)
     caption = (
         f"Incomplete runs ({len(rows)}): status running or failed, or fewer epochs than planned; "
         "excluded from every mean above."
@@ -403,16 +460,6 @@ def incomplete_table(runs: list[Run]) -> Table:
     frame_columns = ["run", "group", "world_size", "seed", "status", "epochs_done", "epochs_planned", "reason"]
     frame = pd.DataFrame(rows, columns=frame_columns)
     return Table("incomplete", "Incomplete runs", caption, frame, display, align, () if rows else ("none",))
-
-
-def build_tables(runs: list[Run], baseline: str | None = None, target_fraction: float = 0.95) -> list[Table]:
-    chosen = resolve_baseline(runs, baseline)
-    return [
-        main_table(runs, chosen, target_fraction),
-        static_sweep_table(runs, chosen),
-        phase_table(runs, chosen),
-        incomplete_table(runs),
-    ]
 
 
 _SETUP_KEYS = (

@@ -1,0 +1,122 @@
+"""What the activation cache is told (config, data source) and what it reports (estimates,
+counters, lineage)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from freeze.cache.graph import CacheError
+from freeze.cache.store import STORAGE_DTYPES
+
+CACHE_MODES = ("off", "memory", "disk", "auto")
+
+
+@dataclass(frozen=True)
+class CacheSource:
+    """What the cache needs from the data: ``inputs(keys) -> model inputs`` (one row per key),
+    ``num_keys`` (keys are 0..num_keys-1), and optionally ``epoch_keys(epoch) -> keys read in that
+    epoch`` (all ranks together), which lets the cache compute only the entries still to be read."""
+
+    inputs: Callable[[torch.Tensor], torch.Tensor]
+    num_keys: int
+    epoch_keys: Callable[[int], torch.Tensor] | None = None
+
+
+@dataclass(frozen=True)
+class CacheEstimate:
+    """What a build or an advance would cost and save, on this rank, measured on its first chunk."""
+
+    boundary: int
+    level: int  # the cut the cache would hold
+    from_level: int | None  # None: computed from the inputs; else advanced from the cut at this level
+    keys: int  # entries to compute
+    store_bytes: int
+    forwards_per_rank: int  # rows this rank computes (padding included)
+    reads_remaining_per_rank: float  # activations this rank would read from the cache until the end
+    compute_s_per_row: float  # measured on the first chunk
+    exchange_s: float  # the first chunk's exchange time x chunks
+
+
+def pays(e: CacheEstimate) -> bool:
+    """The default ``auto`` rule: cache iff the forwards saved exceed the forwards spent,
+
+        reads_remaining_per_rank * t_row  >  forwards_per_rank * t_row + exchange_s
+
+    (t_row: seconds per row of the segment, measured on the first chunk). Building from the inputs
+    saves the prefix forward of every later read; advancing saves the forward of the newly frozen
+    blocks, which the tail would otherwise recompute at every read. With V fixed views and E epochs
+    left, a build computes at most min(V, E) views per sample while E epochs read one each, so it
+    pays from the second epoch on whenever views repeat; with one epoch left it never does."""
+    return e.reads_remaining_per_rank * e.compute_s_per_row > e.forwards_per_rank * e.compute_s_per_row + e.exchange_s
+
+
+def default_budget_bytes() -> int:
+    """A quarter of physical memory: without /dev/shm every rank holds its own copy, and
+    PipeTransformer's AutoCache stops caching above 65 % of host memory for all its processes."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
+    except (ValueError, OSError, AttributeError):
+        return 4 << 30
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """``mode``: off | memory (in RAM; over budget: error) | disk (in RAM up to the budget, else a
+    node-local memory-mapped file under ``directory``) | auto (like disk, and only where
+    ``rule(CacheEstimate)`` says it pays; default :func:`pays`).
+    ``budget_bytes``: of one store (every entry once); 0 = :func:`default_budget_bytes`.
+    ``storage_dtype``: fp32 (exact), bf16 or fp16 (half the bytes; cast back on read).
+    ``chunk_samples``: rows per build chunk. ``node_shared``: a node's ranks share one in-memory
+    store through /dev/shm when it has room (one copy per node, and no row travels within a node);
+    False, or no room: one private copy per rank, rows exchanged by all_gather."""
+
+    mode: str = "off"
+    budget_bytes: int = 0
+    storage_dtype: str = "fp32"
+    directory: str | Path | None = None
+    chunk_samples: int = 256
+    rule: Callable[[CacheEstimate], bool] | None = None
+    node_shared: bool = True
+
+    def __post_init__(self) -> None:
+        if self.mode not in CACHE_MODES:
+            raise CacheError(f"cache: mode '{self.mode}' is not accepted; accepted: {', '.join(CACHE_MODES)}")
+        if self.storage_dtype not in STORAGE_DTYPES:
+            raise CacheError(
+                f"cache: storage_dtype '{self.storage_dtype}' is not accepted; accepted: {', '.join(STORAGE_DTYPES)}"
+            )
+        if not isinstance(self.budget_bytes, int) or self.budget_bytes < 0:
+            raise CacheError(
+                f"cache: budget_bytes must be an integer >= 0 (0 = a quarter of RAM), got {self.budget_bytes!r}"
+            )
+        if not isinstance(self.chunk_samples, int) or self.chunk_samples < 2:
+            raise CacheError(f"cache: chunk_samples must be an integer >= 2, got {self.chunk_samples!r}")
+
+    @property
+    def budget(self) -> int:
+        return self.budget_bytes or default_budget_bytes()
+
+
+@dataclass
+class CacheCounters:
+    builds: int = 0
+    advances: int = 0
+    drops: int = 0
+    build_s_total: float = 0.0
+    advance_s_total: float = 0.0
+    forwards_total: int = 0  # rows computed by this rank for builds and advances
+    exchanged_bytes_total: int = 0  # received by this rank
+    hit_keys: int = 0  # keys served from the cache
+    miss_keys: int = 0  # keys whose batch had to be computed while the cache was active
+
+
+@dataclass(frozen=True)
+class LineageStep:
+    op: str  # "build" or "advance"
+    level: int
+    epoch: int  # the keys computed were those read from this epoch on

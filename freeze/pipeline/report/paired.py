@@ -1,0 +1,239 @@
+"""The study's paired view: speedup and accuracy difference per seed, against the baseline run of the
+same seed, setting and world size.
+
+Why paired, and why on log ratios: runs of one seed share the data order, the validation split and
+(for arms that freeze nothing) every computed number, so the seed-to-seed spread cancels in a
+difference; and a study runs them interleaved (one block of all arms per seed, in random order), so
+the machine's drift over the study cancels in a ratio taken within a block. A speedup is a ratio:
+its interval comes from a Student t interval on the mean of log(baseline time / arm time) over the
+pairs, turned back with exp (a geometric mean with an asymmetric interval). The second policy-none
+group of a study (the control) computes exactly what the baseline computes, so its interval must
+hold 1.00x: a table whose control does not is measuring the machine, not the policy.
+
+Non-inferiority at a margin m (points): the arm is non-inferior when the lower bound of the 95 %
+interval of the paired accuracy difference is above -m; "inferior" when its upper bound is below
+-m; otherwise the data cannot tell ("not shown").
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from freeze.pipeline.report.load import Run
+from freeze.pipeline.report.tables import (
+    NA,
+    Baseline,
+    Column,
+    Table,
+    baseline_runs,
+    complete_groups,
+    display_columns,
+    final_test_acc,
+    fmt_number,
+    mean_ci95,
+    time_to_target_s,
+)
+
+DEFAULT_MARGIN_POINTS = 0.5
+
+
+def _train_wall_s(run: Run) -> float:
+    return float(run.metrics["cumulative_wall_s"].iloc[-1])
+
+
+def ratio_ci95(ratios: list[float]) -> tuple[float, float, float]:
+    """Geometric mean of ``ratios`` and its 95 % interval (t on the logs); NaN bounds for n < 2."""
+    logs = [math.log(r) for r in ratios if math.isfinite(r) and r > 0]
+    mean, half = mean_ci95(logs)
+    if not math.isfinite(mean):
+        return math.nan, math.nan, math.nan
+    if not math.isfinite(half):
+        return math.exp(mean), math.nan, math.nan
+    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
+
+
+def non_inferiority(diff_low: float, diff_high: float, margin_points: float) -> str:
+    if not (math.isfinite(diff_low) and math.isfinite(diff_high)):
+        return NA
+    if diff_low > -margin_points:
+        return "non-inferior"
+    if diff_high < -margin_points:
+        return "inferior"
+    return "not shown"
+
+
+def paired_row(members: list[Run], base: list[Run], target_fraction: float, margin_points: float) -> dict:
+    """Every paired number of one group against its baseline (seeds present on both sides only)."""
+    base_by_seed = {r.seed: r for r in base}
+    pairs = [(r, base_by_seed[r.seed]) for r in members if r.seed in base_by_seed]
+    speedup, speedup_low, speedup_high = ratio_ci95([_train_wall_s(b) / _train_wall_s(r) for r, b in pairs])
+    diffs = [100 * (final_test_acc(r) - final_test_acc(b)) for r, b in pairs]
+    diff, diff_half = mean_ci95(diffs)
+    diff_low, diff_high = diff - diff_half, diff + diff_half
+    # Time to target: the first cumulative train time at which val accuracy reaches target_fraction x
+    # the baseline's mean final val accuracy (val, never test: the target must not be chosen on test).
+    target = target_fraction * float(np.mean([b.metrics["val_acc"].iloc[-1] for b in base]))
+    ttt_ratios = []
+    for r, b in pairs:
+        arm_s, base_s = time_to_target_s(r, target), time_to_target_s(b, target)
+        if arm_s is not None and base_s is not None and arm_s > 0:
+            ttt_ratios.append(base_s / arm_s)
+    ttt, ttt_low, ttt_high = ratio_ci95(ttt_ratios)
+    return {
+        "setting": members[0].setting,
+        "group": members[0].group,
+        "policy": members[0].policy,
+        "world_size": members[0].world_size,
+        "n_pairs": len(pairs),
+        "speedup": speedup,
+        "speedup_low": speedup_low,
+        "speedup_high": speedup_high,
+        "diff_points": diff,
+        "diff_low": diff_low,
+        "diff_high": diff_high,
+        "verdict": non_inferiority(diff_low, diff_high, margin_points),
+        "ttt_target_val_acc": target,
+        "ttt_pairs": len(ttt_ratios),
+        "ttt_speedup": ttt,
+        "ttt_speedup_low": ttt_low,
+        "ttt_speedup_high": ttt_high,
+        "arm_train_min": float(np.mean([_train_wall_s(r) for r, _ in pairs])) / 60 if pairs else math.nan,
+        "base_train_min": float(np.mean([_train_wall_s(b) for _, b in pairs])) / 60 if pairs else math.nan,
+    }
+
+
+def _fmt_interval(value: float, low: float, high: float, spec: str, suffix: str = "") -> str:
+    if not math.isfinite(value):
+        return NA
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return fmt_number(value, spec, suffix)
+    return f"{fmt_number(value, spec, suffix)} [{fmt_number(low, spec)}, {fmt_number(high, spec)}]"
+
+
+def paired_table(
+    runs: list[Run],
+    baseline: Baseline,
+    target_fraction: float,
+    margin_points: float = DEFAULT_MARGIN_POINTS,
+) -> Table:
+    groups = complete_groups(runs)
+    rows = []
+    if baseline.group is not None:
+        for key, members in groups.items():
+            base = baseline_runs(groups, baseline, key)
+            if key[1] != baseline.group and base:
+                rows.append(paired_row(members, base, target_fraction, margin_points))
+    columns: list[Column] = [("setting", "l", lambda r: r["setting"])] if any(k[0] for k in groups) else []
+    columns += [
+        ("group", "l", lambda r: r["group"]),
+        ("policy", "l", lambda r: r["policy"]),
+        ("workers", "r", lambda r: str(r["world_size"])),
+        ("pairs", "r", lambda r: str(r["n_pairs"])),
+        (
+            "train min (arm / base)",
+            "r",
+            lambda r: f"{fmt_number(r['arm_train_min'], '.2f')} / {fmt_number(r['base_train_min'], '.2f')}",
+        ),
+        (
+            "speedup [95% CI]",
+            "r",
+            lambda r: _fmt_interval(r["speedup"], r["speedup_low"], r["speedup_high"], ".2f", "x"),
+        ),
+        (
+            "acc diff, points [95% CI]",
+            "r",
+            lambda r: _fmt_interval(r["diff_points"], r["diff_low"], r["diff_high"], "+.2f"),
+        ),
+        (f"non-inferior at {margin_points:g}", "l", lambda r: r["verdict"]),
+        (
+            "time-to-target speedup [95% CI]",
+            "r",
+            lambda r: (
+                _fmt_interval(r["ttt_speedup"], r["ttt_speedup_low"], r["ttt_speedup_high"], ".2f", "x")
+                + (f" ({r['ttt_pairs']}/{r['n_pairs']} reached)" if r["ttt_pairs"] < r["n_pairs"] else "")
+            ),
+        ),
+    ]
+    display, align = display_columns(rows, columns)
+    caption = (
+        f"Paired comparison with the baseline of the same seed, setting and world size ({len(rows)} groups): "
+        "speedup is the geometric mean over seeds of baseline train time / arm train time (wall time without "
+        "evaluation) with a 95% Student-t interval on the logs; accuracy difference is the final-epoch test "
+        f"accuracy minus the baseline's, mean and 95% interval over seeds; non-inferior when the interval's lower "
+        f"bound is above -{margin_points:g} points; time to target is the first train time at which val accuracy "
+        f"reaches {target_fraction:g} x the baseline's mean final val accuracy, paired the same way."
+    )
+    notes = [baseline.note]
+    controls = [r for r in rows if r["policy"] == "none"]
+    for row in controls:
+        holds = math.isfinite(row["speedup_low"]) and row["speedup_low"] <= 1.0 <= row["speedup_high"]
+        notes.append(
+            f"control {row['setting'] + '/' if row['setting'] else ''}{row['group']} (policy none, computes what the "
+            f"baseline computes): {_fmt_interval(row['speedup'], row['speedup_low'], row['speedup_high'], '.2f', 'x')}"
+            f" - {'holds 1.00x' if holds else 'DOES NOT hold 1.00x: timing drift larger than the intervals say'}"
+        )
+    return Table("paired", "Paired speedup and accuracy", caption, pd.DataFrame(rows), display, align, tuple(notes))
+
+
+def convergence_table(runs: list[Run], baseline: Baseline, margin_points: float = DEFAULT_MARGIN_POINTS) -> Table:
+    """Is the baseline converged? Its val accuracy change over the last fifth of training.
+
+    Criterion (stated in the caption): the mean over seeds of val acc(final epoch) - val acc(the epoch
+    before the last fifth starts) lies within +-margin points. A baseline still climbing makes every
+    "no accuracy lost" claim about an unfinished race."""
+    groups = complete_groups(runs)
+    rows = []
+    for key, members in groups.items():
+        if key[1] != baseline.group:
+            continue
+        epochs = min(len(r.metrics) for r in members)
+        # The last fifth is rows floor(0.8 E)..E-1; its reference is the row just before it.
+        start = max(0, math.floor(0.8 * epochs) - 1)
+        changes = []
+        for run in members:
+            val = run.metrics["val_acc"].to_numpy(dtype=float)
+            if start < epochs - 1 and math.isfinite(val[start]) and math.isfinite(val[epochs - 1]):
+                changes.append(100 * (val[epochs - 1] - val[start]))
+        change, half = mean_ci95(changes)
+        flat = math.isfinite(change) and abs(change) <= margin_points
+        rows.append(
+            {
+                "setting": key[0],
+                "group": key[1],
+                "world_size": key[2],
+                "n_runs": len(changes),
+                "epochs": epochs,
+                "from_epoch": start + 1,
+                "val_change_points": change,
+                "val_change_ci95": half,
+                "final_val_acc": float(np.mean([r.metrics["val_acc"].iloc[-1] for r in members])),
+                "flat": flat,
+            }
+        )
+    columns: list[Column] = [("setting", "l", lambda r: r["setting"])] if any(k[0] for k in groups) else []
+    columns += [
+        ("baseline", "l", lambda r: r["group"]),
+        ("workers", "r", lambda r: str(r["world_size"])),
+        ("seeds", "r", lambda r: str(r["n_runs"])),
+        ("val acc % (final)", "r", lambda r: fmt_number(100 * r["final_val_acc"], ".2f")),
+        (
+            "val change over last fifth (points)",
+            "r",
+            lambda r: (
+                f"{fmt_number(r['val_change_points'], '+.2f')} ± {fmt_number(r['val_change_ci95'], '.2f')}"
+                f" (epoch {r['from_epoch']} -> {r['epochs']})"
+            ),
+        ),
+        (f"flat (|change| <= {margin_points:g})", "l", lambda r: "yes" if r["flat"] else "NO"),
+    ]
+    display, align = display_columns(rows, columns)
+    caption = (
+        "Convergence of the baseline: mean over seeds (± 95% CI half-width) of the change in validation accuracy "
+        "from the epoch before the last fifth of training to the final epoch; the baseline counts as converged "
+        f"when the mean change is within ±{margin_points:g} points."
+    )
+    notes = () if rows else ("no baseline group: convergence not assessed",)
+    return Table("convergence", "Convergence of the baseline", caption, pd.DataFrame(rows), display, align, notes)

@@ -1,0 +1,164 @@
+"""The whole study in one command: pretrain (optional), the parameter search on validation, the
+interleaved grid of settings x arms x seeds, then the report.
+
+    python -m experiments.study --config experiments/configs/study_offline.toml        # = make study
+    python -m experiments.study --config experiments/configs/study_offline_full.toml --update-report
+
+The study file's format is in :mod:`freeze.pipeline.study.plan`. Re-running resumes: complete runs
+are skipped, interrupted ones continue from their checkpoints, and the search's choice is recomputed
+from its (complete, unchanged) runs, so it is the same choice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from pathlib import Path
+
+from freeze._atomic import atomic_write_bytes, atomic_write_text
+from freeze.pipeline.config import ConfigError
+from freeze.pipeline.study.plan import StudyFile, main_specs, read_study, runs_root, search_specs
+from freeze.pipeline.study.search import SearchError, choose, search_markdown
+from freeze.pipeline.sweep import RunSpec, SweepError, check_runnable_here, expand, run_specs
+
+
+def splice_tables(report_md: Path, tables_dir: Path) -> list[str]:
+    """Replace each ``<!-- generated:NAME -->...<!-- /generated:NAME -->`` span of ``report_md`` with
+    ``tables_dir/NAME.md``: REPORT.md's tables are generated, never typed."""
+    text = report_md.read_text(encoding="utf-8")
+    replaced = []
+
+    def fill(match: re.Match) -> str:
+        name = match.group(1)
+        source = tables_dir / f"{name}.md"
+        if not source.exists():
+            return match.group(0)
+        replaced.append(name)
+        return f"<!-- generated:{name} -->\n{source.read_text(encoding='utf-8').strip()}\n<!-- /generated:{name} -->"
+
+    text = re.sub(r"<!-- generated:([\w-]+) -->.*?<!-- /generated:\1 -->", fill, text, flags=re.S)
+    atomic_write_text(report_md, text)
+    return replaced
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.study",
+        description="Run a study (search on validation, interleaved grid) and write its report. "
+        "Study file format: freeze/pipeline/study/plan.py and README, 'The study'.",
+    )
+    parser.add_argument("--config", required=True, help="study TOML file")
+    parser.add_argument(
+        "--out-dir", default=None, help="where run directories go (default: the study's out_dir or runs)"
+    )
+    parser.add_argument("--dry-run", action="store_true", help="list the runs in the order they would run and exit")
+    parser.add_argument(
+        "--update-report",
+        action="store_true",
+        help="splice the tables into the study's report_md (e.g. report/REPORT.md) and copy its figures",
+    )
+    return parser
+
+
+def _pretrain(study: StudyFile, out_dir: str) -> tuple[list[RunSpec], tuple[str, ...]]:
+    """The pretraining run (if any) and the override that makes its checkpoint the model weights."""
+    if not study.pretrain:
+        return [], ()
+    specs = expand(study.pretrain, f"{study.name}-pretrain", {}, [], out_dir)
+    return specs, (f"model.weights={specs[0].config.run_dir() / 'checkpoint.pt'}",)
+
+
+def _print_plan(study: StudyFile, pretrain: list[RunSpec], search: list[RunSpec], grid: list[RunSpec]) -> None:
+    for spec in pretrain:
+        print(f"pretrain  {spec.name}")
+    for spec in search:
+        print(f"search    {spec.name}  ({spec.config.freeze.policy})")
+    searched = study.search.choices_for(dict.fromkeys(study.search.candidates, "")) if study.search else {}
+    for spec in grid:
+        policy = "policy chosen by the search" if spec.group in searched else spec.config.freeze.policy
+        print(f"study     {spec.name}  ({policy})")
+    print(f"{len(pretrain)} pretraining, {len(search)} search and {len(grid)} study runs")
+
+
+def _run_stage(title: str, specs: list[RunSpec]) -> bool:
+    print(f"== {title}: {len(specs)} runs", flush=True)
+    summary = run_specs(specs)
+    for line in summary.lines():
+        print(line)
+    return summary.ok  # a run left to another writer (busy) is not complete either
+
+
+def _publish(study: StudyFile, report_dir: Path) -> None:
+    report_md = Path(study.report_md)
+    names = splice_tables(report_md, report_dir)
+    figures = report_md.parent / "figures" / study.name
+    figures.mkdir(parents=True, exist_ok=True)
+    for path in sorted(report_dir.glob("*.png")):
+        atomic_write_bytes(figures / path.name, path.read_bytes())
+    print(f"== {report_md}: tables {', '.join(names) or 'none'} regenerated; figures in {figures}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    start_s = time.perf_counter()
+    try:
+        study = read_study(args.config)
+        if args.update_report and not (study.report_md and Path(study.report_md).is_file()):
+            raise SweepError(f"study file {args.config}: --update-report needs report_md naming an existing file")
+        out_dir = str(runs_root(study, args.out_dir))
+        pretrain, weights = _pretrain(study, out_dir)
+        search = search_specs(study, out_dir, weights)
+        placeholder = {arm: specs[0] for arm, specs in (study.search.candidates if study.search else {}).items()}
+        if study.search:
+            placeholder = study.search.choices_for(placeholder)
+        grid = main_specs(study, placeholder, out_dir, weights)  # validates every run's config up front
+        if not args.dry_run:  # a dry run lists names for other machines: this one's hardware is moot
+            check_runnable_here(pretrain + search + grid)
+    except (SweepError, ConfigError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        _print_plan(study, pretrain, search, grid)
+        return 0
+
+    if pretrain and not _run_stage(f"pretraining ({study.pretrain})", pretrain):
+        return 1
+    # The report reads run directories only; imported here so a dry run never pays for pandas.
+    from freeze.pipeline.report import build_report
+    from freeze.pipeline.report.load import load_runs
+
+    search_md = None
+    if search:
+        if not _run_stage("parameter search on the validation split", search):
+            return 1
+        try:
+            chosen, candidates, base_val = choose(
+                study.search, load_runs(search[0].config.run_dir().parent), study.margin_points
+            )
+        except SearchError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        search_md = search_markdown(candidates, base_val, study.search, study.margin_points)
+        print(search_md)
+        grid = main_specs(study, study.search.choices_for(chosen), out_dir, weights)
+    ok = _run_stage("study grid (interleaved per seed)", grid)
+
+    runs_dir = Path(out_dir) / study.name
+    report_dir = runs_dir.parent / f"{study.name}-report"
+    written = build_report(
+        runs_dir, report_dir, target_fraction=study.target_fraction, margin_points=study.margin_points
+    )
+    if search_md is not None:
+        atomic_write_text(report_dir / "search.md", search_md)
+    print(f"== report: {report_dir}")
+    for name in ("paired.md", "convergence.md"):
+        if (report_dir / name).exists():
+            print((report_dir / name).read_text(encoding="utf-8"))
+    if args.update_report:
+        _publish(study, report_dir)
+    elif study.report_md:
+        print(f"== {study.report_md} left as it is (pass --update-report to regenerate its tables)")
+    print(f"== study wall time {time.perf_counter() - start_s:.0f} s ({len(written)} report files)")
+    return 0 if ok else 1

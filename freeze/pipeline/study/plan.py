@@ -1,0 +1,318 @@
+"""A study file -> the ordered list of runs: settings x arms x seeds, interleaved per seed.
+
+    [study]
+    name = "offline"                                        # runs/<name>/<run>/, runs/<name>-search/, -pretrain/
+    finetune = "experiments/configs/offline_finetune.toml"  # the run config every run starts from
+    pretrain = "experiments/configs/offline_pretrain.toml"  # optional: its checkpoint becomes model.weights
+    overrides = []                                          # applied to every run (search runs too)
+    seeds = [0, 1, 2, 3, 4]                                 # paired: every arm runs every seed
+    order_seed = 0                                          # shuffles the arms within each seed's block
+    target_fraction = 0.95                                  # time to target: x the baseline's final val acc
+    margin_points = 0.5                                     # non-inferiority margin, accuracy points
+    report_md = "report/REPORT.md"                          # spliced only with --update-report
+
+    [settings]                                              # name -> overrides; optional (one setting "")
+    loopback = ["dist.nproc=2"]
+    cluster-1gbit = ["dist.nproc=1", "cluster.nodes=2", "cluster.bandwidth=1gbit"]
+
+    [arms]                                                  # group name -> overrides
+    none = []                                               # the baseline (policy none)
+    control = []                                            # policy none again: its speedup must be 1.00x
+    static-k5 = ["freeze.policy=static:k=5", "freeze.cache=memory"]
+    autofreeze = ["freeze.cache=memory"]                    # its policy comes from [search]
+    # an arm only some settings run: a table instead of a list
+    static-k8-nocache = { overrides = ["freeze.policy=static:k=8"], settings = ["cluster-1gbit"] }
+
+    [search]                                                # optional: parameters chosen on validation only
+    setting = "loopback"
+    seeds = [100]
+    [search.candidates]                                     # arm -> policy specs to try
+    autofreeze = ["autofreeze:percentile=50", "autofreeze:percentile=80"]
+    [search.same_as]                                        # arm -> the arm whose choice it takes
+    autofreeze-nocache = "autofreeze"
+
+Why interleave: runs are timed one after another on a machine whose speed drifts (+-20 % here
+over minutes). Within a seed's block every arm runs once, in an order drawn from ``order_seed`` and
+the seed, so slow and fast stretches of the machine fall on different arms in different blocks and
+cancel in the per-seed ratios the report pairs (freeze.pipeline.report.paired).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from freeze.pipeline.config import ConfigError, load_config
+from freeze.pipeline.sweep import RunSpec, SweepError, read_toml
+
+_STUDY_KEYS = {
+    "name",
+    "finetune",
+    "pretrain",
+    "overrides",
+    "seeds",
+    "order_seed",
+    "target_fraction",
+    "margin_points",
+    "report_md",
+    "out_dir",
+}
+_TABLES = {"study", "settings", "arms", "search"}
+_SEARCH_KEYS = {"setting", "seeds", "candidates", "same_as"}
+BASELINE_ARM = "none"
+
+
+@dataclass(frozen=True)
+class Search:
+    """Policy parameters chosen on the validation split of ``seeds`` (never the study's seeds)."""
+
+    setting: str
+    seeds: tuple[int, ...]
+    candidates: dict[str, tuple[str, ...]]  # arm -> policy specs
+    same_as: dict[str, str]  # arm -> the searched arm whose chosen policy it runs (e.g. without the cache)
+
+    def choices_for(self, chosen: dict[str, str]) -> dict[str, str]:
+        """Every searched or same_as arm -> its policy spec, from the searched arms' choices."""
+        return {**chosen, **{arm: chosen[source] for arm, source in self.same_as.items()}}
+
+
+@dataclass(frozen=True)
+class Arm:
+    overrides: tuple[str, ...]
+    settings: tuple[str, ...] | None = None  # None: every setting
+
+
+@dataclass(frozen=True)
+class StudyFile:
+    path: Path
+    name: str
+    finetune: str
+    pretrain: str | None
+    overrides: tuple[str, ...]
+    seeds: tuple[int, ...]
+    order_seed: int
+    target_fraction: float
+    margin_points: float
+    report_md: str | None
+    out_dir: str | None
+    settings: dict[str, tuple[str, ...]]
+    arms: dict[str, Arm]
+    search: Search | None = None
+
+    def cells(self) -> list[tuple[str, str]]:
+        """(setting, arm) pairs the study runs for every seed."""
+        return [
+            (setting, arm)
+            for setting in self.settings
+            for arm, spec in self.arms.items()
+            if spec.settings is None or setting in spec.settings
+        ]
+
+
+def _error(path, message: str) -> SweepError:
+    return SweepError(f"study file {path}: {message}")
+
+
+def _string_list(path, where: str, value) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise _error(path, f'{where} must be a list of strings (overrides such as "dist.nproc=2")')
+    return tuple(value)
+
+
+def _int_list(path, where: str, value) -> tuple[int, ...]:
+    ok = isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    if not ok or any(v < 0 for v in value) or len(set(value)) != len(value):
+        raise _error(path, f"{where} must be a non-empty list of distinct non-negative integers")
+    return tuple(value)
+
+
+def _names(path, table: str, data: dict) -> dict[str, tuple[str, ...]]:
+    out = {}
+    for name, overrides in data.items():
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._=+-]*", name):
+            raise _error(path, f"[{table}] name {name!r} must be letters, digits and ._=+- (it names folders)")
+        out[name] = _string_list(path, f"{table}.{name}", overrides)
+    return out
+
+
+def read_study(path: str | Path) -> StudyFile:
+    """Parse and check a study file; every problem is one SweepError line naming the key."""
+    data = read_toml(path, "study")
+    unknown = set(data) - _TABLES
+    if unknown:
+        raise _error(path, f"unknown table(s) {', '.join(sorted(unknown))}; accepted: {', '.join(sorted(_TABLES))}")
+    study = data.get("study")
+    if not isinstance(study, dict) or "name" not in study or "finetune" not in study:
+        raise _error(path, "needs a [study] table with 'name' and 'finetune'")
+    unknown = set(study) - _STUDY_KEYS
+    if unknown:
+        raise _error(path, f"unknown key(s) {', '.join(sorted(unknown))}; accepted: {', '.join(sorted(_STUDY_KEYS))}")
+    settings = _names(path, "settings", data.get("settings", {})) or {"": ()}
+    arms = _read_arms(path, data.get("arms", {}), settings)
+    margin = study.get("margin_points", 0.5)
+    if not isinstance(margin, (int, float)) or not margin > 0:
+        raise _error(path, f"margin_points must be a number > 0, got {margin!r}")
+    fraction = study.get("target_fraction", 0.95)
+    if not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
+        raise _error(path, f"target_fraction must be in (0, 1], got {fraction!r}")
+    order_seed = study.get("order_seed", 0)
+    if not isinstance(order_seed, int) or isinstance(order_seed, bool):
+        raise _error(path, f"order_seed must be an integer, got {order_seed!r}")
+    seeds = _int_list(path, "seeds", study.get("seeds", [0]))
+    search = _read_search(path, data.get("search"), arms, settings, seeds)
+    return StudyFile(
+        path=Path(path),
+        name=str(study["name"]),
+        finetune=str(study["finetune"]),
+        pretrain=study.get("pretrain"),
+        overrides=_string_list(path, "overrides", study.get("overrides", [])),
+        seeds=seeds,
+        order_seed=order_seed,
+        target_fraction=float(fraction),
+        margin_points=float(margin),
+        report_md=study.get("report_md"),
+        out_dir=study.get("out_dir"),
+        settings=settings,
+        arms=arms,
+        search=search,
+    )
+
+
+def _read_arms(path, data: dict, settings: dict) -> dict[str, Arm]:
+    arms = {}
+    for name, value in data.items():
+        if isinstance(value, dict):
+            if set(value) - {"overrides", "settings"}:
+                raise _error(path, f"arms.{name} accepts the keys overrides, settings")
+            only = _string_list(path, f"arms.{name}.settings", value.get("settings", []))
+            unknown = sorted(set(only) - set(settings))
+            if unknown or not only:
+                raise _error(
+                    path, f"arms.{name}.settings {unknown or '[]'}: not settings; settings: {', '.join(settings)}"
+                )
+            value = {name: value.get("overrides", [])}
+        else:
+            only, value = None, {name: value}
+        arms[name] = Arm(_names(path, "arms", value)[name], only)
+    if BASELINE_ARM not in arms:
+        raise _error(path, f"[arms] needs the baseline arm {BASELINE_ARM!r} (policy none); arms: {', '.join(arms)}")
+    missing = [s for s in settings if arms[BASELINE_ARM].settings and s not in arms[BASELINE_ARM].settings]
+    if missing:
+        raise _error(path, f"arms.{BASELINE_ARM} must run in every setting (missing: {', '.join(missing)})")
+    return arms
+
+
+def _read_search(path, search, arms: dict, settings: dict, seeds: tuple[int, ...]) -> Search | None:
+    if search is None:
+        return None
+    if not isinstance(search, dict) or set(search) - _SEARCH_KEYS:
+        raise _error(path, f"[search] accepts the keys {', '.join(sorted(_SEARCH_KEYS))}")
+    setting = search.get("setting", next(iter(settings)))
+    if setting not in settings:
+        raise _error(path, f"search.setting {setting!r} is not a setting; settings: {', '.join(settings)}")
+    search_seeds = _int_list(path, "search.seeds", search.get("seeds", []))
+    if set(search_seeds) & set(seeds):
+        # Choosing parameters on the runs that are then reported is selection on the result.
+        raise _error(path, f"search.seeds {sorted(set(search_seeds) & set(seeds))} are also study seeds; use others")
+    candidates = {}
+    for arm, specs in (search.get("candidates") or {}).items():
+        if arm not in arms:
+            raise _error(path, f"search.candidates.{arm}: no arm {arm!r}; arms: {', '.join(arms)}")
+        if arms[arm].settings is not None and setting not in arms[arm].settings:
+            raise _error(path, f"search.candidates.{arm}: arm {arm!r} does not run in the search setting {setting!r}")
+        if any(o.startswith("freeze.policy=") for o in arms[arm].overrides):
+            raise _error(path, f"arms.{arm} sets freeze.policy, but [search] chooses it; remove one")
+        candidates[arm] = _string_list(path, f"search.candidates.{arm}", specs)
+        if not candidates[arm]:
+            raise _error(path, f"search.candidates.{arm} is empty")
+    if not candidates:
+        raise _error(path, "[search] needs a [search.candidates] table: arm -> list of policy specs")
+    same_as = search.get("same_as") or {}
+    for arm, source in same_as.items():
+        if arm not in arms or source not in candidates:
+            raise _error(
+                path, f"search.same_as.{arm} = {source!r}: needs an arm and a searched arm ({', '.join(candidates)})"
+            )
+        if any(o.startswith("freeze.policy=") for o in arms[arm].overrides):
+            raise _error(path, f"arms.{arm} sets freeze.policy, but search.same_as chooses it; remove one")
+    return Search(setting, search_seeds, candidates, dict(same_as))
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.=_+-]+", "-", text)
+
+
+def _spec(
+    study: StudyFile, folder: str, setting: str, group: str, seed: int, overrides: tuple[str, ...], out_dir
+) -> RunSpec:
+    name = "_".join(p for p in (_slug(setting), _slug(group), f"seed={seed}") if p)
+    run_overrides = [
+        *study.overrides,
+        *study.settings[setting],
+        *overrides,
+        f"run.study={folder}",
+        f"run.name={name}",
+        f"run.group={group}",
+        f"run.seed={seed}",
+    ]
+    if setting:
+        run_overrides.append(f"run.setting={setting}")
+    if out_dir is not None:
+        run_overrides.append(f"run.out_dir={out_dir}")
+    try:
+        return RunSpec(load_config(study.finetune, run_overrides, check_files=False))
+    except ConfigError as e:
+        raise SweepError(f"study {study.path}: run {name}: {e}") from None
+
+
+def interleaved(study: StudyFile, cells: list[tuple[str, str]], seed: int) -> list[tuple[str, str]]:
+    """The (setting, arm) cells of one seed's block, in the order drawn from order_seed and seed."""
+    order = list(cells)
+    random.Random(f"{study.order_seed}/{seed}").shuffle(order)
+    return order
+
+
+def main_specs(
+    study: StudyFile, chosen: dict[str, str], out_dir: str | None, extra_overrides: tuple[str, ...] = ()
+) -> list[RunSpec]:
+    """Every run of the study, in the order they run: one interleaved block per seed.
+
+    Args:
+        study: the parsed study file.
+        chosen: arm -> policy spec picked by the search (arms without a search keep their overrides).
+        out_dir: overrides run.out_dir of every run when given.
+        extra_overrides: applied to every run after the model weights (e.g. the pretrained checkpoint).
+    """
+    specs = []
+    for seed in study.seeds:
+        for setting, arm in interleaved(study, study.cells(), seed):
+            overrides = (*extra_overrides, *study.arms[arm].overrides)
+            if arm in chosen:
+                overrides += (f"freeze.policy={chosen[arm]}",)
+            specs.append(_spec(study, study.name, setting, arm, seed, overrides, out_dir))
+    return specs
+
+
+def search_specs(study: StudyFile, out_dir: str | None, extra_overrides: tuple[str, ...] = ()) -> list[RunSpec]:
+    """The search: the baseline and every candidate of every searched arm, in the search setting,
+    on the search seeds, interleaved the same way. Group = "<arm>@<spec>" so each candidate is one group."""
+    if study.search is None:
+        return []
+    setting = study.search.setting
+    cells = [(BASELINE_ARM, "")] + [(arm, spec) for arm, specs in study.search.candidates.items() for spec in specs]
+    specs = []
+    for seed in study.search.seeds:
+        for arm, policy in interleaved(study, cells, seed):
+            overrides = (*extra_overrides, *study.arms[arm].overrides)
+            group = BASELINE_ARM
+            if policy:
+                overrides += (f"freeze.policy={policy}",)
+                group = f"{arm}@{policy}"
+            specs.append(_spec(study, f"{study.name}-search", setting, group, seed, overrides, out_dir))
+    return specs
+
+
+def runs_root(study: StudyFile, out_dir: str | None) -> Path:
+    return Path(out_dir or study.out_dir or "runs")

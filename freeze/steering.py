@@ -1,0 +1,204 @@
+"""The forward hooks through which a Freezer steers the modules of its model.
+
+Three things happen in a forward pass at boundary ``k``:
+
+* a frozen block runs without autograd, unless its input requires grad: then a trainable block ran
+  before it (a module called twice, e.g. a shared layer called again after a trainable one) and
+  the gradient must flow through it to that block; its own parameters still get none;
+* a frozen norm layer with running statistics is put back in eval right before it runs, whatever
+  ``model.train()`` did;
+* on the first forward after a boundary change, the order in which the blocks first run is checked
+  against their order in the block list: "freeze the first k blocks" means the first k to run.
+
+Every hook acts only on the module it was registered on (:class:`ModuleHook`): ``copy.deepcopy``
+of the model (an EMA copy) carries the hooks along, and in the copy they do nothing, so a copy is
+never steered by the original's Freezer.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from freeze import checkpointing
+from freeze.blocks import Block
+
+
+class BlockOrderError(RuntimeError):
+    """The blocks given to a Freezer are not in the order the forward pass runs them."""
+
+
+class _Inert:
+    """What a Freezer hook becomes in a copy of the model (deepcopy, pickle): nothing."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def __deepcopy__(self, memo: dict) -> _Inert:
+        return self
+
+    def __reduce__(self):
+        return (_Inert, ())
+
+
+class ModuleHook:
+    """A forward (pre-)hook that runs ``fn`` for the module it was registered on and for no other.
+
+    ``copy.deepcopy(model)`` copies each module's hook dictionaries; here the copy receives an inert
+    hook, so it neither runs ``fn`` nor keeps the Freezer alive. Pickling (``torch.save(model)``)
+    stores an inert hook too."""
+
+    def __init__(self, module: nn.Module, fn: Callable[..., Any]):
+        self._module = weakref.ref(module)
+        self._fn = fn
+
+    def __call__(self, module: nn.Module, *args: Any) -> Any:
+        if module is not self._module():
+            return None
+        return self._fn(module, *args)
+
+    def __deepcopy__(self, memo: dict) -> _Inert:
+        return _Inert()
+
+    def __reduce__(self):
+        return (_Inert, ())
+
+
+def _requires_grad(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return value.requires_grad
+    if isinstance(value, (list, tuple)):
+        return any(_requires_grad(v) for v in value)
+    if isinstance(value, dict):
+        return any(_requires_grad(v) for v in value.values())
+    return False
+
+
+class FrozenForward:
+    """Pre- and post-hook of a frozen module: no autograd inside it unless its input needs it.
+
+    A stack, not a flag: a module may be called again from inside its own forward."""
+
+    def __init__(self) -> None:
+        self._saved_modes: list[bool] = []
+
+    def pre(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        self._saved_modes.append(torch.is_grad_enabled())
+        if not (_requires_grad(args) or _requires_grad(kwargs)):
+            torch.set_grad_enabled(False)
+
+    def post(self, module: nn.Module, args: tuple, output: Any) -> None:
+        # always_call=True: also runs when the forward raised, so grad mode is never left disabled.
+        if self._saved_modes:
+            torch.set_grad_enabled(self._saved_modes.pop())
+
+
+def keep_eval(module: nn.Module, args: tuple) -> None:
+    # A user's model.train() would switch a frozen norm layer back to batch statistics and
+    # running-stat updates; re-asserting eval right before the forward makes that impossible.
+    module.training = False
+
+
+class OrderCheck:
+    """Records which block runs first, second, ... in a forward pass and raises as soon as a block
+    runs for the first time after a block that comes later in the list."""
+
+    def __init__(self, block_names: Sequence[str]):
+        self.block_names = list(block_names)
+        self.armed = False
+        self._seen: set[int] = set()
+        self._last = -1
+
+    def arm(self) -> None:
+        self.armed, self._seen, self._last = True, set(), -1
+
+    def disarm(self) -> None:
+        self.armed = False
+
+    def block_runs(self, index: int) -> None:
+        if not self.armed or index in self._seen:
+            return
+        self._seen.add(index)
+        if index < self._last:
+            self.armed = False
+            raise BlockOrderError(
+                f"Freezer: block '{self.block_names[index]}' (block {index}) ran after block "
+                f"'{self.block_names[self._last]}' (block {self._last}); list the blocks in the order "
+                "the forward pass runs them (split_blocks(model, names=[...]))"
+            )
+        self._last = index
+
+
+class Steering:
+    """The hooks a Freezer keeps on its model: those of the current boundary (frozen forwards,
+    frozen norm layers in eval, activation checkpointing of trainable blocks), the block-order
+    check until the first complete forward after each change, and a count of training forwards."""
+
+    def __init__(self, model: nn.Module, blocks: Sequence[Block], grad_checkpointing: bool):
+        self.model = model
+        self.blocks = list(blocks)
+        self.grad_checkpointing = grad_checkpointing
+        self.order = OrderCheck([b.name for b in self.blocks])
+        self._handles: list = []
+        self._order_handles: list = []
+        self._train_forwards = 0
+        model.register_forward_pre_hook(ModuleHook(model, self._count_train_forward))
+
+    def apply(self, boundary: int) -> None:
+        """Steer blocks ``0 .. boundary-1`` as frozen and the rest as trainable."""
+        _remove(self._handles)
+        for i, block in enumerate(self.blocks):
+            frozen = i < boundary
+            for mod in block.modules:
+                if frozen:
+                    checkpointing.disable_checkpointing(mod)
+                    hook = FrozenForward()
+                    pre, post = ModuleHook(mod, hook.pre), ModuleHook(mod, hook.post)
+                    self._handles.append(mod.register_forward_pre_hook(pre, with_kwargs=True))
+                    self._handles.append(mod.register_forward_hook(post, always_call=True))
+                elif self.grad_checkpointing:
+                    checkpointing.enable_checkpointing(mod)
+                else:
+                    checkpointing.disable_checkpointing(mod)
+            if frozen:
+                for norm in block.running_stat_norms():
+                    self._handles.append(norm.register_forward_pre_hook(ModuleHook(norm, keep_eval)))
+        self._arm_order_check()
+
+    def take_train_forwards(self) -> int:
+        """Training forwards (train mode, grad enabled) since the last call."""
+        count, self._train_forwards = self._train_forwards, 0
+        return count
+
+    def _count_train_forward(self, module: nn.Module, args: tuple) -> None:
+        if module.training and torch.is_grad_enabled():
+            self._train_forwards += 1
+
+    def _arm_order_check(self) -> None:
+        # Registered after the frozen hooks: a check that raises leaves grad mode balanced.
+        _remove(self._order_handles)
+        # Armed by the model's own forward only: an activation cache runs the tail (and builds the
+        # prefix) through modules of its own, whose block order is the traced model's by construction.
+        self.order.disarm()
+        start = ModuleHook(self.model, lambda m, a: self.order.arm())
+        self._order_handles.append(self.model.register_forward_pre_hook(start))
+        for i, block in enumerate(self.blocks):
+            for mod in block.modules:
+                runs = ModuleHook(mod, lambda m, a, i=i: self.order.block_runs(i))
+                self._order_handles.append(mod.register_forward_pre_hook(runs))
+        done = ModuleHook(self.model, lambda m, a, out: self._disarm_order_check())
+        self._order_handles.append(self.model.register_forward_hook(done))
+
+    def _disarm_order_check(self) -> None:
+        self.order.disarm()
+        _remove(self._order_handles)
+
+
+def _remove(handles: list) -> None:
+    for h in handles:
+        h.remove()
+    handles.clear()

@@ -1,0 +1,220 @@
+"""The study: file checks, the interleaved order, the search's choice on validation, and the command
+end to end with the training replaced by run directories written here (the runs' contents are
+chosen so that the expected choice and the report's numbers are known)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from freeze.pipeline.study import cli
+from freeze.pipeline.study.plan import main_specs, read_study, search_specs
+from freeze.pipeline.study.search import SearchError, choose
+from freeze.pipeline.sweep import SweepError, SweepSummary
+
+REPO = Path(__file__).resolve().parents[2]
+SMOKE = REPO / "experiments" / "configs" / "smoke.toml"
+
+STUDY = f"""
+[study]
+name = "tiny"
+finetune = "{SMOKE}"
+seeds = [0, 1, 2]
+order_seed = 7
+[settings]
+loopback = ["dist.nproc=2"]
+single = ["dist.nproc=1"]
+[arms]
+none = ["freeze.policy=none"]
+control = ["freeze.policy=none"]
+static-k2 = ["freeze.policy=static:k=2"]
+autofreeze = []
+[search]
+setting = "single"
+seeds = [100]
+[search.candidates]
+autofreeze = ["autofreeze:percentile=50", "autofreeze:percentile=80"]
+"""
+
+
+def _study(tmp_path: Path, text: str = STUDY) -> Path:
+    path = tmp_path / "study.toml"
+    path.write_text(text)
+    return path
+
+
+def test_every_seed_block_holds_every_cell_once_in_its_own_order(tmp_path):
+    study = read_study(_study(tmp_path))
+    specs = main_specs(study, {"autofreeze": "autofreeze:percentile=80"}, str(tmp_path / "runs"))
+    assert len(specs) == 3 * 2 * 4
+    blocks = [specs[i : i + 8] for i in range(0, 24, 8)]
+    orders = []
+    for seed, block in zip((0, 1, 2), blocks):
+        assert {s.config.run.seed for s in block} == {seed}  # one block per seed: drift falls within blocks
+        cells = [(s.config.run.setting, s.group) for s in block]
+        assert Counter(cells) == Counter((st, arm) for st in ("loopback", "single") for arm in study.arms)
+        orders.append(cells)
+    assert len({tuple(o) for o in orders}) == 3  # shuffled differently per seed
+    again = main_specs(study, {"autofreeze": "autofreeze:percentile=80"}, str(tmp_path / "runs"))
+    assert [s.name for s in again] == [s.name for s in specs]  # deterministic: a re-run resumes the same plan
+    by_name = {s.name: s.config for s in specs}
+    af = by_name["single_autofreeze_seed=1"]
+    assert af.freeze.policy == "autofreeze:percentile=80" and af.dist.nproc == 1 and af.run.group == "autofreeze"
+    assert by_name["loopback_static-k2_seed=2"].dist.nproc == 2
+    assert by_name["loopback_control_seed=0"].run.study == "tiny"
+
+
+def test_search_runs_use_search_seeds_and_setting(tmp_path):
+    specs = search_specs(read_study(_study(tmp_path)), str(tmp_path / "runs"))
+    assert sorted(s.group for s in specs) == [
+        "autofreeze@autofreeze:percentile=50",
+        "autofreeze@autofreeze:percentile=80",
+        "none",
+    ]
+    assert {(s.config.run.seed, s.config.run.setting, s.config.run.study) for s in specs} == {
+        (100, "single", "tiny-search")
+    }
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda t: t.replace("[search]\n", "[serch]\n"), "unknown table(s) serch"),
+        (lambda t: t.replace("seeds = [100]", "seeds = [1]"), "search.seeds [1] are also study seeds"),
+        (lambda t: t.replace('none = ["freeze.policy=none"]\n', ""), "needs the baseline arm 'none'"),
+        (lambda t: t.replace("autofreeze = []", 'autofreeze = ["freeze.policy=cs744"]'), "[search] chooses it"),
+        (lambda t: t.replace("order_seed = 7", "order_seed = 7\nmargin = 1"), "unknown key(s) margin; accepted:"),
+        (lambda t: t.replace('setting = "single"', 'setting = "cluster"'), "search.setting 'cluster' is not"),
+        (lambda t: t.replace("seeds = [0, 1, 2]", "seeds = [0, 0]"), "seeds must be a non-empty list of distinct"),
+        (lambda t: t.replace('"dist.nproc=1"]', '"dist.nprocs=1"]'), "nprocs"),
+    ],
+)
+def test_bad_study_files_are_one_line_errors(tmp_path, edit, message, capsys):
+    path = _study(tmp_path, edit(STUDY))
+    assert cli.main(["--config", str(path), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_dry_run_lists_runs_in_order(tmp_path, capsys):
+    assert cli.main(["--config", str(_study(tmp_path)), "--dry-run", "--out-dir", str(tmp_path / "r")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1] == "0 pretraining, 3 search and 24 study runs"
+    assert sum(line.startswith("search ") for line in out) == 3
+    assert "single_autofreeze_seed=0  (policy chosen by the search)" in "\n".join(out)
+
+
+# --- the command end to end, with run directories written instead of trained ---------------------
+
+# search: percentile=50 is fast but loses 2 points of val accuracy (beyond the 0.5 margin);
+# percentile=80 is slower but within the margin -> 80 must be chosen.
+WALL_S = {"none": 100.0, "autofreeze:percentile=50": 40.0, "autofreeze:percentile=80": 60.0, "static:k=2": 80.0}
+VAL = {"none": 0.80, "autofreeze:percentile=50": 0.78, "autofreeze:percentile=80": 0.797, "static:k=2": 0.79}
+
+
+def _write_run(config, wall_s: float, val: float, test: float) -> None:
+    run_dir = config.run_dir()
+    run_dir.mkdir(parents=True)
+    manifest = {
+        "run_name": config.run.name,
+        "group": config.run_group(),
+        "setting": config.run.setting,
+        "policy": config.freeze.policy,
+        "seed": config.run.seed,
+        "world_size": config.dist.nproc,
+        "status": "complete",
+        "epochs_planned": 2,
+        "epochs_done": 2,
+        "block_names": ["a", "b"],
+    }
+    (run_dir / "manifest.json").write_text(json.dumps(manifest))
+    lines = []
+    for epoch in range(2):
+        lines.append(
+            {
+                "epoch": epoch,
+                "boundary": 0,
+                "frozen_param_fraction": 0.0,
+                "val_acc": val - 0.1 * (1 - epoch),
+                "test_acc": test if epoch == 1 else None,
+                "epoch_wall_s": wall_s / 2,
+                "cumulative_wall_s": wall_s / 2 * (epoch + 1),
+                "phase_s": {"data": 0, "forward": 0, "backward": wall_s / 2, "optimizer": 0, "freezer": 0, "eval": 1},
+                "allreduce_bytes": 1000,
+                "grad_norm": {"eta": [None, None]},
+            }
+        )
+    (run_dir / "metrics.jsonl").write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+
+
+def _fake_runner(specs, log=print):
+    """Stands in for training: writes each run's directory with the numbers above (test acc depends
+    on the seed so intervals are finite; the control is timed 1 % off the baseline, alternately)."""
+    for spec in specs:
+        c = spec.config
+        wall = WALL_S[c.freeze.policy] * (1.01 if c.run.group == "control" and c.run.seed % 2 else 1.0)
+        if c.run.group == "control" and not c.run.seed % 2:
+            wall *= 0.99
+        _write_run(c, wall, VAL[c.freeze.policy], 0.7 + 0.01 * c.run.seed - (0.002 if "80" in c.freeze.policy else 0))
+    return SweepSummary(ran=[s.name for s in specs])
+
+
+def test_study_chooses_on_validation_runs_interleaved_and_reports(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(cli, "run_specs", _fake_runner)
+    report_md = tmp_path / "REPORT.md"
+    report_md.write_text("before\n<!-- generated:paired -->\nold\n<!-- /generated:paired -->\n")
+    text = STUDY.replace("order_seed = 7", f'order_seed = 7\nreport_md = "{report_md}"')
+    path = _study(tmp_path, text.replace('"dist.nproc=2"', '"dist.nproc=1"'))
+    out_dir = tmp_path / "runs"
+    assert cli.main(["--config", str(path), "--out-dir", str(out_dir)]) == 0
+    search_md = (out_dir / "tiny-report" / "search.md").read_text()
+    assert "| autofreeze | autofreeze:percentile=80 | 1 | 79.70 | -0.30 | 1.67x | yes | **chosen** |" in search_md
+    assert "| autofreeze | autofreeze:percentile=50 | 1 | 78.00 | -2.00 | 2.50x | no |  |" in search_md
+    chosen = json.loads((out_dir / "tiny" / "single_autofreeze_seed=2" / "manifest.json").read_text())
+    assert chosen["policy"] == "autofreeze:percentile=80"
+    paired = pd.read_csv(out_dir / "tiny-report" / "paired.csv", keep_default_na=False)
+    af = paired[(paired["group"] == "autofreeze") & (paired["setting"] == "single")].iloc[0]
+    assert af["speedup"] == pytest.approx(100 / 60) and af["n_pairs"] == 3
+    assert af["diff_points"] == pytest.approx(-0.2) and af["verdict"] == "non-inferior"  # identical diffs: CI 0
+    control = paired[(paired["group"] == "control") & (paired["setting"] == "single")].iloc[0]
+    assert control["speedup_low"] < 1.0 < control["speedup_high"]
+    assert "\nold\n" in report_md.read_text()  # not rewritten without --update-report
+    assert "left as it is" in capsys.readouterr().out
+    # --update-report splices the generated tables in; complete runs are skipped, not re-made
+    monkeypatch.setattr(cli, "run_specs", lambda specs, log=print: SweepSummary(skipped=[s.name for s in specs]))
+    assert cli.main(["--config", str(path), "--out-dir", str(out_dir), "--update-report"]) == 0
+    assert "\nold\n" not in report_md.read_text() and "non-inferior" in report_md.read_text()
+
+
+def test_search_refuses_incomplete_runs(tmp_path):
+    study = read_study(_study(tmp_path))
+    with pytest.raises(SearchError, match="no complete run for seed"):
+        choose(study.search, [], 0.5)
+    assert math.isfinite(study.margin_points)
+
+
+def test_study_files_in_the_repo_dry_run():
+    for name in ("study_offline.toml", "study_offline_full.toml", "study_cifar10.toml", "study_views.toml"):
+        study = read_study(REPO / "experiments" / "configs" / name)
+        assert len(study.seeds) >= 3, name
+        try:
+            main_specs(study, {a: c[0] for a, c in (study.search.candidates if study.search else {}).items()}, None)
+        except SweepError as e:  # pragma: no cover - the message is the failure
+            pytest.fail(f"{name}: {e}")
+
+
+def test_same_as_arm_runs_the_policy_chosen_for_its_source(tmp_path):
+    text = STUDY.replace("autofreeze = []", 'autofreeze = []\nautofreeze-nocache = ["freeze.cache=off"]')
+    text += '[search.same_as]\nautofreeze-nocache = "autofreeze"\n'
+    study = read_study(_study(tmp_path, text))
+    chosen = study.search.choices_for({"autofreeze": "autofreeze:percentile=80"})
+    specs = {s.name: s.config for s in main_specs(study, chosen, str(tmp_path / "runs"))}
+    assert specs["single_autofreeze-nocache_seed=0"].freeze.policy == "autofreeze:percentile=80"
+    bad = _study(tmp_path, text.replace('autofreeze-nocache = "autofreeze"', 'autofreeze-nocache = "none"'))
+    with pytest.raises(SweepError, match="search.same_as.autofreeze-nocache = 'none'"):
+        read_study(bad)

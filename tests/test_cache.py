@@ -1,0 +1,274 @@
+"""Activation caching of the frozen prefix: exact, never stale, resumable (2 gloo ranks, TinyNet).
+
+One pair of processes trains the same schedule (freeze, freeze further, unfreeze, refreeze) with the
+cache off, in memory and on disk, and checks at every step that whatever the cache holds equals a
+fresh forward of the current frozen prefix.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+import torchvision
+from torch import nn
+
+from freeze import Freezer, split_blocks
+from freeze.cache import CacheConfig, CacheError, CacheSource
+from tests.distributed_harness import run_distributed
+from tests.tiny_models import TinyNet
+
+N_KEYS = 24
+GLOBAL_BATCH = 8
+# Boundary per step: freeze 1, advance to 2 and 3, unfreeze everything, refreeze at 2, move back to 1.
+SCHEDULE = [0, 1, 1, 2, 2, 3, 3, 0, 0, 2, 2, 1, 1]
+
+
+def dataset() -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(7)
+    return torch.randn(N_KEYS, 3, 8, 8, generator=g), torch.randint(0, 5, (N_KEYS,), generator=g)
+
+
+def step_keys(step: int) -> torch.Tensor:
+    return torch.randperm(N_KEYS, generator=torch.Generator().manual_seed(100 + step))[:GLOBAL_BATCH]
+
+
+def fresh_prefix(model: TinyNet, level: int, x: torch.Tensor) -> torch.Tensor:
+    """The frozen prefix computed by hand from the images, up to the cut before block ``level``."""
+    with torch.no_grad():
+        h = model.stem(x)
+        if level >= 2:
+            h = model.block1(h)
+        if level >= 3:
+            h = model.flatten(model.pool(model.block2(h)))
+        return h
+
+
+def train(rank: int, world: int, config: CacheConfig | None, schedule=SCHEDULE, state=None, start=0) -> dict:
+    """Train ``schedule`` from step ``start`` (after loading ``state``); record params and what the
+    cache serves against a fresh prefix."""
+    x, y = dataset()
+    torch.manual_seed(0)
+    model = TinyNet()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
+    source = CacheSource(inputs=lambda keys: x[keys], num_keys=N_KEYS)
+    freezer = Freezer(
+        model, split_blocks(model), optimizer=optimizer, cache=config, cache_source=source if config else None
+    )
+    if state is not None:
+        model.load_state_dict(state["model"])
+        freezer.load_state_dict(state["freezer"])
+        optimizer.load_state_dict(state["optimizer"])
+    out = {"params": [], "served_max_diff": [], "levels": [], "placement": [], "statuses": []}
+    local = GLOBAL_BATCH // world
+    for step in range(start, len(schedule)):
+        freezer.set_boundary(schedule[step])
+        freezer.train()
+        if freezer.cache_active:  # every entry the cache holds, against the current weights
+            held = freezer.cache.store.keys
+            served = freezer.cache.store.read(held, torch.device("cpu"))
+            out["served_max_diff"].append(
+                (served - fresh_prefix(model, freezer.cache.level, x[held])).abs().max().item()
+            )
+            out["placement"].append(freezer.cache.store.placement)
+        out["levels"].append(None if freezer.cache is None else freezer.cache.level)
+        keys = step_keys(step)[rank * local : (rank + 1) * local]
+        optimizer.zero_grad(set_to_none=True)
+        F.cross_entropy(freezer.forward(x[keys], sample_ids=keys), y[keys]).backward()
+        freezer.after_backward()
+        optimizer.step()
+        out["params"].append(torch.cat([p.detach().reshape(-1).clone() for p in model.parameters()]))
+        if freezer.cache is not None:
+            out["statuses"].append(freezer.cache.status)
+    out["state"] = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "freezer": freezer.state_dict()}
+    out["counters"] = None if freezer.cache is None else freezer.cache.counters
+    return out
+
+
+def schedule_worker(rank: int, world: int, directory: str) -> dict:
+    return {
+        "off": train(rank, world, None),
+        "memory": train(rank, world, CacheConfig("memory")),  # one copy in /dev/shm for both ranks
+        "private": train(rank, world, CacheConfig("memory", node_shared=False)),  # a copy each, all_gather
+        # budget 1 byte: every store spills to a node-local file, written by both ranks directly
+        "disk": train(rank, world, CacheConfig("disk", budget_bytes=1, directory=directory)),
+        "leftover_files": sorted(p.name for p in __import__("pathlib").Path(directory).iterdir()),
+    }
+
+
+@pytest.fixture(scope="module")
+def schedule_runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("cache-schedule")
+    (tmp / "files").mkdir()
+    return run_distributed(schedule_worker, 2, tmp, str(tmp / "files"))
+
+
+def test_parameters_equal_with_and_without_the_cache(schedule_runs):
+    for rank_out in schedule_runs:
+        off = rank_out["off"]["params"]
+        for mode in ("memory", "private", "disk"):
+            got = rank_out[mode]["params"]
+            assert all(torch.equal(a, b) for a, b in zip(off, got)), mode
+    assert torch.equal(schedule_runs[0]["memory"]["params"][-1], schedule_runs[1]["memory"]["params"][-1])
+
+
+def test_cache_follows_the_boundary_and_serves_only_fresh_activations(schedule_runs):
+    memory = schedule_runs[0]["memory"]
+    # built at 1, advanced to 2 and 3, dropped by the unfreeze, rebuilt at 2, dropped again at 1
+    # (the unfreeze to 1 invalidates the cut at 2) and rebuilt at 1
+    assert memory["levels"] == [None, 1, 1, 2, 2, 3, 3, None, None, 2, 2, 1, 1]
+    counters = memory["counters"]
+    assert (counters.builds, counters.advances, counters.drops) == (3, 2, 2)
+    assert counters.miss_keys == 0 and counters.hit_keys == 4 * 10
+    for mode in ("memory", "private", "disk"):
+        diffs = [d for r in schedule_runs for d in r[mode]["served_max_diff"]]
+        assert len(diffs) == 2 * 10 and max(diffs) == 0.0, (mode, diffs)
+
+
+def test_stores_are_placed_as_configured_and_no_file_is_left_behind(schedule_runs):
+    placements = {mode: set(schedule_runs[0][mode]["placement"]) for mode in ("memory", "private", "disk")}
+    assert placements == {"memory": {"shm"}, "private": {"private"}, "disk": {"disk"}}
+    assert schedule_runs[0]["leftover_files"] == []
+    # within one node a shared store exchanges nothing; private copies receive the other rank's rows
+    assert schedule_runs[0]["memory"]["counters"].exchanged_bytes_total == 0
+    assert schedule_runs[0]["private"]["counters"].exchanged_bytes_total > 0
+
+
+def resume_worker(rank: int, world: int) -> dict:
+    """bf16 storage: an advanced entry (rounded twice) differs from one built at its cut, so only a
+    replay of the lineage gives back the bits the uninterrupted run served."""
+    config = CacheConfig("memory", storage_dtype="bf16")
+    schedule = [0, 1, 1, 2, 2, 3, 3, 3]
+    whole = train(rank, world, config, schedule)
+    first = train(rank, world, config, schedule[:5])
+    resumed = train(rank, world, config, schedule, state=first["state"], start=5)
+    rebuilt_state = dict(first["state"], freezer=dict(first["state"]["freezer"], cache=None))
+    rebuilt = train(rank, world, config, schedule, state=rebuilt_state, start=5)  # no lineage: built afresh
+    return {"whole": whole["params"][-1], "resumed": resumed["params"][-1], "rebuilt": rebuilt["params"][-1]}
+
+
+def test_resume_with_the_cache_is_bit_identical(tmp_path):
+    for out in run_distributed(resume_worker, 2, tmp_path):
+        assert torch.equal(out["resumed"], out["whole"])
+        assert not torch.equal(out["rebuilt"], out["whole"])  # the lineage replay is what makes it exact
+
+
+# --------------------------------------------------------------------------- single-process refusals
+def _freezer(model, config, keys=N_KEYS, **kwargs):
+    x = torch.randn(keys, 3, 8, 8)
+    return Freezer(model, split_blocks(model), cache=config, cache_source=CacheSource(lambda k: x[k], keys), **kwargs)
+
+
+def test_memory_cache_over_budget_is_refused_in_one_line():
+    freezer = _freezer(TinyNet(), CacheConfig("memory", budget_bytes=1000))
+    assert [freezer.cache.bytes_per_key(k) for k in range(4)] == [None, 2048, 2048, 64]  # known up front
+    with pytest.raises(CacheError) as err:
+        freezer.set_boundary(1)
+    message = str(err.value)
+    # stem output: 8 channels x 8 x 8 fp32 = 2048 bytes per key
+    assert "\n" not in message and "1,000 bytes" in message and f"{N_KEYS * 2048:,} bytes" in message
+    # refused before anything changed: nothing is frozen
+    assert freezer.boundary == 0 and all(p.requires_grad for p in freezer.model.parameters())
+
+
+def test_forward_without_sample_ids_is_refused_in_one_line():
+    freezer = _freezer(TinyNet(), CacheConfig("memory"))
+    freezer.set_boundary(2)
+    with pytest.raises(CacheError, match="pass sample_ids=") as err:
+        freezer.forward(torch.randn(2, 3, 8, 8))
+    assert "\n" not in str(err.value)
+
+
+class _Branchy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(4, 4, 3, padding=1)
+        self.c, self.head = nn.Conv2d(4, 4, 3, padding=1), nn.Linear(4, 5)
+
+    def forward(self, x):
+        a = self.a(x)
+        h = self.c(self.b(a)) + a  # a skip over two blocks: a is still needed after c starts
+        return self.head(h.mean((2, 3)))
+
+
+def test_a_cut_crossed_by_two_values_falls_back_to_the_valid_cut_below():
+    freezer = _freezer(_Branchy(), CacheConfig("memory"))
+    freezer.set_boundary(2)
+    assert freezer.cache.level == 1 and "serving" in freezer.cache.status
+    assert "2 values cross the cut before block 2" in freezer.cache.graph.cuts[2].reason
+    x = torch.randn(3, 3, 8, 8)
+    keys = torch.tensor([0, 1, 2])
+    expected = freezer.cache.prefix()(freezer.cache.source.inputs(keys))
+    assert torch.equal(freezer.cache.read(keys, torch.device("cpu")), expected)
+    assert freezer.forward(x, sample_ids=keys).shape == (3, 5)
+
+
+class _Untraceable(TinyNet):
+    def forward(self, x):
+        if x.sum() > 0:  # data-dependent control flow: torch.fx cannot trace it
+            x = -x
+        return super().forward(x)
+
+
+def test_untraceable_model_is_refused_in_one_line():
+    with pytest.raises(CacheError, match="caching needs an fx-traceable model") as err:
+        _freezer(_Untraceable(), CacheConfig("memory"))
+    assert "\n" not in str(err.value)
+
+
+class _RandomStem(TinyNet):
+    def __init__(self, module: nn.Module):
+        super().__init__()
+        self.stem.append(module)
+
+
+@pytest.mark.parametrize("module", [nn.Dropout(0.5), torchvision.ops.StochasticDepth(0.2, "row")])
+def test_random_prefix_is_not_cached(module):
+    freezer = _freezer(_RandomStem(module), CacheConfig("memory"))
+    freezer.set_boundary(2)
+    assert freezer.cache.level is None and "is random in training mode" in freezer.cache.status
+
+
+def test_auto_caches_only_where_it_pays():
+    never = _freezer(TinyNet(), CacheConfig("auto", rule=lambda e: False), epochs=3)
+    never.set_boundary(2)
+    assert never.cache.level is None and "does not pay" in never.cache.status
+    seen = []
+    always = _freezer(TinyNet(), CacheConfig("auto", rule=lambda e: seen.append(e) or True), epochs=3)
+    always.set_boundary(2)
+    assert always.cache.level == 2 and seen[0].keys == N_KEYS and seen[0].reads_remaining_per_rank == 3 * N_KEYS
+
+
+class _Token(nn.Module):
+    """A parameter the model owns itself, read between two blocks (ViT's class_token, pos_embedding):
+    split_blocks gives it to the block that first uses it, so it trains with that block."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(4, 4, 3, padding=1)
+        self.token = nn.Parameter(torch.zeros(1, 4, 1, 1))
+        self.head = nn.Linear(4, 5)
+
+    def forward(self, x):
+        return self.head(self.b(self.a(x) + self.token).mean((2, 3)))
+
+
+def test_a_block_parameter_read_outside_its_module_stays_in_the_tail():
+    model = _Token()
+    freezer = _freezer(model, CacheConfig("memory"))
+    assert "token" in freezer.blocks[1].param_names
+    freezer.set_boundary(1)  # the token trains: the cut must sit before it, not after the addition
+    assert freezer.cache.level == 1 and freezer.cache.graph.cuts[1].value.target == "a"
+    keys = torch.tensor([0, 1, 2])
+    x = freezer.cache.source.inputs(keys)
+    with torch.no_grad():
+        model.token.add_(1.0)  # what a training step does to it
+        assert torch.equal(freezer.forward(x, sample_ids=keys), model(x))
+
+
+@pytest.mark.parametrize(("epochs", "caches"), [(1, False), (3, True)])
+def test_default_auto_rule_caches_when_later_reads_outnumber_the_build(epochs, caches):
+    # One rank, 24 keys, no epoch_keys: a build computes 24 rows; every epoch left reads 24. With one
+    # epoch left the build costs what it saves (not strictly more: no cache); with three it saves 48.
+    freezer = _freezer(TinyNet(), CacheConfig("auto"), epochs=epochs)
+    freezer.set_boundary(2)
+    assert (freezer.cache.level == 2) is caches, freezer.cache.status
+    assert caches or "does not pay" in freezer.cache.status

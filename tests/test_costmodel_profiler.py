@@ -1,0 +1,30 @@
+"""The profiler on a tiny model in one spawned process: the profile's structure (bytes, nulls,
+one after-backward time per boundary) and that it round-trips through its file. No time is
+asserted beyond being a finite number >= 0 (Profile checks that itself)."""
+
+import pytest
+
+from freeze.costmodel import load_profile, save_profile
+from freeze.costmodel.profiler import NodeCores, ProfileSpec, profile_model
+from tests.tiny_models import TinyNet
+
+
+def test_profile_of_a_tiny_model_round_trips(tmp_path):
+    spec = ProfileSpec(
+        "tinynet", TinyNet, (3, 8, 8), num_classes=5, batch_size=4, steps=1, warmup=1, cache_keys=16, cache_reads=2
+    )
+    profile = profile_model(spec, [NodeCores((0,), 1)], deadline_s=120, workdir=tmp_path)
+    model = TinyNet()
+    assert [b.name for b in profile.blocks] == ["stem", "block1", "block2", "head"]
+    assert profile.blocks[0].param_bytes == tuple(p.numel() * 4 for p in model.stem.parameters())
+    assert profile.blocks[0].buffer_bytes == sum(b.numel() * b.element_size() for b in model.stem.buffers())
+    # the input of block1 is the stem's output: 8 channels x 8 x 8 fp32
+    assert profile.blocks[1].activation_bytes_per_sample == 8 * 8 * 8 * 4
+    assert profile.blocks[0].backward_ms is None and profile.blocks[0].cache_read_ms is None
+    assert profile.blocks[-1].forward_frozen_ms is None
+    assert len(profile.after_backward_ms) == 4 and profile.nodes_per_core == 1
+    path = tmp_path / "p.json"
+    save_profile(profile, path)
+    assert load_profile(path) == profile
+    with pytest.raises(FileExistsError):
+        save_profile(profile, path)
