@@ -361,3 +361,25 @@ def test_a_second_sweep_leaves_a_run_another_process_writes_and_says_so(tmp_path
     assert not summary.ok and summary.ran == [] and [name for name, _ in summary.busy] == [spec.name]
     assert f"pid {holder.pid}" in summary.busy[0][1]
     assert not (spec.config.run_dir() / "manifest.json").exists()  # nothing written by the second sweep
+
+
+def test_checkpoint_of_another_policy_is_one_line_naming_both(tmp_path):
+    """A checkpoint copied from a run of another policy (same model, same config otherwise): its
+    boundary and policy state would be loaded under this run's policy. Refused, naming both specs."""
+    from types import SimpleNamespace
+
+    from freeze import Freezer, make_policy, split_blocks
+    from freeze.pipeline.prepare import resume_training
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    blocks = split_blocks(model)
+    writer, own = Freezer(model, blocks, make_policy("static", k=1)), Freezer(model, blocks, make_policy("none"))
+    path = tmp_path / "checkpoint.pt"
+    state = {"epoch": 1, "cumulative_wall_s": 1.0, "model": model.state_dict(), "freezer": writer.state_dict()}
+    torch.save({**state, "optimizer": {}, "scheduler": {}, "scaler": {}, "rng": {}}, path)
+    with pytest.raises(RunError) as err:
+        resume_training(SimpleNamespace(model=model, freezer=own), path, torch.device("cpu"))
+    message = _one_line(err)
+    assert str(path) in message and "freeze.policy 'static:k=1'" in message and "this run uses 'none'" in message
+    writer.close()
+    own.close()
