@@ -4,16 +4,25 @@ A temp file beside the target, fsync, rename over the target, fsync of the direc
 point leaves either the old file or the new one, never a mix, and no reader ever sees a half-written
 file. Shared by :mod:`freeze.testing` (spawned ranks' payloads) and the pipeline (run directories,
 reports, benchmark results); it imports nothing heavy.
+
+A process killed mid-write (SIGKILL, power loss) cannot remove its temp file; the temp names have one
+pattern (:func:`is_temp_file`) so that the next owner of the directory can
+(:func:`remove_stale_temp_files`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
+
+# ".<target name>.<8 random characters from mkstemp>.tmp"
+_TEMP_PREFIX, _TEMP_SUFFIX = ".", ".tmp"
+_TEMP_NAME = re.compile(r"^\..+\.[A-Za-z0-9_]{8}\.tmp$")
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -25,23 +34,80 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+class _RecordingFile:
+    """A binary file that remembers the first OSError its ``write`` raised. Writers that catch it
+    and raise their own error lose the reason and the file: torch.save on a full disk reports
+    "unexpected pos 704 vs 598" instead of "No space left on device" (seen with a 1 MB tmpfs)."""
+
+    def __init__(self, f: BinaryIO):
+        self._f = f
+        self.error: OSError | None = None
+
+    def write(self, data) -> int:
+        try:
+            return self._f.write(data)
+        except OSError as err:
+            self.error = self.error or err
+            raise
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._f, name)
+
+
+def _with_path(err: OSError, path: Path) -> OSError:
+    """``err`` naming ``path`` (the target, not the temp file): "[Errno 28] No space left on device: 'x.pt'"."""
+    return type(err)(err.errno, err.strerror or str(err), str(path))
+
+
 def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
     """Call ``write`` on a binary file that replaces ``path`` only once ``write`` has returned and
-    the bytes are on disk. The parent directory must exist."""
+    the bytes are on disk. The parent directory must exist.
+
+    Raises OSError naming ``path`` when the file system refuses (a full disk, a read-only mount),
+    also when ``write`` turned that refusal into an error of its own.
+    """
     path = Path(path)
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f"{_TEMP_PREFIX}{path.name}.", suffix=_TEMP_SUFFIX)
+    except OSError as err:
+        raise _with_path(err, path) from None
     tmp = Path(tmp_name)
+    recording = None
     try:
         with os.fdopen(fd, "wb") as f:
             os.fchmod(f.fileno(), 0o644)  # mkstemp makes 0600; results are meant to be read by others
-            write(f)
+            recording = _RecordingFile(f)
+            write(recording)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
         _fsync_dir(path.parent)
-    except BaseException:
+    except BaseException as err:
         tmp.unlink(missing_ok=True)
+        cause = recording.error if recording is not None and recording.error is not None else err
+        if isinstance(cause, OSError):
+            raise _with_path(cause, path) from None
         raise
+
+
+def is_temp_file(path: str | Path) -> bool:
+    """True for a name :func:`atomic_write` gives its temp files."""
+    return bool(_TEMP_NAME.match(Path(path).name))
+
+
+def remove_stale_temp_files(directory: str | Path) -> list[Path]:
+    """Delete the temp files a killed :func:`atomic_write` left in ``directory`` (a checkpoint's is
+    as large as the checkpoint); returns them. Only for a directory this process owns exclusively:
+    another writer's temp file in progress would go too."""
+    removed = []
+    directory = Path(directory)
+    if not directory.is_dir():
+        return removed
+    for entry in directory.iterdir():
+        if is_temp_file(entry) and entry.is_file():
+            entry.unlink(missing_ok=True)
+            removed.append(entry)
+    return removed
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:

@@ -325,10 +325,29 @@ def _check_value(dotted: str, value: Any, hint: Any, bounds: Range | None) -> An
     raise TypeError(f"{dotted}: no validation rule for annotation {hint!r}")
 
 
+def _has_control_character(value: str) -> bool:
+    return any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in value)
+
+
 def _check_path_component(dotted: str, value: str) -> None:
-    # run.name and run.study become directory names under run.out_dir.
-    if not value or value in (".", "..") or "/" in value or "\\" in value:
-        raise ConfigError(f"{dotted}: expected a non-empty name without '/' (it names a directory), got {_show(value)}")
+    # run.name and run.study become directory names under run.out_dir, and names in every table.
+    if not value or value in (".", "..") or "/" in value or "\\" in value or _has_control_character(value):
+        raise ConfigError(
+            f"{dotted}: expected a non-empty name without '/' or control characters (it names a directory), "
+            f"got {_show(value)}"
+        )
+
+
+def _check_no_control_characters(config: Config) -> None:
+    # The OS refuses a NUL in a path ("embedded null byte" from deep inside a worker), and a newline
+    # in one would break every one-line message that names it.
+    for dotted, value in (
+        ("run.out_dir", config.run.out_dir),
+        ("data.root", config.data.root),
+        ("model.weights", config.model.weights),
+    ):
+        if _has_control_character(value):
+            raise ConfigError(f"{dotted}: expected no control characters, got {_show(value)}")
 
 
 def _check_arch(arch: str) -> None:
@@ -418,6 +437,7 @@ def validate(config: Config, check_files: bool = True) -> Config:
     _check_path_component("run.study", config.run.study)
     if not config.run.out_dir:
         raise ConfigError("run.out_dir: expected a non-empty directory path, got ''")
+    _check_no_control_characters(config)
     if config.optim.nesterov and config.optim.name == "sgd" and config.optim.momentum == 0:
         # torch.optim.SGD would refuse this only when the optimizer is built, inside every worker.
         raise ConfigError("optim.nesterov: true requires optim.momentum > 0, got optim.momentum = 0")

@@ -2,10 +2,13 @@
 in-memory loaders that keep the whole dataset on the training device.
 
 Layout read and written: ``<root>/cifar-10-batches-py/{data_batch_1..5, test_batch, batches.meta}``,
-each a pickle dict (``b'data'`` uint8 [n, 3072] channel-planar RGB, ``b'labels'``, ...). Synthetic
-directories carry a ``SYNTHETIC.json`` marker, which is the only thing that lets the reader skip the
-official md5 checksums; everything else goes through the same reader, so the real and the offline
-pipelines differ only in where the bytes came from.
+each a pickle dict (``b'data'`` uint8 [n, 3072] channel-planar RGB, ``b'labels'``, ...). Everything
+goes through the same reader, so the real and the offline pipelines differ only in where the bytes
+came from. The files are pickles, and a crafted pickle runs code when loaded: they are read with an
+unpickler that admits only what the official format holds (:class:`_CifarUnpickler`), and the
+official md5 checksums are checked whenever the config says ``data.dataset = "cifar10"``. Nothing in
+the data directory can switch either off: the ``SYNTHETIC.json`` beside generated data records its
+generator version, nothing more.
 
 Loaders: one permutation of the GLOBAL dataset per epoch, seeded by (seed, epoch); rank r takes its
 contiguous slice of every global batch, and crop/flip parameters are drawn per global position (or,
@@ -83,14 +86,57 @@ def _redo(path: Path, synthetic: bool) -> str:
     return f"delete {path.parent.parent} and it is regenerated" if synthetic else "delete it and download again"
 
 
+class _NotCifar(pickle.UnpicklingError):
+    """The pickle asks for something the official format never holds."""
+
+
+def _uint8_dtype(name, align=False, copy=False) -> np.dtype:
+    dtype = np.dtype(name, align, copy)
+    if dtype != np.uint8:
+        raise _NotCifar(f"an array of dtype {dtype} (the official format holds uint8 images only)")
+    return dtype
+
+
+def _ndarray(subtype, shape, code) -> np.ndarray:
+    if subtype is not np.ndarray:
+        raise _NotCifar(f"an array of type {getattr(subtype, '__name__', subtype)!r}")
+    # An empty array, whatever shape the file claims (a crafted one could claim terabytes):
+    # __setstate__ then sets dtype, shape and bytes, and refuses bytes that do not fill the shape.
+    return np.ndarray.__new__(np.ndarray, (0,), np.uint8)
+
+
+class _CifarUnpickler(pickle.Unpickler):
+    """Admits what the official files hold and nothing else: dicts, bytes and str keys, lists of ints
+    and bytes, and uint8 numpy arrays. An array pickle names three globals (numpy's ``_reconstruct``
+    under its numpy 1 and numpy 2 module names, ``ndarray`` and ``dtype``); they are replaced by
+    versions that build only a plain uint8 array. Any other global, the way a crafted pickle reaches
+    code (``os.system``, ``builtins.exec``), is refused before it is looked up, as the "Restricting
+    Globals" recipe of Python's pickle documentation does."""
+
+    _ALLOWED = {
+        ("numpy.core.multiarray", "_reconstruct"): _ndarray,
+        ("numpy._core.multiarray", "_reconstruct"): _ndarray,
+        ("numpy", "ndarray"): np.ndarray,
+        ("numpy", "dtype"): _uint8_dtype,
+    }
+
+    def find_class(self, module: str, name: str):
+        allowed = self._ALLOWED.get((module, name))
+        if allowed is None:
+            raise _NotCifar(f"global {module}.{name}, which is not part of the CIFAR-10 format")
+        return allowed
+
+
 def _load_pickle(path: Path, synthetic: bool) -> dict:
     redo = _redo(path, synthetic)
     try:
         with open(path, "rb") as f:
             # encoding="bytes" is what the official Python 3 snippet uses: keys come back as b'data'.
-            obj = pickle.load(f, encoding="bytes")
+            obj = _CifarUnpickler(f, encoding="bytes").load()
     except FileNotFoundError:
         raise DataError(f"{path} is missing: run with data.download=true or place the official archive there") from None
+    except _NotCifar as exc:
+        raise DataError(f"{path} is not a CIFAR-10 batch file: it asks for {exc}; refused without loading it") from None
     except Exception as exc:  # truncated files raise EOFError, garbage raises UnpicklingError/ValueError/...
         raise DataError(f"{path} is truncated or corrupt (pickle error: {type(exc).__name__}): {redo}") from None
     if not isinstance(obj, dict):
@@ -135,12 +181,13 @@ def _to_tensors(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[torch.Tenso
     return torch.from_numpy(x), torch.from_numpy(y)
 
 
-def read_cifar10(root: str | Path) -> CifarArrays:
-    """Read ``<root>/cifar-10-batches-py``; official data must match torchvision's md5 sums."""
+def read_cifar10(root: str | Path, synthetic: bool = False) -> CifarArrays:
+    """Read ``<root>/cifar-10-batches-py``. Official data (``synthetic=False``, the config's
+    ``data.dataset = "cifar10"``) must match torchvision's md5 sums; data this pipeline generated
+    (``synthetic=True``) has none to match. Every file goes through :class:`_CifarUnpickler`."""
     folder = Path(root) / CIFAR10_FOLDER
     if not folder.is_dir():
         raise DataError(f"{folder} is missing: run with data.download=true or place the official archive there")
-    synthetic = (folder / SYNTHETIC_MARKER).is_file()
     for name, md5 in _TRAIN_FILES + _TEST_FILES + (_META_FILE,):
         path = folder / name
         if not path.is_file() and synthetic:
@@ -148,7 +195,10 @@ def read_cifar10(root: str | Path) -> CifarArrays:
         if not path.is_file():
             raise DataError(f"{path} is missing: run with data.download=true or place the official archive there")
         if not synthetic and not check_integrity(str(path), md5):
-            raise DataError(f"{path} fails the official md5 checksum ({md5}): delete it and download again")
+            hint = ""
+            if (folder / SYNTHETIC_MARKER).is_file():
+                hint = " (this folder holds generated data: set data.dataset to synthetic-source or synthetic-target)"
+            raise DataError(f"{path} fails the official md5 checksum ({md5}): delete it and download again{hint}")
     train_x, train_y = _to_tensors([_read_batch(folder / n, synthetic) for n, _ in _TRAIN_FILES])
     test_x, test_y = _to_tensors([_read_batch(folder / n, synthetic) for n, _ in _TEST_FILES])
     classes = _read_classes(folder / _META_FILE[0], synthetic)
@@ -291,7 +341,8 @@ def load_dataset(
         return read_cifar10(root)
     if name in ("synthetic-source", "synthetic-target"):
         task = name.removeprefix("synthetic-")
-        return read_cifar10(_synthetic_root(root, task, synthetic_train_size, synthetic_test_size, synthetic_seed))
+        folder = _synthetic_root(root, task, synthetic_train_size, synthetic_test_size, synthetic_seed)
+        return read_cifar10(folder, synthetic=True)
     raise DataError(f"unknown data.name {name!r}: accepted {', '.join(DATASET_NAMES)}")
 
 

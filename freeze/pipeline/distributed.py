@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from freeze import comm
+from freeze.pipeline.config import Config, ConfigError, DistConfig
 
 T = TypeVar("T")
 
@@ -32,12 +33,33 @@ class WorkerContext:
         return self.rank == 0
 
 
-def _pick_device(requested: str, local_rank: int) -> torch.device:
-    if requested == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError(
-            "dist.device: 'cuda' was requested but no CUDA device is available; accepted here: auto, cpu"
-        )
+def device_type(requested: str) -> str:
+    """The device type ``dist.device`` (auto, cpu, cuda) means on this machine: "cuda" or "cpu"."""
     if requested == "cuda" or (requested == "auto" and torch.cuda.is_available()):
+        return "cuda"
+    return "cpu"
+
+
+def check_hardware(config: Config) -> None:
+    """ConfigError (one line naming the key) when ``config`` asks for hardware this machine does not
+    show. The launcher calls it before it starts anything, and so does every worker."""
+    cuda = torch.cuda.is_available()
+    if config.dist.device == "cuda" and not cuda:
+        raise ConfigError("dist.device: 'cuda' was requested but no CUDA device is visible; accepted here: auto, cpu")
+    on_cpu = device_type(config.dist.device) == "cpu"
+    if config.dist.backend == "nccl" and on_cpu:
+        raise ConfigError(
+            "dist.backend: 'nccl' needs CUDA devices and this run uses the CPU; accepted on CPU: auto, gloo"
+        )
+    if config.train.precision == "fp16" and on_cpu:
+        raise ConfigError(
+            "train.precision: 'fp16' needs a CUDA device (its GradScaler) and this run uses the CPU; "
+            "accepted on CPU: fp32, bf16"
+        )
+
+
+def _pick_device(requested: str, local_rank: int) -> torch.device:
+    if device_type(requested) == "cuda":
         torch.cuda.set_device(local_rank % torch.cuda.device_count())
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
@@ -81,8 +103,9 @@ def available_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def setup_worker(dist_cfg) -> WorkerContext:
-    """``dist_cfg``: DistConfig. Joins the process group when torchrun's variables are set."""
+def setup_worker(dist_cfg: DistConfig) -> WorkerContext:
+    """Join the process group when torchrun's variables are set. The config has passed
+    :func:`check_hardware`."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -95,8 +118,6 @@ def setup_worker(dist_cfg) -> WorkerContext:
     backend = None
     if world_size > 1:
         backend = dist_cfg.backend if dist_cfg.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
-        if backend == "nccl" and device.type != "cuda":
-            raise RuntimeError("dist.backend: 'nccl' needs CUDA devices; accepted on CPU: gloo, auto")
         timeout = datetime.timedelta(seconds=dist_cfg.timeout_s)
         store = _per_attempt_store(world_size, timeout)
         dist.init_process_group(

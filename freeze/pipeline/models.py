@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import difflib
 import logging
-import pickle
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -18,6 +17,8 @@ from pathlib import Path
 import torch
 import torchvision
 from torch import nn
+
+from freeze.pipeline.runs import UnsafeFileError, load_torch_file
 
 _log = logging.getLogger(__name__)
 
@@ -130,12 +131,11 @@ def _read_state_dict(path: Path) -> Mapping[str, object]:
     if not path.is_file():
         raise ModelError(f"model.weights file {path} does not exist: give 'none', 'imagenet' or a path to a state dict")
     try:
-        try:
-            obj = torch.load(path, map_location="cpu", weights_only=True)
-        except pickle.UnpicklingError:
-            # Our own checkpoints also hold optimizer/RNG state that the weights-only unpickler may
-            # refuse; the file is the user's own, so a full load is acceptable here.
-            obj = torch.load(path, map_location="cpu", weights_only=False)
+        # Weights-only, never a full unpickle: a weights file is often downloaded, and a crafted
+        # one would otherwise run code. Our own checkpoints load this way too.
+        obj = load_torch_file(path)
+    except UnsafeFileError as err:
+        raise ModelError(f"model.weights: {err}") from None
     except Exception as exc:
         reason = type(exc).__name__
         raise ModelError(f"{path} is not a readable torch file ({reason}): give a state dict or a checkpoint") from None
@@ -146,6 +146,25 @@ def _read_state_dict(path: Path) -> Mapping[str, object]:
             f"{path} holds no state dict: expected a dict of tensors or a checkpoint dict with key 'model'"
         )
     return obj
+
+
+def state_dict_mismatch(
+    own: Mapping[str, torch.Tensor], other: Mapping[str, object], shapes: bool = False
+) -> str | None:
+    """None when ``other`` has exactly the keys of ``own`` (and, with ``shapes``, their shapes);
+    else one line with counts and an example, never the hundreds of names a model has."""
+    unexpected = sorted(set(other) - set(own))
+    missing = sorted(set(own) - set(other))
+    if unexpected or missing:
+        shown = ", ".join((unexpected[:2] + missing[:2])[:3])
+        return f"{len(unexpected)} unexpected, {len(missing)} missing keys, e.g. {shown}"
+    if shapes:
+        reshaped = [k for k in own if tuple(getattr(other[k], "shape", ())) != tuple(own[k].shape)]
+        if reshaped:
+            key = reshaped[0]
+            found = list(getattr(other[key], "shape", ()))
+            return f"{len(reshaped)} tensors of another shape, e.g. {key} {found} instead of {list(own[key].shape)}"
+    return None
 
 
 def _strip_wrappers(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -166,14 +185,9 @@ def load_weights(
     state = _read_state_dict(Path(source)) if isinstance(source, (str, Path)) else source
     state = _strip_wrappers(state)
     own = model.state_dict()
-    unexpected = sorted(set(state) - set(own))
-    missing = sorted(set(own) - set(state))
-    if unexpected or missing:
-        shown = ", ".join((unexpected + missing)[:4])
-        raise ModelError(
-            f"{where} does not match the model ({len(unexpected)} unexpected, {len(missing)} missing keys, "
-            f"e.g. {shown}): is it a checkpoint of another architecture?"
-        )
+    mismatch = state_dict_mismatch(own, state)
+    if mismatch:
+        raise ModelError(f"{where} does not match the model ({mismatch}): is it a checkpoint of another architecture?")
     skipped = sorted(k for k, v in state.items() if k in keep_fresh or tuple(v.shape) != tuple(own[k].shape))
     if len(skipped) == len(own):
         raise ModelError(f"{where}: no tensor has the model's shape: is it a checkpoint of another architecture?")

@@ -1,6 +1,10 @@
-"""Everything one worker does before its first epoch: load the data, start the run directory, build
-the training objects, and restore them from a checkpoint (the checkpoint's contents are defined
-here too, beside their restore).
+"""Everything one worker does before its first epoch: claim the run directory, load the data, build
+the training objects, restore them from a checkpoint (the checkpoint's contents are defined here
+too, beside their restore), and only then mark the run as started.
+
+Every refusal (bad data sizes, a policy that does not fit the model, a checkpoint of another model)
+comes before :func:`begin_run` writes the "running" manifest, so a refused run leaves no manifest
+behind; once it is written, the run either completes or is marked failed.
 """
 
 from __future__ import annotations
@@ -16,12 +20,14 @@ from torch import nn
 from freeze.blocks import Block, children_block_names, split_blocks
 from freeze.cache import CacheConfig
 from freeze.freezer import Freezer
-from freeze.pipeline.config import Config, config_to_toml
+from freeze.pipeline.config import Config, ConfigError, config_to_toml
 from freeze.pipeline.data import DataError, DataSplit, EvalLoader, TrainLoader, load_dataset, split_validation
 from freeze.pipeline.distributed import WorkerContext, run_and_agree
+from freeze.pipeline.models import state_dict_mismatch
 from freeze.pipeline.optim import build_optimizer, build_scheduler
+from freeze.pipeline.run_lock import RunLock
 from freeze.pipeline.runs import RunDir, RunError, environment_info, load_checkpoint, now_iso
-from freeze.policies import Policy
+from freeze.policies import Policy, PolicyError, parse_policy
 
 
 def load_data(cfg: Config, ctx: WorkerContext) -> DataSplit:
@@ -70,10 +76,39 @@ def _manifest(cfg: Config, ctx: WorkerContext, blocks: list[Block], policy: Poli
     }
 
 
-def start_run(cfg: Config, ctx: WorkerContext, run: RunDir, blocks: list[Block], policy: Policy, resume: bool) -> None:
-    """Rank 0 writes config.toml and a "running" manifest; a refusal stops every rank."""
+def claim_run(cfg: Config, ctx: WorkerContext, run: RunDir, resume: bool) -> RunLock | None:
+    """Rank 0 takes the run's lock (or checks its launcher's, see :mod:`freeze.pipeline.run_lock`)
+    and writes config.toml after the checks of :meth:`RunDir.prepare`; a refusal stops every rank.
+    Returns rank 0's lock (None on the other ranks); its holder releases it."""
+
+    def claim() -> RunLock:
+        lock = RunLock.for_worker(run.path)
+        try:
+            run.prepare(config_to_toml(cfg), resume)
+        except BaseException:
+            lock.discard_if_unstarted()
+            lock.release()
+            raise
+        return lock
+
+    return run_and_agree(claim, run_here=ctx.is_main, error_type=RunError)
+
+
+def build_policy(cfg: Config, blocks: list[Block]) -> Policy:
+    """The configured policy, refused (ConfigError) when it does not fit the model's blocks: a
+    static:k=99 on a 10-block model must not run as k=9 under the name k=99."""
+    policy = parse_policy(cfg.freeze.policy)
+    try:
+        policy.initial_boundary(len(blocks))
+    except PolicyError as err:
+        raise ConfigError(f"freeze.policy: {err}; model.arch {cfg.model.arch} has {len(blocks)} blocks") from None
+    return policy
+
+
+def begin_run(cfg: Config, ctx: WorkerContext, run: RunDir, blocks: list[Block], policy: Policy, resume: bool) -> None:
+    """Rank 0 writes the "running" manifest: from here on the run completes or is marked failed."""
     run_and_agree(
-        lambda: run.create(config_to_toml(cfg), _manifest(cfg, ctx, blocks, policy), resume=resume),
+        lambda: run.begin(_manifest(cfg, ctx, blocks, policy), resume=resume),
         run_here=ctx.is_main,
         error_type=RunError,
     )
@@ -94,9 +129,21 @@ class Training:
     steps_per_epoch: int  # optimizer steps
 
 
+def _check_batch_fits(cfg: Config, ctx: WorkerContext, n_train: int) -> None:
+    global_batch = cfg.train.batch_size * ctx.world_size
+    if global_batch > n_train:
+        raise ConfigError(
+            f"train.batch_size: {cfg.train.batch_size} per worker x {ctx.world_size} workers = {global_batch} "
+            f"images per step, more than the {n_train} training images; accepted here: "
+            f"1..{max(n_train // ctx.world_size, 1)}"
+        )
+
+
 def build_training(
     cfg: Config, ctx: WorkerContext, split: DataSplit, model: nn.Module, blocks: list[Block], policy: Policy
 ) -> Training:
+    """The training objects; ConfigError when the batch or the accumulation does not fit the data."""
+    _check_batch_fits(cfg, ctx, len(split.train_y))
     loader = TrainLoader(
         split.train_x,
         split.train_y,
@@ -120,8 +167,9 @@ def build_training(
     if cfg.train.max_steps_per_epoch:
         steps_per_epoch = min(steps_per_epoch, cfg.train.max_steps_per_epoch)
     if steps_per_epoch < 1:
-        raise RuntimeError(
-            f"train.accumulate_steps={accum} leaves no optimizer step in an epoch of {len(loader)} batches"
+        raise ConfigError(
+            f"train.accumulate_steps: {accum} micro-batches per optimizer step leave no step in an epoch of "
+            f"{len(loader)} batches of {cfg.train.batch_size} per worker; accepted here: 1..{len(loader)}"
         )
     total_steps = steps_per_epoch * cfg.train.epochs
 
@@ -168,9 +216,39 @@ def checkpoint_state(t: Training, epochs_done: int, cumulative_wall_s: float) ->
     }
 
 
+_CHECKPOINT_KEYS = ("epoch", "cumulative_wall_s", "model", "optimizer", "scheduler", "scaler", "freezer", "rng")
+
+
+def _check_checkpoint(ckpt: object, t: Training, path: Path) -> None:
+    """RunError (one line) unless ``ckpt`` is a checkpoint of this model under this policy."""
+    redo = "delete it to start the run from scratch, or choose another run.name"
+    missing = [k for k in _CHECKPOINT_KEYS if not isinstance(ckpt, dict) or k not in ckpt]
+    if missing:
+        raise RunError(f"checkpoint {path} is not a checkpoint of this pipeline (no {', '.join(missing)}): {redo}")
+    if not isinstance(ckpt["model"], dict) or not isinstance(ckpt["freezer"], dict):
+        raise RunError(f"checkpoint {path}: 'model' and 'freezer' must be dicts: {redo}")
+    mismatch = state_dict_mismatch(t.model.state_dict(), ckpt["model"], shapes=True)
+    if mismatch:
+        raise RunError(f"checkpoint {path} is of another model ({mismatch}): {redo}")
+    spec, own_spec = ckpt["freezer"].get("policy_spec"), t.freezer.policy.spec()
+    if spec != own_spec:
+        raise RunError(
+            f"checkpoint {path} was written under freeze.policy {spec!r}, this run uses {own_spec!r}: {redo}"
+        )
+    names, own_names = ckpt["freezer"].get("block_names"), [b.name for b in t.freezer.blocks]
+    if names != own_names:
+        count = len(names) if isinstance(names, list) else "?"
+        raise RunError(
+            f"checkpoint {path} splits the model into {count} blocks, this run into {len(own_names)} "
+            f"(model.blocks): {redo}"
+        )
+
+
 def resume_training(t: Training, checkpoint_path: Path, device: torch.device) -> tuple[int, float]:
-    """Restore every state from the checkpoint; returns (epochs done, cumulative_wall_s)."""
+    """Restore every state from the checkpoint; returns (epochs done, cumulative_wall_s). RunError
+    for a checkpoint that cannot be loaded safely or belongs to another model or policy."""
     ckpt = load_checkpoint(checkpoint_path, map_location=device)
+    _check_checkpoint(ckpt, t, checkpoint_path)
     t.model.load_state_dict(ckpt["model"])
     t.freezer.load_state_dict(ckpt["freezer"])  # after the model: re-syncs frozen BN buffers from it
     t.optimizer.load_state_dict(ckpt["optimizer"])
@@ -181,7 +259,19 @@ def resume_training(t: Training, checkpoint_path: Path, device: torch.device) ->
 
 
 def _rng_state() -> dict:
-    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    """Every RNG's state as tensors and plain numbers, so the checkpoint loads with
+    ``weights_only=True`` (numpy's own state tuple holds an ndarray, which that loader refuses)."""
+    _, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": {
+            "keys": torch.from_numpy(keys.astype(np.int64)),  # MT19937's 624 uint32 words
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached_gaussian),
+        },
+        "python": random.getstate(),
+    }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -189,7 +279,9 @@ def _rng_state() -> dict:
 
 def _set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
+    numpy = state["numpy"]
+    keys = numpy["keys"].cpu().numpy().astype(np.uint32)
+    np.random.set_state(("MT19937", keys, numpy["pos"], numpy["has_gauss"], numpy["cached_gaussian"]))
     random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])

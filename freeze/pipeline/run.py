@@ -17,19 +17,31 @@ launcher of ours, so every worker resolves the same file and overrides (torchrun
 the same arguments, and resolving is a pure function of them); rank 0 writes config.toml. Reading it
 back on the other ranks would need the run directory on a file system every machine shares, and
 the process group's own settings (dist.*) are needed before any rank can hear from another.
-Exit codes: 0 complete, 2 bad input (one line on stderr; no manifest is written, and for a bad
-config nothing at all), 1 the run failed.
+
+One writer per run directory (:mod:`freeze.pipeline.run_lock`): this command holds the run's lock
+while its workers run, or, without workers of its own, the worker holds it (rank 0 under a plain
+torchrun). Workers die with the process that started them (:mod:`freeze.pipeline.lifetime`).
+
+Exit codes: 0 complete; 2 refused before the run started (bad input, hardware this machine lacks, a
+complete run, a run another process writes): one line on stderr, and a run directory this command
+created is removed again; 1 the run failed (its manifest says why).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import os
 import sys
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 
 from freeze.pipeline.config import Config, ConfigError, config_to_toml, load_config
+from freeze.pipeline.distributed import check_hardware
+from freeze.pipeline.lifetime import die_with_parent, launcher_env, worker_argv
+from freeze.pipeline.run_lock import RunLock
 from freeze.pipeline.runs import RunDir, RunError
 
 
@@ -42,6 +54,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_intermixed_args(argv)  # overrides may come before and after flags
 
 
+_WORKER_EXIT_LOGGER = "torch.distributed.elastic.multiprocessing.api"
+
+
 def _under_launcher() -> bool:
     return "WORLD_SIZE" in os.environ and "RANK" in os.environ
 
@@ -49,18 +64,37 @@ def _under_launcher() -> bool:
 def prepare_run_dir(config: Config, resume: bool) -> Path:
     """Refuse a run that must not start (complete, or progress without ``resume``, or a resume with
     another config) and write its resolved config.toml; returns that file's path, the one the
-    workers load. Raises RunError."""
+    workers load. The caller holds the run's lock. Raises RunError."""
     run = RunDir(config.run_dir())
     run.prepare(config_to_toml(config), resume)
     return run.config_path
 
 
-def launch_local(resolved_config: Path, nproc: int, resume: bool = False, max_restarts: int = 0) -> int:
+@contextlib.contextmanager
+def _exported(env: dict[str, str]) -> Iterator[None]:
+    """``env`` in os.environ while the block runs: torchrun's agent, hosted in this process, gives
+    its workers a copy of os.environ."""
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def launch_local(
+    resolved_config: Path, nproc: int, resume: bool = False, max_restarts: int = 0, lock: RunLock | None = None
+) -> int:
     """Start ``nproc`` workers on this machine with torchrun's launcher (same code path as a
     multi-node torchrun, including --max-restarts) on the resolved config file written by
     :func:`prepare_run_dir`, and return the run's exit code. The launcher agent runs in the calling
     process: a separate torchrun process would cost one more interpreter and torch import per run
-    (sweeps call this directly for the same reason)."""
+    (sweeps call this directly for the same reason). ``lock``: the run's lock, held by the caller;
+    the workers get its token, and die with this process (:mod:`freeze.pipeline.lifetime`)."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
@@ -68,83 +102,96 @@ def launch_local(resolved_config: Path, nproc: int, resume: bool = False, max_re
         "--standalone",
         f"--nproc-per-node={nproc}",
         f"--max-restarts={max_restarts}",
-        "-m",
-        "freeze.pipeline.run",
+        *worker_argv("freeze.pipeline.run"),  # bound to this process before it imports torch
         "--config",
         str(resolved_config),
     ]
     argv += ["--resume"] if resume else []
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # what torchrun sets for its workers when unset
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    env = {**launcher_env(), **(lock.env() if lock is not None else {})}
+    # torchrun logs every worker's exit in two lines ("failed (exitcode: 2) local_rank: 0 ...",
+    # "Sending process N closing signal SIGTERM"): a refused run has said why in one line already,
+    # and a failed one is summed up below in one.
+    exit_log = logging.getLogger(_WORKER_EXIT_LOGGER)
+    was_disabled, exit_log.disabled = exit_log.disabled, True
     try:
-        run(get_args_parser().parse_args(argv))
+        with _exported(env):
+            run(get_args_parser().parse_args(argv))
     except ChildFailedError as e:
-        # torchrun has printed each worker's failure; exit with the first worker's exit code.
-        codes = [f.exitcode for f in e.failures.values()]
-        return next((c for c in codes if c and c > 0), 1)
+        failures = sorted(e.failures.values(), key=lambda f: f.timestamp)
+        first = next((f for f in failures if f.exitcode > 0), failures[0])
+        code = first.exitcode if first.exitcode > 0 else 1
+        if code != 2:  # 2: the worker refused the run and printed why
+            print(
+                f"error: worker {first.local_rank} (pid {first.pid}) exited with code {first.exitcode}", file=sys.stderr
+            )
+        return code
+    finally:
+        exit_log.disabled = was_disabled
     return 0
 
 
-def launch_cluster(config, resolved_config: Path, resume: bool = False, max_restarts: int = 0) -> int:
+def launch_cluster(
+    config: Config, resolved_config: Path, resume: bool = False, max_restarts: int = 0, lock: RunLock | None = None
+) -> int:
     """Run on an emulated cluster of ``config.cluster.nodes`` network namespaces, ``dist.nproc``
     workers each, one torchrun agent per node (freeze.pipeline.cluster), on the resolved config file
-    written by :func:`prepare_run_dir`; returns the exit code."""
+    written by :func:`prepare_run_dir`; returns the exit code. ``lock``: the run's lock, held by the
+    caller; the workers get its token. They die with this process through the cluster's own PID
+    namespaces (freeze.pipeline.cluster.launch), not through :data:`lifetime.PARENT_PID_ENV`: their
+    parent is their node's agent, which the launcher's pid would not match."""
     from freeze.pipeline.cluster.jobs import run_config_entry, run_on_cluster
 
     entry = run_config_entry(resolved_config, resume)
-    return run_on_cluster(config.cluster, entry, config.dist.nproc, max_restarts, run_dir=config.run_dir())
+    with _exported(lock.env() if lock is not None else {}):  # each node's agent copies os.environ
+        return run_on_cluster(config.cluster, entry, config.dist.nproc, max_restarts, run_dir=config.run_dir())
 
 
-def _mark_failed(config, error: BaseException) -> None:
+def _refuse(error: Exception) -> int:
+    # Every rank of a plain torchrun checks the same things: one line from rank 0 is enough.
+    if os.environ.get("RANK", "0") == "0":
+        print(f"error: {error}", file=sys.stderr)
+    return 2
+
+
+def _mark_failed(config: Config, error: BaseException) -> None:
     run = RunDir(config.run_dir())
     try:
         if run.status() == "running":
             run.finish("failed", f"{type(error).__name__}: {error}")
-    except RunError:
-        pass  # the manifest itself is unreadable: nothing more can be recorded
+    except (RunError, OSError):
+        pass  # the manifest itself is unreadable or unwritable (a full disk): nothing more can be recorded
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    try:
-        config = load_config(args.config, args.overrides)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    if not _under_launcher() and (config.dist.nproc > 1 or config.cluster.nodes):
-        try:  # refuse before starting workers, so bad input costs nothing
-            resolved = prepare_run_dir(config, args.resume)
-        except RunError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        where = f"{config.cluster.nodes} emulated nodes x " if config.cluster.nodes else ""
-        print(f"run {config.run_dir()}: starting {where}{config.dist.nproc} workers", flush=True)
-        if config.cluster.nodes:
-            return launch_cluster(config, resolved, args.resume, args.max_restarts)
-        return launch_local(resolved, config.dist.nproc, args.resume, args.max_restarts)
-
+def run_worker(config: Config, resume: bool) -> int:
+    """This process trains: alone, or as one worker of torchrun (ours or a plain torchrun command)."""
     # Heavy imports only in the worker: the launcher process stays light.
     from freeze.cache import CacheError
     from freeze.pipeline.data import DataError
     from freeze.pipeline.distributed import setup_worker, teardown_worker
     from freeze.pipeline.models import ModelError
-    from freeze.pipeline.train import train_worker
+    from freeze.pipeline.train import WorkerOutcome, train_worker
 
-    ctx = None
+    ctx, outcome = None, WorkerOutcome()
     try:
         ctx = setup_worker(config.dist)
-        train_worker(config, ctx, resume=args.resume)
+        train_worker(config, ctx, resume, outcome)
         return 0
-    except (RunError, DataError, ModelError) as e:  # bad input: raised before the run writes anything
-        print(f"error: {e}", file=sys.stderr)
-        return 2
     except CacheError as e:  # the cache asked for cannot be held (budget) or cut (model): every rank stops here
         if ctx is None or ctx.is_main:
             _mark_failed(config, e)
         print(f"error: {e} (config keys freeze.cache, freeze.cache_budget_bytes)", file=sys.stderr)
         return 2
+    except (ConfigError, RunError, DataError, ModelError, OSError) as e:
+        if not outcome.started:
+            return _refuse(e)  # raised before the run was marked as started
+        if ctx.is_main:
+            print(f"error: {e}", file=sys.stderr)
+            _mark_failed(config, e)
+        return 1
     except Exception as e:
-        if ctx is None or ctx.is_main:
+        if outcome.started and (ctx is None or ctx.is_main):
             _mark_failed(config, e)
         # The traceback keeps train_worker's locals (its Freezer and DDP wrapper, which hold the
         # process group) alive; clear them so that teardown_worker can stop the group's threads.
@@ -152,6 +199,43 @@ def main(argv: list[str] | None = None) -> int:
         raise
     finally:
         teardown_worker()
+
+
+def run_launcher(config: Config, resume: bool, max_restarts: int) -> int:
+    """Hold the run's lock, write its config.toml and start ``dist.nproc`` local workers (on each
+    node of an emulated cluster when ``cluster.nodes`` is set)."""
+    try:
+        lock = RunLock.acquire(config.run_dir())
+    except RunError as e:
+        return _refuse(e)
+    with lock:
+        try:  # refuse before starting workers, so bad input costs nothing
+            resolved = prepare_run_dir(config, resume)
+        except RunError as e:
+            lock.discard_if_unstarted()
+            return _refuse(e)
+        where = f"{config.cluster.nodes} emulated nodes x " if config.cluster.nodes else ""
+        print(f"run {config.run_dir()}: starting {where}{config.dist.nproc} workers", flush=True)
+        if config.cluster.nodes:
+            code = launch_cluster(config, resolved, resume, max_restarts, lock)
+        else:
+            code = launch_local(resolved, config.dist.nproc, resume, max_restarts, lock)
+        if code != 0:
+            lock.discard_if_unstarted()  # the workers refused the run before it started
+        return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    die_with_parent()  # first: a worker must not outlive its launcher, even while it imports
+    args = parse_args(argv)
+    try:
+        config = load_config(args.config, args.overrides)
+        check_hardware(config)
+    except ConfigError as e:
+        return _refuse(e)
+    if not _under_launcher() and (config.dist.nproc > 1 or config.cluster.nodes):
+        return run_launcher(config, args.resume, args.max_restarts)
+    return run_worker(config, args.resume)
 
 
 if __name__ == "__main__":

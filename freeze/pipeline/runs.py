@@ -5,7 +5,8 @@ written is written atomically (:mod:`freeze._atomic`: temp file in the same dire
 fsync of the directory), so after a kill the directory holds either the old or the new version of
 each file.
 metrics.jsonl is the exception: it only grows, one fsynced line per epoch, and a half-written last
-line is dropped on read.
+line is dropped on read (:mod:`freeze.pipeline.jsonl`, the reader the report uses too).
+A write the file system refuses (a full disk) raises OSError naming the file.
 
 A run whose manifest says "complete" is never overwritten; a run that has metrics or a checkpoint
 is continued only on request (``resume=True``) and only with the identical config.
@@ -17,6 +18,7 @@ import json
 import os
 import pickle
 import platform
+import re
 import subprocess
 import tomllib
 import zipfile
@@ -28,6 +30,7 @@ from typing import Any, Literal
 import torch
 
 from freeze._atomic import atomic_write, atomic_write_json, atomic_write_text
+from freeze.pipeline.jsonl import JsonLinesError, read_json_lines
 
 RunStatus = Literal["absent", "running", "complete", "failed"]
 _MANIFEST_STATUSES = ("running", "complete", "failed")
@@ -51,22 +54,49 @@ def _one_line(text: str) -> str:
 
 
 def save_checkpoint(obj: Any, path: str | Path) -> None:
-    """torch.save ``obj`` to ``path`` atomically: a crash mid-save leaves the previous file intact."""
+    """torch.save ``obj`` to ``path`` atomically: a crash mid-save leaves the previous file intact.
+    ``obj`` must hold tensors and plain data only, so that :func:`load_checkpoint` can read it."""
     atomic_write(path, lambda f: torch.save(obj, f))
 
 
-def load_checkpoint(path: str | Path, map_location: Any = "cpu", weights_only: bool = False) -> Any:
-    """Load a checkpoint written by :func:`save_checkpoint`.
+class UnsafeFileError(ValueError):
+    """A torch file that is not plain tensors and data; the message is one line."""
 
-    ``weights_only`` defaults to False because these are files this package wrote into its own run
-    directory, holding RNG and policy state that torch's restricted unpickler rejects; pass True
-    for a file of unknown origin.
+
+def load_torch_file(path: Path, map_location: Any = "cpu") -> Any:
+    """torch.load with the weights-only unpickler and nothing else: tensors, dicts, lists, tuples,
+    numbers and strings come back; a file that names any other object (a crafted pickle that
+    would run code when loaded) is refused without running anything. There is no fallback to a
+    full unpickle: what this tool writes loads this way.
+
+    Raises:
+        UnsafeFileError: the file refers to an object outside that set (named in the message).
+        OSError, RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError: an
+            unreadable or corrupt file.
     """
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as err:
+        if "Weights only load failed" not in str(err):
+            raise
+        found = re.search(r"GLOBAL ([\w.]+)", str(err))
+        what = found.group(1) if found else _one_line(str(err)).split(". ")[-1][:120]
+        raise UnsafeFileError(
+            f"{path} refers to {what}, which is not a tensor or plain data: refused without loading it "
+            "(loading would run code from the file)"
+        ) from None
+
+
+def load_checkpoint(path: str | Path, map_location: Any = "cpu") -> Any:
+    """Load a checkpoint written by :func:`save_checkpoint` (:func:`load_torch_file`); RunError (one
+    line) when it is missing, corrupt or refers to anything but tensors and plain data."""
     path = Path(path)
     if not path.is_file():
         raise RunError(f"checkpoint {path} does not exist")
     try:
-        return torch.load(path, map_location=map_location, weights_only=weights_only)
+        return load_torch_file(path, map_location)
+    except UnsafeFileError as err:
+        raise RunError(f"checkpoint {err}") from None
     except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError, OSError) as err:
         # torch's messages run on for several sentences; the first one says what went wrong.
         detail = _one_line(str(err)).split(". ")[0] or type(err).__name__
@@ -157,19 +187,20 @@ class RunDir:
         atomic_write_text(self.config_path, config_toml)
         return status
 
-    def create(self, config_toml: str, manifest: dict[str, Any], resume: bool) -> None:
-        """Start (or, with ``resume``, continue) the run: :meth:`prepare`, then a "running" manifest.
-
-        On resume the original start_time is kept; the caller's other manifest fields win.
-        """
-        had_config = self.config_path.exists()
-        status = self.prepare(config_toml, resume)
+    def begin(self, manifest: dict[str, Any], resume: bool) -> None:
+        """Write the "running" manifest, after :meth:`prepare`. On resume the original start_time is
+        kept; the caller's other manifest fields win."""
         previous: dict[str, Any] = {}
-        if resume and had_config and status != "absent":
+        if resume and self.manifest_path.exists():
             previous = self.read_manifest()
         record = {**previous, **manifest, "status": "running", "error": None, "end_time": None}
         record["start_time"] = previous.get("start_time") or manifest.get("start_time") or now_iso()
         atomic_write_json(self.manifest_path, record)
+
+    def create(self, config_toml: str, manifest: dict[str, Any], resume: bool) -> None:
+        """Start (or, with ``resume``, continue) the run: :meth:`prepare`, then :meth:`begin`."""
+        self.prepare(config_toml, resume)
+        self.begin(manifest, resume)
 
     def _check_same_config(self, config_toml: str) -> None:
         stored = self.config_path.read_text(encoding="utf-8")
@@ -219,16 +250,19 @@ class RunDir:
     def append_metrics(self, record: dict[str, Any]) -> None:
         """Append one JSON line and fsync it: the newline marks the record as complete."""
         line = (json.dumps(record, separators=(",", ":")) + "\n").encode("utf-8")
-        if self.metrics_path.exists():
-            # A crash may have left a torn last line; appending after it would bury it mid-file.
-            _, valid_bytes = self._scan_metrics()
-            if valid_bytes < self.metrics_path.stat().st_size:
-                with open(self.metrics_path, "r+b") as f:
-                    f.truncate(valid_bytes)
-        with open(self.metrics_path, "ab") as f:
-            f.write(line)
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            if self.metrics_path.exists():
+                # A crash may have left a torn last line; appending after it would bury it mid-file.
+                _, valid_bytes = self._scan_metrics()
+                if valid_bytes < self.metrics_path.stat().st_size:
+                    with open(self.metrics_path, "r+b") as f:
+                        f.truncate(valid_bytes)
+            with open(self.metrics_path, "ab") as f:
+                f.write(line)
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as err:
+            raise type(err)(err.errno, err.strerror, str(self.metrics_path)) from None
 
     def read_metrics(self) -> list[dict[str, Any]]:
         """All complete metric records; a half-written last line (no newline, or not JSON) is dropped."""
@@ -238,25 +272,11 @@ class RunDir:
 
     def _scan_metrics(self) -> tuple[list[dict[str, Any]], int]:
         """(complete records, byte length of the prefix that holds them)."""
-        data = self.metrics_path.read_bytes()
-        # The last element after split is the text after the final newline: never a complete record.
-        lines = data.split(b"\n")
-        complete, tail = lines[:-1], lines[-1]
-        records: list[dict[str, Any]] = []
-        valid_bytes = 0
-        for number, raw in enumerate(complete, start=1):
-            if raw.strip():
-                try:
-                    record = json.loads(raw)
-                except (json.JSONDecodeError, UnicodeDecodeError) as err:
-                    if number == len(complete) and not tail.strip(b"\0 \t\r"):
-                        break  # torn final line, e.g. zero-filled blocks after a crash
-                    raise RunError(f"{self.metrics_path}: line {number} is not valid JSON: {err}") from None
-                if not isinstance(record, dict):
-                    raise RunError(f"{self.metrics_path}: line {number} is not a JSON object")
-                records.append(record)
-            valid_bytes += len(raw) + 1
-        return records, valid_bytes
+        try:
+            numbered, valid_bytes = read_json_lines(self.metrics_path.read_bytes())
+        except JsonLinesError as err:
+            raise RunError(f"{self.metrics_path}: {err}") from None
+        return [record for _, record in numbered], valid_bytes
 
     def truncate_metrics(self, num_epochs: int) -> list[dict[str, Any]]:
         """Keep only the records of epochs < ``num_epochs`` (atomic rewrite); used on resume."""

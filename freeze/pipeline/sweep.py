@@ -20,7 +20,11 @@ then starts from the resolved config.toml written into its run directory.
 
 Re-running a sweep skips complete runs, resumes interrupted or failed ones from their checkpoint
 and never overwrites a result. A failing run is recorded as failed (its manifest holds the error)
-and the sweep goes on; the summary says what ran, what was skipped and what failed.
+and the sweep goes on; the summary says what ran, what was skipped and what failed. The sweep holds
+each run's lock while it runs it (:mod:`freeze.pipeline.run_lock`): a run another process writes
+(a second sweep on the same study) is left to it and reported as busy, with that process's pid and
+host; two sweeps of one study thus share its runs, each run trained once. The exit code is 0 only
+when every run is complete.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import itertools
+import os
 import re
 import subprocess
 import sys
@@ -37,7 +42,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from freeze.pipeline.config import Config, ConfigError, load_config
+from freeze.pipeline.distributed import check_hardware
+from freeze.pipeline.lifetime import launcher_env, worker_argv
 from freeze.pipeline.run import launch_cluster, launch_local, prepare_run_dir
+from freeze.pipeline.run_lock import RunBusyError, RunLock
 from freeze.pipeline.runs import RunDir, RunError
 
 SEED_KEY = "run.seed"
@@ -67,13 +75,21 @@ class SweepSummary:
     ran: list[str] = field(default_factory=list)
     resumed: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    busy: list[tuple[str, str]] = field(default_factory=list)  # another process writes them
     failed: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """Every run is complete: none failed, none left to another writer."""
+        return not self.failed and not self.busy
 
     def lines(self) -> list[str]:
         out = [
             f"sweep: {len(self.ran)} ran ({len(self.resumed)} of them resumed), "
-            f"{len(self.skipped)} skipped (complete), {len(self.failed)} failed"
+            f"{len(self.skipped)} skipped (complete), {len(self.busy)} busy (another writer), "
+            f"{len(self.failed)} failed"
         ]
+        out += [f"  busy: {name}: {error}" for name, error in self.busy]
         out += [f"  failed: {name}: {error}" for name, error in self.failed]
         return out
 
@@ -101,6 +117,8 @@ def read_toml(path: str | Path, kind: str) -> dict:
         return tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise SweepError(f"{kind} file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise SweepError(f"{kind} file {path} cannot be read as UTF-8 text: {e}") from None
     except tomllib.TOMLDecodeError as e:
         raise SweepError(f"{kind} file {path}: {e}") from None
 
@@ -126,10 +144,15 @@ def read_sweep(path: str | Path) -> dict:
         )
     if "base" not in sweep or "study" not in sweep:
         raise SweepError(f"sweep file {path}: needs a [sweep] table with 'base' and 'study'")
+    for key in ("base", "study"):
+        if not isinstance(sweep[key], str):
+            raise SweepError(f"sweep file {path}: '{key}' under [sweep] must be a string, got {sweep[key]!r}")
     overrides = sweep.get("overrides", [])
     if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
         raise SweepError(f'sweep file {path}: overrides must be a list of "section.key=value" strings')
     grid = data.get("grid", {})
+    if not isinstance(grid, dict):
+        raise SweepError(f'sweep file {path}: [grid] must be a table of "section.key" = [values]')
     for key, values in grid.items():
         if not isinstance(values, list) or not values:
             raise SweepError(f'sweep file {path}: grid."{key}" must be a non-empty list')
@@ -168,54 +191,90 @@ def dry_run_lines(specs: list[RunSpec]) -> list[str]:
     ]
 
 
-def _launch(config: Config, resume: bool) -> int:
-    """Run one resolved config to its end; returns the exit code."""
+def _launch(config: Config, resume: bool, lock: RunLock) -> int:
+    """Run one resolved config to its end under ``lock`` (held here); returns the exit code."""
     resolved = prepare_run_dir(config, resume)
     if config.cluster.nodes:  # one torchrun agent per emulated node (freeze.pipeline.cluster)
-        return launch_cluster(config, resolved, resume)
+        return launch_cluster(config, resolved, resume, lock=lock)
     if config.dist.nproc > 1:
         # Workers are separate processes either way; hosting torchrun's agent here saves a
         # launcher process (interpreter + torch import, ~3 s) per run.
-        return launch_local(resolved, config.dist.nproc, resume)
-    # A single-process run trains in its own process, so a crash cannot take the sweep down.
-    cmd = [sys.executable, "-m", "freeze.pipeline.run", "--config", str(resolved)]
-    return subprocess.run(cmd + (["--resume"] if resume else [])).returncode
+        return launch_local(resolved, config.dist.nproc, resume, lock=lock)
+    # A single-process run trains in its own process, so a crash cannot take the sweep down; it
+    # dies with the sweep and works under the sweep's lock (launcher_env, lock.env).
+    cmd = [sys.executable, *worker_argv("freeze.pipeline.run"), "--config", str(resolved)]
+    env = {**os.environ, **launcher_env(), **lock.env()}
+    return subprocess.run(cmd + (["--resume"] if resume else []), env=env).returncode
+
+
+def _run_one(spec: RunSpec, tag: str, summary: SweepSummary, log) -> None:
+    """Run ``spec`` unless it is complete or another process writes it; record the outcome."""
+    run = RunDir(spec.config.run_dir())
+    try:
+        if run.status() == "complete":  # checked before the lock: a complete run is not touched
+            summary.skipped.append(spec.name)
+            log(f"{tag}: complete, skipped")
+            return
+        lock = RunLock.acquire(run.path)
+    except RunBusyError as e:
+        summary.busy.append((spec.name, str(e)))
+        log(f"{tag}: BUSY ({e})")
+        return
+    except RunError as e:
+        summary.failed.append((spec.name, str(e)))
+        log(f"{tag}: FAILED ({e})")
+        return
+    with lock:
+        try:
+            status = run.status()  # again, now that no one else writes it
+        except RunError as e:
+            summary.failed.append((spec.name, str(e)))
+            return
+        if status == "complete":  # another sweep finished it meanwhile
+            summary.skipped.append(spec.name)
+            log(f"{tag}: complete, skipped")
+            return
+        resume = run.has_progress()
+        log(f"{tag}: {'resuming' if resume else 'starting'}")
+        start_s = time.perf_counter()
+        try:
+            code = _launch(spec.config, resume, lock)
+        except RunError as e:  # e.g. resuming a run directory written with another config
+            lock.discard_if_unstarted()
+            summary.failed.append((spec.name, str(e)))
+            log(f"{tag}: FAILED ({e})")
+            return
+        if code != 0:
+            lock.discard_if_unstarted()  # refused before it started: nothing left behind
+    summary.ran.append(spec.name)
+    if resume:
+        summary.resumed.append(spec.name)
+    if code != 0:
+        error = f"exit code {code}"
+        with contextlib.suppress(RunError):  # no manifest, or an unreadable one: the exit code is all we know
+            error = run.read_manifest().get("error") or error
+        summary.failed.append((spec.name, error))
+        log(f"{tag}: FAILED ({error})")
+    else:
+        log(f"{tag}: complete in {time.perf_counter() - start_s:.1f} s")
 
 
 def run_specs(specs: list[RunSpec], log=print) -> SweepSummary:
+    """Run every spec in turn (:func:`_run_one`); the summary says what happened to each."""
     summary = SweepSummary()
     for i, spec in enumerate(specs, 1):
-        run = RunDir(spec.config.run_dir())
-        try:
-            status = run.status()
-        except RunError as e:
-            summary.failed.append((spec.name, str(e)))
-            continue
-        if status == "complete":
-            summary.skipped.append(spec.name)
-            log(f"[{i}/{len(specs)}] {spec.name}: complete, skipped")
-            continue
-        resume = run.has_progress()
-        log(f"[{i}/{len(specs)}] {spec.name}: {'resuming' if resume else 'starting'}")
-        start_s = time.perf_counter()
-        try:
-            code = _launch(spec.config, resume)
-        except RunError as e:  # e.g. resuming a run directory written with another config
-            summary.failed.append((spec.name, str(e)))
-            log(f"[{i}/{len(specs)}] {spec.name}: FAILED ({e})")
-            continue
-        summary.ran.append(spec.name)
-        if resume:
-            summary.resumed.append(spec.name)
-        if code != 0:
-            error = f"exit code {code}"
-            with contextlib.suppress(RunError):  # an unreadable manifest: the exit code is all we know
-                error = run.read_manifest().get("error") or error
-            summary.failed.append((spec.name, error))
-            log(f"[{i}/{len(specs)}] {spec.name}: FAILED ({error})")
-        else:
-            log(f"[{i}/{len(specs)}] {spec.name}: complete in {time.perf_counter() - start_s:.1f} s")
+        _run_one(spec, f"[{i}/{len(specs)}] {spec.name}", summary, log)
     return summary
+
+
+def check_runnable_here(specs: list[RunSpec]) -> None:
+    """ConfigError (one line naming the run and the key) for a run that asks for hardware this
+    machine lacks: refused before the first run starts, not after the others have run."""
+    for spec in specs:
+        try:
+            check_hardware(spec.config)
+        except ConfigError as e:
+            raise ConfigError(f"run {spec.name}: {e}") from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -229,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         sweep = read_sweep(args.sweep)
         specs = expand(sweep["base"], sweep["study"], sweep["grid"], sweep["overrides"], args.out_dir)
+        if not args.dry_run:  # a dry run lists names for other machines: this one's hardware is moot
+            check_runnable_here(specs)
     except (SweepError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -238,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = run_specs(specs)
     for line in summary.lines():
         print(line)
-    return 1 if summary.failed else 0
+    return 0 if summary.ok else 1
 
 
 if __name__ == "__main__":

@@ -28,21 +28,23 @@ from freeze.freezer import Freezer
 from freeze.monitor import relative_change
 from freeze.pipeline.config import Config
 from freeze.pipeline.data import EvalLoader
-from freeze.pipeline.distributed import WorkerContext, all_reduce_sum, any_rank, barrier, from_rank0
+from freeze.pipeline.distributed import WorkerContext, all_reduce_sum, any_rank, from_rank0, run_and_agree
 from freeze.pipeline.log import ProgressLine, get_logger
 from freeze.pipeline.models import build_model
 from freeze.pipeline.prepare import (
     Training,
+    begin_run,
     build_blocks,
+    build_policy,
     build_training,
     checkpoint_state,
+    claim_run,
     load_data,
     resume_training,
-    start_run,
 )
-from freeze.pipeline.runs import RunDir, save_checkpoint
+from freeze.pipeline.run_lock import RunLock
+from freeze.pipeline.runs import RunDir, RunError, save_checkpoint
 from freeze.pipeline.schema import BOUNDARY_AT_EPOCH_START, EVAL_PHASE, PHASES, TRAIN_PHASES
-from freeze.policies import parse_policy
 
 
 @dataclass
@@ -78,8 +80,6 @@ class PhaseClock:
 def _autocast(precision: str, device: torch.device):
     if precision == "fp32":
         return contextlib.nullcontext()
-    if precision == "fp16" and device.type != "cuda":
-        raise RuntimeError("train.precision: 'fp16' needs a CUDA device (GradScaler); accepted on CPU: fp32, bf16")
     dtype = torch.bfloat16 if precision == "bf16" else torch.float16
     return torch.autocast(device_type=device.type, dtype=dtype)
 
@@ -300,16 +300,24 @@ def _log_epoch(logger: logging.Logger, record: dict, epochs: int) -> None:
     )
 
 
-def save_epoch(t: Training, cfg: Config, ctx: WorkerContext, run: RunDir, record: dict) -> None:
+def save_epoch(t: Training, cfg: Config, ctx: WorkerContext, run: RunDir, lock: RunLock | None, record: dict) -> None:
     """Rank 0 appends the record and (every run.checkpoint_every_epochs, and at the end) saves the
-    checkpoint; no rank goes on before that is done."""
+    checkpoint, while it still holds the run; no rank goes on before that is done, and a failed
+    write (a full disk) stops every rank with one line naming the file."""
     epochs_done = record["epoch"] + 1
-    if ctx.is_main:
-        run.append_metrics(record)
-        if epochs_done == cfg.train.epochs or epochs_done % cfg.run.checkpoint_every_epochs == 0:
-            save_checkpoint(checkpoint_state(t, epochs_done, record["cumulative_wall_s"]), run.checkpoint_path)
-        run.update_manifest(epochs_done=epochs_done)
-    barrier()  # no rank runs ahead of a checkpoint it might have to resume from
+
+    def save() -> None:
+        lock.check_held()  # a worker whose launcher died must not write after a new writer started
+        try:
+            run.append_metrics(record)
+            if epochs_done == cfg.train.epochs or epochs_done % cfg.run.checkpoint_every_epochs == 0:
+                save_checkpoint(checkpoint_state(t, epochs_done, record["cumulative_wall_s"]), run.checkpoint_path)
+            run.update_manifest(epochs_done=epochs_done)
+        except OSError as err:
+            raise RunError(f"cannot write {err.filename or run.path}: {err.strerror or err}") from None
+
+    # Also the barrier: no rank runs ahead of a checkpoint it might have to resume from.
+    run_and_agree(save, run_here=ctx.is_main, error_type=RunError)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -330,13 +338,37 @@ def announce_start(cfg: Config, ctx: WorkerContext, run: RunDir, logger: logging
         print(f"{socket.gethostname()}: rank 0 runs on {host0}; results go to {path0} there", flush=True)
 
 
-def train_worker(cfg: Config, ctx: WorkerContext, resume: bool) -> dict:
+@dataclass
+class WorkerOutcome:
+    """What the caller of :func:`train_worker` needs when it raises: whether the run had started
+    (its "running" manifest written), i.e. whether an error is a refusal or a failed run."""
+
+    started: bool = False
+
+
+def train_worker(cfg: Config, ctx: WorkerContext, resume: bool, outcome: WorkerOutcome | None = None) -> dict:
     """Run (or resume) the configured run on this worker; returns the last metrics record."""
+    outcome = outcome if outcome is not None else WorkerOutcome()
     run = RunDir(cfg.run_dir())
     # torchrun --max-restarts restarts every worker after a failure: continue from the checkpoint.
     # Agreed across ranks: on several nodes only the node whose worker failed counts a restart;
     # torchrun restarts the others for the membership change with their count unchanged.
     resume = any_rank(resume or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0)
+    lock = claim_run(cfg, ctx, run, resume)
+    try:
+        return _train(cfg, ctx, run, lock, resume, outcome)
+    except BaseException:
+        if lock is not None and not outcome.started:
+            lock.discard_if_unstarted()  # a refused run leaves nothing behind
+        raise
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _train(
+    cfg: Config, ctx: WorkerContext, run: RunDir, lock: RunLock | None, resume: bool, outcome: WorkerOutcome
+) -> dict:
     logger = get_logger(ctx.rank, run.path / f"log.rank{ctx.rank}.txt" if ctx.is_main else None)
     announce_start(cfg, ctx, run, logger)
     torch.manual_seed(cfg.run.seed)  # model init: identical on all ranks, and the Freezer syncs anyway
@@ -361,14 +393,15 @@ def train_worker(cfg: Config, ctx: WorkerContext, resume: bool) -> dict:
         len(blocks),
         time.perf_counter() - start_s,
     )
-    policy = parse_policy(cfg.freeze.policy)
-    start_run(cfg, ctx, run, blocks, policy, resume)
+    policy = build_policy(cfg, blocks)
     t = build_training(cfg, ctx, split, model, blocks, policy)
 
     start_epoch, cumulative_wall_s = 0, 0.0
     if resume and run.checkpoint_path.exists():
         start_epoch, cumulative_wall_s = resume_training(t, run.checkpoint_path, ctx.device)
         logger.info("resumed %s at epoch %d (boundary %d)", run.path, start_epoch, t.freezer.boundary)
+    begin_run(cfg, ctx, run, blocks, policy, resume)
+    outcome.started = True
     if ctx.is_main:
         run.truncate_metrics(start_epoch)  # epochs after the checkpoint are re-run, not duplicated
     logger.info("training: policy %s, %d epochs of %d steps", policy.spec(), cfg.train.epochs, t.steps_per_epoch)
@@ -383,7 +416,7 @@ def train_worker(cfg: Config, ctx: WorkerContext, resume: bool) -> dict:
             evaluation = evaluate_epoch(t, cfg, ctx.device, clock, epoch + 1 == cfg.train.epochs)
         record = epoch_record(t, epoch, train, evaluation, clock, cumulative_wall_s)
         _log_epoch(logger, record, cfg.train.epochs)
-        save_epoch(t, cfg, ctx, run, record)
+        save_epoch(t, cfg, ctx, run, lock, record)
     t.freezer.close()  # releases the DDP wrapper, so that teardown_worker can stop the group's threads
     if ctx.is_main:
         run.finish("complete")

@@ -26,6 +26,7 @@ from freeze.monitor import NORMS, IntervalStats
 from freeze.policies.base import (
     SCHEDULE_EPS,
     Policy,
+    PolicyError,
     Progress,
     floor_with_slack,
     param,
@@ -55,12 +56,22 @@ class StaticFreeze(Policy):
     k: int = param(0, low=0)
 
     def initial_boundary(self, num_blocks: int) -> int:
-        self._check_blocks(num_blocks)
-        return min(self.k, num_blocks - 1)
+        self._check_k(num_blocks)
+        return self.k
 
     def decide(self, boundary: int, history: Sequence[IntervalStats], progress: Progress, num_blocks: int) -> int:
         self._check_call(boundary, num_blocks)
-        return max(boundary, min(self.k, num_blocks - 1))
+        self._check_k(num_blocks)
+        return max(boundary, self.k)
+
+    def _check_k(self, num_blocks: int) -> None:
+        # Refused, not clamped: a run of static:k=99 that froze 9 blocks would be reported as k=99.
+        self._check_blocks(num_blocks)
+        if self.k > num_blocks - 1:
+            raise PolicyError(
+                f"policy 'static': k = {self.k} with {num_blocks} blocks; accepted: 0..{num_blocks - 1} "
+                f"(the head, block {num_blocks - 1}, is never frozen)"
+            )
 
 
 @register_policy

@@ -59,7 +59,7 @@ def test_synthetic_files_are_in_the_official_format(synthetic_root):
     with open(folder / "data_batch_1", "rb") as f:
         assert np.array_equal(pickle.load(f, encoding="latin1")["data"], batch[b"data"])
 
-    arrays = read_cifar10(synthetic_root)
+    arrays = read_cifar10(synthetic_root, synthetic=True)
     assert arrays.synthetic and arrays.classes == synthetic_class_names("source")
     assert arrays.train_x.shape == (N_TRAIN, 3, 32, 32) and arrays.train_x.dtype == torch.uint8
     assert arrays.test_x.shape == (N_TEST, 3, 32, 32) and arrays.test_y.dtype == torch.int64
@@ -84,7 +84,7 @@ def test_missing_directory_and_file(tmp_path, copy_root):
     assert "cifar-10-batches-py is missing" in _error_line(err) and "data.download=true" in str(err.value)
     (copy_root / "cifar-10-batches-py" / "data_batch_3").unlink()
     with pytest.raises(DataError) as err:
-        read_cifar10(copy_root)
+        read_cifar10(copy_root, synthetic=True)
     assert "data_batch_3 is missing" in _error_line(err)
 
 
@@ -94,7 +94,7 @@ def test_truncated_or_corrupt_file(copy_root, damage):
     raw = path.read_bytes()
     path.write_bytes(raw[: len(raw) // 2] if damage == "truncate" else b"not a pickle at all" * 10)
     with pytest.raises(DataError) as err:
-        read_cifar10(copy_root)
+        read_cifar10(copy_root, synthetic=True)
     assert "data_batch_2 is truncated or corrupt" in _error_line(err)
 
 
@@ -110,16 +110,15 @@ def test_label_out_of_range_and_bad_shape(copy_root):
     path = copy_root / "cifar-10-batches-py" / "test_batch"
     _rewrite_batch(path, {b"labels": [10] + [0] * (N_TEST - 1)})
     with pytest.raises(DataError) as err:
-        read_cifar10(copy_root)
+        read_cifar10(copy_root, synthetic=True)
     assert "test_batch" in _error_line(err) and "label 10 is outside 0..9" in str(err.value)
     _rewrite_batch(path, {b"labels": [0] * N_TEST, b"data": np.zeros((N_TEST, 100), np.uint8)})
     with pytest.raises(DataError) as err:
-        read_cifar10(copy_root)
+        read_cifar10(copy_root, synthetic=True)
     assert "test_batch" in _error_line(err) and "[n, 3072]" in str(err.value)
 
 
-def test_unmarked_directory_is_checked_against_official_md5(copy_root):
-    (copy_root / "cifar-10-batches-py" / "SYNTHETIC.json").unlink()
+def test_official_data_is_checked_against_official_md5(copy_root):
     with pytest.raises(DataError) as err:
         read_cifar10(copy_root)
     assert "data_batch_1 fails the official md5 checksum" in _error_line(err)

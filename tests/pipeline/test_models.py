@@ -71,14 +71,18 @@ def test_checkpoint_with_ddp_prefix_and_training_state(tmp_path, five_class_stat
     checkpoint = {
         "model": {f"module.{k}": v for k, v in five_class_state.items()},
         "epoch": 3,
-        "numpy_rng": np.random.default_rng(0).bit_generator.state,  # not weights-only loadable
-        "legacy_rng": np.random.get_state(),
+        "rng": {"numpy": {"keys": torch.arange(624), "pos": 624}, "python": (3, tuple(range(625)), None)},
     }
     path = tmp_path / "checkpoint.pt"
     torch.save(checkpoint, path)
     model = build_model("resnet18", num_classes=5)
     assert load_weights(model, path) == []
     assert torch.equal(model.layer4[1].conv2.weight, five_class_state["layer4.1.conv2.weight"])
+    # numpy objects are not plain data: such a file is refused, never loaded with a full unpickle.
+    torch.save({**checkpoint, "legacy_rng": np.random.get_state()}, path)
+    with pytest.raises(ModelError, match=r"refers to numpy\.\S+, which is not a tensor or plain data") as err:
+        load_weights(model, path)
+    assert "\n" not in str(err.value)
 
 
 def test_stem_mismatch_skips_conv1_and_build_model_logs_it(tmp_path, caplog):

@@ -26,12 +26,13 @@ def _overrides(tmp_path: Path) -> list[str]:
 def test_launcher_writes_the_resolved_config_and_workers_get_only_that_file(tmp_path, launches):
     overrides = _overrides(tmp_path)
     assert run_module.main(["--config", str(SMOKE), *overrides]) == 0
-    ((resolved, nproc, resume, max_restarts),) = launches
+    ((resolved, nproc, resume, max_restarts, lock),) = launches
     expected = load_config(SMOKE, overrides)
     assert resolved == RunDir(expected.run_dir()).config_path
     assert resolved.read_text() == config_to_toml(expected)  # every key written out, overrides applied
     assert load_config(resolved) == expected  # what each worker loads: no override strings left
     assert (nproc, resume, max_restarts) == (2, False, 0)  # dist.nproc is the one worker-count knob
+    assert lock.run_dir == expected.run_dir() and not lock.delegated  # the launcher held the run meanwhile
 
 
 def test_launcher_refuses_progress_without_resume_before_starting_workers(tmp_path, launches, capsys):

@@ -179,7 +179,7 @@ def test_corrupt_middle_metrics_line_is_an_error(tmp_path):
     run = RunDir(tmp_path / "r")
     run.path.mkdir()
     run.metrics_path.write_text('{"epoch": 0}\nnot json\n{"epoch": 2}\n')
-    with pytest.raises(RunError, match=r"metrics.jsonl: line 2 is not valid JSON"):
+    with pytest.raises(RunError, match=r"metrics.jsonl: line 2: not valid JSON"):
         run.read_metrics()
 
 

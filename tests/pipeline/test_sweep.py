@@ -4,6 +4,7 @@ recorded, and the report's main table checked against numbers computed here from
 import csv
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -28,8 +29,8 @@ def _env():
     return env
 
 
-def _write_sweep(tmp_path: Path, grid: str, name: str = "sweep.toml") -> Path:
-    overrides = TINY + [f"data.root={tmp_path / 'data'}"]
+def _write_sweep(tmp_path: Path, grid: str, name: str = "sweep.toml", overrides: tuple[str, ...] = ()) -> Path:
+    overrides = TINY + [f"data.root={tmp_path / 'data'}", *overrides]
     path = tmp_path / name
     path.write_text(f'[sweep]\nbase = "{SMOKE}"\nstudy = "tiny"\noverrides = {json.dumps(overrides)}\n[grid]\n{grid}\n')
     return path
@@ -81,7 +82,7 @@ def test_rerun_skips_complete_and_resumes_interrupted(swept):
     assert code == 0, out
     assert "none_seed=0: complete, skipped" in out
     assert "none_seed=1: resuming" in out
-    assert "4 ran" not in out and "1 skipped (complete), 0 failed" in out
+    assert "4 ran" not in out and "1 skipped (complete), 0 busy (another writer), 0 failed" in out
     for name in ("none_seed=0", "none_seed=1", "static-k=3_seed=0", "static-k=3_seed=1"):
         manifest = json.loads((runs / name / "manifest.json").read_text())
         assert manifest["status"] == "complete", name
@@ -147,19 +148,34 @@ def test_report_main_table_matches_hand_computation(swept):
     assert any(str(p).endswith("main.md") for p in written.values())
 
 
+def _file_size_limit(max_bytes: int):
+    """A ``preexec_fn`` that caps every file the sweep and its workers write (``ulimit -f``, as a
+    batch system or a quota sets it): a write past the cap fails with EFBIG (Python ignores SIGXFSZ)."""
+
+    def apply() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (max_bytes, max_bytes))
+
+    return apply
+
+
 def test_failing_run_is_recorded_and_the_sweep_goes_on(tmp_path):
-    # 2 workers: the sweep hosts torchrun's agent in-process for these; a worker failure must
-    # come back as a failed run, not as an exception that ends the sweep.
-    grid = '"train.precision" = ["fp16", "fp32"]\n"freeze.policy" = ["none"]\n"dist.nproc" = [2]'
-    path = _write_sweep(tmp_path, grid)
-    proc = _sweep(path, tmp_path / "runs")
+    # A failure only the run itself can meet: its first checkpoint outgrows the file-size limit
+    # (resnet18 with SGD momentum ~90 MB, mobilenet_v3_small ~12 MB, limit 40 MB). 2 workers: the
+    # sweep hosts torchrun's agent in-process for these; a worker failure must come back as a failed
+    # run, not as an exception that ends the sweep.
+    grid = '"model.arch" = ["resnet18", "mobilenet_v3_small"]\n"freeze.policy" = ["none"]\n"dist.nproc" = [2]'
+    path = _write_sweep(tmp_path, grid, overrides=["train.epochs=1"])
+    proc = _sweep(path, tmp_path / "runs", preexec_fn=_file_size_limit(40_000_000))
     out, _ = proc.communicate(timeout=240)
     assert proc.returncode == 1, out
-    failed = json.loads((tmp_path / "runs" / "tiny" / "precision=fp16_none_nproc=2" / "manifest.json").read_text())
-    assert failed["status"] == "failed" and "fp16" in failed["error"]
-    ok = json.loads((tmp_path / "runs" / "tiny" / "precision=fp32_none_nproc=2" / "manifest.json").read_text())
+    failed_dir = tmp_path / "runs" / "tiny" / "arch=resnet18_none_nproc=2"
+    failed = json.loads((failed_dir / "manifest.json").read_text())
+    assert failed["status"] == "failed", failed
+    assert "checkpoint.pt" in failed["error"] and "File too large" in failed["error"]
+    assert not [p.name for p in failed_dir.iterdir() if p.name.endswith((".pt", ".tmp"))]  # nothing half-written
+    ok = json.loads((tmp_path / "runs" / "tiny" / "arch=mobilenet_v3_small_none_nproc=2" / "manifest.json").read_text())
     assert ok["status"] == "complete" and ok["world_size"] == 2
-    assert "1 failed" in out and "failed: precision=fp16_none_nproc=2" in out
+    assert "1 failed" in out and "failed: arch=resnet18_none_nproc=2: RunError: cannot write" in out
 
 
 def test_bad_sweep_files_are_one_line_errors(tmp_path):
@@ -177,7 +193,7 @@ def test_each_run_starts_from_its_resolved_config_file(tmp_path, monkeypatch):
     from freeze.pipeline.config import config_to_toml, load_config
 
     launched = []
-    monkeypatch.setattr(sweep_module, "launch_local", lambda path, nproc, resume: launched.append(path) or 0)
+    monkeypatch.setattr(sweep_module, "launch_local", lambda path, nproc, resume, lock: launched.append(path) or 0)
     grid = {"freeze.policy": ["none", "static:k=3"], "dist.nproc": [2]}
     specs = expand(str(SMOKE), "tiny", grid, ["train.epochs=1"], str(tmp_path / "runs"))
     assert [s.name for s in specs] == ["none_nproc=2", "static-k=3_nproc=2"]

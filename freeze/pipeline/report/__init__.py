@@ -68,6 +68,15 @@ def build_tables(
     ]
 
 
+def _check_out_dir(out: Path) -> None:
+    """ReportInputError when ``out``, or the nearest part of it that exists, is not a directory."""
+    for existing in (out, *out.parents):
+        if existing.exists():
+            if not existing.is_dir():
+                raise ReportInputError(f"output folder {out}: {existing} is a file, not a directory; give a directory")
+            return
+
+
 def build_report(
     runs_dir: str | Path,
     out_dir: str | Path | None = None,
@@ -91,6 +100,8 @@ def build_report(
         raise ReportInputError(f"target_fraction must be in (0, 1], got {target_fraction}")
     if not margin_points > 0:
         raise ReportInputError(f"margin_points must be > 0, got {margin_points}")
+    out = Path(out_dir) if out_dir is not None else default_out_dir(runs_dir)
+    _check_out_dir(out)  # before the work, not after it
     runs, dropped = drop_duplicate_runs(load_runs(runs_dir), on_duplicate, runs_dir)
     for old, kept in dropped:
         if log is not None:
@@ -98,8 +109,10 @@ def build_report(
                 f"report: left out {old.run_dir}: same group and seed as the newer {kept.run_dir} (--on-duplicate newest)"
             )
     tables = build_tables(runs, baseline, target_fraction, margin_points)
-    out = Path(out_dir) if out_dir is not None else default_out_dir(runs_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ReportInputError(f"output folder {out} cannot be created: {exc.strerror}") from None
     written: dict[str, Path] = {}
 
     def write(name: str, text: str) -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from freeze.pipeline.jsonl import JsonLinesError, read_json_lines
 from freeze.pipeline.schema import BOUNDARY_AT_EPOCH_START, EVAL_PHASE, LEGACY_METRIC_KEYS, PHASES
 
 STATUSES = ("running", "complete", "failed")
@@ -32,6 +33,8 @@ _MANIFEST_KEYS = {
     "epochs_done": int,
     "block_names": list,
 }
+# A world of 0 workers or -5 planned epochs would divide by zero or count a run as complete.
+_MANIFEST_MINIMUMS = {"seed": 0, "world_size": 1, "epochs_planned": 1, "epochs_done": 0}
 # Metric keys the report reads; the other contract keys are carried along when present.
 _METRIC_KEYS = (
     "epoch",
@@ -159,6 +162,9 @@ def read_manifest(path: Path) -> dict:
         # bool is an int subclass; a seed of true is still a broken manifest.
         if not isinstance(value, kind) or isinstance(value, bool):
             raise ReportInputError(f"{path}: key '{key}' must be {kind.__name__}, got {value!r}")
+    for key, low in _MANIFEST_MINIMUMS.items():
+        if manifest[key] < low:
+            raise ReportInputError(f"{path}: key '{key}' must be an integer >= {low}, got {manifest[key]!r}")
     if manifest["status"] not in STATUSES:
         raise ReportInputError(f"{path}: status {manifest['status']!r} is not one of {', '.join(STATUSES)}")
     return manifest
@@ -175,15 +181,20 @@ def read_config(path: Path) -> dict:
 
 
 def read_metrics(path: Path, n_blocks: int) -> tuple[pd.DataFrame, np.ndarray]:
-    """Parse metrics.jsonl; a run that died before its first epoch may have none (empty frame)."""
+    """Parse metrics.jsonl with the run directory's own reader (:mod:`freeze.pipeline.jsonl`): a torn
+    last line, left by a crash mid-append, is dropped as a resume would drop it. A run that died
+    before its first epoch may have no metrics at all (empty frame)."""
     rows: list[dict] = []
     eta_rows: list[list[float]] = []
     if path.is_file():
-        lines = path.read_text(encoding="utf-8").splitlines()
-        for line_no, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            row, eta = _parse_metrics_line(line, f"{path}:{line_no}", n_blocks)
+        try:
+            numbered, _ = read_json_lines(path.read_bytes())
+        except OSError as exc:
+            raise ReportInputError(f"{path}: cannot read ({exc.strerror})") from None
+        except JsonLinesError as exc:
+            raise ReportInputError(f"{path}:{exc.line}: malformed metrics line ({exc.reason})") from None
+        for line_no, record in numbered:
+            row, eta = _parse_metrics_record(record, f"{path}:{line_no}", n_blocks)
             if rows and row["epoch"] <= rows[-1]["epoch"]:
                 raise ReportInputError(
                     f"{path}:{line_no}: epoch {row['epoch']:g} does not follow epoch {rows[-1]['epoch']:g} "
@@ -198,13 +209,7 @@ def read_metrics(path: Path, n_blocks: int) -> tuple[pd.DataFrame, np.ndarray]:
     return frame, eta
 
 
-def _parse_metrics_line(line: str, where: str, n_blocks: int) -> tuple[dict, list[float]]:
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise ReportInputError(f"{where}: malformed metrics line ({exc.msg} at column {exc.colno})") from None
-    if not isinstance(record, dict):
-        raise ReportInputError(f"{where}: malformed metrics line (expected a JSON object)")
+def _parse_metrics_record(record: dict, where: str, n_blocks: int) -> tuple[dict, list[float]]:
     missing = [k for k in _METRIC_KEYS if k not in record]
     if missing:
         raise ReportInputError(f"{where}: malformed metrics line (missing keys: {', '.join(missing)})")

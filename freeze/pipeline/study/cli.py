@@ -21,7 +21,7 @@ from freeze._atomic import atomic_write_bytes, atomic_write_text
 from freeze.pipeline.config import ConfigError
 from freeze.pipeline.study.plan import StudyFile, main_specs, read_study, runs_root, search_specs
 from freeze.pipeline.study.search import SearchError, choose, search_markdown
-from freeze.pipeline.sweep import RunSpec, SweepError, expand, run_specs
+from freeze.pipeline.sweep import RunSpec, SweepError, check_runnable_here, expand, run_specs
 
 
 def splice_tables(report_md: Path, tables_dir: Path) -> list[str]:
@@ -87,7 +87,7 @@ def _run_stage(title: str, specs: list[RunSpec]) -> bool:
     summary = run_specs(specs)
     for line in summary.lines():
         print(line)
-    return not summary.failed
+    return summary.ok  # a run left to another writer (busy) is not complete either
 
 
 def _publish(study: StudyFile, report_dir: Path) -> None:
@@ -114,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
         if study.search:
             placeholder = study.search.choices_for(placeholder)
         grid = main_specs(study, placeholder, out_dir, weights)  # validates every run's config up front
+        if not args.dry_run:  # a dry run lists names for other machines: this one's hardware is moot
+            check_runnable_here(pretrain + search + grid)
     except (SweepError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -1,0 +1,385 @@
+"""Reliability of the pipeline (issue 10): a file never runs code, one writer per run directory,
+no worker outlives its launcher, and user errors are one line.
+
+The malicious files carry a payload that would create a marker file when unpickled; each test
+shows the load refused in one line and no marker."""
+
+import contextlib
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from freeze.pipeline.data import DataError, read_cifar10, write_synthetic_cifar
+from freeze.pipeline.models import ModelError, build_model, load_weights
+from freeze.pipeline.runs import RunError, load_checkpoint
+
+
+class _Payload:
+    """Unpickling this calls os.system("touch <marker>"): what a crafted file would do."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _one_line(excinfo) -> str:
+    message = str(excinfo.value)
+    assert "\n" not in message
+    return message
+
+
+@pytest.fixture
+def marker(tmp_path) -> Path:
+    path = tmp_path / "PWNED"
+    # The payload works when loaded the old way: the tests below would see the marker.
+    with open(tmp_path / "probe.pkl", "wb") as f:
+        pickle.dump(_Payload(path), f)
+    with open(tmp_path / "probe.pkl", "rb") as f:
+        pickle.load(f)
+    assert path.exists()
+    path.unlink()
+    return path
+
+
+# ----------------------------------------------------------------------------- a file never runs code
+def test_crafted_checkpoint_is_refused_on_resume(tmp_path, marker):
+    path = tmp_path / "checkpoint.pt"
+    torch.save({"epoch": 1, "model": {}, "rng": _Payload(marker)}, path)
+    with pytest.raises(RunError) as err:
+        load_checkpoint(path)
+    message = _one_line(err)
+    assert str(path) in message and "posix.system" in message and "refused" in message
+    assert not marker.exists()
+
+
+def test_crafted_weights_file_is_refused_without_a_full_unpickle(tmp_path, marker):
+    path = tmp_path / "weights.pt"
+    torch.save({"conv1.weight": torch.zeros(1), "x": _Payload(marker)}, path)
+    with pytest.raises(ModelError) as err:
+        load_weights(build_model("resnet18", num_classes=10), path)
+    message = _one_line(err)
+    assert message.startswith("model.weights:") and "posix.system" in message
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("synthetic", [True, False], ids=["generated", "official"])
+def test_crafted_cifar_batch_is_refused_even_beside_a_synthetic_marker(tmp_path, marker, synthetic):
+    write_synthetic_cifar(tmp_path / "data", "source", 20, 10, seed=0)
+    folder = tmp_path / "data" / "cifar-10-batches-py"
+    assert (folder / "SYNTHETIC.json").is_file()  # it once switched the md5 check off
+    with open(folder / "data_batch_1", "wb") as f:
+        pickle.dump({b"data": _Payload(marker), b"labels": [0]}, f)
+    with pytest.raises(DataError) as err:
+        read_cifar10(tmp_path / "data", synthetic=synthetic)
+    message = _one_line(err)
+    # generated data: the unpickler refuses the global; official data: the md5 check comes first
+    expected = "global posix.system" if synthetic else "fails the official md5 checksum"
+    assert "data_batch_1" in message and expected in message
+    assert not marker.exists()
+
+
+def test_our_own_checkpoint_loads_weights_only(tmp_path):
+    from freeze.pipeline.prepare import _rng_state, _set_rng_state
+
+    path = tmp_path / "c.pt"
+    torch.save({"rng": _rng_state()}, path)
+    import numpy as np
+
+    expected = np.random.rand()
+    _set_rng_state(torch.load(path, weights_only=True)["rng"])
+    assert np.random.rand() == expected  # numpy's RNG survives the tensor form exactly
+
+
+# ----------------------------------------------------------------------------- one writer per run
+def test_a_second_writer_is_refused_naming_the_holder(tmp_path):
+    import socket
+
+    from freeze.pipeline.run_lock import RunBusyError, RunLock
+
+    with RunLock.acquire(tmp_path / "run"), pytest.raises(RunBusyError) as err:
+        RunLock.acquire(tmp_path / "run")
+    message = _one_line(err)
+    assert f"pid {os.getpid()} on host {socket.gethostname()}" in message
+    RunLock.acquire(tmp_path / "run").release()  # released: the next writer gets it
+
+
+def _python(code: str, **kwargs) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, **kwargs
+    )
+
+
+def _hold_lock(run_dir: Path) -> subprocess.Popen:
+    holder = _python(
+        "import sys, time\n"
+        "from freeze.pipeline.run_lock import RunLock\n"
+        f"lock = RunLock.acquire({str(run_dir)!r})\n"
+        "print('locked', flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    assert holder.stdout.readline().strip() == "locked"
+    return holder
+
+
+def test_a_killed_holder_leaves_no_stale_lock_and_its_temp_files_go(tmp_path):
+    from freeze.pipeline.run_lock import RunBusyError, RunLock
+
+    run_dir = tmp_path / "run"
+    holder = _hold_lock(run_dir)
+    try:
+        with pytest.raises(RunBusyError, match=f"pid {holder.pid} on host"):
+            RunLock.acquire(run_dir)
+        (run_dir / ".checkpoint.pt.abcd1234.tmp").write_bytes(b"\0" * 100)  # a write it never finished
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+    with RunLock.acquire(run_dir):  # the kernel dropped the dead holder's flock
+        assert not (run_dir / ".checkpoint.pt.abcd1234.tmp").exists()
+
+
+def test_resume_is_refused_while_another_process_writes_the_run(tmp_path, capsys):
+    import freeze.pipeline.run as run_module
+
+    overrides = [f"run.out_dir={tmp_path / 'runs'}", "run.name=r", "dist.nproc=1"]
+    holder = _hold_lock(tmp_path / "runs" / "smoke" / "r")
+    try:
+        assert run_module.main(["--config", str(SMOKE), "--resume", *overrides]) == 2
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and f"pid {holder.pid}" in err and "one writer per run" in err
+
+
+# ------------------------------------------------------------------------------------- no orphans
+SMOKE = Path(__file__).resolve().parents[2] / "experiments" / "configs" / "smoke.toml"
+
+
+def _children(pid: int) -> list[int]:
+    """Live processes whose parent is ``pid``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            fields = stat.rsplit(")", 1)[1].split()
+            if int(fields[1]) == pid and fields[0] != "Z":
+                found.append(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _wait_for(predicate, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+@pytest.mark.parametrize("launcher", ["run", "sweep"])
+def test_workers_die_with_a_sigkilled_launcher(tmp_path, launcher):
+    """experiments.run with dist.nproc=2 (torchrun's agent in the launcher, 2 workers) and a sweep
+    (its single-process run is a subprocess): SIGKILL the launcher, the workers are gone."""
+    overrides = [
+        f"run.out_dir={tmp_path / 'runs'}",
+        f"data.root={tmp_path / 'data'}",
+        "train.epochs=100",  # still training when it is killed
+        "dist.timeout_s=60",
+    ]
+    if launcher == "run":
+        cmd = ["-m", "freeze.pipeline.run", "--config", str(SMOKE), "dist.nproc=2", *overrides]
+        n_workers = 2
+    else:
+        sweep = tmp_path / "sweep.toml"
+        listed = ", ".join(f'"{o}"' for o in [*overrides, "dist.nproc=1"])
+        sweep.write_text(f'[sweep]\nbase = "{SMOKE}"\nstudy = "s"\noverrides = [{listed}]\n')
+        cmd = ["-m", "freeze.pipeline.sweep", "--sweep", str(sweep), "--out-dir", str(tmp_path / "runs")]
+        n_workers = 1
+    launcher_proc = subprocess.Popen(
+        [sys.executable, *cmd], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL
+    )
+    workers: list[int] = []
+    try:
+
+        def started() -> list[int]:
+            found = _children(launcher_proc.pid)
+            return found if len(found) >= n_workers else []
+
+        workers = _wait_for(started, 120, f"{n_workers} workers")
+        launcher_proc.kill()
+        launcher_proc.wait(timeout=30)
+        _wait_for(lambda: not any(_alive(p) for p in workers), 10, "the workers to die with their launcher")
+    finally:
+        launcher_proc.kill()
+        for pid in workers:  # never leave a stray process, even when the test fails
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+# ------------------------------------------------------------------ every user error: one line, exit 2
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("train.precision=fp16", "train.precision"),
+        ("dist.device=cuda", "dist.device"),
+        ("dist.backend=nccl", "dist.backend"),
+    ],
+)
+def test_hardware_the_machine_lacks_is_refused_before_anything_starts(tmp_path, capsys, override, key):
+    import freeze.pipeline.run as run_module
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: the request is accepted")
+    argv = ["--config", str(SMOKE), f"run.out_dir={tmp_path / 'runs'}", "dist.nproc=2", override]
+    assert run_module.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith(f"error: {key}:") and "accepted" in err
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    "overrides, key",
+    [(["train.batch_size=1000"], "train.batch_size"), (["train.accumulate_steps=50"], "train.accumulate_steps")],
+)
+def test_a_batch_larger_than_the_data_is_refused_and_leaves_no_run(tmp_path, capsys, overrides, key):
+    """Was: a traceback (accumulate_steps), or a manifest at "running" forever (batch_size)."""
+    import freeze.pipeline.run as run_module
+
+    argv = ["--config", str(SMOKE), f"run.out_dir={tmp_path / 'runs'}", f"data.root={tmp_path / 'data'}"]
+    assert run_module.main([*argv, "dist.nproc=1", *overrides]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"error: {key}:") and "accepted here: 1.." in err
+    assert not (tmp_path / "runs" / "smoke").exists()
+
+
+def test_control_character_in_run_name_is_one_line():
+    from freeze.pipeline.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError) as err:
+        load_config(SMOKE, ["run.name=a\nb"])
+    assert _one_line(err).startswith("run.name:")
+
+
+@pytest.mark.parametrize(
+    "table, expected",
+    [
+        (
+            'base = "b.toml"\nstudy = "s"\noverides = ["train.epochs=1"]',
+            "unknown key(s) 'overides' under [sweep]; accepted: base, study, overrides",
+        ),
+        ('base = 3\nstudy = "s"', "'base' under [sweep] must be a string, got 3"),
+    ],
+)
+def test_sweep_table_keys_are_checked(tmp_path, table, expected):
+    from freeze.pipeline.sweep import SweepError, read_sweep
+
+    path = tmp_path / "sweep.toml"
+    path.write_text(f"[sweep]\n{table}\n")
+    with pytest.raises(SweepError) as err:
+        read_sweep(path)
+    assert expected in _one_line(err)
+
+
+def test_report_manifest_numbers_must_make_sense(tmp_path):
+    import json
+
+    from freeze.pipeline.report import ReportInputError
+    from freeze.pipeline.report.load import read_manifest
+
+    manifest = {"group": "g", "policy": "none", "seed": 0, "world_size": 2, "status": "complete"}
+    manifest.update(epochs_planned=2, epochs_done=2, block_names=["a", "b"])
+    for key, value in (("world_size", 0), ("epochs_planned", -5)):
+        (tmp_path / "manifest.json").write_text(json.dumps({**manifest, key: value}))
+        with pytest.raises(ReportInputError, match=f"key '{key}' must be an integer >= 1"):
+            read_manifest(tmp_path / "manifest.json")
+
+
+def test_report_drops_a_torn_last_line_and_names_a_line_that_is_not_utf8(tmp_path):
+    from freeze.pipeline.report import ReportInputError
+    from freeze.pipeline.report.load import read_metrics
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(b'{"epoch": 0, "train_lo')  # a crash mid-append: the run's own reader drops it
+    frame, _ = read_metrics(path, n_blocks=2)
+    assert len(frame) == 0
+    path.write_bytes(b'\xff\xfe{"epoch": 0}\n{"epoch": 1}\n')
+    with pytest.raises(ReportInputError) as err:
+        read_metrics(path, n_blocks=2)
+    assert f"{path}:1:" in _one_line(err) and "not UTF-8" in str(err.value)
+
+
+def test_report_out_that_is_a_file_is_refused_before_the_work(tmp_path):
+    from freeze.pipeline.report import ReportInputError, build_report
+
+    (tmp_path / "out").write_text("a file")
+    with pytest.raises(ReportInputError) as err:
+        build_report(tmp_path / "no-runs-here", tmp_path / "out" / "sub")
+    assert "is a file, not a directory" in _one_line(err)
+
+
+def test_checkpoint_of_another_architecture_is_one_short_line():
+    from freeze.pipeline.models import state_dict_mismatch
+
+    own = build_model("resnet18", num_classes=10).state_dict()
+    other = {"features.0.weight": torch.zeros(1)}  # a VGG key
+    message = state_dict_mismatch(own, other)
+    assert "\n" not in message and len(message) < 200 and message.startswith(f"1 unexpected, {len(own)} missing keys")
+
+
+def test_a_second_sweep_leaves_a_run_another_process_writes_and_says_so(tmp_path):
+    """Was: both sweeps trained the run, interleaved its epochs and exited 0."""
+    from freeze.pipeline.sweep import expand, run_specs
+
+    (spec,) = expand(str(SMOKE), "s", {}, ["dist.nproc=1"], str(tmp_path / "runs"))
+    holder = _hold_lock(spec.config.run_dir())
+    try:
+        summary = run_specs([spec], log=lambda line: None)
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+    assert not summary.ok and summary.ran == [] and [name for name, _ in summary.busy] == [spec.name]
+    assert f"pid {holder.pid}" in summary.busy[0][1]
+    assert not (spec.config.run_dir() / "manifest.json").exists()  # nothing written by the second sweep
+
+
+def test_checkpoint_of_another_policy_is_one_line_naming_both(tmp_path):
+    """A checkpoint copied from a run of another policy (same model, same config otherwise): its
+    boundary and policy state would be loaded under this run's policy. Refused, naming both specs."""
+    from types import SimpleNamespace
+
+    from freeze import Freezer, make_policy, split_blocks
+    from freeze.pipeline.prepare import resume_training
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    blocks = split_blocks(model)
+    writer, own = Freezer(model, blocks, make_policy("static", k=1)), Freezer(model, blocks, make_policy("none"))
+    path = tmp_path / "checkpoint.pt"
+    state = {"epoch": 1, "cumulative_wall_s": 1.0, "model": model.state_dict(), "freezer": writer.state_dict()}
+    torch.save({**state, "optimizer": {}, "scheduler": {}, "scaler": {}, "rng": {}}, path)
+    with pytest.raises(RunError) as err:
+        resume_training(SimpleNamespace(model=model, freezer=own), path, torch.device("cpu"))
+    message = _one_line(err)
+    assert str(path) in message and "freeze.policy 'static:k=1'" in message and "this run uses 'none'" in message
+    writer.close()
+    own.close()
