@@ -218,3 +218,12 @@ def test_same_as_arm_runs_the_policy_chosen_for_its_source(tmp_path):
     bad = _study(tmp_path, text.replace('autofreeze-nocache = "autofreeze"', 'autofreeze-nocache = "none"'))
     with pytest.raises(SweepError, match="search.same_as.autofreeze-nocache = 'none'"):
         read_study(bad)
+
+
+def test_a_study_whose_runs_all_refused_ends_with_one_line(tmp_path, monkeypatch, capsys):
+    """Runs refused before writing their directory (e.g. weights that do not load): no traceback."""
+    monkeypatch.setattr(cli, "run_specs", lambda specs, log=print: SweepSummary(failed=[(s.name, "x") for s in specs]))
+    path = _study(tmp_path, STUDY.split("[search]")[0])
+    assert cli.main(["--config", str(path), "--out-dir", str(tmp_path / "runs")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: report: runs directory not found") and err.count("\n") == 1

@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     if pretrain and not _run_stage(f"pretraining ({study.pretrain})", pretrain):
         return 1
     # The report reads run directories only; imported here so a dry run never pays for pandas.
-    from freeze.pipeline.report import build_report
+    from freeze.pipeline.report import ReportInputError, build_report
     from freeze.pipeline.report.load import load_runs
 
     search_md = None
@@ -147,9 +147,13 @@ def main(argv: list[str] | None = None) -> int:
 
     runs_dir = Path(out_dir) / study.name
     report_dir = runs_dir.parent / f"{study.name}-report"
-    written = build_report(
-        runs_dir, report_dir, target_fraction=study.target_fraction, margin_points=study.margin_points
-    )
+    try:
+        written = build_report(
+            runs_dir, report_dir, target_fraction=study.target_fraction, margin_points=study.margin_points
+        )
+    except ReportInputError as e:  # e.g. every run refused before writing its directory
+        print(f"error: report: {e}", file=sys.stderr)
+        return 1
     if search_md is not None:
         atomic_write_text(report_dir / "search.md", search_md)
     print(f"== report: {report_dir}")
