@@ -75,7 +75,7 @@ def _print_plan(study: StudyFile, pretrain: list[RunSpec], search: list[RunSpec]
         print(f"pretrain  {spec.name}")
     for spec in search:
         print(f"search    {spec.name}  ({spec.config.freeze.policy})")
-    searched = study.search.choices_for(dict.fromkeys(study.search.candidates, "")) if study.search else {}
+    searched = set(study.search.candidates) | set(study.search.same_as) if study.search else set()
     for spec in grid:
         policy = "policy chosen by the search" if spec.group in searched else spec.config.freeze.policy
         print(f"study     {spec.name}  ({policy})")
