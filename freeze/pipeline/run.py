@@ -95,6 +95,7 @@ def launch_local(
     process: a separate torchrun process would cost one more interpreter and torch import per run
     (sweeps call this directly for the same reason). ``lock``: the run's lock, held by the caller;
     the workers get its token, and die with this process (:mod:`freeze.pipeline.lifetime`)."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
@@ -127,6 +128,10 @@ def launch_local(
                 f"error: worker {first.local_rank} (pid {first.pid}) exited with code {first.exitcode}", file=sys.stderr
             )
         return code
+    except SignalException:
+        # torchrun's agent turns SIGINT/SIGTERM into this after stopping the workers; the caller
+        # (a sweep, a study) sees the same interrupted code as from the emulated cluster.
+        return 130
     finally:
         exit_log.disabled = was_disabled
     return 0

@@ -207,8 +207,16 @@ def _launch(config: Config, resume: bool, lock: RunLock) -> int:
     return subprocess.run(cmd + (["--resume"] if resume else []), env=env).returncode
 
 
+# What a launcher returns when it was interrupted (Ctrl-C or SIGTERM) and stopped its workers:
+# the shell's 128 + SIGINT. The emulated cluster's launcher catches the interrupt to remove its
+# namespaces and returns this code, so the sweep must stop on it rather than start the next run.
+INTERRUPTED_EXIT_CODE = 130
+INTERRUPTED_MESSAGE = "interrupted: completed runs are kept; run the same command again to resume the rest"
+
+
 def _run_one(spec: RunSpec, tag: str, summary: SweepSummary, log) -> None:
-    """Run ``spec`` unless it is complete or another process writes it; record the outcome."""
+    """Run ``spec`` unless it is complete or another process writes it; record the outcome.
+    Raises KeyboardInterrupt when the run was interrupted: the sweep stops there."""
     run = RunDir(spec.config.run_dir())
     try:
         if run.status() == "complete":  # checked before the lock: a complete run is not touched
@@ -255,6 +263,8 @@ def _run_one(spec: RunSpec, tag: str, summary: SweepSummary, log) -> None:
             error = run.read_manifest().get("error") or error
         summary.failed.append((spec.name, error))
         log(f"{tag}: FAILED ({error})")
+        if code == INTERRUPTED_EXIT_CODE:
+            raise KeyboardInterrupt
     else:
         log(f"{tag}: complete in {time.perf_counter() - start_s:.1f} s")
 
@@ -296,7 +306,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         print("\n".join(dry_run_lines(specs)))
         return 0
-    summary = run_specs(specs)
+    try:
+        summary = run_specs(specs)
+    except KeyboardInterrupt:
+        print(INTERRUPTED_MESSAGE, file=sys.stderr)
+        return INTERRUPTED_EXIT_CODE
     for line in summary.lines():
         print(line)
     return 0 if summary.ok else 1

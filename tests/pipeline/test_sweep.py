@@ -230,3 +230,19 @@ def test_study_dry_run_lists_the_runs_of_the_readme_command(capsys, monkeypatch)
     assert lines[-1] == "0 pretraining, 3 search and 50 study runs" and len(lines) == 54
     assert sum(line.startswith("search    ") for line in lines) == 3
     assert "study     none_seed=0  (none)" in lines[3:13]
+
+
+def test_an_interrupted_run_stops_the_sweep_and_the_next_run_never_starts(tmp_path, monkeypatch, capsys):
+    # Seen in a study on the emulated cluster: the cluster's launcher catches Ctrl-C/SIGTERM to remove
+    # its namespaces and returns 130, and the sweep went on with the next run, so neither Ctrl-C nor
+    # `kill` could stop it. An interrupted run (130) must end the sweep with one line and code 130.
+    import freeze.pipeline.sweep as sweep_module
+
+    launched = []
+    monkeypatch.setattr(sweep_module, "launch_local", lambda path, nproc, resume, lock: launched.append(path) or 130)
+    grid = '"freeze.policy" = ["none", "static:k=3"]\n"dist.nproc" = [2]'
+    path = _write_sweep(tmp_path, grid, overrides=["train.epochs=1"])
+    assert sweep_module.main(["--sweep", str(path), "--out-dir", str(tmp_path / "runs")]) == 130
+    assert len(launched) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [sweep_module.INTERRUPTED_MESSAGE]

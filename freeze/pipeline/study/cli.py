@@ -21,7 +21,15 @@ from freeze._atomic import atomic_write_bytes, atomic_write_text
 from freeze.pipeline.config import ConfigError
 from freeze.pipeline.study.plan import StudyFile, main_specs, read_study, runs_root, search_specs
 from freeze.pipeline.study.search import SearchError, choose, search_markdown
-from freeze.pipeline.sweep import RunSpec, SweepError, check_runnable_here, expand, run_specs
+from freeze.pipeline.sweep import (
+    INTERRUPTED_EXIT_CODE,
+    INTERRUPTED_MESSAGE,
+    RunSpec,
+    SweepError,
+    check_runnable_here,
+    expand,
+    run_specs,
+)
 
 
 def splice_tables(report_md: Path, tables_dir: Path) -> list[str]:
@@ -101,6 +109,14 @@ def _publish(study: StudyFile, report_dir: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # Ctrl-C, SIGTERM, or a run that was interrupted (sweep.INTERRUPTED_EXIT_CODE)
+        print(INTERRUPTED_MESSAGE, file=sys.stderr)
+        return INTERRUPTED_EXIT_CODE
+
+
+def _main(argv: list[str] | None) -> int:
     args = _parser().parse_args(argv)
     start_s = time.perf_counter()
     try:
