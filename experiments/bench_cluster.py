@@ -23,11 +23,13 @@ import shlex
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from experiments import bench as bench_main
 from experiments import bench_workers as bw
+from freeze._atomic import atomic_write_text
 
 SECTION_START, SECTION_END = "<!-- cluster-bench:start -->", "<!-- cluster-bench:end -->"
 APPROACHES = (bw.ENGINE, bw.STATIC, bw.FIND_UNUSED)
@@ -49,6 +51,9 @@ class ClusterBenchConfig:
     lr: float = 0.01
     seed: int = 0
     collective_timeout_s: float = 600.0
+    # The engine + cache runner (experiments.validate_costmodel measures it): as experiments.bench.
+    cache_keys: int = 2048
+    cache_chunk: int = 256
 
 
 QUICK = {"ks": (0, 8, 9), "phase_ks": (8,), "steps": 2, "warmup": 1, "rounds": 1}
@@ -167,17 +172,24 @@ def section(cfg: ClusterBenchConfig, results: list[tuple[int, str, list[dict], d
     return "\n".join(lines)
 
 
-def splice(bench_md: Path, text: str) -> None:
-    """Replace the cluster section of BENCH.md (or append it), atomically."""
+def splice(bench_md: Path, text: str, markers: tuple[str, str] = (SECTION_START, SECTION_END)) -> None:
+    """Replace the section of BENCH.md between ``markers`` (or append it when absent), atomically;
+    ``text`` carries the markers. The rest of the file stays as it was: the cluster benchmark and the
+    cost model's validation (experiments.validate_costmodel) each own one section.
+
+    Args:
+        bench_md: the markdown file (created with a title when missing).
+        text: the new section, starting with ``markers[0]`` and ending with ``markers[1]``.
+        markers: the section's start and end comments.
+    """
+    start, end = markers
     old = bench_md.read_text(encoding="utf-8") if bench_md.exists() else "# Benchmarks\n"
-    if SECTION_START in old and SECTION_END in old:
-        head, rest = old.split(SECTION_START, 1)
-        new = head + text + rest.split(SECTION_END, 1)[1]
+    if start in old and end in old:
+        head, rest = old.split(start, 1)
+        new = head + text + rest.split(end, 1)[1]
     else:
         new = old.rstrip("\n") + "\n\n" + text + "\n"
-    tmp = bench_md.with_suffix(".md.tmp")
-    tmp.write_text(new, encoding="utf-8")
-    os.replace(tmp, bench_md)
+    atomic_write_text(bench_md, new)
 
 
 def resolve_ks(cfg: ClusterBenchConfig) -> tuple[int, ...]:
@@ -235,6 +247,35 @@ def _words(text: str) -> tuple[str, ...]:
     return tuple(v.strip() for v in text.split(",") if v.strip())
 
 
+def preflight(prog: str, nodes, bandwidths, check: Callable[[], None]) -> int | None:
+    """Refuse a grid before anything runs: every (node count, link cap) must parse, ``check()`` must
+    not raise ValueError (the caller's own input checks), and this machine must be able to build an
+    emulated cluster. Returns 2 after printing one line to stderr, or None when the run may start.
+
+    Args:
+        prog: the command's name, for the "not run" line.
+        nodes: the node counts of the grid.
+        bandwidths: the link caps of the grid.
+        check: the caller's input checks; a ValueError's message is the line printed.
+    """
+    from freeze.pipeline.cluster import ClusterSpec
+    from freeze.pipeline.cluster.net import unavailable_reason
+
+    try:
+        for n in nodes:
+            for bandwidth in bandwidths:
+                ClusterSpec.parse(n, bandwidth)
+        check()
+    except ValueError as e:  # ClusterSpecError is one
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    reason = unavailable_reason()
+    if reason is not None:
+        print(f"{prog}: not run: {reason}", file=sys.stderr)
+        return 2
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--worker"]:
@@ -260,23 +301,16 @@ def main(argv: list[str] | None = None) -> int:
     cfg = ClusterBenchConfig(
         **{**base, "nodes": args.nodes, "bandwidths": args.bandwidths, "batch_size": args.batch_size}
     )
-    from freeze.pipeline.cluster import ClusterError, ClusterSpec, ClusterSpecError
-    from freeze.pipeline.cluster.net import unavailable_reason
+    from freeze.pipeline.cluster import ClusterError
 
-    try:
-        for nodes in cfg.nodes:
-            for bandwidth in cfg.bandwidths:
-                ClusterSpec.parse(nodes, bandwidth)
+    def check() -> None:
         if min(cfg.steps, cfg.rounds, cfg.warmup, cfg.batch_size) < 1:
-            raise ClusterSpecError("bench_cluster: --steps, --rounds, --warmup and --batch-size must be >= 1")
+            raise ValueError("bench_cluster: --steps, --rounds, --warmup and --batch-size must be >= 1")
         resolve_ks(cfg)
-    except (ClusterSpecError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    reason = unavailable_reason()
-    if reason is not None:
-        print(f"bench_cluster: not run: {reason}", file=sys.stderr)
-        return 2
+
+    refused = preflight("bench_cluster", cfg.nodes, cfg.bandwidths, check)
+    if refused is not None:
+        return refused
     command = shlex.join(getattr(sys, "orig_argv", [sys.executable, "-m", "experiments.bench_cluster", *argv]))
     try:
         run(cfg, args.out_dir, args.deadline_s, command)

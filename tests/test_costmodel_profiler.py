@@ -28,3 +28,25 @@ def test_profile_of_a_tiny_model_round_trips(tmp_path):
     assert load_profile(path) == profile
     with pytest.raises(FileExistsError):
         save_profile(profile, path)
+
+
+def test_cache_read_is_timed_on_the_caches_own_store(monkeypatch):
+    """The profile's cache_read_ms times the activation cache's store read (what the cached step
+    runs), not a copy of it: every timed read goes through ActivationStore.read."""
+    import torch
+
+    from freeze.cache.store import ActivationStore
+    from freeze.costmodel.profiler import _time_cache_read
+
+    shapes = []
+    real_read = ActivationStore.read
+
+    def counting_read(self, keys, device):
+        out = real_read(self, keys, device)
+        shapes.append(tuple(out.shape))
+        return out
+
+    monkeypatch.setattr(ActivationStore, "read", counting_read)
+    spec = ProfileSpec("tinynet", TinyNet, (3, 8, 8), num_classes=5, batch_size=4, cache_keys=16, cache_reads=3)
+    ms = _time_cache_read((8, 8, 8), spec, torch.Generator().manual_seed(0))
+    assert shapes == [(4, 8, 8, 8)] * 3 and ms >= 0

@@ -149,17 +149,25 @@ def _timed_step(freezer, optimizer, stamps: _Stamps, x, y) -> dict:
 
 
 def _time_cache_read(act_shape: tuple[int, ...], spec: ProfileSpec, gen) -> float:
-    """Median ms to gather a batch of activations from an fp32 host store of ``cache_keys`` rows by
-    random keys: what the activation cache's in-memory store does on a read (index_select, then
-    the copy to the compute dtype)."""
+    """Median ms to read a batch of cached activations by random keys from an fp32 store of
+    ``cache_keys`` rows: the activation cache's own in-memory store
+    (:meth:`freeze.cache.store.ActivationStore.read`: key lookup, index_select, cast to the compute
+    dtype), so the profile times the read the cached training step does, not a copy of it."""
     import torch
 
-    store = torch.randn((spec.cache_keys, *act_shape), generator=gen)
+    from freeze.cache.store import ActivationStore
+
+    shape = torch.Size(act_shape)
+    data = torch.randn((spec.cache_keys, *shape), generator=gen)
+    keys = torch.arange(spec.cache_keys)
+    # The store's level only names its cut; the format is the one a default-format model computes in.
+    store = ActivationStore(0, keys, spec.cache_keys, shape, "fp32", torch.float32, torch.contiguous_format, data)
+    cpu = torch.device("cpu")
     samples = []
     for _ in range(spec.cache_reads):
-        keys = torch.randint(0, spec.cache_keys, (spec.batch_size,), generator=gen)
+        batch = torch.randint(0, spec.cache_keys, (spec.batch_size,), generator=gen)
         t0 = time.perf_counter()
-        store.index_select(0, keys).to(dtype=torch.float32)
+        store.read(batch, cpu)
         samples.append((time.perf_counter() - t0) * 1e3)
     return median(samples)
 
