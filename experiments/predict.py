@@ -26,7 +26,6 @@ import argparse
 import csv
 import datetime
 import functools
-import json
 import os
 import sys
 import tomllib
@@ -38,15 +37,13 @@ from freeze.costmodel import (
     LinkError,
     Profile,
     ProfileError,
-    fit_link,
+    link_from_probes,
     load_profile,
     predict_run,
     predict_step,
-    read_probe,
     save_profile,
     scaled_link,
 )
-from freeze.costmodel.link import link_efficiency
 
 DEFAULT_PROBES = (Path("report/cluster/probe-2xuncapped.json"), Path("report/cluster/probe-2x1gbit.json"))
 CSV_COLUMNS = (
@@ -68,28 +65,6 @@ class InputError(ValueError):
 
 
 # ------------------------------------------------------------------------------------ the inputs
-def link_from_probes(paths: list[Path]) -> tuple[Link, float]:
-    """The fitted link (freeze.costmodel.link.fit_link) and the payload share of a cap, from one
-    uncapped and/or one capped probe file at the same node count.
-
-    Args:
-        paths: probe result files (``freeze-cluster-probe/1``).
-    """
-    capped = uncapped = None
-    for path in paths:
-        try:
-            fit = read_probe(json.loads(path.read_text(encoding="utf-8")), str(path))
-        except (OSError, ValueError) as e:
-            raise InputError(f"--probe {path}: {e}") from None
-        if fit.cap_bits_per_s is None:
-            uncapped = fit
-        else:
-            capped = fit
-    link = fit_link(capped, uncapped)
-    efficiency = 1.0 if capped is None or link.bandwidth_bytes_per_s is None else link_efficiency(capped, link)
-    return link, min(efficiency, 1.0)
-
-
 def cap_bits(text: str) -> float | None:
     """bit/s of "1gbit", "100mbit", ... or None for "uncapped" (the cluster's own parser)."""
     from freeze.pipeline.cluster.spec import ClusterSpecError, parse_rate
@@ -128,40 +103,25 @@ def make_profile(model: str, batch_size: int, image_size: int, steps: int, layou
 
 
 def run_segments(run_dir: Path) -> tuple[list[tuple[int, int]], dict]:
-    """(steps, k) per epoch of a run directory's metrics.jsonl, and what the run says about itself.
-
-    An epoch's steps are charged to the boundary in force at its first step; a boundary that moved
-    mid-epoch is charged from the next epoch (the run records boundaries per epoch, not per step).
+    """(steps, k) per epoch of a run directory's metrics.jsonl (freeze.pipeline.trajectory), and
+    what the run says about itself.
 
     Args:
         run_dir: a run directory (metrics.jsonl; config.toml read for model and batch size if present).
     """
-    from freeze.pipeline.schema import BOUNDARY_AT_EPOCH_START, LEGACY_METRIC_KEYS
+    from freeze.pipeline.trajectory import TrajectoryError, read_trajectory
 
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        raise InputError(f"--run {run_dir}: no metrics.jsonl there")
-    segments, previous_step, wall_s = [], 0, 0.0
-    for line_no, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue  # a half-written last line (the run was killed mid-write)
-        k = record.get(BOUNDARY_AT_EPOCH_START, record.get(LEGACY_METRIC_KEYS[BOUNDARY_AT_EPOCH_START]))
-        if k is None or "step" not in record:
-            raise InputError(f"--run {path}:{line_no}: keys 'step' and '{BOUNDARY_AT_EPOCH_START}' are needed")
-        segments.append((record["step"] - previous_step, k))
-        previous_step = record["step"]
-        wall_s += record.get("epoch_wall_s") or 0.0
-    info = {"measured_wall_s": wall_s, "steps": previous_step}
+    try:
+        trajectory = read_trajectory(run_dir)
+    except TrajectoryError as e:
+        raise InputError(f"--run {e}") from None
+    info = {"measured_wall_s": trajectory.train_s, "steps": trajectory.steps}
     config = run_dir / "config.toml"
     if config.is_file():
         c = tomllib.loads(config.read_text(encoding="utf-8"))
         info["arch"] = c.get("model", {}).get("arch")
         info["batch_size"] = c.get("train", {}).get("batch_size")
-    return segments, info
+    return list(trajectory.segments), info
 
 
 def check_segments(segments: list[tuple[int, int]], profile: Profile) -> None:

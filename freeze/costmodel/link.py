@@ -21,9 +21,11 @@ Units: seconds and bytes. ``bandwidth_bytes_per_s`` is the payload rate each way
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 PROBE_FORMAT = "freeze-cluster-probe/1"
 LINK_FORMS = ("pipelined", "additive")
@@ -220,3 +222,29 @@ def scaled_link(base: Link, cap_bits_per_s: float | None, efficiency: float) -> 
     if not 0 < efficiency <= 1:
         raise LinkError(f"scaled_link: efficiency must be in (0, 1], got {efficiency!r}")
     return base.with_bandwidth(None if cap_bits_per_s is None else cap_bits_per_s / 8 * efficiency)
+
+
+def link_from_probes(paths: Sequence[str | Path], form: str = "pipelined") -> tuple[Link, float]:
+    """The link fitted (:func:`fit_link`) from one uncapped and/or one capped probe file at the same
+    node count, and the payload share of its cap (:func:`link_efficiency`, at most 1; 1 without a
+    capped probe): what :func:`scaled_link` needs to put the fit on another cap.
+
+    Args:
+        paths: probe result files (``freeze-cluster-probe/1``, ``python -m experiments.cluster probe``).
+        form: pipelined | additive (module docstring).
+
+    Raises:
+        LinkError: a file that cannot be read or fitted, or no file.
+    """
+    fits: dict[bool, ProbeFit] = {}  # capped? -> the fit; of two probes of one kind the last is used
+    for path in paths:
+        try:
+            result = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise LinkError(f"probe {path}: not a readable JSON file ({e})") from None
+        fit = read_probe(result, str(path))
+        fits[fit.cap_bits_per_s is not None] = fit
+    link = fit_link(fits.get(True), fits.get(False), form)
+    capped = fits.get(True)
+    efficiency = 1.0 if capped is None or link.bandwidth_bytes_per_s is None else link_efficiency(capped, link)
+    return link, min(efficiency, 1.0)

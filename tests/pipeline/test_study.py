@@ -117,22 +117,26 @@ WALL_S = {"none": 100.0, "autofreeze:percentile=50": 40.0, "autofreeze:percentil
 VAL = {"none": 0.80, "autofreeze:percentile=50": 0.78, "autofreeze:percentile=80": 0.797, "static:k=2": 0.79}
 
 
-def _write_run(config, wall_s: float, val: float, test: float) -> None:
-    run_dir = config.run_dir()
-    run_dir.mkdir(parents=True)
-    manifest = {
+def complete_manifest(config, epochs: int, block_names: list[str]) -> dict:
+    """manifest.json of a complete run of ``config`` (world size: its cluster's nodes, else its workers)."""
+    return {
         "run_name": config.run.name,
         "group": config.run_group(),
         "setting": config.run.setting,
         "policy": config.freeze.policy,
         "seed": config.run.seed,
-        "world_size": config.dist.nproc,
+        "world_size": config.cluster.nodes or config.dist.nproc,
         "status": "complete",
-        "epochs_planned": 2,
-        "epochs_done": 2,
-        "block_names": ["a", "b"],
+        "epochs_planned": epochs,
+        "epochs_done": epochs,
+        "block_names": block_names,
     }
-    (run_dir / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _write_run(config, wall_s: float, val: float, test: float) -> None:
+    run_dir = config.run_dir()
+    run_dir.mkdir(parents=True)
+    (run_dir / "manifest.json").write_text(json.dumps(complete_manifest(config, 2, ["a", "b"])))
     lines = []
     for epoch in range(2):
         lines.append(

@@ -7,6 +7,7 @@ Reads only run directories (manifest.json, config.toml, metrics.jsonl), never th
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from freeze._atomic import atomic_write_text
@@ -86,11 +87,14 @@ def build_report(
     on_duplicate: str = "error",
     log=None,
     margin_points: float = DEFAULT_MARGIN_POINTS,
+    extra_tables: Sequence[Table] = (),
 ) -> dict[str, Path]:
     """Write every table and figure for the runs under ``runs_dir``; returns file name -> path.
 
     ``out_dir`` defaults to :func:`default_out_dir` (``runs/<study>-report`` beside
-    ``runs/<study>``, where the study command writes too). Raises ReportInputError (one line) on bad input.
+    ``runs/<study>``, where the study command writes too). ``extra_tables`` (e.g. the study's
+    predicted-vs-measured table) are written after the report's own, in the same formats.
+    Raises ReportInputError (one line) on bad input.
     """
     unknown = sorted(set(formats) - set(FORMATS))
     if unknown or not formats:
@@ -108,7 +112,7 @@ def build_report(
             log(
                 f"report: left out {old.run_dir}: same group and seed as the newer {kept.run_dir} (--on-duplicate newest)"
             )
-    tables = build_tables(runs, baseline, target_fraction, margin_points)
+    tables = [*build_tables(runs, baseline, target_fraction, margin_points), *extra_tables]
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -36,13 +36,10 @@ from freeze.pipeline.report.tables import (
     group_fields,
     mean_ci95,
     time_to_target_s,
+    train_wall_s,
 )
 
 DEFAULT_MARGIN_POINTS = 0.5
-
-
-def _train_wall_s(run: Run) -> float:
-    return float(run.metrics["cumulative_wall_s"].iloc[-1])
 
 
 def ratio_ci95(ratios: list[float]) -> tuple[float, float, float]:
@@ -70,7 +67,7 @@ def paired_row(members: list[Run], base: list[Run], target_fraction: float, marg
     """Every paired number of one group against its baseline (seeds present on both sides only)."""
     base_by_seed = {r.seed: r for r in base}
     pairs = [(r, base_by_seed[r.seed]) for r in members if r.seed in base_by_seed]
-    speedup, speedup_low, speedup_high = ratio_ci95([_train_wall_s(b) / _train_wall_s(r) for r, b in pairs])
+    speedup, speedup_low, speedup_high = ratio_ci95([train_wall_s(b) / train_wall_s(r) for r, b in pairs])
     diffs = [100 * (final_test_acc(r) - final_test_acc(b)) for r, b in pairs]
     diff, diff_half = mean_ci95(diffs)
     diff_low, diff_high = diff - diff_half, diff + diff_half
@@ -98,8 +95,8 @@ def paired_row(members: list[Run], base: list[Run], target_fraction: float, marg
         "ttt_speedup": ttt,
         "ttt_speedup_low": ttt_low,
         "ttt_speedup_high": ttt_high,
-        "arm_train_min": float(np.mean([_train_wall_s(r) for r, _ in pairs])) / 60 if pairs else math.nan,
-        "base_train_min": float(np.mean([_train_wall_s(b) for _, b in pairs])) / 60 if pairs else math.nan,
+        "arm_train_min": float(np.mean([train_wall_s(r) for r, _ in pairs])) / 60 if pairs else math.nan,
+        "base_train_min": float(np.mean([train_wall_s(b) for _, b in pairs])) / 60 if pairs else math.nan,
     }
 
 

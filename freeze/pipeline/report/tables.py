@@ -163,6 +163,12 @@ def compare_seeds(row: dict[int, float], base: dict[int, float]) -> tuple[float,
     return math.nan, NA
 
 
+def train_wall_s(run: Run) -> float:
+    """The run's training wall time: cumulative_wall_s at its last epoch, the sum of its epochs'
+    epoch_wall_s (every training phase, evaluation excluded)."""
+    return float(run.metrics["cumulative_wall_s"].iloc[-1])
+
+
 def time_to_target_s(run: Run, target_val_acc: float) -> float | None:
     """First cumulative training wall time at which val accuracy reached the target, else None."""
     hits = run.metrics[run.metrics["val_acc"] >= target_val_acc]
@@ -278,7 +284,7 @@ def _main_row(members: list[Run]) -> dict:
         "seeds": " ".join(str(s) for s in acc_by_seed),
         "test_acc_mean": acc_mean,
         "test_acc_ci95": acc_half,
-        "wall_min": float(np.mean([r.metrics["cumulative_wall_s"].iloc[-1] for r in members])) / 60,
+        "wall_min": float(np.mean([train_wall_s(r) for r in members])) / 60,
         "allreduce_gb": float(np.mean([r.metrics["allreduce_bytes"].sum() / 1e9 for r in members])),
         "frozen_fraction": _per_run_mean(members, "frozen_param_fraction"),
     }
@@ -302,7 +308,7 @@ def _comparison(members: list[Run], row: dict, base_runs: list[Run] | None, targ
         p_value, test = math.nan, "baseline"
     else:
         p_value, test = compare_seeds({r.seed: final_test_acc(r) for r in members}, base_acc)
-    base_wall_min = float(np.mean([r.metrics["cumulative_wall_s"].iloc[-1] for r in base_runs])) / 60
+    base_wall_min = float(np.mean([train_wall_s(r) for r in base_runs])) / 60
     target = target_fraction * float(np.mean([r.metrics["val_acc"].iloc[-1] for r in base_runs]))
     times = [time_to_target_s(r, target) for r in members] if math.isfinite(target) else []
     reached = [t for t in times if t is not None]

@@ -1,5 +1,6 @@
 """The whole study in one command: pretrain (optional), the parameter search on validation, the
-interleaved grid of settings x arms x seeds, then the report.
+interleaved grid of settings x arms x seeds, the cost model's prediction of every run's training
+time (opt-in: ``[study] predict = true``, freeze.pipeline.study.predict), then the report.
 
     python -m experiments.study --config experiments/configs/study_offline.toml        # = make study
     python -m experiments.study --config experiments/configs/study_offline_full.toml --update-report
@@ -55,7 +56,9 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m experiments.study",
         description="Run a study (search on validation, interleaved grid) and write its report. "
-        "Study file format: freeze/pipeline/study/plan.py and README, 'The study'.",
+        "Study file format: freeze/pipeline/study/plan.py and README, 'The offline study'. "
+        "[study] predict = true adds the cost model's predicted training time of every run beside the "
+        "measured one (predicted.md; profiles this machine, needs the probes in report/cluster).",
     )
     parser.add_argument("--config", required=True, help="study TOML file")
     parser.add_argument(
@@ -87,6 +90,8 @@ def _print_plan(study: StudyFile, pretrain: list[RunSpec], search: list[RunSpec]
     for spec in grid:
         policy = "policy chosen by the search" if spec.group in searched else spec.config.freeze.policy
         print(f"study     {spec.name}  ({policy})")
+    if study.predict:
+        print("predict   every study run's training time with the cost model (profiles in <study dir>/costmodel)")
     print(f"{len(pretrain)} pretraining, {len(search)} search and {len(grid)} study runs")
 
 
@@ -164,8 +169,18 @@ def _main(argv: list[str] | None) -> int:
     runs_dir = Path(out_dir) / study.name
     report_dir = runs_dir.parent / f"{study.name}-report"
     try:
+        extra = []
+        if study.predict:
+            from freeze.pipeline.study.predict import predict_study
+
+            print("== cost model: predicted training time of every complete study run", flush=True)
+            extra.append(predict_study(runs_dir))
         written = build_report(
-            runs_dir, report_dir, target_fraction=study.target_fraction, margin_points=study.margin_points
+            runs_dir,
+            report_dir,
+            target_fraction=study.target_fraction,
+            margin_points=study.margin_points,
+            extra_tables=extra,
         )
     except ReportInputError as e:  # e.g. every run refused before writing its directory
         print(f"error: report: {e}", file=sys.stderr)
@@ -173,7 +188,7 @@ def _main(argv: list[str] | None) -> int:
     if search_md is not None:
         atomic_write_text(report_dir / "search.md", search_md)
     print(f"== report: {report_dir}")
-    for name in ("paired.md", "convergence.md"):
+    for name in ("paired.md", "convergence.md", *(("predicted.md",) if study.predict else ())):
         if (report_dir / name).exists():
             print((report_dir / name).read_text(encoding="utf-8"))
     if args.update_report:

@@ -10,6 +10,10 @@
     target_fraction = 0.95                                  # time to target: x the baseline's final val acc
     margin_points = 0.5                                     # non-inferiority margin, accuracy points
     report_md = "report/REPORT.md"                          # spliced only with --update-report
+    predict = false                                         # true: the cost model's prediction of every
+                                                            # run's train time beside the measured one
+                                                            # (freeze.pipeline.study.predict; profiles
+                                                            # this machine, needs report/cluster probes)
 
     [settings]                                              # name -> overrides; optional (one setting "")
     loopback = ["dist.nproc=2"]
@@ -58,6 +62,7 @@ _STUDY_KEYS = {
     "margin_points",
     "report_md",
     "out_dir",
+    "predict",
 }
 _TABLES = {"study", "settings", "arms", "search"}
 _SEARCH_KEYS = {"setting", "seeds", "candidates", "same_as"}
@@ -100,6 +105,7 @@ class StudyFile:
     settings: dict[str, tuple[str, ...]]
     arms: dict[str, Arm]
     search: Search | None = None
+    predict: bool = False  # the cost-model stage after the runs (freeze.pipeline.study.predict)
 
     def cells(self) -> list[tuple[str, str]]:
         """(setting, arm) pairs the study runs for every seed."""
@@ -161,6 +167,8 @@ def read_study(path: str | Path) -> StudyFile:
     if not isinstance(order_seed, int) or isinstance(order_seed, bool):
         raise _error(path, f"order_seed must be an integer, got {order_seed!r}")
     seeds = _int_list(path, "seeds", study.get("seeds", [0]))
+    if not isinstance(study.get("predict", False), bool):
+        raise _error(path, f"predict must be true or false, got {study['predict']!r}")
     search = _read_search(path, data.get("search"), arms, settings, seeds)
     return StudyFile(
         path=Path(path),
@@ -177,6 +185,7 @@ def read_study(path: str | Path) -> StudyFile:
         settings=settings,
         arms=arms,
         search=search,
+        predict=study.get("predict", False),
     )
 
 

@@ -1,0 +1,76 @@
+"""A run directory's boundary trajectory: (optimizer steps, boundary k) per epoch, the input of the
+cost model's :func:`freeze.costmodel.predict_run`, and the training time the run measured.
+
+    from freeze.pipeline.trajectory import read_trajectory
+    t = read_trajectory("runs/offline-full/cluster-1gbit_autofreeze_seed=0")
+    predict_run(profile, cluster, t.segments, cache=True).wall_s, t.train_s
+
+The one reader of a trajectory, shared by ``python -m experiments.predict --run`` and the study's
+prediction stage (freeze.pipeline.study.predict). It needs only the keys ``step`` and
+``boundary_at_epoch_start`` (older runs: ``boundary_during``) per metrics.jsonl line, so a run
+directory without a manifest (copied off a machine, or cut short) still has a trajectory.
+
+An epoch's steps are charged to the boundary in force at its first step: a run records boundaries
+per epoch, not per step, so a boundary that moved mid-epoch is charged from the next epoch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from freeze.pipeline.jsonl import JsonLinesError, read_json_lines
+from freeze.pipeline.schema import BOUNDARY_AT_EPOCH_START, LEGACY_METRIC_KEYS
+
+
+class TrajectoryError(ValueError):
+    """A run directory without a readable trajectory; the message is one line naming the file."""
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    segments: tuple[tuple[int, int], ...]  # (optimizer steps, boundary at the epoch's start) per epoch
+    train_s: float  # sum of epoch_wall_s: the training phases of every epoch, evaluation excluded
+
+    @property
+    def steps(self) -> int:
+        return sum(steps for steps, _ in self.segments)
+
+
+def read_trajectory(run_dir: str | Path) -> Trajectory:
+    """The trajectory of ``run_dir``'s metrics.jsonl (a torn last line is dropped, as a resume drops it).
+
+    Args:
+        run_dir: a run directory.
+
+    Raises:
+        TrajectoryError: no metrics.jsonl, a malformed line, or a line without step or boundary.
+    """
+    path = Path(run_dir) / "metrics.jsonl"
+    try:
+        records, _ = read_json_lines(path.read_bytes())
+    except FileNotFoundError:
+        raise TrajectoryError(f"{run_dir}: no metrics.jsonl there") from None
+    except OSError as e:
+        raise TrajectoryError(f"{path}: cannot read ({e.strerror})") from None
+    except JsonLinesError as e:
+        raise TrajectoryError(f"{path}:{e.line}: {e.reason}") from None
+    segments, previous_step, train_s = [], 0, 0.0
+    legacy = LEGACY_METRIC_KEYS[BOUNDARY_AT_EPOCH_START]
+    for line_no, record in records:
+        k = record.get(BOUNDARY_AT_EPOCH_START, record.get(legacy))
+        step = record.get("step")
+        if not _is_int(k) or not _is_int(step) or step < previous_step:
+            raise TrajectoryError(
+                f"{path}:{line_no}: keys 'step' (a count that never decreases) and "
+                f"'{BOUNDARY_AT_EPOCH_START}' (an integer) are needed"
+            )
+        segments.append((step - previous_step, k))
+        previous_step = step
+        wall_s = record.get("epoch_wall_s")
+        train_s += wall_s if isinstance(wall_s, (int, float)) and not isinstance(wall_s, bool) else 0.0
+    return Trajectory(tuple(segments), train_s)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
