@@ -116,6 +116,10 @@ def launch_local(
     # and a failed one is summed up below in one.
     exit_log = logging.getLogger(_WORKER_EXIT_LOGGER)
     was_disabled, exit_log.disabled = exit_log.disabled, True
+    # torchrun's agent installs its own SIGINT/SIGTERM/SIGHUP/SIGQUIT handlers and never restores
+    # them: after one local run, Ctrl-C in a sweep would raise torch's SignalException everywhere
+    # else (between runs, in the cluster launcher, in the report) instead of KeyboardInterrupt.
+    saved_handlers = _signal_handlers()
     try:
         with _exported(env):
             run(get_args_parser().parse_args(argv))
@@ -134,7 +138,29 @@ def launch_local(
         return 130
     finally:
         exit_log.disabled = was_disabled
+        _restore_signal_handlers(saved_handlers)
     return 0
+
+
+_LAUNCHER_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
+
+
+def _signal_handlers() -> dict:
+    """This process's handlers of the signals torchrun's agent takes over (main thread only)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {sig: signal.getsignal(sig) for name in _LAUNCHER_SIGNALS if (sig := getattr(signal, name, None))}
+
+
+def _restore_signal_handlers(saved: dict) -> None:
+    import signal
+
+    for sig, handler in saved.items():
+        if handler is not None:  # None: installed from C, cannot be put back from Python
+            signal.signal(sig, handler)
 
 
 def launch_cluster(

@@ -246,3 +246,20 @@ def test_an_interrupted_run_stops_the_sweep_and_the_next_run_never_starts(tmp_pa
     assert len(launched) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [sweep_module.INTERRUPTED_MESSAGE]
+
+
+def test_a_local_launch_gives_back_the_signal_handlers_torchrun_takes(monkeypatch):
+    # torchrun's agent replaces SIGINT/SIGTERM handlers and never restores them; after one local run
+    # a sweep's Ctrl-C raised torch's SignalException instead of KeyboardInterrupt (found in review).
+    import torch.distributed.run as torchrun
+
+    from freeze.pipeline import run as run_module
+
+    def fake_agent(args):  # what torch's launcher does to the handlers
+        signal.signal(signal.SIGINT, lambda *a: None)
+        signal.signal(signal.SIGTERM, lambda *a: None)
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    monkeypatch.setattr(torchrun, "run", fake_agent)
+    assert run_module.launch_local(Path("unused.toml"), 2) == 0
+    assert {s: signal.getsignal(s) for s in before} == before
