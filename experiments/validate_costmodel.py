@@ -79,14 +79,12 @@ def _probe(nodes: int, bandwidth: str, out_dir: Path, repeats: int) -> dict:
 
 def _profile(nodes: int, cfg: bc.ClusterBenchConfig, steps: int, out_dir: Path):
     from freeze.costmodel import save_profile
-    from freeze.costmodel.profiler import NodeCores
-    from freeze.pipeline.cluster import plan_cpus
+    from freeze.pipeline.study.predict import one_process_per_node
 
     path = out_dir / f"profile-N{nodes}.json"
     if path.exists():
         return load_profile(path)
-    layout = [NodeCores(tuple(c.cores), c.threads_per_worker) for c in plan_cpus(nodes, 1)]
-    profile = make_profile(cfg.model, cfg.batch_size, cfg.image_size, steps, layout)
+    profile = make_profile(cfg.model, cfg.batch_size, cfg.image_size, steps, one_process_per_node(nodes))
     save_profile(profile, path)
     return profile
 

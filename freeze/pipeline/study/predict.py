@@ -101,7 +101,18 @@ def process_layout(config: Config) -> list[NodeCores]:
         config: the run's resolved config.
     """
     processes = config.cluster.nodes or config.dist.nproc
-    threads = config.dist.threads_per_worker  # 0: derived, which is plan_cpus' share of the cores
+    # 0: derived, which is plan_cpus' share of the cores
+    return one_process_per_node(processes, config.dist.threads_per_worker)
+
+
+def one_process_per_node(processes: int, threads: int = 0) -> list[NodeCores]:
+    """``processes`` profiled processes laid on the cores as the emulated cluster lays its nodes
+    (plan_cpus, one worker each); ``threads`` 0 takes plan_cpus' threads per worker.
+
+    Args:
+        processes: node (or worker) count.
+        threads: torch threads per process; 0 for plan_cpus' share of the cores.
+    """
     return [NodeCores(tuple(c.cores), threads or c.threads_per_worker) for c in plan_cpus(processes, 1)]
 
 
