@@ -3,8 +3,8 @@
     # step time at every boundary k for 2..64 workers on 1 and 10 Gbit/s links (profiles this machine first)
     python -m experiments.predict --model resnet18 --batch-size 64 --workers 2,4,16,64 --bandwidth 1gbit,10gbit
     # reuse a profile, fit the link from cluster probes, include the activation cache
-    python -m experiments.predict --profile runs/predict/x/profile.json --probe report/cluster/probe-2x1gbit.json \\
-        --probe report/cluster/probe-2xuncapped.json --workers 16 --bandwidth 1gbit --cache
+    python -m experiments.predict --profile runs/predict/x/profile.json --probe report/costmodel/probe-2x1gbit.json \\
+        --probe report/costmodel/probe-2xuncapped.json --workers 16 --bandwidth 1gbit --cache
     # a finished run's boundary trajectory (its metrics.jsonl) on another cluster
     python -m experiments.predict --profile P.json --workers 16 --bandwidth 1gbit --run runs/study/autofreeze-s0
 
@@ -16,7 +16,9 @@ The link: alpha (per ring step) and gamma (CPU s per byte) are fitted from an un
 payload share of a cap from a capped probe, both at one node count (``python -m experiments.cluster
 probe``; freeze.costmodel.link). They are taken to hold at every node count and cap: on a real
 cluster with its own NICs gamma is smaller than on an emulated one, whose forwarding shares the
-training cores. Default probes: report/cluster/probe-2xuncapped.json and probe-2x1gbit.json.
+training cores. Default probes: the cost model's validation's (report/costmodel/probe-2xuncapped.json
+and probe-2x1gbit.json); default comm_cpu_share: its fit (report/costmodel/calibration.json), as the
+study's prediction stage uses (freeze.pipeline.study.predict).
 Exit 2 with one line on bad input.
 """
 
@@ -44,8 +46,9 @@ from freeze.costmodel import (
     save_profile,
     scaled_link,
 )
+from freeze.pipeline.study.predict import CALIBRATION_FILE, PROBE_DIR, comm_cpu_share
 
-DEFAULT_PROBES = (Path("report/cluster/probe-2xuncapped.json"), Path("report/cluster/probe-2x1gbit.json"))
+DEFAULT_PROBES = (PROBE_DIR / "probe-2xuncapped.json", PROBE_DIR / "probe-2x1gbit.json")
 CSV_COLUMNS = (
     "workers",
     "bandwidth",
@@ -272,7 +275,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--profile", type=Path, help="a profile JSON (freeze-costmodel-profile/1); default: profile now")
     p.add_argument("--profile-steps", type=int, default=5, help="timed steps per boundary when profiling")
     p.add_argument("--probe", type=Path, action="append", help="probe JSON (repeat: one uncapped, one capped)")
-    p.add_argument("--comm-cpu-share", type=float, default=0.5, help="CPU share of an all-reduce during the backward")
+    p.add_argument(
+        "--comm-cpu-share",
+        type=float,
+        help=f"CPU share of an all-reduce during the backward (default: the fit in {PROBE_DIR / CALIBRATION_FILE})",
+    )
     p.add_argument("--run", type=Path, help="a run directory: predict its boundary trajectory's wall time")
     p.add_argument("--out-dir", type=Path, help="new directory for the outputs (default runs/predict/<time>)")
     return p.parse_args(argv)
@@ -285,6 +292,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if out_dir.exists():
             raise InputError(f"--out-dir {out_dir} exists; outputs are never overwritten: choose another")
+        if args.comm_cpu_share is None:
+            args.comm_cpu_share, share_note = comm_cpu_share(PROBE_DIR)
+            print(f"predict: {share_note}", flush=True)
         if not 0 <= args.comm_cpu_share <= 1:
             raise InputError(f"--comm-cpu-share: {args.comm_cpu_share} is not in [0, 1]")
         if args.batch_size < 1 or args.profile_steps < 1:
@@ -294,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         probes = args.probe or [p for p in DEFAULT_PROBES if p.is_file()]
         if not probes:
             raise InputError(
-                "--probe: none given and report/cluster has no probes; run python -m experiments.cluster probe"
+                f"--probe: none given and {PROBE_DIR} has no probes; run python -m experiments.cluster probe"
             )
         base, efficiency = link_from_probes(probes)
         links = {name: scaled_link(base, cap, efficiency) for name, cap in caps.items()}

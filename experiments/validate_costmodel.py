@@ -27,7 +27,8 @@ are reported for cache off, cache on and all points.
 
 Writes to ``--out-dir`` (default report/costmodel, files never overwritten): validation.md (table,
 errors, load average, command), validation.csv, validation.png (predicted vs measured, diagonal
-drawn, cache on hollow), profile-N<n>.json and probe-<n>x<cap>.json (both reused when present);
+drawn, cache on hollow), calibration.json (the fitted comm_cpu_share, freeze.costmodel.calibration:
+the study's prediction stage reads it), profile-N<n>.json and probe-<n>x<cap>.json (both reused when present);
 with ``--bench-md`` also the table and a link to the figure between the costmodel-validation markers
 of that file. Exit 2 with one line on bad input or where no cluster can be built.
 """
@@ -46,8 +47,18 @@ from experiments import bench_workers as bw
 from experiments.predict import InputError, make_profile, write_csv
 from experiments.validate_costmodel_report import PHASES, figure, summary, write_bench_section
 from freeze._atomic import atomic_write_text
-from freeze.costmodel import ClusterModel, fit_comm_cpu_share, fit_link, load_profile, predict_step, read_probe
+from freeze.costmodel import (
+    Calibration,
+    ClusterModel,
+    fit_comm_cpu_share,
+    fit_link,
+    load_profile,
+    predict_step,
+    read_probe,
+    save_calibration,
+)
 
+CALIBRATION = "calibration.json"  # the fitted comm_cpu_share, read by the study's prediction stage
 CACHES = ("off", "on")
 APPROACH_OF = {"off": bw.ENGINE, "on": bw.ENGINE_CACHE}
 CSV_COLUMNS = (
@@ -215,7 +226,7 @@ def _check(args: argparse.Namespace, cfg: bc.ClusterBenchConfig) -> None:
         raise InputError(f"--fit-at {','.join(map(str, args.fit_at_used))}: cache on needs k >= 1")
     if args.bench_md is not None and not args.bench_md.parent.is_dir():
         raise InputError(f"--bench-md {args.bench_md}: its directory does not exist")
-    written = [args.out_dir / f"validation.{ext}" for ext in ("md", "csv", "png")]
+    written = [args.out_dir / f"validation.{ext}" for ext in ("md", "csv", "png")] + [args.out_dir / CALIBRATION]
     if any(w.exists() for w in written):
         raise InputError(f"--out-dir {args.out_dir}: validation results exist; never overwritten: choose another")
 
@@ -304,6 +315,9 @@ def main(argv: list[str] | None = None) -> int:
     write_csv(points, args.out_dir / "validation.csv", CSV_COLUMNS)
     figure(points, args.out_dir / "validation.png", f"{args.model}, batch {args.batch_size}: predicted vs measured")
     atomic_write_text(args.out_dir / "validation.md", text + "\n")
+    n, bandwidth, k, cache = args.fit_at_used
+    fitted_at = {"nodes": n, "bandwidth": bandwidth, "k": k, "cache": cache}
+    save_calibration(Calibration(args.fitted_share, fitted_at, run["command"]), args.out_dir / CALIBRATION)
     if args.bench_md is not None:
         write_bench_section(args.out_dir, args.bench_md)
     print(text)

@@ -7,19 +7,24 @@ import math
 import pytest
 
 from freeze.costmodel import (
+    CALIBRATION_FORMAT,
     PROBE_FORMAT,
     PROFILE_FORMAT,
+    Calibration,
+    CalibrationError,
     ClusterModel,
     Link,
     LinkError,
     ProfileError,
     bucket_sizes,
     fit_link,
+    load_calibration,
     load_profile,
     predict_run,
     predict_step,
     read_probe,
     ring_allreduce_s,
+    save_calibration,
 )
 
 
@@ -192,6 +197,18 @@ def test_bad_probe_and_profile_name_the_field(tmp_path):
         read_probe({"format": "other"})
     with pytest.raises(LinkError, match="sizes"):
         read_probe({k: v for k, v in _probe(2, None, 1e-9).items() if k != "sizes"})
+    # Fields of the wrong type or sizes of 0 bytes: one LinkError naming them, never a TypeError or
+    # ZeroDivisionError out of the fit (found in review).
+    broken = [
+        {**_probe(2, None, 1e-9), "latency_probe": {"seconds": ["fast"] * 5}},
+        {**_probe(2, None, 1e-9), "latency_probe": 3},
+        {**_probe(2, None, 1e-9), "sizes": [{"bytes": 0, "median_s": 0.1}]},
+        {**_probe(2, None, 1e-9), "sizes": [7]},
+        {**_probe(2, None, 1e-9), "bandwidth_bits_per_s": "1gbit"},
+    ]
+    for result in broken:
+        with pytest.raises(LinkError, match="must be numbers"):
+            read_probe(result, "p.json")
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"format": PROFILE_FORMAT, "model": "m"}))
     with pytest.raises(ProfileError, match="key .blocks. is missing"):
@@ -221,3 +238,19 @@ def test_cache_pays_when_reads_outweigh_the_fill(tmp_path):
         profile, cluster, k=1, remaining_steps=100, fill_steps=10, samples=1000, memory_budget_bytes=1000
     )
     assert not tight.pays and tight.store_bytes == 64000 and "budget" in tight.reason
+
+
+def test_calibration_round_trips_and_is_never_overwritten(tmp_path):
+    path = tmp_path / "calibration.json"
+    fit = Calibration(0.12, {"nodes": 2, "bandwidth": "1gbit", "k": 0, "cache": "off"}, "python -m x")
+    save_calibration(fit, path)
+    assert load_calibration(path) == fit
+    with pytest.raises(FileExistsError):
+        save_calibration(fit, path)
+    for body, field in (
+        ({"format": "x"}, "format"),
+        ({"format": CALIBRATION_FORMAT, "comm_cpu_share": True}, "comm_cpu_share"),
+    ):
+        path.write_text(json.dumps(body))
+        with pytest.raises(CalibrationError, match=field):
+            load_calibration(path)

@@ -14,6 +14,13 @@ docstring); :mod:`freeze.costmodel.profiler` measures the profile.
 """
 
 from freeze.costmodel.cache import CacheVerdict, cache_pays
+from freeze.costmodel.calibration import (
+    CALIBRATION_FORMAT,
+    Calibration,
+    CalibrationError,
+    load_calibration,
+    save_calibration,
+)
 from freeze.costmodel.link import (
     PROBE_FORMAT,
     Link,
@@ -48,6 +55,11 @@ from freeze.costmodel.profile import (
 )
 
 __all__ = [
+    "CALIBRATION_FORMAT",
+    "Calibration",
+    "CalibrationError",
+    "load_calibration",
+    "save_calibration",
     "PROBE_FORMAT",
     "PROFILE_FORMAT",
     "BlockCost",

@@ -145,20 +145,29 @@ def read_probe(result: dict, where: str = "probe") -> ProbeFit:
     nodes = _field(result, "nodes", where)
     if not isinstance(nodes, int) or nodes < 2:
         raise LinkError(f"{where}: nodes must be an integer >= 2, got {nodes!r}")
-    tiny = _field(_field(result, "latency_probe", where), "seconds", where)
-    sizes = _field(result, "sizes", where)
-    if not tiny or not sizes:
-        raise LinkError(f"{where}: latency_probe.seconds and sizes must be non-empty")
-    alpha = _median(tiny) / (2 * (nodes - 1))
-    intercept = 2 * (nodes - 1) * alpha
-    xs = [float(_field(s, "bytes", where)) for s in sizes]
-    ys = [float(_field(s, "median_s", where)) - intercept for s in sizes]
-    slope = sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs)
+    try:
+        tiny = _field(_field(result, "latency_probe", where), "seconds", where)
+        sizes = _field(result, "sizes", where)
+        if not tiny or not sizes:
+            raise LinkError(f"{where}: latency_probe.seconds and sizes must be non-empty")
+        alpha = _median(tiny) / (2 * (nodes - 1))
+        intercept = 2 * (nodes - 1) * alpha
+        xs = [float(_field(s, "bytes", where)) for s in sizes]
+        ys = [float(_field(s, "median_s", where)) - intercept for s in sizes]
+        slope = sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs)
+        cap = result.get("bandwidth_bits_per_s")
+        cap = None if cap is None else float(cap)
+        load = float(result.get("host", {}).get("load_avg_1min", [float("nan")])[0])
+    except LinkError:
+        raise
+    except (TypeError, ValueError, ZeroDivisionError) as e:  # a field of the wrong type, or every size 0 bytes
+        raise LinkError(
+            f"{where}: latency_probe.seconds, sizes[].bytes/median_s, bandwidth_bits_per_s and host.load_avg_1min "
+            f"must be numbers, bytes > 0 ({e})"
+        ) from None
     if slope <= 0:
         raise LinkError(f"{where}: all-reduce time does not grow with size (slope {slope:.3g} s/B): not a usable probe")
-    cap = result.get("bandwidth_bits_per_s")
-    load = result.get("host", {}).get("load_avg_1min", [float("nan")])[0]
-    return ProbeFit(nodes, None if cap is None else float(cap), alpha, slope, float(load), where)
+    return ProbeFit(nodes, cap, alpha, slope, load, where)
 
 
 def fit_link(capped: ProbeFit | None, uncapped: ProbeFit | None, form: str = "pipelined") -> Link:

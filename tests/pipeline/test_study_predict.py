@@ -3,13 +3,22 @@ timed, no process is started), the predicted seconds, the table, missing probes,
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from freeze.costmodel import ClusterModel, Link, predict_run, save_profile
+from freeze.costmodel import (
+    CALIBRATION_FORMAT,
+    Calibration,
+    ClusterModel,
+    Link,
+    predict_run,
+    save_calibration,
+    save_profile,
+)
 from freeze.pipeline.config import config_to_toml, load_config
 from freeze.pipeline.study import cli
 from freeze.pipeline.study import predict as stage
@@ -153,6 +162,59 @@ def test_cluster_run_uses_the_capped_probe_and_predict_run(tmp_path):
     assert rows.loc["cluster-1gbit", "predicted_s"] == pytest.approx(expected)
     assert rows.loc["loopback", "predicted_s"] == pytest.approx(uncapped)
     assert any("probe-2x1gbit.json" in note and "cluster-1gbit" in note for note in table.notes)
+
+
+def test_the_calibration_beside_the_probes_sets_the_share_and_the_notes_say_so(tmp_path, monkeypatch):
+    study_dir = tmp_path / "runs" / "s"
+    config = _config(
+        study_dir, "none", 0, "cluster-1gbit", "dist.nproc=1", "cluster.nodes=2", "cluster.bandwidth=1gbit"
+    )
+    _write_run(config, [(30, 0, 2.0)])
+    _place_profile(tmp_path, study_dir, config)
+    probe_dir = _probes(tmp_path)
+    fitted_at = {"nodes": 2, "bandwidth": "1gbit", "k": 0, "cache": "off"}
+    save_calibration(Calibration(0.12, fitted_at, "validate"), probe_dir / stage.CALIBRATION_FILE)
+    # The test profile's step hardly depends on the share, so the cluster the stage builds is checked.
+    shares = []
+    monkeypatch.setattr(
+        stage,
+        "predict_run",
+        lambda p, cluster, *a, **kw: shares.append(cluster.comm_cpu_share) or predict_run(p, cluster, *a, **kw),
+    )
+    table = stage.predict_study(study_dir, probe_dir, measure=_no_measuring)
+    assert shares == [0.12] and len(table.data) == 1
+    assert any(note.startswith("comm_cpu_share 0.12 (fitted in") and "k 0" in note for note in table.notes)
+
+
+def test_without_a_usable_calibration_the_share_is_the_default_and_the_note_says_why(tmp_path):
+    assert stage.comm_cpu_share(tmp_path)[0] == stage.DEFAULT_COMM_CPU_SHARE == 0.5
+    assert "no " in stage.comm_cpu_share(tmp_path)[1]
+    (tmp_path / stage.CALIBRATION_FILE).write_text(json.dumps({"format": CALIBRATION_FORMAT, "comm_cpu_share": 3}))
+    share, note = stage.comm_cpu_share(tmp_path)
+    assert share == 0.5 and "comm_cpu_share 3: expected a number in [0, 1]" in note
+
+
+def test_a_run_the_profile_cannot_predict_is_left_out_not_a_crash(tmp_path):
+    study_dir = tmp_path / "runs" / "s"
+    config = _config(
+        study_dir,
+        "static",
+        0,
+        "single",
+        "dist.nproc=1",
+        "freeze.policy=static:k=1",
+        "freeze.cache=memory",
+        "data.augment=views:1",
+    )
+    _write_run(config, [(10, 1, 1.0)])
+    profile = _profile_for(tmp_path, config)
+    blocks = [dataclasses.replace(b, cache_read_ms=None) for b in profile.blocks]  # a profile from before the cache
+    save_profile(dataclasses.replace(profile, blocks=tuple(blocks)), stage.profile_path(study_dir, config))
+    table = stage.predict_study(study_dir, tmp_path, measure=_no_measuring)
+    assert table.data.empty
+    assert any(
+        n.startswith("left out 1 run(s): not predictable from profile") and "cache_read_ms" in n for n in table.notes
+    )
 
 
 def test_missing_probes_leave_those_settings_out_in_one_line(tmp_path, capsys):

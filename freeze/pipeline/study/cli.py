@@ -58,7 +58,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Run a study (search on validation, interleaved grid) and write its report. "
         "Study file format: freeze/pipeline/study/plan.py and README, 'The offline study'. "
         "[study] predict = true adds the cost model's predicted training time of every run beside the "
-        "measured one (predicted.md; profiles this machine, needs the probes in report/cluster).",
+        "measured one (predicted.md; profiles this machine, needs the probes and calibration in report/costmodel).",
     )
     parser.add_argument("--config", required=True, help="study TOML file")
     parser.add_argument(

@@ -13,7 +13,7 @@
     predict = false                                         # true: the cost model's prediction of every
                                                             # run's train time beside the measured one
                                                             # (freeze.pipeline.study.predict; profiles
-                                                            # this machine, needs report/cluster probes)
+                                                            # this machine, needs report/costmodel probes)
 
     [settings]                                              # name -> overrides; optional (one setting "")
     loopback = ["dist.nproc=2"]

@@ -20,17 +20,20 @@ Per run, from its directory alone:
 
 Assumptions, and why:
 
-1. **Cluster link**: alpha, gamma and the payload share of a cap are fitted from the committed probes
-   (``report/cluster/probe-2xuncapped.json`` and ``probe-2x<cap>.json``, freeze.costmodel.link_from_probes
-   and scaled_link, as experiments.predict does) and taken to hold at the setting's node count and on
-   the day of the study. They are the only link measurements in the repository; probing inside the
-   study would add minutes and its own noise. On the emulated cluster the forwarding shares the
-   training cores, so gamma depends on the load the probe met.
+1. **Cluster link**: alpha, gamma and the payload share of a cap are fitted from the probes the cost
+   model's validation took (``report/costmodel/probe-<N>xuncapped.json`` and ``probe-<N>x<cap>.json`` at
+   the setting's node count N, freeze.costmodel.link_from_probes and scaled_link, which give the
+   validation's fit_link exactly), taken to hold on the day of the study. Probing inside the study
+   would add minutes and its own noise. On the emulated cluster the forwarding shares the training
+   cores, so gamma depends on the load the probe met.
 2. **Loopback link**: the uncapped fit. Gloo over ``lo`` has no cap, and the uncapped probe is the
    measured link whose rate the CPU alone sets, as on loopback; its gamma also pays the veth and
    bridge forwarding that ``lo`` skips, so loopback communication is predicted somewhat too slow.
-3. **comm_cpu_share = 0.5** (ClusterModel's default, an even split of the CPU between the backward and
-   gloo), not fitted: fitting it to the study's own runs would make the predictions part measurement.
+3. **comm_cpu_share** is the validation's fit (``report/costmodel/calibration.json``, written by
+   ``python -m experiments.validate_costmodel``; 0.12, fitted at 2 nodes, 1 Gbit/s, k = 0), so the study
+   predicts with the configuration whose errors BENCH.md reports; without that file, ClusterModel's
+   default (0.5, an even split), said in the notes. Never fitted to the study's own runs: that would make
+   the predictions part measurement.
 4. **The cache** serves every step at k >= 1 from the first (its build, in the freezer phase at the
    boundary change, is not modelled; ``auto`` counts as on).
 5. Boundaries are recorded per epoch: a boundary that moved mid-epoch is charged from the next epoch.
@@ -43,6 +46,7 @@ setting's runs out with one line and never fail the study.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections import Counter, defaultdict
 from collections.abc import Callable
@@ -50,12 +54,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from freeze.costmodel import (
+    CalibrationError,
     ClusterModel,
     Link,
     LinkError,
     Profile,
     ProfileError,
     link_from_probes,
+    load_calibration,
     load_profile,
     predict_run,
     save_profile,
@@ -70,12 +76,14 @@ from freeze.pipeline.report.predicted import predicted_table
 from freeze.pipeline.report.tables import Table, complete_groups
 from freeze.pipeline.trajectory import Trajectory, TrajectoryError, read_trajectory
 
-PROBE_DIR = Path("report/cluster")  # the committed probes (python -m experiments.cluster probe)
-PROBE_NODES = 2  # the node count they were taken at
+# The cost model's validation (python -m experiments.validate_costmodel): its probes at 2-4 nodes and
+# its fitted comm_cpu_share, so the study predicts with the configuration BENCH.md validates.
+PROBE_DIR = Path("report/costmodel")
+CALIBRATION_FILE = "calibration.json"
 PROFILE_DIR = "costmodel"  # in the study directory
 IMAGE_SHAPE = (3, 32, 32)  # every dataset the pipeline reads (freeze.pipeline.data)
 MIB = 1 << 20
-COMM_CPU_SHARE = 0.5  # assumption 3
+DEFAULT_COMM_CPU_SHARE = next(f.default for f in dataclasses.fields(ClusterModel) if f.name == "comm_cpu_share")
 
 
 @dataclass(frozen=True)
@@ -138,9 +146,10 @@ def probe_files(config: Config, probe_dir: Path) -> tuple[Path, ...]:
     none for a single worker, which communicates with nobody."""
     if (config.cluster.nodes or config.dist.nproc) < 2:
         return ()
-    files = (probe_dir / f"probe-{PROBE_NODES}xuncapped.json",)
+    nodes = config.cluster.nodes or config.dist.nproc
+    files = (probe_dir / f"probe-{nodes}xuncapped.json",)
     if config.cluster.nodes and parse_rate(config.cluster.bandwidth) is not None:
-        files += (probe_dir / f"probe-{PROBE_NODES}x{config.cluster.bandwidth.strip().lower()}.json",)
+        files += (probe_dir / f"probe-{nodes}x{config.cluster.bandwidth.strip().lower()}.json",)
     return files
 
 
@@ -264,7 +273,9 @@ def _check_profile(profile: Profile, plan: _Planned) -> None:
 
 
 # ----------------------------------------------------------------------------------- the stage
-def predict_run_s(profile: Profile, link: Link, config: Config, trajectory: Trajectory) -> float:
+def predict_run_s(
+    profile: Profile, link: Link, config: Config, trajectory: Trajectory, comm_cpu_share: float = DEFAULT_COMM_CPU_SHARE
+) -> float:
     """Predicted training seconds of one run (module docstring).
 
     Args:
@@ -272,14 +283,32 @@ def predict_run_s(profile: Profile, link: Link, config: Config, trajectory: Traj
         link: the run's link.
         config: the run's resolved config (cluster or workers, bucket size, cache).
         trajectory: the run's (steps, boundary) per epoch.
+        comm_cpu_share: the cost model's fitted CPU share of communication (:func:`comm_cpu_share`).
+
+    Raises:
+        ValueError: the profile cannot predict this run (e.g. no cache_read_ms for a cached boundary).
     """
     cluster = ClusterModel(
         nodes=config.cluster.nodes or config.dist.nproc,
         link=link,
-        comm_cpu_share=COMM_CPU_SHARE,
+        comm_cpu_share=comm_cpu_share,
         bucket_cap_bytes=int(config.freeze.bucket_cap_mb * MIB),
     )
     return predict_run(profile, cluster, trajectory.segments, cache=config.freeze.cache != "off").wall_s
+
+
+def comm_cpu_share(probe_dir: Path) -> tuple[float, str]:
+    """The fitted comm_cpu_share in probe_dir's calibration file (assumption 3), and a note saying
+    where it came from; ClusterModel's default when the file is absent or unusable."""
+    path = probe_dir / CALIBRATION_FILE
+    if not path.exists():
+        return DEFAULT_COMM_CPU_SHARE, f"comm_cpu_share {DEFAULT_COMM_CPU_SHARE} (ClusterModel's default: no {path})"
+    try:
+        fit = load_calibration(path)
+    except CalibrationError as e:
+        return DEFAULT_COMM_CPU_SHARE, f"comm_cpu_share {DEFAULT_COMM_CPU_SHARE} (ClusterModel's default: {e})"
+    where = ", ".join(f"{key} {value}" for key, value in fit.fitted_at.items())
+    return fit.comm_cpu_share, f"comm_cpu_share {fit.comm_cpu_share} (fitted in {path} at {where})"
 
 
 def predict_study(
@@ -292,7 +321,7 @@ def predict_study(
 
     Args:
         study_dir: the folder of the study's run directories (runs/<study>); profiles go to its costmodel/.
-        probe_dir: where the probe files are (default report/cluster).
+        probe_dir: where the probe files and the calibration are (default report/costmodel).
         log: where progress and the one-line messages go.
         measure: how a missing profile is measured (default: :func:`measure_profile`).
 
@@ -301,6 +330,7 @@ def predict_study(
     """
     study_dir, probe_dir = Path(study_dir), Path(probe_dir or PROBE_DIR)
     measure = measure or measure_profile
+    share, share_note = comm_cpu_share(probe_dir)
     runs = load_runs(study_dir)
     left_out: Counter[str] = Counter()
     planned = []
@@ -322,16 +352,22 @@ def predict_study(
         except _LeftOut as e:
             left_out[str(e)] += 1
             continue
-        predicted_s[plan.run.run_dir] = predict_run_s(profile, links[plan.probes], plan.config, plan.trajectory)
+        try:
+            predicted_s[plan.run.run_dir] = predict_run_s(
+                profile, links[plan.probes], plan.config, plan.trajectory, share
+            )
+        except ValueError as e:  # ProfileError and LinkError included
+            left_out[f"not predictable from profile {plan.profile_path.name} ({e})"] += 1
     for path, profile in profiles.items():
         if isinstance(profile, Profile):
             notes.append(
                 f"profile {path}: {profile.threads} thread(s) per process, {profile.nodes_per_core} process(es) per core"
             )
     notes += [f"left out {n} run(s): {reason}" for reason, n in sorted(left_out.items())]
+    notes.append(share_note)
     notes.append(
-        f"assumptions (the probes' link at every node count, loopback as the uncapped link, comm_cpu_share "
-        f"{COMM_CPU_SHARE}, cache reads from the first step at k >= 1): freeze/pipeline/study/predict.py"
+        "assumptions (the probes' link on the day of the study, loopback as the uncapped link, the validation's "
+        "comm_cpu_share, cache reads from the first step at k >= 1): freeze/pipeline/study/predict.py"
     )
     return predicted_table(runs, predicted_s, notes)
 
@@ -364,9 +400,7 @@ def _links(
         if not probes:
             notes.append(f"{names}: one worker, no communication")
             continue
-        notes.append(
-            f"link of {names}: {' + '.join(map(str, probes))} ({describe_link(link)}); comm_cpu_share {COMM_CPU_SHARE}"
-        )
+        notes.append(f"link of {names}: {' + '.join(map(str, probes))} ({describe_link(link)})")
     if missing or broken:
         lost = sorted({s for probes, link in links.items() if link is None for s in settings[probes]})
         what = f"{', '.join(map(str, sorted(missing)))} missing" if missing else ""
