@@ -226,9 +226,46 @@ def _check(args: argparse.Namespace, cfg: bc.ClusterBenchConfig) -> None:
         raise InputError(f"--fit-at {','.join(map(str, args.fit_at_used))}: cache on needs k >= 1")
     if args.bench_md is not None and not args.bench_md.parent.is_dir():
         raise InputError(f"--bench-md {args.bench_md}: its directory does not exist")
+    _check_reused(args)
     written = [args.out_dir / f"validation.{ext}" for ext in ("md", "csv", "png")] + [args.out_dir / CALIBRATION]
     if any(w.exists() for w in written):
         raise InputError(f"--out-dir {args.out_dir}: validation results exist; never overwritten: choose another")
+
+
+def _check_reused(args: argparse.Namespace) -> None:
+    """Profiles and probes in --out-dir are reused by name: refuse one that measured something else
+    (another model or batch, another node count or cap) instead of predicting from it silently."""
+    import json
+
+    from freeze.costmodel import ProfileError
+    from freeze.pipeline.cluster.spec import parse_rate
+
+    for n in args.nodes:
+        path = args.out_dir / f"profile-N{n}.json"
+        if path.exists():
+            try:
+                profile = load_profile(path)
+            except ProfileError as e:
+                raise InputError(f"--out-dir: {e}") from None
+            if (profile.model, profile.batch_size) != (args.model, args.batch_size):
+                raise InputError(
+                    f"--out-dir: {path} profiles {profile.model} at batch {profile.batch_size}, not {args.model} at "
+                    f"batch {args.batch_size}: choose another --out-dir"
+                )
+        for bandwidth in {*args.bandwidths, "uncapped"}:
+            path = args.out_dir / f"probe-{n}x{bandwidth}.json"
+            if not path.exists():
+                continue
+            try:
+                probe = json.loads(path.read_text(encoding="utf-8"))
+                found = (probe["nodes"], probe["bandwidth_bits_per_s"])
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                raise InputError(f"--out-dir: {path} is not a readable probe ({e})") from None
+            if found != (n, parse_rate(bandwidth)):
+                raise InputError(
+                    f"--out-dir: {path} was probed at {found[0]} nodes, {found[1]} bit/s, not {n} nodes, {bandwidth}: "
+                    "choose another --out-dir"
+                )
 
 
 def _default_fit(args: argparse.Namespace) -> tuple[int, str, int, str]:

@@ -12,8 +12,8 @@ from experiments import bench_cluster as bc
 from experiments import bench_workers as bw
 from experiments import validate_costmodel as vc
 from experiments import validate_costmodel_report as vr
-from freeze.costmodel import PROFILE_FORMAT, Link, load_profile
-from tests.test_costmodel import _block
+from freeze.costmodel import PROFILE_FORMAT, Link, load_profile, save_profile
+from tests.test_costmodel import _block, _probe, write_profile
 
 
 def _profile(tmp_path):
@@ -183,3 +183,16 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, expected):
     assert code == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and expected in err
+
+
+def test_reused_profiles_and_probes_must_match_the_grid(tmp_path, capsys):
+    argv = ["--nodes", "2", "--bandwidths", "1gbit", "--ks", "0,5", "--out-dir", str(tmp_path)]
+    (tmp_path / "w").mkdir()
+    save_profile(write_profile(tmp_path / "w", model="resnet18", batch_size=8), tmp_path / "profile-N2.json")
+    assert vc.main(argv) == 2
+    assert "profile-N2.json profiles resnet18 at batch 8, not resnet18 at batch 64" in capsys.readouterr().err
+    # With the batch the profile has, the probe (uncapped, under the 1gbit name) is what is refused.
+    (tmp_path / "probe-2x1gbit.json").write_text(json.dumps(_probe(2, None, 6e-9)))
+    assert vc.main([*argv, "--batch-size", "8"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "probe-2x1gbit.json was probed at 2 nodes, None bit/s, not 2 nodes, 1gbit" in err
