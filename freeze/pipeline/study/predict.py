@@ -30,7 +30,7 @@ Assumptions, and why:
    measured link whose rate the CPU alone sets, as on loopback; its gamma also pays the veth and
    bridge forwarding that ``lo`` skips, so loopback communication is predicted somewhat too slow.
 3. **comm_cpu_share** is the validation's fit (``report/costmodel/calibration.json``, written by
-   ``python -m experiments.validate_costmodel``; 0.12, fitted at 2 nodes, 1 Gbit/s, k = 0), so the study
+   ``python -m experiments.validate_costmodel`` at one measured point, which it names), so the study
    predicts with the configuration whose errors BENCH.md reports; without that file, ClusterModel's
    default (0.5, an even split), said in the notes. Never fitted to the study's own runs: that would make
    the predictions part measurement.
