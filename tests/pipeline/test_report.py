@@ -20,6 +20,7 @@ from scipy import stats
 
 from freeze.pipeline.report import build_report
 from freeze.pipeline.report.cli import main
+from freeze.pipeline.report.paired import is_control
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 RUNS = FIXTURES / "runs"
@@ -375,6 +376,50 @@ def test_control_group_shows_its_speedup_against_one(tmp_path):
     assert control["diff_points"] == 0.0
     assert "control control (policy none" in (tmp_path / "out" / "paired.md").read_text()
     assert "holds 1.00x" in (tmp_path / "out" / "paired.md").read_text()
+
+
+def _copy_group(runs: Path, source_group: str, group: str, config_edit=lambda text: text) -> None:
+    """Copies of the fixture's ``source_group`` runs as ``group``, their config.toml passed through ``config_edit``."""
+    study = runs / "fixture_study"
+    for src in sorted(study.glob(f"{source_group}-s*")):
+        dst = study / src.name.replace(source_group, group, 1)
+        shutil.copytree(src, dst)
+        _edit_manifest(runs, dst.name, group=group)
+        config = (dst / "config.toml").read_text().replace(f'name = "{src.name}"', f'name = "{dst.name}"')
+        (dst / "config.toml").write_text(config_edit(config.replace(f'group = "{source_group}"', f'group = "{group}"')))
+
+
+def test_a_policy_none_arm_that_computes_something_else_is_no_control(tmp_path):
+    """Policy none on other augmentations (the views study's arms) trains other numbers: no control note.
+    The same config under another group name, run name and output path is the control."""
+    runs = _copy_study(tmp_path)
+    _copy_group(
+        runs,
+        "none",
+        "views-1",
+        lambda t: t.replace('dataset = "synthetic-target"\n', 'dataset = "synthetic-target"\naugment = "views:1"\n'),
+    )
+    _copy_group(runs, "none", "control", lambda t: t.replace("[run]\n", '[run]\nout_dir = "elsewhere"\n'))
+    build_report(runs, tmp_path / "out", formats=("md", "csv"))
+    rows = _rows(tmp_path / "out" / "paired.csv")
+    assert rows["views-1"]["policy"] == "none" and not rows["views-1"]["control"]
+    assert rows["control"]["control"] and not rows[AF]["control"]
+    paired_md = (tmp_path / "out" / "paired.md").read_text()
+    assert "control control (policy none, computes what the baseline computes)" in paired_md
+    assert "views-1 (policy none" not in paired_md and paired_md.count("holds 1.00x") == 1
+
+
+def test_is_control_compares_resolved_configs_apart_from_run_identity():
+    base = {
+        "run": {"name": "none_seed=0", "group": "none", "seed": 0, "checkpoint_every_epochs": 1},
+        "data": {"augment": "views:4"},
+        "freeze": {"policy": "none"},
+    }
+    renamed = {**base, "run": {**base["run"], "name": "control_seed=0", "group": "control", "out_dir": "x"}}
+    assert is_control(renamed, base)
+    assert not is_control({**base, "data": {"augment": "views:1"}}, base)
+    assert not is_control({**base, "run": {**base["run"], "checkpoint_every_epochs": 2}}, base)  # writes more
+    assert not is_control({}, base) and not is_control(base, {})  # no config.toml: cannot be shown
 
 
 def test_convergence_of_the_baseline(report):

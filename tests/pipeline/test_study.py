@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import json
 import math
+import tomllib
 from collections import Counter
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
+from freeze.pipeline.config import config_to_toml
+from freeze.pipeline.report.paired import is_control
 from freeze.pipeline.study import cli
 from freeze.pipeline.study.plan import main_specs, read_study, search_specs
 from freeze.pipeline.study.search import SearchError, choose
@@ -137,6 +140,7 @@ def _write_run(config, wall_s: float, val: float, test: float) -> None:
     run_dir = config.run_dir()
     run_dir.mkdir(parents=True)
     (run_dir / "manifest.json").write_text(json.dumps(complete_manifest(config, 2, ["a", "b"])))
+    (run_dir / "config.toml").write_text(config_to_toml(config))
     lines = []
     for epoch in range(2):
         lines.append(
@@ -186,13 +190,36 @@ def test_study_chooses_on_validation_runs_interleaved_and_reports(tmp_path, monk
     assert af["speedup"] == pytest.approx(100 / 60) and af["n_pairs"] == 3
     assert af["diff_points"] == pytest.approx(-0.2) and af["verdict"] == "non-inferior"  # identical diffs: CI 0
     control = paired[(paired["group"] == "control") & (paired["setting"] == "single")].iloc[0]
-    assert control["speedup_low"] < 1.0 < control["speedup_high"]
+    assert control["speedup_low"] < 1.0 < control["speedup_high"] and control["control"]
+    assert "control single/control (policy none" in (out_dir / "tiny-report" / "paired.md").read_text()
     assert "\nold\n" in report_md.read_text()  # not rewritten without --update-report
     assert "left as it is" in capsys.readouterr().out
     # --update-report splices the generated tables in; complete runs are skipped, not re-made
     monkeypatch.setattr(cli, "run_specs", lambda specs, log=print: SweepSummary(skipped=[s.name for s in specs]))
     assert cli.main(["--config", str(path), "--out-dir", str(out_dir), "--update-report"]) == 0
     assert "\nold\n" not in report_md.read_text() and "non-inferior" in report_md.read_text()
+
+
+def test_a_study_without_prediction_leaves_no_stale_predicted_table(tmp_path, monkeypatch):
+    """predict = false: a predicted span of REPORT.md (and a predicted.md in the report folder) left by
+    an earlier predict = true invocation must not pass for this study's result."""
+    monkeypatch.setattr(cli, "run_specs", _fake_runner)
+    report_md = tmp_path / "REPORT.md"
+    old = "| setting | group | predicted s |\n| old | table | 1.0 |"
+    report_md.write_text(f"a\n<!-- generated:predicted -->\n{old}\n<!-- /generated:predicted -->\nb\n")
+    report_dir = tmp_path / "runs" / "tiny-report"
+    report_dir.mkdir(parents=True)
+    for suffix in (".md", ".csv", ".tex"):
+        (report_dir / f"predicted{suffix}").write_text(old)
+    text = STUDY.split("[search]")[0].replace("autofreeze = []\n", "")
+    path = _study(tmp_path, text.replace("order_seed = 7", f'order_seed = 7\nreport_md = "{report_md}"'))
+    assert cli.main(["--config", str(path), "--out-dir", str(tmp_path / "runs"), "--update-report"]) == 0
+    assert not list(report_dir.glob("predicted.*"))
+    assert report_md.read_text() == (
+        "a\n<!-- generated:predicted -->\n"
+        f"The cost model's prediction was not run for study tiny (`[study] predict = false` in {path}).\n"
+        "<!-- /generated:predicted -->\nb\n"
+    )
 
 
 def test_search_refuses_incomplete_runs(tmp_path):
@@ -210,6 +237,27 @@ def test_study_files_in_the_repo_dry_run():
             main_specs(study, {a: c[0] for a, c in (study.search.candidates if study.search else {}).items()}, None)
         except SweepError as e:  # pragma: no cover - the message is the failure
             pytest.fail(f"{name}: {e}")
+
+
+def _resolved(spec) -> dict:
+    """A run's config as the report reads it back from its config.toml."""
+    return tomllib.loads(config_to_toml(spec.config))
+
+
+def test_controls_of_the_repo_studies_are_the_arms_that_change_nothing():
+    """study_offline_full's control arm (the same overrides as none) is a control; the views study's
+    policy-none arms train on other augmentations and are not."""
+    for name, controls in (("study_offline_full.toml", {"control"}), ("study_views.toml", set())):
+        study = read_study(REPO / "experiments" / "configs" / name)
+        chosen = {a: c[0] for a, c in (study.search.candidates if study.search else {}).items()}
+        specs = main_specs(study, chosen, None)
+        base = {(s.config.run.setting, s.config.run.seed): _resolved(s) for s in specs if s.group == "none"}
+        found = {
+            s.group
+            for s in specs
+            if s.group != "none" and is_control(_resolved(s), base[s.config.run.setting, s.config.run.seed])
+        }
+        assert found == controls, name
 
 
 def test_same_as_arm_runs_the_policy_chosen_for_its_source(tmp_path):

@@ -68,7 +68,7 @@ class ReportInputError(ValueError):
 
 @dataclass(frozen=True, eq=False)
 class Run:
-    """One run directory: its manifest, its config (display only) and its per-epoch metrics."""
+    """One run directory: its manifest, its resolved config (``{}`` without a config.toml) and its per-epoch metrics."""
 
     run_dir: Path
     manifest: dict
@@ -171,7 +171,8 @@ def read_manifest(path: Path) -> dict:
 
 
 def read_config(path: Path) -> dict:
-    """The resolved config, for display only; a run without one is still reportable."""
+    """The resolved config (it tells a control from an arm: report.paired.is_control); a run without one
+    is still reportable, as ``{}``."""
     if not path.is_file():
         return {}
     try:

@@ -6,9 +6,12 @@ Why paired, and why on log ratios: runs of one seed share the data order, the va
 difference; and a study runs them interleaved (one block of all arms per seed, in random order), so
 the machine's drift over the study cancels in a ratio taken within a block. A speedup is a ratio:
 its interval comes from a Student t interval on the mean of log(baseline time / arm time) over the
-pairs, turned back with exp (a geometric mean with an asymmetric interval). The second policy-none
-group of a study (the control) computes exactly what the baseline computes, so its interval must
-hold 1.00x: a table whose control does not is measuring the machine, not the policy.
+pairs, turned back with exp (a geometric mean with an asymmetric interval). A control is a group
+whose runs compute exactly what the baseline's runs compute (the same resolved config.toml, run
+identity aside: :func:`is_control`), so its interval must hold 1.00x: a table whose control does not
+is measuring the machine, not the policy. Policy none alone does not make a control: an arm that
+changes the data augmentation, the optimizer or the setting's links freezes nothing and still
+computes something else.
 
 Non-inferiority at a margin m (points): the arm is non-inferior when the lower bound of the 95 %
 interval of the paired accuracy difference is above -m; "inferior" when its upper bound is below
@@ -40,6 +43,41 @@ from freeze.pipeline.report.tables import (
 )
 
 DEFAULT_MARGIN_POINTS = 0.5
+# Keys of a resolved config that name a run rather than change what it computes: where it is written
+# (out_dir, study, name), which group and setting it is reported under, and the seed (a control is
+# compared with the baseline run of its own seed, so the pairing already holds the seed equal).
+RUN_IDENTITY_KEYS = frozenset({"run.name", "run.study", "run.out_dir", "run.group", "run.setting", "run.seed"})
+
+
+def _computation(config: dict) -> dict:
+    """The config with its run-identity keys left out (sections as in config.toml)."""
+    return {
+        section: (
+            {k: v for k, v in values.items() if f"{section}.{k}" not in RUN_IDENTITY_KEYS}
+            if isinstance(values, dict)
+            else values
+        )
+        for section, values in config.items()
+    }
+
+
+def is_control(run_config: dict, baseline_config: dict) -> bool:
+    """Does a run compute exactly what its baseline run computes (its timing then measures the machine)?
+
+    Why the resolved configs and not the policy: the report's control note claims a true speedup of
+    1.00x, which holds only when the two runs do the same work. A policy-none arm that trains on other
+    augmentations (data.augment = views:1) or another optimizer freezes nothing and is still no
+    control. Each run directory's config.toml is the resolved config, every key written out, so equal
+    configs (apart from :data:`RUN_IDENTITY_KEYS`) mean the same computation. A run without a
+    config.toml cannot show that, and is not taken for a control.
+
+    Args:
+        run_config: the run's config.toml as a dict (``Run.config``).
+        baseline_config: the config of the baseline run it is paired with (same seed, setting, world size).
+    """
+    if not run_config or not baseline_config:
+        return False
+    return _computation(run_config) == _computation(baseline_config)
 
 
 def ratio_ci95(ratios: list[float]) -> tuple[float, float, float]:
@@ -97,6 +135,7 @@ def paired_row(members: list[Run], base: list[Run], target_fraction: float, marg
         "ttt_speedup_high": ttt_high,
         "arm_train_min": float(np.mean([train_wall_s(r) for r, _ in pairs])) / 60 if pairs else math.nan,
         "base_train_min": float(np.mean([train_wall_s(b) for _, b in pairs])) / 60 if pairs else math.nan,
+        "control": bool(pairs) and all(is_control(r.config, b.config) for r, b in pairs),
     }
 
 
@@ -162,11 +201,10 @@ def paired_table(
         f"reaches {target_fraction:g} x the baseline's mean final val accuracy, paired the same way."
     )
     notes = [baseline.note]
-    controls = [r for r in rows if r["policy"] == "none"]
-    for row in controls:
+    for row in (r for r in rows if r["control"]):
         holds = math.isfinite(row["speedup_low"]) and row["speedup_low"] <= 1.0 <= row["speedup_high"]
         notes.append(
-            f"control {row['setting'] + '/' if row['setting'] else ''}{row['group']} (policy none, computes what the "
+            f"control {row['setting'] + '/' if row['setting'] else ''}{row['group']} (policy {row['policy']}, computes what the "
             f"baseline computes): {_fmt_interval(row['speedup'], row['speedup_low'], row['speedup_high'], '.2f', 'x')}"
             f" - {'holds 1.00x' if holds else 'DOES NOT hold 1.00x: timing drift larger than the intervals say'}"
         )

@@ -16,6 +16,7 @@ import argparse
 import re
 import sys
 import time
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from freeze._atomic import atomic_write_bytes, atomic_write_text
@@ -32,24 +33,68 @@ from freeze.pipeline.sweep import (
     run_specs,
 )
 
+# The name of the cost model's table (freeze.pipeline.report.predicted, not imported: a dry run never
+# pays for pandas): predicted.md/.csv/.tex, spliced into REPORT.md's <!-- generated:predicted --> span.
+PREDICTED_TABLE = "predicted"
 
-def splice_tables(report_md: Path, tables_dir: Path) -> list[str]:
+
+def splice_tables(report_md: Path, tables_dir: Path, not_run: Mapping[str, str] | None = None) -> list[str]:
     """Replace each ``<!-- generated:NAME -->...<!-- /generated:NAME -->`` span of ``report_md`` with
-    ``tables_dir/NAME.md``: REPORT.md's tables are generated, never typed."""
+    ``tables_dir/NAME.md``: REPORT.md's tables are generated, never typed.
+
+    Args:
+        report_md: the markdown file whose spans are regenerated (rewritten atomically).
+        tables_dir: the study's report folder (NAME.md per table).
+        not_run: NAME -> the one line a span gets when this study does not make that table (a span
+            left with an earlier study's table would read as this study's result).
+
+    Returns:
+        The names of the spans regenerated, in the order they appear.
+    """
+    not_run = not_run or {}
     text = report_md.read_text(encoding="utf-8")
     replaced = []
 
     def fill(match: re.Match) -> str:
         name = match.group(1)
         source = tables_dir / f"{name}.md"
-        if not source.exists():
+        if name in not_run:
+            body = not_run[name]
+        elif source.exists():
+            body = source.read_text(encoding="utf-8").strip()
+        else:
             return match.group(0)
         replaced.append(name)
-        return f"<!-- generated:{name} -->\n{source.read_text(encoding='utf-8').strip()}\n<!-- /generated:{name} -->"
+        return f"<!-- generated:{name} -->\n{body}\n<!-- /generated:{name} -->"
 
     text = re.sub(r"<!-- generated:([\w-]+) -->.*?<!-- /generated:\1 -->", fill, text, flags=re.S)
     atomic_write_text(report_md, text)
     return replaced
+
+
+def not_run_tables(study: StudyFile) -> dict[str, str]:
+    """Tables an earlier study may have left that this one does not make -> the line that says so."""
+    if study.predict:
+        return {}
+    return {
+        PREDICTED_TABLE: (
+            f"The cost model's prediction was not run for study {study.name} (`[study] predict = false` in "
+            f"{study.path})."
+        )
+    }
+
+
+def remove_stale_tables(report_dir: Path, names: Iterable[str]) -> list[Path]:
+    """Delete ``NAME.md/.csv/.tex`` of the tables this study does not make from its report folder: a
+    predicted.md left by an earlier run with predict = true would be read (and spliced) as current."""
+    removed = []
+    for name in names:
+        for suffix in (".md", ".csv", ".tex"):
+            path = report_dir / f"{name}{suffix}"
+            if path.is_file():
+                path.unlink()
+                removed.append(path)
+    return removed
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -105,7 +150,7 @@ def _run_stage(title: str, specs: list[RunSpec]) -> bool:
 
 def _publish(study: StudyFile, report_dir: Path) -> None:
     report_md = Path(study.report_md)
-    names = splice_tables(report_md, report_dir)
+    names = splice_tables(report_md, report_dir, not_run_tables(study))
     figures = report_md.parent / "figures" / study.name
     figures.mkdir(parents=True, exist_ok=True)
     for path in sorted(report_dir.glob("*.png")):
@@ -168,6 +213,8 @@ def _main(argv: list[str] | None) -> int:
 
     runs_dir = Path(out_dir) / study.name
     report_dir = runs_dir.parent / f"{study.name}-report"
+    for path in remove_stale_tables(report_dir, not_run_tables(study)):
+        print(f"== removed {path}: left by an earlier invocation; this study does not make that table")
     try:
         extra = []
         if study.predict:
@@ -188,7 +235,7 @@ def _main(argv: list[str] | None) -> int:
     if search_md is not None:
         atomic_write_text(report_dir / "search.md", search_md)
     print(f"== report: {report_dir}")
-    for name in ("paired.md", "convergence.md", *(("predicted.md",) if study.predict else ())):
+    for name in ("paired.md", "convergence.md", *((f"{PREDICTED_TABLE}.md",) if study.predict else ())):
         if (report_dir / name).exists():
             print((report_dir / name).read_text(encoding="utf-8"))
     if args.update_report:
