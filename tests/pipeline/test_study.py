@@ -200,25 +200,31 @@ def test_study_chooses_on_validation_runs_interleaved_and_reports(tmp_path, monk
     assert "\nold\n" not in report_md.read_text() and "non-inferior" in report_md.read_text()
 
 
-def test_a_study_without_prediction_leaves_no_stale_predicted_table(tmp_path, monkeypatch):
-    """predict = false: a predicted span of REPORT.md (and a predicted.md in the report folder) left by
-    an earlier predict = true invocation must not pass for this study's result."""
+def test_a_study_without_prediction_or_search_leaves_no_stale_table(tmp_path, monkeypatch):
+    """predict = false and no [search]: a predicted or search span of REPORT.md (and its .md in the
+    report folder) left by an earlier invocation must not pass for this study's result."""
     monkeypatch.setattr(cli, "run_specs", _fake_runner)
     report_md = tmp_path / "REPORT.md"
     old = "| setting | group | predicted s |\n| old | table | 1.0 |"
-    report_md.write_text(f"a\n<!-- generated:predicted -->\n{old}\n<!-- /generated:predicted -->\nb\n")
+    report_md.write_text(
+        f"a\n<!-- generated:predicted -->\n{old}\n<!-- /generated:predicted -->\nb\n"
+        f"<!-- generated:search -->\n{old}\n<!-- /generated:search -->\n"
+    )
     report_dir = tmp_path / "runs" / "tiny-report"
     report_dir.mkdir(parents=True)
     for suffix in (".md", ".csv", ".tex"):
         (report_dir / f"predicted{suffix}").write_text(old)
+    (report_dir / "search.md").write_text(old)
     text = STUDY.split("[search]")[0].replace("autofreeze = []\n", "")
     path = _study(tmp_path, text.replace("order_seed = 7", f'order_seed = 7\nreport_md = "{report_md}"'))
     assert cli.main(["--config", str(path), "--out-dir", str(tmp_path / "runs"), "--update-report"]) == 0
-    assert not list(report_dir.glob("predicted.*"))
+    assert not list(report_dir.glob("predicted.*")) and not (report_dir / "search.md").exists()
     assert report_md.read_text() == (
         "a\n<!-- generated:predicted -->\n"
         f"The cost model's prediction was not run for study tiny (`[study] predict = false` in {path}).\n"
         "<!-- /generated:predicted -->\nb\n"
+        f"<!-- generated:search -->\nNo parameter search in study tiny ({path} has no [search]).\n"
+        "<!-- /generated:search -->\n"
     )
 
 

@@ -36,6 +36,7 @@ from freeze.pipeline.sweep import (
 # The name of the cost model's table (freeze.pipeline.report.predicted, not imported: a dry run never
 # pays for pandas): predicted.md/.csv/.tex, spliced into REPORT.md's <!-- generated:predicted --> span.
 PREDICTED_TABLE = "predicted"
+SEARCH_TABLE = "search"  # search.md, written by this module when the study file has a [search]
 
 
 def splice_tables(report_md: Path, tables_dir: Path, not_run: Mapping[str, str] | None = None) -> list[str]:
@@ -74,14 +75,15 @@ def splice_tables(report_md: Path, tables_dir: Path, not_run: Mapping[str, str] 
 
 def not_run_tables(study: StudyFile) -> dict[str, str]:
     """Tables an earlier study may have left that this one does not make -> the line that says so."""
-    if study.predict:
-        return {}
-    return {
-        PREDICTED_TABLE: (
+    tables = {}
+    if not study.predict:
+        tables[PREDICTED_TABLE] = (
             f"The cost model's prediction was not run for study {study.name} (`[study] predict = false` in "
             f"{study.path})."
         )
-    }
+    if study.search is None:
+        tables[SEARCH_TABLE] = f"No parameter search in study {study.name} ({study.path} has no [search])."
+    return tables
 
 
 def remove_stale_tables(report_dir: Path, names: Iterable[str]) -> list[Path]:
@@ -233,7 +235,7 @@ def _main(argv: list[str] | None) -> int:
         print(f"error: report: {e}", file=sys.stderr)
         return 1
     if search_md is not None:
-        atomic_write_text(report_dir / "search.md", search_md)
+        atomic_write_text(report_dir / f"{SEARCH_TABLE}.md", search_md)
     print(f"== report: {report_dir}")
     for name in ("paired.md", "convergence.md", *((f"{PREDICTED_TABLE}.md",) if study.predict else ())):
         if (report_dir / name).exists():
