@@ -34,6 +34,7 @@ import tomllib
 from pathlib import Path
 
 from freeze.costmodel import (
+    CALIBRATION_FILE,
     ClusterModel,
     Link,
     LinkError,
@@ -46,7 +47,7 @@ from freeze.costmodel import (
     save_profile,
     scaled_link,
 )
-from freeze.pipeline.study.predict import CALIBRATION_FILE, PROBE_DIR, comm_cpu_share
+from freeze.pipeline.study.predict import PROBE_DIR, comm_cpu_share
 
 DEFAULT_PROBES = (PROBE_DIR / "probe-2xuncapped.json", PROBE_DIR / "probe-2x1gbit.json")
 CSV_COLUMNS = (

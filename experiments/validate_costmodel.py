@@ -48,6 +48,7 @@ from experiments.predict import InputError, make_profile, write_csv
 from experiments.validate_costmodel_report import PHASES, figure, summary, write_bench_section
 from freeze._atomic import atomic_write_text
 from freeze.costmodel import (
+    CALIBRATION_FILE,
     Calibration,
     ClusterModel,
     fit_comm_cpu_share,
@@ -58,7 +59,6 @@ from freeze.costmodel import (
     save_calibration,
 )
 
-CALIBRATION = "calibration.json"  # the fitted comm_cpu_share, read by the study's prediction stage
 CACHES = ("off", "on")
 APPROACH_OF = {"off": bw.ENGINE, "on": bw.ENGINE_CACHE}
 CSV_COLUMNS = (
@@ -227,7 +227,7 @@ def _check(args: argparse.Namespace, cfg: bc.ClusterBenchConfig) -> None:
     if args.bench_md is not None and not args.bench_md.parent.is_dir():
         raise InputError(f"--bench-md {args.bench_md}: its directory does not exist")
     _check_reused(args)
-    written = [args.out_dir / f"validation.{ext}" for ext in ("md", "csv", "png")] + [args.out_dir / CALIBRATION]
+    written = [args.out_dir / f"validation.{ext}" for ext in ("md", "csv", "png")] + [args.out_dir / CALIBRATION_FILE]
     if any(w.exists() for w in written):
         raise InputError(f"--out-dir {args.out_dir}: validation results exist; never overwritten: choose another")
 
@@ -257,10 +257,10 @@ def _check_reused(args: argparse.Namespace) -> None:
             if not path.exists():
                 continue
             try:
-                probe = json.loads(path.read_text(encoding="utf-8"))
-                found = (probe["nodes"], probe["bandwidth_bits_per_s"])
-            except (OSError, ValueError, KeyError, TypeError) as e:
+                probe = read_probe(json.loads(path.read_text(encoding="utf-8")), str(path))
+            except (OSError, ValueError) as e:  # LinkError included
                 raise InputError(f"--out-dir: {path} is not a readable probe ({e})") from None
+            found = (probe.nodes, probe.cap_bits_per_s)
             if found != (n, parse_rate(bandwidth)):
                 raise InputError(
                     f"--out-dir: {path} was probed at {found[0]} nodes, {found[1]} bit/s, not {n} nodes, {bandwidth}: "
@@ -354,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     atomic_write_text(args.out_dir / "validation.md", text + "\n")
     n, bandwidth, k, cache = args.fit_at_used
     fitted_at = {"nodes": n, "bandwidth": bandwidth, "k": k, "cache": cache}
-    save_calibration(Calibration(args.fitted_share, fitted_at, run["command"]), args.out_dir / CALIBRATION)
+    save_calibration(Calibration(args.fitted_share, fitted_at, run["command"]), args.out_dir / CALIBRATION_FILE)
     if args.bench_md is not None:
         write_bench_section(args.out_dir, args.bench_md)
     print(text)

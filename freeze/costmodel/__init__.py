@@ -15,6 +15,7 @@ docstring); :mod:`freeze.costmodel.profiler` measures the profile.
 
 from freeze.costmodel.cache import CacheVerdict, cache_pays
 from freeze.costmodel.calibration import (
+    CALIBRATION_FILE,
     CALIBRATION_FORMAT,
     Calibration,
     CalibrationError,
@@ -55,6 +56,7 @@ from freeze.costmodel.profile import (
 )
 
 __all__ = [
+    "CALIBRATION_FILE",
     "CALIBRATION_FORMAT",
     "Calibration",
     "CalibrationError",

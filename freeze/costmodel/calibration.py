@@ -25,6 +25,7 @@ from pathlib import Path
 from freeze._atomic import atomic_write_json
 
 CALIBRATION_FORMAT = "freeze-costmodel-calibration/1"
+CALIBRATION_FILE = "calibration.json"  # its name beside the validation's profiles and probes
 
 
 class CalibrationError(ValueError):

@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 
 from freeze.costmodel import (
+    CALIBRATION_FILE,
     CALIBRATION_FORMAT,
     Calibration,
     ClusterModel,
@@ -173,7 +174,7 @@ def test_the_calibration_beside_the_probes_sets_the_share_and_the_notes_say_so(t
     _place_profile(tmp_path, study_dir, config)
     probe_dir = _probes(tmp_path)
     fitted_at = {"nodes": 2, "bandwidth": "1gbit", "k": 0, "cache": "off"}
-    save_calibration(Calibration(0.12, fitted_at, "validate"), probe_dir / stage.CALIBRATION_FILE)
+    save_calibration(Calibration(0.12, fitted_at, "validate"), probe_dir / CALIBRATION_FILE)
     # The test profile's step hardly depends on the share, so the cluster the stage builds is checked.
     shares = []
     monkeypatch.setattr(
@@ -189,7 +190,7 @@ def test_the_calibration_beside_the_probes_sets_the_share_and_the_notes_say_so(t
 def test_without_a_usable_calibration_the_share_is_the_default_and_the_note_says_why(tmp_path):
     assert stage.comm_cpu_share(tmp_path)[0] == stage.DEFAULT_COMM_CPU_SHARE == 0.5
     assert "no " in stage.comm_cpu_share(tmp_path)[1]
-    (tmp_path / stage.CALIBRATION_FILE).write_text(json.dumps({"format": CALIBRATION_FORMAT, "comm_cpu_share": 3}))
+    (tmp_path / CALIBRATION_FILE).write_text(json.dumps({"format": CALIBRATION_FORMAT, "comm_cpu_share": 3}))
     share, note = stage.comm_cpu_share(tmp_path)
     assert share == 0.5 and "comm_cpu_share 3: expected a number in [0, 1]" in note
 

@@ -54,6 +54,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from freeze.costmodel import (
+    CALIBRATION_FILE,
     CalibrationError,
     ClusterModel,
     Link,
@@ -79,7 +80,6 @@ from freeze.pipeline.trajectory import Trajectory, TrajectoryError, read_traject
 # The cost model's validation (python -m experiments.validate_costmodel): its probes at 2-4 nodes and
 # its fitted comm_cpu_share, so the study predicts with the configuration BENCH.md validates.
 PROBE_DIR = Path("report/costmodel")
-CALIBRATION_FILE = "calibration.json"
 PROFILE_DIR = "costmodel"  # in the study directory
 IMAGE_SHAPE = (3, 32, 32)  # every dataset the pipeline reads (freeze.pipeline.data)
 MIB = 1 << 20
@@ -144,9 +144,9 @@ def profile_path(study_dir: str | Path, config: Config) -> Path:
 def probe_files(config: Config, probe_dir: Path) -> tuple[Path, ...]:
     """The probes the run's link is fitted from: uncapped, plus the run's cap on a capped cluster;
     none for a single worker, which communicates with nobody."""
-    if (config.cluster.nodes or config.dist.nproc) < 2:
-        return ()
     nodes = config.cluster.nodes or config.dist.nproc
+    if nodes < 2:
+        return ()
     files = (probe_dir / f"probe-{nodes}xuncapped.json",)
     if config.cluster.nodes and parse_rate(config.cluster.bandwidth) is not None:
         files += (probe_dir / f"probe-{nodes}x{config.cluster.bandwidth.strip().lower()}.json",)
