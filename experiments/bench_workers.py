@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -23,7 +24,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from freeze import Freezer, comm, split_blocks
 from freeze.blocks import Block, frozen_names
-from freeze.cache import CacheConfig, CacheSource, SplitGraph
+from freeze.cache import CacheConfig, CacheSource, Cuts
 from freeze.pipeline.log import get_logger
 from freeze.testing import SpawnError, run_gloo_rank, spawn_and_collect
 
@@ -257,6 +258,7 @@ class CacheEngineRunner(EngineRunner):
         counters = self.freezer.cache.counters
         before = counters.build_s_total + counters.advance_s_total
         self.freezer.set_boundary(k)
+        self.freezer.cache.before_training_forward()  # what the next step would build, timed apart from it
         elapsed = counters.build_s_total + counters.advance_s_total - before
         if self.freezer.cache_active:
             self.cache_events.append((kind, k, elapsed, self.freezer.cache.nbytes))
@@ -283,13 +285,16 @@ class PrefixRunner(_Runner):
 
     def __init__(self, cfg: dict):
         super().__init__(cfg)
-        self.graph = SplitGraph(self.model, self.blocks)
-        self.prefix: nn.Module | None = None
+        images = cache_images(cfg)
+        self.cuts = Cuts(self.model, self.blocks, lambda keys: images[keys], images.shape[0])
+        self.prefix: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def set_k(self, k: int) -> None:
         if k != self.k:
             freeze_prefix(self.model, self.blocks, k, bn_eval=True)
-            self.prefix = self.graph.segment(0, k)
+            if self.cuts.why_not(k):
+                raise RuntimeError(f"bench: no exact cache cut at k={k}: {self.cuts.why_not(k)}")
+            self.prefix = lambda x, k=k: self.cuts.capture(x, k)  # what the cache stores at k
             self.k = k
 
     def step_bytes(self) -> int | None:

@@ -39,12 +39,11 @@ def max_differences(stem: str, keys: int, chunk: int, image_size: int, seed: int
     for k in range(1, len(freezer.blocks)):
         freezer.set_boundary(k)
         freezer.train()
-        prefix = freezer.cache.prefix()
+        freezer.cache.before_training_forward()  # builds what the boundary change planned
         worst = []
         for size in (*BATCH_SIZES, keys):
             batch = torch.randperm(keys)[:size]
-            with torch.no_grad():
-                fresh = prefix(images[batch])
+            fresh = freezer.cache.compute_prefix(images[batch], freezer.cache.level)
             served = freezer.cache.read(batch, torch.device("cpu"))
             worst.append((served - fresh).abs().max().item())
         out.append((k, freezer.cache.level, worst))

@@ -4,7 +4,7 @@ The Freezer builds a new DistributedDataParallel wrapper whenever the frozen set
 the parameters it reduces at construction). A script that kept an old wrapper would run a forward
 whose backward DDP never reduces, and DDP's error then points at the wrong fix
 (``find_unused_parameters=True``). So scripts hold this module instead, which always dispatches to
-the current wrapper, and a replaced wrapper refuses to run (:func:`retire`).
+the Freezer's forward path (:class:`freeze.engine.Engine`), and a replaced wrapper refuses to run.
 """
 
 from __future__ import annotations
@@ -15,31 +15,29 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
+from freeze.engine import Engine
+
 if TYPE_CHECKING:
     from freeze.freezer import Freezer
 
-STALE_WRAPPER_FIX = "call freezer.module, which always runs the current wrapper"
-
-
-class StaleWrapperError(RuntimeError):
-    """A DDP wrapper the Freezer has replaced was called."""
-
 
 class FreezerModule(nn.Module):
-    """Call it for the forward pass, as you would call a DDP wrapper.
+    """Call it for the forward pass, as you would call a DDP wrapper, in training and in evaluation.
 
-    Under a process group it runs the Freezer's current DDP wrapper, without one the model itself.
+    Under a process group it runs the Freezer's current DDP wrapper, without one the model itself;
+    a training forward given ``sample_ids=keys`` runs from the activation cache when it holds them.
     ``.module`` is the bare model (as DDP's), so ``state_dict()`` keys carry DDP's ``module.``
     prefix and scripts reading ``model.module`` keep working; ``freezer.model`` is the same bare
     model (torchvision's ``model_without_ddp``)."""
 
-    def __init__(self, freezer: Freezer):
+    def __init__(self, freezer: Freezer, engine: Engine):
         super().__init__()
         self.module = freezer.model
-        self._freezer = freezer  # a plain attribute: the Freezer is not a submodule
+        self._freezer = freezer  # plain attributes: neither is a submodule
+        self._engine = engine
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return self._freezer._forward(*args, **kwargs)
+        return self._engine.forward(*args, **kwargs)
 
     def train(self, mode: bool = True) -> FreezerModule:
         """``freezer.train(mode)``: frozen norm layers with running statistics stay in eval."""
@@ -51,7 +49,7 @@ class FreezerModule(nn.Module):
     def no_sync(self) -> Iterator[None]:
         """DDP's ``no_sync()`` on the current wrapper (gradient accumulation: backward passes inside
         it are not all-reduced); without a process group it does nothing."""
-        if self._freezer.ddp_kwargs.get("static_graph"):
+        if self._engine.ddp_kwargs.get("static_graph"):
             # DDP asserts (reducer.cpp, expect_autograd_hooks_) when the first iteration of a
             # static-graph wrapper runs under no_sync, and the Freezer builds a new wrapper at every
             # boundary change, so accumulation would crash after each one (reproduced on 2 gloo ranks).
@@ -60,7 +58,7 @@ class FreezerModule(nn.Module):
                 "ddp_kwargs static_graph=True (DDP fails at the first backward of every new wrapper); "
                 "drop static_graph=True or accumulate without no_sync()"
             )
-        ddp = self._freezer._ddp
+        ddp = self._engine.wrapper
         if ddp is None:
             yield
             return
@@ -72,15 +70,3 @@ class FreezerModule(nn.Module):
             "freezer.module cannot be deep-copied (it dispatches to the Freezer's DDP wrapper); "
             "copy freezer.model, the bare model, instead"
         )
-
-
-def _refuse_stale_call(module: nn.Module, args: tuple) -> None:
-    raise StaleWrapperError(
-        "Freezer: this DDP wrapper was replaced when the freeze boundary moved and no longer "
-        f"reduces the right gradients; {STALE_WRAPPER_FIX}"
-    )
-
-
-def retire(ddp: nn.Module) -> None:
-    """Make a replaced wrapper refuse to run, with an error naming the fix."""
-    ddp.register_forward_pre_hook(_refuse_stale_call)

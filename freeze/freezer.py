@@ -10,16 +10,19 @@ ranks (each one checked by tests/test_freezer_ddp.py):
    ``track_running_stats``) stay in eval mode, also across ``model.train()`` calls; newly frozen
    buffers are broadcast from rank 0 once and kept out of DDP's per-forward buffer broadcast;
 4. the frozen prefix runs under ``no_grad`` (a frozen module whose input requires grad passes the
-   gradient through), and the blocks must run in list order (checked on the first forward after
-   each boundary change);
-5. DDP is rebuilt with ``init_sync=False`` and the byte-counting comm hook re-registered.
+   gradient through) and like inference (every module in eval, ``frozen_mode="eval"``), and the
+   blocks must run in list order (checked on the first forward after each boundary change);
+5. DDP is rebuilt with ``init_sync=False`` and the byte-counting comm hook re-registered;
+6. parameters the user froze before building the Freezer (``requires_grad=False``) stay frozen at
+   every boundary, and are neither trained nor counted.
 
+The forward path (DDP wrapper, activation cache, the forward itself) is :class:`freeze.engine.Engine`;
+the Freezer owns the boundary, the policy, the monitor, the hooks on the model and the state.
 Without an initialised process group the same object drives a plain model in one process.
 """
 
 from __future__ import annotations
 
-import time
 import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -28,9 +31,10 @@ import torch
 from torch import nn
 
 from freeze import comm, steering
-from freeze.blocks import Block, frozen_names
-from freeze.cache import ActivationCache, CacheConfig, CacheError, CacheSource
-from freeze.dispatch import STALE_WRAPPER_FIX, FreezerModule, retire
+from freeze.blocks import Block, check_partition, tracks_running_stats
+from freeze.cache import FROZEN_MODES, ActivationCache, CacheConfig, CacheError, CacheSource
+from freeze.dispatch import FreezerModule
+from freeze.engine import Engine
 from freeze.monitor import GradNormMonitor, IntervalStats
 from freeze.policies import Policy, Progress, make_policy
 
@@ -56,11 +60,13 @@ class Decision:
 
 
 class Freezer:
-    """Owns the boundary, the gradient-norm monitor, the policy and the current DDP wrapper.
+    """Owns the boundary, the gradient-norm monitor, the policy and the hooks on the model; its
+    :attr:`engine` owns the DDP wrapper and the activation cache.
 
-    Build it after the model is on its device and the process group (if any) is initialised, in
-    place of wrapping the model in DDP; then call ``freezer.module`` for the forward pass.
-    ``freezer.model`` is the bare model (torchvision's ``model_without_ddp``).
+    Build it LAST: after the weights are loaded, the model is on its device and the process group
+    (if any) is initialised, in place of wrapping the model in DDP; pass the bare model. Then call
+    ``freezer.module`` for every forward pass, training and evaluation. ``freezer.model`` is the
+    bare model (torchvision's ``model_without_ddp``).
 
     Args:
         model: the model to train (not wrapped in DDP).
@@ -79,6 +85,11 @@ class Freezer:
         track_summed_grads: also sum gradients over intervals when the policy does not read them
             (costs a pass over every trainable gradient per step); default: only if it does.
         grad_checkpointing: recompute the activations of trainable blocks in backward.
+        frozen_mode: "eval" (default): frozen blocks run like inference, dropout off; "train":
+            they keep dropout on (their norm layers with running statistics stay in eval either way).
+        cache: the activation cache of the frozen prefix (a CacheConfig or a mode: off, memory,
+            disk, auto); it needs ``cache_source``.
+        cache_source: keys -> the model's inputs, and the keys each epoch reads.
     """
 
     def __init__(
@@ -96,21 +107,20 @@ class Freezer:
         process_group=None,
         track_summed_grads: bool | None = None,
         grad_checkpointing: bool = False,
+        frozen_mode: str = "eval",
         cache: CacheConfig | str | None = None,
         cache_source: CacheSource | None = None,
     ):
+        _refuse_wrapped(model)
         if not blocks:
             raise ValueError("Freezer: blocks is empty; build them with split_blocks(model)")
         if interval_steps < 0:
             raise ValueError(f"Freezer: interval_steps must be >= 0 (0 = once per epoch), got {interval_steps}")
-        model_params = {id(p) for p in model.parameters()}
-        for block in blocks:
-            stray = [n for n, p in zip(block.param_names, block.params) if id(p) not in model_params]
-            if stray:
-                raise ValueError(
-                    f"Freezer: block '{block.name}' holds '{stray[0]}', which is not a parameter of this model; "
-                    "build the blocks with split_blocks(model) of the model you pass"
-                )
+        if frozen_mode not in FROZEN_MODES:
+            raise ValueError(
+                f"Freezer: frozen_mode '{frozen_mode}' is not accepted; accepted: {', '.join(FROZEN_MODES)}"
+            )
+        check_partition(model, blocks)
         self.model = model
         self.blocks = list(blocks)
         self.policy = policy if policy is not None else make_policy("none")
@@ -127,11 +137,10 @@ class Freezer:
         self.epochs = epochs
         self.steps_per_epoch = steps_per_epoch
         self.interval_steps = interval_steps
-        self.ddp_kwargs = dict(ddp_kwargs or {})
-        self.comm_hook = comm_hook
+        self.frozen_mode = frozen_mode
         self.process_group = process_group
-        self.grad_checkpointing = grad_checkpointing
-        self.distributed = comm.is_distributed()
+        # What the user froze before handing the model over stays frozen, whatever the boundary.
+        self._user_frozen = {id(p) for p in model.parameters() if not p.requires_grad}
         # Summing gradients over an interval reads and writes every trainable gradient each step
         # (measured: ~2.6% of a 2-rank ResNet-18 CPU step), so by default only policies that read
         # the sums pay for it; True records them anyway (eta heatmaps for every policy).
@@ -140,41 +149,46 @@ class Freezer:
         self.monitor = GradNormMonitor(self.blocks, track_summed=track_summed_grads or self.policy.uses_gradients)
         self.counters = FreezerCounters()
         self.decisions: list[Decision] = []
-        self._comm = comm.CommCounter(process_group=process_group)
-        self._bytes_at_last_step = 0
-        self._steering = steering.Steering(model, self.blocks, grad_checkpointing)
-        # A loop that forgets after_backward leaves the policy without gradients and the byte
-        # counters at 0, silently unless end_epoch compares the steps with the training forwards.
-        self._steps_at_epoch_start = 0
-        self._ddp: nn.Module | None = None
-        self._closed = False
-        self.module = FreezerModule(self)
+        self._steering = steering.Steering(model, self.blocks, grad_checkpointing, frozen_mode)
         self._epochs_completed = 0
+        # counters.steps when the running epoch began: a loop that forgets after_backward leaves the
+        # policy without gradients, silently unless end_epoch compares steps with training forwards.
+        self._epoch_start_step = 0
         self._total_param_bytes = sum(b.param_bytes for b in self.blocks)
         self.boundary = 0
-        self._epoch_start_step = 0
-        if self.distributed:
+        if comm.is_distributed():
             # What DDP's constructor would do: start every replica from rank 0's weights and buffers.
             comm.broadcast_from_rank0(list(model.parameters()) + list(model.buffers()), process_group)
-        self.cache = self._make_cache(cache, cache_source)
+        self.engine = Engine(
+            model,
+            self.blocks,
+            self._make_cache(cache, cache_source),
+            comm_hook=comm_hook,
+            ddp_kwargs=ddp_kwargs,
+            process_group=process_group,
+        )
+        self.module = FreezerModule(self, self.engine)
         self._apply(self._clamp(self.policy.initial_boundary(len(self.blocks))), first=True)
 
     # ------------------------------------------------------------------ the user-facing loop API
-    # self.module (set in __init__): the module to call for the forward pass, see FreezerModule.
+    # self.module (set in __init__): the module to call for every forward pass, see FreezerModule.
     @property
     def ddp(self) -> nn.Module:
-        raise AttributeError(f"Freezer.ddp was removed: it went stale at every re-wrap; {STALE_WRAPPER_FIX}")
+        raise AttributeError("Freezer.ddp was removed: it went stale at every re-wrap; call freezer.module")
 
-    def _forward(self, *args, sample_ids: torch.Tensor | None = None, **kwargs):
-        """The one place a forward pass goes through (``freezer.module(...)`` calls it): the
-        current DDP wrapper, or the model itself without a process group; while the activation
-        cache serves, the tail on the cached activations of ``sample_ids`` (see :meth:`forward`)."""
-        if self._closed:
-            raise RuntimeError("Freezer: closed (its DDP wrapper is released); build a new Freezer to train again")
-        if self.cache_active:
-            return self._cached_forward(args[0] if args else kwargs.get("x"), sample_ids)
-        target = self._ddp if self._ddp is not None else self.model
-        return target(*args, **kwargs)
+    @property
+    def cache(self) -> ActivationCache | None:
+        """The activation cache (None when off)."""
+        return self.engine.cache
+
+    @property
+    def cache_active(self) -> bool:
+        """Whether the cache holds activations it can serve at the current boundary."""
+        return self.cache is not None and self.cache.store is not None
+
+    def forward(self, *args, sample_ids: torch.Tensor | None = None, **kwargs):
+        """The same as ``freezer.module(*args, sample_ids=..., **kwargs)``."""
+        return self.engine.forward(*args, sample_ids=sample_ids, **kwargs)
 
     def close(self) -> None:
         """Release the DDP wrapper; call it after training, before
@@ -185,30 +199,31 @@ class Freezer:
         alive when the README example's interpreter began finalizing), where a thread that needs
         the interpreter aborts the process ("terminate called without an active exception").
         ``freezer.module`` refuses to run afterwards; the model is left as it is."""
-        if self._ddp is not None:
-            retire(self._ddp)
-            self._ddp = None
-        self._closed = True
+        self.engine.close()
 
     def train(self, mode: bool = True) -> Freezer:
-        """``model.train(mode)`` that keeps frozen norm layers with running statistics in eval.
+        """``model.train(mode)`` that keeps frozen blocks in eval (all their modules, or with
+        ``frozen_mode="train"`` their norm layers with running statistics).
 
         Args:
             mode: True for training mode, False for evaluation mode.
         """
         self.model.train(mode)
-        tail = self.cache.tail() if self.cache is not None else None
-        if tail is not None:
-            tail.train(mode)  # its own containers; the modules it shares with the model agree already
         for b in self.blocks[: self.boundary]:
-            for norm in b.running_stat_norms():
-                norm.eval()
+            for mod in b.modules:
+                for m in mod.modules():
+                    if self.frozen_mode == "eval" or tracks_running_stats(m):
+                        m.eval()
         return self
 
     def eval(self) -> Freezer:
         """``model.eval()``."""
-        self.model.eval()
-        return self
+        return self.train(False)
+
+    def sync_buffers(self) -> None:
+        """Give every rank rank 0's buffers (collective: call it on every rank), e.g. before an
+        evaluation: trainable BatchNorm statistics drift apart between DDP's forwards."""
+        comm.broadcast_from_rank0(list(self.model.buffers()), self.process_group)
 
     def after_backward(self, skipped: bool = False) -> None:
         """Call once per optimizer step, after the last backward (and after GradScaler.unscale_),
@@ -226,9 +241,9 @@ class Freezer:
         else:
             self.monitor.observe()
         self.counters.steps += 1
-        self.counters.allreduce_bytes_total = self._comm.allreduce_bytes_total
-        self.counters.allreduce_bytes_last_step = self._comm.allreduce_bytes_total - self._bytes_at_last_step
-        self._bytes_at_last_step = self._comm.allreduce_bytes_total
+        total = self.engine.comm.allreduce_bytes_total
+        self.counters.allreduce_bytes_last_step = total - self.counters.allreduce_bytes_total
+        self.counters.allreduce_bytes_total = total
 
     def after_step(self) -> bool:
         """Call after ``optimizer.step()`` when evaluating every ``interval_steps`` steps: the
@@ -242,32 +257,43 @@ class Freezer:
         return False
 
     def end_epoch(self, epoch: int) -> bool:
-        """Call after the last optimizer step of an epoch. Per-epoch policies decide here.
+        """Call once per epoch, after its last optimizer step. Per-epoch policies decide here.
 
         Args:
-            epoch: the 0-based epoch that just ended.
+            epoch: the 0-based epoch that just ended (after a resume: the first epoch the run had
+                not completed).
 
         Returns:
             whether the boundary changed.
         """
+        if epoch != self._epochs_completed:
+            raise ValueError(
+                f"Freezer.end_epoch({epoch}): the epoch that just ended is {self._epochs_completed}; call end_epoch "
+                "once per epoch, after its last step, with 0-based epoch numbers (a repeated or skipped call feeds "
+                "the policy empty or missing intervals)"
+            )
+        self._warn_if_no_steps(epoch)
         self._epochs_completed = epoch + 1
-        self._epoch_start_step = self.monitor.total_steps
-        self._warn_if_after_backward_was_forgotten(epoch)
+        self._epoch_start_step = self.counters.steps
+        if self.cache is not None:
+            self.cache.check_weights(self.boundary, self._epochs_completed)
         if self.interval_steps:
             return False
         return self._evaluate(epoch)
 
-    def _warn_if_after_backward_was_forgotten(self, epoch: int) -> None:
+    def _warn_if_no_steps(self, epoch: int) -> None:
         forwards = self._steering.take_train_forwards()
-        if forwards and self.counters.steps == self._steps_at_epoch_start:
-            warnings.warn(
-                f"Freezer: epoch {epoch} ran {forwards} training forward passes but "
-                "after_backward() was never called, so the policy saw no gradients and no bytes were "
-                "counted; call freezer.after_backward() after loss.backward(), once per optimizer step",
-                RuntimeWarning,
-                stacklevel=3,
+        if self.counters.steps > self._epoch_start_step:
+            return
+        if forwards:
+            message = (
+                f"epoch {epoch} ran {forwards} training forward passes but after_backward() was never called, so the "
+                "policy saw no gradients and no bytes were counted; call freezer.after_backward() after "
+                "loss.backward(), once per optimizer step"
             )
-        self._steps_at_epoch_start = self.counters.steps
+        else:
+            message = f"epoch {epoch} ended without a training step; the policy decides on an empty interval"
+        warnings.warn(f"Freezer: {message}", RuntimeWarning, stacklevel=3)
 
     def set_boundary(self, k: int) -> None:
         """Freeze blocks 0..k-1 now (between optimizer steps), bypassing the policy.
@@ -299,11 +325,16 @@ class Freezer:
     @property
     def trainable_grad_bytes(self) -> int:
         """Gradient bytes a step must all-reduce at the current boundary (uncompressed)."""
-        return sum(b.param_bytes for b in self.blocks[self.boundary :])
+        return sum(
+            p.numel() * p.element_size()
+            for b in self.blocks[self.boundary :]
+            for p in b.params
+            if id(p) not in self._user_frozen
+        )
 
     @property
     def history(self) -> list[IntervalStats]:
-        """The monitor's closed intervals, oldest first."""
+        """The monitor's closed intervals (the most recent ones), oldest first."""
         return self.monitor.history
 
     # ------------------------------------------------------------------ state
@@ -315,7 +346,6 @@ class Freezer:
             "epochs_completed": self._epochs_completed,
             "block_names": [b.name for b in self.blocks],
             "policy_spec": self.policy.spec(),
-            "policy": self.policy.state_dict(),
             "monitor": self.monitor.state_dict(),
             "decisions": [asdict(d) for d in self.decisions],
             "counters": asdict(self.counters),
@@ -334,28 +364,27 @@ class Freezer:
             raise ValueError(
                 f"Freezer.load_state_dict: checkpoint blocks {state['block_names']} differ from this model's {names}"
             )
+        # A policy's parameters are its whole state (decisions are pure): equal specs, equal policies.
         if state["policy_spec"] != self.policy.spec():
             raise ValueError(
                 f"Freezer.load_state_dict: checkpoint policy '{state['policy_spec']}' differs from '{self.policy.spec()}'"
             )
-        self.policy.load_state_dict(state["policy"])
         self.monitor.load_state_dict(state["monitor"])
         self.decisions = [Decision(**d) for d in state["decisions"]]
         self.counters = FreezerCounters(**state["counters"])
-        self._comm.allreduce_bytes_total = self.counters.allreduce_bytes_total
-        self._bytes_at_last_step = self.counters.allreduce_bytes_total
+        self.engine.comm.allreduce_bytes_total = self.counters.allreduce_bytes_total
         self._epochs_completed = int(state["epochs_completed"])
-        self._steps_at_epoch_start = self.counters.steps
-        self._epoch_start_step = self.monitor.total_steps
+        self._epoch_start_step = self.counters.steps
         k = int(state["boundary"])
-        if self.cache is not None and state.get("cache") is not None:
-            if not self.cache.same_lineage(state["cache"]):
-                self.cache.drop("resuming from a checkpoint")  # built from the weights before loading
-            if k != self.boundary:
-                self._apply(k, count_rewrap=False, update_cache=False)
-            self._replay_cache(state["cache"])
-        elif k != self.boundary:
-            self._apply(k, count_rewrap=False)
+        if k != self.boundary:
+            self._apply(k, count_rewrap=False, update_cache=False)
+        if self.cache is not None:
+            if state.get("cache") is not None:
+                self.cache.load_state_dict(state["cache"])  # repeated from the loaded weights at the next step
+            else:
+                self.cache.drop("resuming from a checkpoint without a cache")
+                self.cache.commit(self.cache.plan(k, self._epochs_completed))
+        self.engine.expect_rank_check()
 
     def training_state_dict(self) -> dict:
         """What a checkpoint needs from the model, the Freezer and the optimizer, as
@@ -396,7 +425,7 @@ class Freezer:
         return Progress(
             epochs_completed=self._epochs_completed,
             epochs_total=self.epochs or max(self._epochs_completed, 1),
-            steps_completed=self.monitor.total_steps,
+            steps_completed=self.counters.steps,
             steps_total=steps_total,
         )
 
@@ -409,8 +438,9 @@ class Freezer:
         k = self._clamp(comm.broadcast_int_from_rank0(int(proposed), self.process_group))
         if k == self.boundary:
             return False
-        self.decisions.append(Decision(stats.index, epoch, self.monitor.total_steps, self.boundary, k))
-        self._apply(k)
+        before = self.boundary
+        self._apply(k)  # may raise (a cache over its budget): then no decision is recorded
+        self.decisions.append(Decision(stats.index, epoch, self.counters.steps, before, k))
         return True
 
     def _drop_optimizer_state(self, block_indices) -> None:
@@ -419,6 +449,11 @@ class Freezer:
         for i in block_indices:
             for p in self.blocks[i].params:
                 self.optimizer.state.pop(p, None)
+
+    def _epoch_done_fraction(self) -> float:
+        if not self.steps_per_epoch:
+            return 0.0
+        return (self.counters.steps - self._epoch_start_step) / self.steps_per_epoch
 
     def _apply(self, k: int, first: bool = False, count_rewrap: bool = True, update_cache: bool = True) -> None:
         """Make ``k`` the boundary: requires_grad and grads, optimizer state, frozen buffers,
@@ -430,20 +465,22 @@ class Freezer:
                 buffer broadcast is needed (the constructor has just broadcast every tensor).
             count_rewrap: count the DDP construction in ``counters.rewraps``; False when
                 restoring a checkpoint, so a resumed run's counters match the run that wrote it.
-            update_cache: build, advance or drop the activation cache for ``k``; False when a
-                checkpoint's cache lineage is replayed instead.
+            update_cache: plan the activation cache for ``k``; False when a checkpoint's cache
+                lineage is restored instead.
         """
-        if update_cache and self.cache is not None:
-            self.cache.check(k, self._epochs_completed)  # a cache that cannot be built refuses before anything changes
+        # A cache that cannot be built at k refuses here, before anything changes.
+        plan = self.engine.plan(k, self._epochs_completed, self._epoch_done_fraction()) if update_cache else None
         old = self.boundary
         newly_frozen = range(0, k) if first else range(old, max(old, k))
         for i, block in enumerate(self.blocks):
             frozen = i < k
             for p in block.params:
+                if id(p) in self._user_frozen:
+                    continue
                 p.requires_grad_(not frozen)
                 if frozen:
                     p.grad = None
-        if self.ddp_kwargs.get("gradient_as_bucket_view"):
+        if self.engine.ddp_kwargs.get("gradient_as_bucket_view"):
             # Gradients may be views into the old wrapper's buckets, which are about to go away.
             for p in self.model.parameters():
                 p.grad = None
@@ -456,61 +493,12 @@ class Freezer:
         self.boundary = k
         self._steering.apply(k)
         self.monitor.set_first_active(k)
-        if update_cache:
-            self._update_cache()
         self.train(self.model.training)
-        self._rewrap(count=not first and count_rewrap)
-
-    def _rewrap(self, count: bool) -> None:
-        """(Re)build DDP over what the forward runs: the model, or the cache's tail (same trainable
-        parameters, so the same bytes per step)."""
-        if not self.distributed:
-            return
-        start = time.perf_counter()
-        if self._ddp is not None:
-            retire(self._ddp)  # a script that kept it gets a clear error, not DDP's misleading one
-        self._ddp = None  # each live wrapper holds its own gradient buckets: drop the old one first
-        ignored = frozen_names(self.blocks, self.boundary)
-        self._ddp = comm.build_ddp(self._wrapped_module(), ignored, self._comm, self.comm_hook, self.ddp_kwargs)
-        elapsed_s = time.perf_counter() - start
-        if count:
+        elapsed_s = self.engine.apply(k, plan)
+        if not first and count_rewrap and self.engine.distributed:
             self.counters.rewraps += 1
             self.counters.rewrap_s_total += elapsed_s
             self.counters.rewrap_s_last = elapsed_s
-
-    # ------------------------------------------------------------------ activation cache
-    @property
-    def cache_active(self) -> bool:
-        """Whether the forward currently runs the tail on cached activations."""
-        return self.cache is not None and self.cache.store is not None
-
-    def forward(self, x: torch.Tensor | None = None, sample_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """The training forward, the same as ``freezer.module(x, sample_ids=...)``.
-
-        Args:
-            x: the batch's inputs; while the activation cache serves it is read only for a batch
-                with a key the cache does not hold (then it may be None).
-            sample_ids: the keys of the batch's inputs, as the cache source numbers them; needed
-                while the cache serves, ignored otherwise.
-        """
-        if x is None and not self.cache_active:
-            raise ValueError("Freezer.forward: x is required while no activation cache serves")
-        return self._forward(x, sample_ids=sample_ids)
-
-    def _cached_forward(self, x: torch.Tensor | None, sample_ids: torch.Tensor | None) -> torch.Tensor:
-        """Only the tail runs, on the stored activations of ``sample_ids``."""
-        if sample_ids is None:
-            raise CacheError(
-                "Freezer: the activation cache is serving; pass sample_ids= (the keys of the batch's inputs) "
-                "to freezer.module(x, sample_ids=...)"
-            )
-        device = next(self.model.parameters()).device
-        activations = self.cache.read(torch.as_tensor(sample_ids), device)
-        if activations is None:  # exact fallback: the same prefix the cache would have stored
-            inputs = x if x is not None else self.cache.source.inputs(torch.as_tensor(sample_ids)).to(device)
-            with torch.no_grad():
-                activations = self.cache.prefix()(inputs)
-        return (self._ddp if self._ddp is not None else self.cache.tail())(activations)
 
     def _make_cache(self, cache: CacheConfig | str | None, source: CacheSource | None) -> ActivationCache | None:
         config = CacheConfig(mode=cache) if isinstance(cache, str) else (cache or CacheConfig())
@@ -520,21 +508,32 @@ class Freezer:
             raise CacheError(
                 f"Freezer: cache mode '{config.mode}' needs cache_source=CacheSource(inputs=..., num_keys=...)"
             )
-        return ActivationCache(self.model, self.blocks, config, source, self.epochs, self.process_group)
-
-    def _update_cache(self) -> None:
-        if self.cache is None:
-            return
-        done = (
-            (self.monitor.total_steps - self._epoch_start_step) / self.steps_per_epoch if self.steps_per_epoch else 0.0
+        return ActivationCache(
+            self.model,
+            self.blocks,
+            config,
+            source,
+            self.epochs,
+            self.process_group,
+            frozen_mode=self.frozen_mode,
+            # The next unfreeze may drop the store: count on reads until the end of this epoch only.
+            read_horizon_epochs=1 if self.policy.may_unfreeze else None,
         )
-        self.cache.update(self.boundary, self._epochs_completed, done)
 
-    def _replay_cache(self, state: dict) -> None:
-        self.cache.replay(state)
-        self.train(self.model.training)
-        self._rewrap(count=False)
 
-    def _wrapped_module(self) -> nn.Module:
-        tail = self.cache.tail() if self.cache is not None else None
-        return tail if tail is not None else self.model
+def _refuse_wrapped(model: nn.Module) -> None:
+    """A wrapper cannot be frozen from outside: DDP fixed its parameters when it was built."""
+    from torch.nn.parallel import DataParallel, DistributedDataParallel
+
+    if isinstance(model, (DistributedDataParallel, DataParallel)):
+        raise ValueError(
+            f"Freezer: the model is a {type(model).__name__} wrapper; pass the bare model ({type(model).__name__}"
+            ".module): the Freezer builds DDP itself and rebuilds it whenever the boundary moves"
+        )
+    if isinstance(model, FreezerModule):
+        raise ValueError("Freezer: the model is another Freezer's freezer.module; pass the bare model (freezer.model)")
+    if any(type(m).__name__.startswith(("FullyShardedDataParallel", "FSDP")) for m in model.modules()):
+        raise ValueError(
+            "Freezer: the model is sharded by FSDP, which flattens and shards parameters at wrapping time; the "
+            "Freezer drives DistributedDataParallel only: pass the bare model"
+        )

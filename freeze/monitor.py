@@ -99,12 +99,18 @@ class GradNormMonitor:
         blocks: the blocks to observe, in forward order (from :func:`freeze.blocks.split_blocks`).
         track_summed: also keep the gradient summed over the interval (``summed_grad_norm``), which
             costs one extra tensor per parameter; gradient-reading policies need it.
+        history_kept: closed intervals kept in ``history`` (and in every checkpoint); older ones
+            are dropped. Every policy reads the last two; the default leaves room for plots.
     """
 
-    def __init__(self, blocks: Sequence[Block], track_summed: bool = True):
+    def __init__(self, blocks: Sequence[Block], track_summed: bool = True, history_kept: int = 64):
+        if not isinstance(history_kept, int) or history_kept < 2:
+            raise ValueError(f"GradNormMonitor: history_kept must be an integer >= 2, got {history_kept!r}")
         self.blocks = list(blocks)
         self.track_summed = track_summed
-        self.history: list[IntervalStats] = []
+        self.history_kept = history_kept
+        self.history: list[IntervalStats] = []  # the last history_kept closed intervals
+        self.intervals_closed = 0
         self.total_steps = 0
         self._first_active = 0
         # Flat parameter list and the block index of each: per-block norms are then one
@@ -221,7 +227,7 @@ class GradNormMonitor:
         for b in range(min(self._first_active, num_blocks)):
             summed[b] = summed_l1[b] = mean[b] = None
         stats = IntervalStats(
-            index=len(self.history),
+            index=self.intervals_closed,
             epoch=epoch,
             end_step=self.total_steps,
             steps=self._interval_steps,
@@ -232,6 +238,8 @@ class GradNormMonitor:
             mean_step_grad_norm=tuple(mean),
         )
         self.history.append(stats)
+        self.intervals_closed += 1
+        del self.history[: -self.history_kept]
         self._block_steps = [0] * num_blocks
         self._interval_steps = 0
         self._interval_skipped_steps = 0
@@ -245,6 +253,7 @@ class GradNormMonitor:
     def state_dict(self) -> dict:
         return {
             "history": [s.to_dict() for s in self.history],
+            "intervals_closed": self.intervals_closed,
             "total_steps": self.total_steps,
             "first_active": self._first_active,
             "interval_steps": self._interval_steps,
@@ -261,7 +270,8 @@ class GradNormMonitor:
         Args:
             state: written by :meth:`state_dict` of a monitor over the same blocks.
         """
-        self.history = [IntervalStats.from_dict(d) for d in state["history"]]
+        self.history = [IntervalStats.from_dict(d) for d in state["history"]][-self.history_kept :]
+        self.intervals_closed = int(state.get("intervals_closed", len(state["history"])))
         self.total_steps = int(state["total_steps"])
         self.set_first_active(int(state["first_active"]))
         self._interval_steps = int(state["interval_steps"])

@@ -5,8 +5,10 @@ Three things happen in a forward pass at boundary ``k``:
 * a frozen block runs without autograd, unless its input requires grad: then a trainable block ran
   before it (a module called twice, e.g. a shared layer called again after a trainable one) and
   the gradient must flow through it to that block; its own parameters still get none;
-* a frozen norm layer with running statistics is put back in eval right before it runs, whatever
-  ``model.train()`` did;
+* a frozen block runs in eval right before it runs, whatever ``model.train()`` did: every module of
+  it (``frozen_mode="eval"``, the default, as AutoFreeze and PipeTransformer run frozen layers:
+  dropout off, so a frozen block computes one output per input) or only its norm layers with
+  running statistics (``"train"``: dropout stays on);
 * on the first forward after a boundary change, the order in which the blocks first run is checked
   against their order in the block list: "freeze the first k blocks" means the first k to run.
 
@@ -103,6 +105,11 @@ def keep_eval(module: nn.Module, args: tuple) -> None:
     module.training = False
 
 
+def keep_subtree_eval(module: nn.Module, args: tuple) -> None:
+    for m in module.modules():
+        m.training = False
+
+
 class OrderCheck:
     """Records which block runs first, second, ... in a forward pass and raises as soon as a block
     runs for the first time after a block that comes later in the list."""
@@ -138,10 +145,11 @@ class Steering:
     frozen norm layers in eval, activation checkpointing of trainable blocks), the block-order
     check until the first complete forward after each change, and a count of training forwards."""
 
-    def __init__(self, model: nn.Module, blocks: Sequence[Block], grad_checkpointing: bool):
+    def __init__(self, model: nn.Module, blocks: Sequence[Block], grad_checkpointing: bool, frozen_mode: str = "eval"):
         self.model = model
         self.blocks = list(blocks)
         self.grad_checkpointing = grad_checkpointing
+        self.frozen_mode = frozen_mode
         self.order = OrderCheck([b.name for b in self.blocks])
         self._handles: list = []
         self._order_handles: list = []
@@ -160,11 +168,13 @@ class Steering:
                     pre, post = ModuleHook(mod, hook.pre), ModuleHook(mod, hook.post)
                     self._handles.append(mod.register_forward_pre_hook(pre, with_kwargs=True))
                     self._handles.append(mod.register_forward_hook(post, always_call=True))
+                    if self.frozen_mode == "eval":
+                        self._handles.append(mod.register_forward_pre_hook(ModuleHook(mod, keep_subtree_eval)))
                 elif self.grad_checkpointing:
                     checkpointing.enable_checkpointing(mod)
                 else:
                     checkpointing.disable_checkpointing(mod)
-            if frozen:
+            if frozen and self.frozen_mode != "eval":
                 for norm in block.running_stat_norms():
                     self._handles.append(norm.register_forward_pre_hook(ModuleHook(norm, keep_eval)))
         self._arm_order_check()

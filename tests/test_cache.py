@@ -62,6 +62,12 @@ def train(rank: int, world: int, config: CacheConfig | None, schedule=SCHEDULE, 
     for step in range(start, len(schedule)):
         freezer.set_boundary(schedule[step])
         freezer.train()
+        keys = step_keys(step)[rank * local : (rank + 1) * local]
+        optimizer.zero_grad(set_to_none=True)
+        # The cache builds what a boundary change planned in the step's training forward.
+        F.cross_entropy(freezer.forward(x[keys], sample_ids=keys), y[keys]).backward()
+        freezer.after_backward()
+        optimizer.step()
         if freezer.cache_active:  # every entry the cache holds, against the current weights
             held = freezer.cache.store.keys
             served = freezer.cache.store.read(held, torch.device("cpu"))
@@ -70,11 +76,6 @@ def train(rank: int, world: int, config: CacheConfig | None, schedule=SCHEDULE, 
             )
             out["placement"].append(freezer.cache.store.placement)
         out["levels"].append(None if freezer.cache is None else freezer.cache.level)
-        keys = step_keys(step)[rank * local : (rank + 1) * local]
-        optimizer.zero_grad(set_to_none=True)
-        F.cross_entropy(freezer.forward(x[keys], sample_ids=keys), y[keys]).backward()
-        freezer.after_backward()
-        optimizer.step()
         out["params"].append(torch.cat([p.detach().reshape(-1).clone() for p in model.parameters()]))
         if freezer.cache is not None:
             out["statuses"].append(freezer.cache.status)
@@ -157,6 +158,17 @@ def _freezer(model, config, keys=N_KEYS, **kwargs):
     return Freezer(model, split_blocks(model), cache=config, cache_source=CacheSource(lambda k: x[k], keys), **kwargs)
 
 
+def _step(freezer, keys=None) -> torch.Tensor:
+    """One training forward and backward with the batch's keys: where the cache builds what the last
+    boundary change planned."""
+    keys = torch.arange(4) if keys is None else keys
+    freezer.train()
+    out = freezer.forward(freezer.cache.source.inputs(keys), sample_ids=keys)
+    out.sum().backward()
+    freezer.after_backward()
+    return out
+
+
 def test_memory_cache_over_budget_is_refused_in_one_line():
     freezer = _freezer(TinyNet(), CacheConfig("memory", budget_bytes=1000))
     assert [freezer.cache.bytes_per_key(k) for k in range(4)] == [None, 2048, 2048, 64]  # known up front
@@ -169,11 +181,17 @@ def test_memory_cache_over_budget_is_refused_in_one_line():
     assert freezer.boundary == 0 and all(p.requires_grad for p in freezer.model.parameters())
 
 
-def test_forward_without_sample_ids_is_refused_in_one_line():
+def test_forward_without_sample_ids_runs_the_model_and_wrong_keys_are_refused_in_one_line():
     freezer = _freezer(TinyNet(), CacheConfig("memory"))
     freezer.set_boundary(2)
-    with pytest.raises(CacheError, match="pass sample_ids=") as err:
-        freezer.forward(torch.randn(2, 3, 8, 8))
+    _step(freezer)
+    assert freezer.cache_active
+    x = torch.randn(2, 3, 8, 8)
+    with pytest.warns(RuntimeWarning, match="pass freezer.module\\(x, sample_ids=keys\\)"):
+        out = freezer.forward(x)
+    assert torch.equal(out, freezer.model(x))  # computed from x, not from any stored row
+    with pytest.raises(CacheError, match="sample_ids holds 3 keys for a batch of 2") as err:
+        freezer.forward(x, sample_ids=torch.tensor([0, 1, 2]))
     assert "\n" not in str(err.value)
 
 
@@ -192,26 +210,65 @@ class _Branchy(nn.Module):
 def test_a_cut_crossed_by_two_values_falls_back_to_the_valid_cut_below():
     freezer = _freezer(_Branchy(), CacheConfig("memory"))
     freezer.set_boundary(2)
+    _step(freezer)
     assert freezer.cache.level == 1 and "serving" in freezer.cache.status
-    assert "2 values cross the cut before block 2" in freezer.cache.graph.cuts[2].reason
+    assert "reads more of the prefix than the output of block 'b'" in freezer.cache.cuts.why_not(2)
     x = torch.randn(3, 3, 8, 8)
     keys = torch.tensor([0, 1, 2])
-    expected = freezer.cache.prefix()(freezer.cache.source.inputs(keys))
+    expected = freezer.cache.compute_prefix(freezer.cache.source.inputs(keys), 1)
     assert torch.equal(freezer.cache.read(keys, torch.device("cpu")), expected)
     assert freezer.forward(x, sample_ids=keys).shape == (3, 5)
 
 
 class _Untraceable(TinyNet):
     def forward(self, x):
-        if x.sum() > 0:  # data-dependent control flow: torch.fx cannot trace it
-            x = -x
-        return super().forward(x)
+        h = self.block2(self.block1(self.stem(x)))
+        if h.sum() > 0:  # control flow on tensor values: torch.fx could not trace it
+            h = -h
+        return self.head(self.flatten(self.pool(h)))
 
 
-def test_untraceable_model_is_refused_in_one_line():
-    with pytest.raises(CacheError, match="caching needs an fx-traceable model") as err:
-        _freezer(_Untraceable(), CacheConfig("memory"))
-    assert "\n" not in str(err.value)
+def test_a_forward_with_data_dependent_control_flow_is_served_exactly():
+    # Nothing is traced: the model's own forward runs, its branches on the batch's values included.
+    # (A branch on the whole batch BEFORE the cut would make a sample's entry depend on its batch,
+    # which the cache refuses; see test_a_batch_dependent_prefix_is_not_cached.)
+    freezer = _freezer(_Untraceable(), CacheConfig("memory"))
+    freezer.set_boundary(2)
+    _step(freezer)
+    assert freezer.cache.level == 2
+    keys = torch.tensor([3, 1, 7])
+    x = freezer.cache.source.inputs(keys)
+    assert torch.equal(freezer.forward(x, sample_ids=keys), freezer.model(x))
+    assert freezer.cache.counters.hit_keys == 4 + 3
+
+
+class _BatchCentered(TinyNet):
+    def forward(self, x):
+        h = self.stem(x)
+        h = h - h.mean(0, keepdim=True)  # glue: every sample's value depends on its batch
+        return self.head(self.flatten(self.pool(self.block2(self.block1(h)))))
+
+
+class _Center(nn.Module):
+    def forward(self, h):
+        return h - h.mean(0, keepdim=True)
+
+
+def test_batch_dependent_glue_runs_live_and_a_batch_dependent_block_is_not_cached():
+    glue = _freezer(_BatchCentered(), CacheConfig("memory"))
+    glue.set_boundary(1)
+    _step(glue)
+    # the entry of block1 mixes samples; the stem's output does not, and the centering runs live
+    assert glue.cache.level == 1 and glue.cache.cuts.cut[1].kind == "exit"
+    keys = torch.tensor([2, 7, 4])
+    x = glue.cache.source.inputs(keys)
+    assert torch.equal(glue.forward(x, sample_ids=keys), glue.model(x))
+    inside = TinyNet()
+    inside.stem.append(_Center())  # inside a frozen block: no cut at 1 holds one value per sample
+    freezer = _freezer(inside, CacheConfig("memory"))
+    freezer.set_boundary(1)
+    _step(freezer)
+    assert freezer.cache.level is None and "mixes the samples of a batch" in freezer.cache.status
 
 
 class _RandomStem(TinyNet):
@@ -222,18 +279,36 @@ class _RandomStem(TinyNet):
 
 @pytest.mark.parametrize("module", [nn.Dropout(0.5), torchvision.ops.StochasticDepth(0.2, "row")])
 def test_random_prefix_is_not_cached(module):
-    freezer = _freezer(_RandomStem(module), CacheConfig("memory"))
+    # frozen_mode="train" keeps dropout on in frozen blocks: the prefix has no single output
+    freezer = _freezer(_RandomStem(module), CacheConfig("memory"), frozen_mode="train")
     freezer.set_boundary(2)
-    assert freezer.cache.level is None and "is random in training mode" in freezer.cache.status
+    _step(freezer)
+    assert freezer.cache.level is None and "is random in training" in freezer.cache.status
+
+
+@pytest.mark.parametrize("module", [nn.Dropout(0.5), torchvision.ops.StochasticDepth(0.2, "row")])
+def test_frozen_blocks_run_like_inference_so_their_dropout_is_cached(module):
+    freezer = _freezer(_RandomStem(module), CacheConfig("memory"))  # frozen_mode="eval", the default
+    freezer.set_boundary(2)
+    _step(freezer)
+    assert freezer.cache.level == 2
+    keys = torch.tensor([0, 5, 9])
+    x = freezer.cache.source.inputs(keys)
+    torch.manual_seed(0)
+    served = freezer.forward(x, sample_ids=keys)
+    torch.manual_seed(0)
+    assert torch.equal(served, freezer.model(x))
 
 
 def test_auto_caches_only_where_it_pays():
     never = _freezer(TinyNet(), CacheConfig("auto", rule=lambda e: False), epochs=3)
     never.set_boundary(2)
+    _step(never)
     assert never.cache.level is None and "does not pay" in never.cache.status
     seen = []
     always = _freezer(TinyNet(), CacheConfig("auto", rule=lambda e: seen.append(e) or True), epochs=3)
     always.set_boundary(2)
+    _step(always)
     assert always.cache.level == 2 and seen[0].keys == N_KEYS and seen[0].reads_remaining_per_rank == 3 * N_KEYS
 
 
@@ -256,7 +331,9 @@ def test_a_block_parameter_read_outside_its_module_stays_in_the_tail():
     freezer = _freezer(model, CacheConfig("memory"))
     assert "token" in freezer.blocks[1].param_names
     freezer.set_boundary(1)  # the token trains: the cut must sit before it, not after the addition
-    assert freezer.cache.level == 1 and freezer.cache.graph.cuts[1].value.target == "a"
+    _step(freezer)
+    cut = freezer.cache.cuts.cut[1]  # a's output: the addition of the token runs live
+    assert freezer.cache.level == 1 and (cut.kind, cut.module) == ("exit", model.a)
     keys = torch.tensor([0, 1, 2])
     x = freezer.cache.source.inputs(keys)
     with torch.no_grad():
@@ -270,5 +347,6 @@ def test_default_auto_rule_caches_when_later_reads_outnumber_the_build(epochs, c
     # epoch left the build costs what it saves (not strictly more: no cache); with three it saves 48.
     freezer = _freezer(TinyNet(), CacheConfig("auto"), epochs=epochs)
     freezer.set_boundary(2)
+    _step(freezer)
     assert (freezer.cache.level == 2) is caches, freezer.cache.status
     assert caches or "does not pay" in freezer.cache.status

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from freeze import Freezer, split_blocks
-from freeze.dispatch import StaleWrapperError
+from freeze.engine import StaleWrapperError
 from tests.distributed_harness import run_distributed
 from tests.tiny_models import InstanceNormNet, SharedLayerNet, TinyNet, global_batch
 
@@ -34,7 +34,7 @@ def stable_module(rank: int, world_size: int) -> dict:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     freezer = Freezer(model, split_blocks(model), optimizer=optimizer)
     module = freezer.module
-    old_wrapper = freezer._ddp
+    old_wrapper = freezer.engine.wrapper
     out = {"bytes": [], "expected": []}
     for step, k in enumerate([0, 2, 1]):
         freezer.set_boundary(k)

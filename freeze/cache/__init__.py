@@ -1,6 +1,6 @@
 """Exact activation caching of the frozen prefix (see freeze.cache.cache)."""
 
-from freeze.cache.cache import ActivationCache
+from freeze.cache.cache import ActivationCache, CachePlan
 from freeze.cache.config import (
     CACHE_MODES,
     CacheConfig,
@@ -11,20 +11,22 @@ from freeze.cache.config import (
     default_budget_bytes,
     pays,
 )
-from freeze.cache.graph import CacheError, SplitGraph
+from freeze.cache.cuts import FROZEN_MODES, CacheError, Cuts
 from freeze.cache.store import STORAGE_DTYPES
 
 __all__ = [
     "CACHE_MODES",
     "STORAGE_DTYPES",
+    "FROZEN_MODES",
     "ActivationCache",
     "CacheConfig",
     "CacheCounters",
     "CacheError",
     "CacheEstimate",
+    "CachePlan",
     "CacheSource",
     "LineageStep",
-    "SplitGraph",
+    "Cuts",
     "default_budget_bytes",
     "pays",
 ]

@@ -126,6 +126,8 @@ def fill(
         start = time.perf_counter()
         with torch.no_grad():
             values = compute(plan.padded_keys(topo.rank, j))
+        if store.compute_dtype is None:
+            store.compute_dtype = values.dtype  # what the forward computes (under autocast: its dtype)
         values = values.to(store.data.dtype)
         real = plan.real_keys(topo.rank, j)
         store.write(store.slot_of[real], values[: real.numel()])

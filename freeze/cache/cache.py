@@ -1,46 +1,56 @@
 """Exact activation caching of the frozen prefix: a frozen prefix then costs neither backward nor forward.
 
-Once blocks 0..k-1 are frozen (and their BatchNorm is in eval), their output for a given input never
-changes. The cache stores it per sample KEY at a cut c <= k (the valid cut closest to k) and later
-steps run only the tail c.. on the stored activations. Keys identify inputs exactly (a sample and one
-of its fixed augmented views), so an entry is never reused for an input it was not computed from.
+Once blocks 0..k-1 are frozen (and run as frozen blocks do: in eval by default), their output for a
+given input never changes. The cache stores it per sample KEY at a cut c <= k (the exact cut closest
+to k, see freeze.cache.cuts) and later training steps run the model with blocks 0..c-1 skipped and
+the stored rows fed to block c. Keys identify inputs exactly (a sample and one of its fixed
+augmented views), so an entry is never reused for an input it was not computed from.
 
-Life cycle, driven by the Freezer at every boundary change:
+Life cycle, driven by the Freezer at every boundary change (:meth:`ActivationCache.plan`, then
+:meth:`commit`), carried out at the next training forward (:meth:`before_training_forward`, on
+every rank), so that entries are computed from the weights and under the autocast that the training
+forward itself uses - weights loaded after the Freezer was built included:
 - freeze (no cache): BUILD at cut c from the inputs of every key still to be read (sharded over the
   ranks, then exchanged: see freeze.cache.build);
 - freeze further (k -> k'): ADVANCE the stored activations through blocks c..c'-1, whose weights
-  are now final; never rebuilt from the inputs;
+  are now final; never rebuilt from scratch;
 - unfreeze below c: DROP. Nothing stale is ever read: an entry exists only for the cut it was
-  computed at, and the cut only moves down by dropping.
+  computed at, the cut only moves down by dropping, and frozen weights that change anyway (a load
+  in the middle of a run) are found by a fingerprint at the next decision, which rebuilds.
 
 What a build costs, per rank, with N samples, V views, W ranks and E epochs left: ceil(K/W) prefix
 forwards, where K = the keys still to be read (known in advance from the data order, at most
 N * min(V, E)); nothing exchanged within a node (one shared store), (W-1)/W * K rows received per
-rank otherwise. Without the cache the same E epochs cost E * N/W prefix forwards, so the cache never
-computes more than it saves: with V = 1 the build is the first epoch's prefix forward done ahead of
-time, and every later epoch is saved outright (auto: freeze.cache.config.pays).
+rank otherwise. Without the cache the same E epochs cost E * N/W prefix forwards, so with V = 1 the
+build is the first epoch's prefix forward done ahead of time, and every later epoch is saved
+outright (auto: freeze.cache.config.pays). A policy that may unfreeze counts reads only until the
+end of the current epoch: the next unfreeze may drop the store.
 
-The cache is not checkpointed. ``state_dict()`` holds its LINEAGE (each build/advance: cut, epoch,
-storage dtype), and ``replay()`` repeats it from the restored weights with the same deterministic
-chunking, so a resumed run serves the same bits as an uninterrupted one.
+The cache is not checkpointed. ``state_dict()`` holds its LINEAGE (each build/advance: cut, epoch)
+and storage dtype, and a resumed run repeats the lineage from the restored weights with the same
+deterministic chunking, so it serves the same bits as an uninterrupted one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
-from dataclasses import asdict
+import warnings
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import fx, nn
+from torch import nn
 
 from freeze import comm
 from freeze.blocks import Block
 from freeze.cache.build import FillPlan, Topology, fill
 from freeze.cache.config import CacheConfig, CacheCounters, CacheEstimate, CacheSource, LineageStep, pays
-from freeze.cache.graph import CacheError, SplitGraph
+from freeze.cache.cuts import CacheError, Cuts, probing, to_device
 from freeze.cache.store import (
     SHM_DIR,
     ActivationStore,
@@ -51,21 +61,42 @@ from freeze.cache.store import (
     shm_has_room,
     unlink,
 )
+from freeze.fingerprint import fingerprint, module_state
 
-# Random or batch-dependent computations: a prefix containing one (in training mode) has no single
-# activation per sample, so it cannot be cached exactly.
-_STOCHASTIC_MODULES = (nn.modules.dropout._DropoutNd, nn.RReLU)
-_STOCHASTIC_MODULE_NAMES = {"StochasticDepth", "DropPath"}  # torchvision.ops, timm: random in training
-_STOCHASTIC_FUNCTIONS = {
-    torch.rand, torch.randn, torch.randint, torch.rand_like, torch.randn_like, torch.randint_like,
-    torch.bernoulli, torch.dropout, torch.nn.functional.dropout, torch.nn.functional.dropout1d,
-    torch.nn.functional.dropout2d, torch.nn.functional.dropout3d, torch.nn.functional.alpha_dropout,
-    torch.nn.functional.feature_alpha_dropout, torch.nn.functional.rrelu,
-}  # fmt: skip
+# A GPU store is used when it takes at most this share of the device's free memory: the rest is
+# the training step's.
+DEVICE_STORE_SHARE = 0.1
+
+
+@dataclass(frozen=True)
+class CachePlan:
+    """What bringing the cache to a boundary does, decided (on every rank alike) before anything changes."""
+
+    boundary: int
+    epoch: int
+    level: int | None  # the cut to compute; None: nothing to compute
+    keys: torch.Tensor | None  # the keys to compute
+    keep: bool  # whether the current store stays (and, if level is set, is advanced from)
+    placement: str  # private | device | shm | disk
+    reads_remaining: float  # per rank, until the store may be dropped
+    status: str
 
 
 class ActivationCache:
-    """The cache of one Freezer. Collective calls (build, advance, replay) run on every rank."""
+    """The cache of one Freezer. Collective calls (plan, check_weights, before_training_forward)
+    run on every rank.
+
+    Args:
+        model: the bare model.
+        blocks: its blocks.
+        config: the cache's settings.
+        source: keys -> inputs, and the keys each epoch reads.
+        epochs: planned epochs (``auto`` needs them).
+        process_group: the group the Freezer trains with.
+        frozen_mode: how frozen blocks run ("eval" or "train", see freeze.cache.cuts).
+        read_horizon_epochs: count reads for this many epochs at most (1 for a policy that may
+            unfreeze: the next unfreeze may drop the store); None: until the end of training.
+    """
 
     def __init__(
         self,
@@ -75,22 +106,27 @@ class ActivationCache:
         source: CacheSource,
         epochs: int | None = None,
         process_group=None,
+        *,
+        frozen_mode: str = "eval",
+        read_horizon_epochs: int | None = None,
     ):
         if config.mode == "auto" and not epochs:
             raise CacheError("cache: mode 'auto' needs the run length to weigh cost against saving: pass epochs=N")
         if not isinstance(source, CacheSource) or source.num_keys < 1:
             raise CacheError("cache: cache_source must be a CacheSource with num_keys >= 1")
         self.model, self.blocks, self.config, self.source = model, list(blocks), config, source
-        self.epochs, self.process_group = epochs, process_group
-        self.graph = SplitGraph(model, self.blocks)
+        self.epochs, self.process_group, self.read_horizon_epochs = epochs, process_group, read_horizon_epochs
+        self.cuts = Cuts(model, self.blocks, self._inputs, source.num_keys, frozen_mode)  # probes the model now
         self.topology = Topology.detect(process_group)
         self.token = _shared_token(process_group)
         self.store: ActivationStore | None = None
         self.lineage: list[LineageStep] = []
         self.counters = CacheCounters()
         self.status = "off"  # one line: why the cache is (not) serving at the current boundary
-        self._segments: dict[tuple[int, int | None], fx.GraphModule] = {}
-        self._checked: set[tuple[int, int]] = set()
+        self._pending: CachePlan | None = None  # built at the next training forward
+        self._replay: list[LineageStep] | None = None  # a checkpoint's lineage, repeated at the next training forward
+        self._fingerprint: torch.Tensor | None = None  # of the prefix weights the store was computed from
+        self._autocast: tuple | None = None  # the training forward's autocast when the store was computed
 
     # ------------------------------------------------------------------ reading
     @property
@@ -102,26 +138,12 @@ class ActivationCache:
         return 0 if self.store is None else self.store.nbytes
 
     def bytes_per_key(self, boundary: int) -> int | None:
-        """Bytes one key's entry takes when the boundary is ``boundary`` (at the valid cut it would
-        use), known before anything is built; None if no cut at or below it can be cached."""
-        self._ensure_probed()
-        cut = self.graph.best_cut(boundary)
+        """Bytes one key's entry takes when the boundary is ``boundary`` (at the exact cut it would
+        use), known before anything is built; None if no cut at or below it can be served."""
+        cut, _ = self.cuts.best(boundary)
         if cut is None:
             return None
-        return self.graph.sample_shape(cut.k)[0].numel() * element_bytes(self.config.storage_dtype)
-
-    def tail(self) -> fx.GraphModule | None:
-        """The module that turns cached activations into the model's output (None: no cache)."""
-        return None if self.store is None else self.segment(self.store.level, None)
-
-    def prefix(self) -> fx.GraphModule | None:
-        return None if self.store is None else self.segment(0, self.store.level)
-
-    def segment(self, start: int, end: int | None) -> fx.GraphModule:
-        key = (start, end)
-        if key not in self._segments:
-            self._segments[key] = self.graph.segment(start, end)
-        return self._segments[key]
+        return self.cuts.sample_meta[cut][0].numel() * element_bytes(self.config.storage_dtype)
 
     def read(self, keys: torch.Tensor, device: torch.device) -> torch.Tensor | None:
         """Stored activations of ``keys``, or None if any key has no entry (the caller computes)."""
@@ -133,78 +155,97 @@ class ActivationCache:
                 self.counters.hit_keys += keys.numel()
         return out
 
+    @contextlib.contextmanager
+    def serving(self, rows: torch.Tensor) -> Iterator[None]:
+        """A forward of the model inside it runs from the stored rows ``rows`` (see Cuts.serving)."""
+        with self.cuts.serving(self.store.level, rows):
+            yield
+
+    def compute_prefix(self, inputs: Any, level: int) -> torch.Tensor:
+        """What the store holds at ``level`` for ``inputs``, computed afresh from the current weights."""
+        with probing(self.model):
+            return self.cuts.capture(to_device(inputs, self._device()), level)
+
     # ------------------------------------------------------------------ boundary changes
-    def check(self, boundary: int, epoch: int) -> None:
-        """Raise the CacheError that :meth:`update` would raise, before anything changes."""
-        self._plan(boundary, epoch)
-
-    def update(self, boundary: int, epoch: int, epoch_done_fraction: float = 0.0) -> None:
-        """Bring the cache to ``boundary`` (collective): drop, keep, advance or build."""
-        level, keys, status = self._plan(boundary, epoch)
-        if self.store is not None and self.store.level > boundary:
-            self.drop(f"boundary moved back to {boundary}, below the cache at {self.store.level}")
-        if keys is not None and keys.numel() == 0:
-            self.drop("no key is read again")
-        self.status = status
-        if level is None or keys is None or keys.numel() == 0:
-            return
-        reads = self._reads_remaining(epoch, epoch_done_fraction)
-        decide = self.config.mode == "auto"
-        if self._compute(level, keys, epoch, boundary=boundary, reads_remaining=reads, decide=decide):
-            self.status = self._serving(boundary)
-
-    def _plan(self, boundary: int, epoch: int) -> tuple[int | None, torch.Tensor | None, str]:
-        """(cut to compute, keys to compute, status); (None, None, why) when nothing is to compute."""
+    def plan(self, boundary: int, epoch: int, done_fraction: float = 0.0) -> CachePlan:
+        """What :meth:`commit` will do for ``boundary`` (collective; raises the CacheError of a
+        memory cache over its budget before anything changes)."""
         kept = self.store if self.store is not None and self.store.level <= boundary else None
+        serving = "" if kept is None else f"; serving the activations before block {kept.level}"
+
+        def nothing(status: str, keep: bool = kept is not None) -> CachePlan:
+            return CachePlan(boundary, epoch, None, None, keep, "", 0.0, status)
+
         if boundary < 1:
-            return None, None, "no frozen prefix"
-        self._ensure_probed()
-        cut = self.graph.best_cut(boundary)
-        if cut is None:
-            return None, None, f"no valid cut at or below boundary {boundary}: {self.graph.cuts[boundary].reason}"
-        if kept is not None and kept.level == cut.k:
-            return None, None, self._serving(boundary)
-        reason = self._nondeterminism(0 if kept is None else kept.level, cut.k)
-        if reason:
-            return (
-                None,
-                None,
-                f"not caching at {cut.k}: {reason}"
-                + (f"; serving the activations before block {kept.level}" if kept is not None else ""),
-            )
+            return nothing("no frozen prefix", keep=False)
+        cut, why = self.cuts.best(boundary)
+        cut = _from_rank0(-1 if cut is None else cut, self.process_group)  # ranks follow one verdict
+        if cut < 0:
+            return nothing(f"no exact cut at or below boundary {boundary}: {why}{serving}")
+        self.cuts.why_not(cut)  # a rank whose own verdict differed still needs the cut's sizes
+        if kept is not None and kept.level == cut:
+            return nothing(self._serving(boundary))
         keys = self._keys_needed(epoch)
         if kept is not None:
             keys = keys[kept.slot_of[keys] >= 0]  # an advance computes only what it holds
         if keys.numel() == 0:
-            return None, keys, "dropped: no key is read again"
-        self._store_bytes(cut.k, keys.numel())  # raises over budget
-        return cut.k, keys, ""
+            return nothing("dropped: no key is read again", keep=False)
+        placement = self._placement(cut, keys.numel(), kept)
+        return CachePlan(boundary, epoch, cut, keys, kept is not None, placement, self._reads(epoch, done_fraction), "")
 
-    def _store_bytes(self, level: int, n_keys: int) -> int:
-        """Bytes of a store of ``n_keys`` at ``level``; a memory cache over budget raises."""
-        shape, _, _ = self.graph.sample_shape(level)
-        row_bytes = shape.numel() * element_bytes(self.config.storage_dtype)
-        need = n_keys * row_bytes
-        if self.config.mode == "memory" and need > self.config.budget:
-            raise CacheError(
-                f"cache: a memory cache before block {level} needs {need:,} bytes ({n_keys:,} keys x "
-                f"{row_bytes:,} bytes), over the budget of {self.config.budget:,} bytes: raise the budget or use "
-                "mode 'disk'"
+    def commit(self, plan: CachePlan) -> None:
+        """Drop or keep the store as ``plan`` says; its build or advance runs at the next training forward."""
+        if not plan.keep and self.store is not None:
+            below = plan.boundary < self.store.level
+            self.drop(
+                f"boundary moved back to {plan.boundary}, below the cache at {self.store.level}"
+                if below
+                else plan.status.removeprefix("dropped: ")
             )
-        return need
+        self.status = plan.status or (
+            f"building the cache before block {plan.level} at the next training step"
+            if self.store is None
+            else f"advancing the cache to block {plan.level} at the next training step"
+        )
+        self._pending = plan if plan.level is not None else None
 
-    def _placement(self, need: int) -> str:
-        """private | shm | disk (collective: every rank must choose the same)."""
-        if self.config.mode != "memory" and need > self.config.budget:
-            return "disk"
-        if not self.config.node_shared or self.topology.local_ranks < 2:
-            return "private"
-        room = int(shm_has_room(need))
-        if comm.is_distributed():  # shared only if every node has room: the protocol is collective
-            flag = torch.tensor([room], device=comm.collective_device(self.process_group))
-            dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.process_group)
-            room = int(flag.item())
-        return "shm" if room else "private"
+    def before_training_forward(self) -> None:
+        """Carry out what is pending (a checkpoint's lineage, the last plan): every rank's training
+        forward calls it, inside the forward's autocast, so entries are what that forward computes."""
+        if self._replay is not None:
+            steps, self._replay = self._replay, None
+            self._repeat(steps)
+        if self._pending is not None:
+            plan, self._pending = self._pending, None
+            self._execute(plan, decide=self.config.mode == "auto")
+        elif self.store is not None and _autocast_state(self._device()) != self._autocast:
+            raise CacheError(
+                f"cache: the training forward's autocast changed from {self._autocast} to "
+                f"{_autocast_state(self._device())} after the cache was built; keep one precision for the whole run"
+            )
+
+    def check_weights(self, boundary: int, epoch: int) -> bool:
+        """Whether the frozen weights the store was computed from changed (collective); if so the
+        store is dropped and rebuilt at the next training forward. True: it was stale."""
+        stale = self.store is not None and not torch.equal(
+            self._prefix_fingerprint(self.store.level), self._fingerprint
+        )
+        if comm.is_distributed():
+            flag = torch.tensor([int(stale)], device=comm.collective_device(self.process_group))
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.process_group)
+            stale = bool(flag.item())
+        if not stale:
+            return False
+        warnings.warn(
+            "Freezer: the frozen weights changed after the activation cache was built (weights loaded into a "
+            "running Freezer?); the cache is rebuilt from the current weights. Load weights before building the "
+            "Freezer, or restore runs with freezer.load_training_state_dict()",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        self.drop("the frozen weights changed")
+        self.commit(self.plan(boundary, epoch))
+        return True
 
     def drop(self, why: str) -> None:
         if self.store is not None:
@@ -212,172 +253,212 @@ class ActivationCache:
             self.store = None
             self.counters.drops += 1
         self.lineage = []
+        self._fingerprint = None
         self.status = f"dropped: {why}"
 
     # ------------------------------------------------------------------ resume
     def state_dict(self) -> dict:
-        return {"storage_dtype": self.config.storage_dtype, "lineage": [asdict(s) for s in self.lineage]}
+        return {
+            "storage_dtype": self.config.storage_dtype,
+            "lineage": [asdict(s) for s in self.lineage],
+            "counters": asdict(self.counters),
+            "status": self.status,
+        }
 
-    def same_lineage(self, state: dict) -> bool:
-        return [LineageStep(**s) for s in state.get("lineage", [])] == self.lineage
-
-    def replay(self, state: dict) -> None:
-        """Rebuild the cache of a checkpointed run by repeating its lineage (collective)."""
+    def load_state_dict(self, state: dict) -> None:
+        """Take a checkpoint's cache: its lineage is repeated from the restored weights at the next
+        training forward (whatever this process built before is dropped), its counters and status
+        continue."""
+        saved = state.get("storage_dtype", self.config.storage_dtype)
+        if saved != self.config.storage_dtype:
+            raise CacheError(
+                f"cache: the checkpoint's cache stored {saved}, this Freezer's stores {self.config.storage_dtype}; "
+                f"resume with storage_dtype='{saved}' (other bits would be served)"
+            )
         steps = [LineageStep(**s) for s in state.get("lineage", [])]
-        if steps == self.lineage:
-            return
-        self.drop("replaying the checkpoint's cache lineage")
-        self._ensure_probed()
-        for step in steps:
-            keys = self._keys_needed(step.epoch)
-            if self.store is not None:
-                keys = keys[self.store.slot_of[keys] >= 0]
-            self._compute(step.level, keys, step.epoch)
-        self.status = "replayed" if steps else self.status
+        self.drop("resuming from a checkpoint")
+        self._pending = None
+        self._replay = steps or None
+        if "counters" in state:
+            self.counters = CacheCounters(**state["counters"])
+        self.status = state.get("status", self.status)
 
     # ------------------------------------------------------------------ internals
-    def _serving(self, boundary: int) -> str:
-        return f"serving the activations before block {self.store.level} (boundary {boundary})"
-
-    def _ensure_probed(self) -> None:
-        if not self.graph.probed:
-            self.graph.probe(self.source.inputs(torch.arange(min(2, self.source.num_keys))).to(self._device()))
+    def _inputs(self, keys: torch.Tensor) -> Any:
+        return to_device(self.source.inputs(keys), self._device())
 
     def _device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+    def _serving(self, boundary: int) -> str:
+        return f"serving the activations before block {self.store.level} (boundary {boundary})"
+
+    def _prefix_fingerprint(self, level: int) -> torch.Tensor:
+        return fingerprint(module_state(m for b in self.blocks[:level] for m in b.modules))
+
+    def _horizon(self, epoch: int) -> int:
+        end = self.epochs or epoch + 1
+        return min(end, epoch + self.read_horizon_epochs) if self.read_horizon_epochs else end
 
     def _keys_needed(self, epoch: int) -> torch.Tensor:
         if self.epochs and epoch >= self.epochs:
             return torch.zeros(0, dtype=torch.int64)  # training is over: nothing is read again
         if self.source.epoch_keys is None or not self.epochs:
             return torch.arange(self.source.num_keys)
-        parts = [self.source.epoch_keys(e).to(torch.int64).cpu() for e in range(epoch, self.epochs)]
+        parts = [self.source.epoch_keys(e).to(torch.int64).cpu() for e in range(epoch, self._horizon(epoch))]
         return torch.cat(parts).unique() if parts else torch.zeros(0, dtype=torch.int64)
 
-    def _reads_remaining(self, epoch: int, done_fraction: float) -> float:
+    def _reads(self, epoch: int, done_fraction: float) -> float:
+        """Reads this rank will make of the store until it may be dropped."""
         if not self.epochs:
             return float("inf")
         per_epoch = [
             (self.source.epoch_keys(e).numel() if self.source.epoch_keys else self.source.num_keys)
-            for e in range(epoch, self.epochs)
+            for e in range(epoch, self._horizon(epoch))
         ]
         if per_epoch:
             per_epoch[0] *= max(0.0, 1.0 - done_fraction)
         return sum(per_epoch) / self.topology.world_size
 
-    def _nondeterminism(self, start: int, end: int) -> str:
-        """Why segment start..end has no single output per input in TRAINING mode, the mode its
-        entries are computed in ("" if it has one)."""
-        if (start, end) in self._checked:
-            return ""
-        frozen_bn = {bn for b in self.blocks[:end] for bn in b.running_stat_norms()}  # kept in eval by the Freezer
-        seg = self.segment(start, end)
-        for node in seg.graph.nodes:
-            random_call = node.op == "call_function" and node.target in _STOCHASTIC_FUNCTIONS
-            if random_call and node.kwargs.get("training", True) and node.kwargs.get("p", 1.0) != 0.0:
-                return f"random operation {getattr(node.target, '__name__', node.target)} in the prefix"
-            if node.op != "call_module":
-                continue
-            for name, mod in seg.get_submodule(node.target).named_modules(prefix=str(node.target)):
-                random_module = isinstance(mod, _STOCHASTIC_MODULES) or type(mod).__name__ in _STOCHASTIC_MODULE_NAMES
-                if random_module and (getattr(mod, "p", None) or getattr(mod, "drop_prob", None) or 0) > 0:
-                    return f"module '{name}' ({type(mod).__name__}) is random in training mode"
-                if isinstance(mod, nn.modules.batchnorm._BatchNorm) and mod not in frozen_bn:
-                    return f"module '{name}' ({type(mod).__name__}) uses batch statistics in training mode"
-        self._checked.add((start, end))
-        return ""
-
-    def _compute(
-        self, level: int, keys: torch.Tensor, epoch: int, *, boundary: int = -1, reads_remaining: float = 0.0,
-        decide: bool = False,
-    ) -> bool:  # fmt: skip
-        """Build (no store) or advance (from the store) to ``level`` for ``keys``; record the lineage.
-        False: the ``auto`` rule stopped it (an advance leaves the store where it was)."""
-        source_store = self.store
-        shape, dtype, fmt = self.graph.sample_shape(level)
-        placement = self._placement(self._store_bytes(level, keys.numel()))
-        store = self._allocate(level, keys, shape, dtype, fmt, placement)
-        plan = FillPlan.make(keys, self.topology.world_size, self.config.chunk_samples)
-        device = self._device()
-        if source_store is None:
-            segment = self.segment(0, level)
-
-            def compute(k):
-                return segment(self.source.inputs(k).to(device))
+    def _placement(self, level: int, n_keys: int, source: ActivationStore | None) -> str:
+        """private | device | shm | disk, the same on every rank (collective), within the budget of
+        one NODE: a private store counts once per local rank, a shared one once, and an advance
+        holds its source store until it is done."""
+        shape = self.cuts.sample_meta[level][0]
+        need = n_keys * shape.numel() * element_bytes(self.config.storage_dtype)
+        local = self.topology.local_ranks
+        held = 0 if source is None else source.nbytes * (1 if source.shared else local) * (source.placement != "disk")
+        distributed = self.topology.world_size > 1
+        shm = distributed and self.config.node_shared and shm_has_room(need)
+        over = lambda shared: need * (1 if shared else local) + held > self.config.budget  # noqa: E731
+        if distributed:  # one vote per rank: shared only if every node has room, disk if any node lacks it
+            votes = torch.tensor([int(not shm), 0], device=comm.collective_device(self.process_group))
+            dist.all_reduce(votes, op=dist.ReduceOp.MAX, group=self.process_group)
+            shm = not votes[0].item()
+            votes[1] = int(over(shm))
+            dist.all_reduce(votes, op=dist.ReduceOp.MAX, group=self.process_group)
+            too_big = bool(votes[1].item())
         else:
-            segment = self.segment(source_store.level, level)
+            too_big = over(False)
+        if too_big:
+            if self.config.mode == "memory":
+                copies = "one copy per node" if shm else f"{local} copies, one per local rank"
+                raise CacheError(
+                    f"cache: a memory cache before block {level} needs {need:,} bytes per copy ({n_keys:,} keys, "
+                    f"{copies}{', plus the store it advances from' if held else ''}), over the per-node budget of "
+                    f"{self.config.budget:,} bytes: raise budget_bytes or use mode 'disk'"
+                )
+            return "disk"
+        if shm:
+            return "shm"
+        device = self._device()
+        if device.type == "cuda" and need <= DEVICE_STORE_SHARE * torch.cuda.mem_get_info(device)[0]:
+            return "device"  # rank-local either way: ranks may differ here without changing any collective
+        return "private"
+
+    def _repeat(self, steps: list[LineageStep]) -> None:
+        """A checkpoint's builds and advances, from the current weights (not counted again)."""
+        status = self.status
+        for step in steps:
+            if self.cuts.why_not(step.level):
+                raise CacheError(
+                    f"cache: the checkpoint's cache served block {step.level}, which this model cannot serve exactly "
+                    f"({self.cuts.why_not(step.level)})"
+                )
+            keys = self._keys_needed(step.epoch)
+            if self.store is not None:
+                keys = keys[self.store.slot_of[keys] >= 0]
+            placement = self._placement(step.level, keys.numel(), self.store)
+            plan = CachePlan(step.level, step.epoch, step.level, keys, self.store is not None, placement, 0.0, "")
+            self._execute(plan, count=False)
+        self.status = status
+
+    def _execute(self, plan: CachePlan, *, decide: bool = False, count: bool = True) -> bool:
+        """Build (no store) or advance (from the store) to ``plan.level``; record the lineage.
+        False: the ``auto`` rule stopped it (an advance leaves the store where it was)."""
+        level, keys = plan.level, plan.keys
+        source = self.store if self.store is not None and self.store.level < level else None
+        device = self._device()
+        store = self._allocate(level, keys, plan.placement)
+        fill_plan = FillPlan.make(keys, self.topology.world_size, self.config.chunk_samples)
+        if source is None:
 
             def compute(k):
-                return segment(source_store.read(k, device))
+                return self.cuts.capture(self._inputs(k), level)
+        else:
+
+            def compute(k):
+                return self.cuts.capture(self._inputs(k), level, served=(source.level, source.read(k, device)))
 
         def after_first_chunk(partial) -> bool:
             estimate = CacheEstimate(
-                boundary=boundary,
+                boundary=plan.boundary,
                 level=level,
-                from_level=None if source_store is None else source_store.level,
+                from_level=None if source is None else source.level,
                 keys=keys.numel(),
                 store_bytes=store.nbytes,
-                forwards_per_rank=plan.forwards_per_rank,
-                reads_remaining_per_rank=reads_remaining,
-                compute_s_per_row=partial.compute_s / plan.chunk,
-                exchange_s=partial.exchange_s * plan.chunks,
+                forwards_per_rank=fill_plan.forwards_per_rank,
+                reads_remaining_per_rank=plan.reads_remaining,
+                compute_s_per_row=partial.compute_s / fill_plan.chunk,
+                exchange_s=partial.exchange_s * fill_plan.chunks,
             )
             verdict = (self.config.rule or pays)(estimate)
-            return bool(comm.broadcast_int_from_rank0(int(verdict), self.process_group))  # ranks must agree
+            return bool(_from_rank0(int(verdict), self.process_group))  # ranks must agree
 
         start = time.perf_counter()
-        with _training_mode(self.model):
+        with probing(self.model):  # training mode, and the run's random state untouched
             result = fill(
-                store, plan, compute, self.topology, self.process_group, after_first_chunk if decide else None
+                store, fill_plan, compute, self.topology, self.process_group, after_first_chunk if decide else None
             )
         elapsed = time.perf_counter() - start
-        self.counters.forwards_total += result.forwards
-        self.counters.exchanged_bytes_total += result.exchanged_bytes
+        if count:
+            self.counters.forwards_total += result.forwards
+            self.counters.exchanged_bytes_total += result.exchanged_bytes
         if not result.completed:
             store.close()
-            what = "building" if source_store is None else "advancing"
+            what = "building" if source is None else "advancing"
             self.status = f"auto: {what} the cache to block {level} does not pay"
-            if source_store is not None:
-                self.status += f"; serving the activations before block {source_store.level}"
+            if source is not None:
+                self.status += f"; serving the activations before block {source.level}"
             return False
-        if source_store is None:
+        if count and source is None:
             self.counters.builds += 1
             self.counters.build_s_total += elapsed
-        else:
+        elif count:
             self.counters.advances += 1
             self.counters.advance_s_total += elapsed
-            source_store.close()
+        if source is not None:
+            source.close()
         self.store = store
-        self.lineage.append(LineageStep("build" if source_store is None else "advance", level, epoch))
+        self.lineage.append(LineageStep("build" if source is None else "advance", level, plan.epoch))
+        self._fingerprint = self._prefix_fingerprint(level)
+        self._autocast = _autocast_state(device)
+        self.status = self._serving(plan.boundary)
         return True
 
-    def _allocate(self, level, keys, shape, dtype, fmt, placement: str) -> ActivationStore:
-        if placement == "private":
+    def _allocate(self, level: int, keys: torch.Tensor, placement: str) -> ActivationStore:
+        shape, _, fmt = self.cuts.sample_meta[level]
+        if placement in ("private", "device"):
             data = allocate_memory(keys.numel(), shape, self.config.storage_dtype)
+            if placement == "device":
+                data = data.to(self._device())
         else:
             directory = SHM_DIR if placement == "shm" else self.config.directory
             path = shared_path(directory, self.topology.node_name, self.token, level)
             data = _map_shared(path, keys.numel(), shape, self.config.storage_dtype, self.topology, self.process_group)
+        # The compute dtype is the one the first chunk comes out in (autocast decides it): fill sets it.
         return ActivationStore(
-            level, keys, self.source.num_keys, shape, self.config.storage_dtype, dtype, fmt, data, placement
+            level, keys, self.source.num_keys, shape, self.config.storage_dtype, None, fmt, data, placement
         )
 
 
-class _training_mode:
-    """Compute cache entries in the mode the training forward runs in (frozen BN stays in eval
-    through the Freezer's hooks), then restore every module's mode."""
+def _autocast_state(device: torch.device) -> tuple | None:
+    kind = device.type
+    return (kind, torch.get_autocast_dtype(kind)) if torch.is_autocast_enabled(kind) else None
 
-    def __init__(self, model: nn.Module):
-        self.model = model
 
-    def __enter__(self):
-        self.modes = {m: m.training for m in self.model.modules()}
-        self.model.train()
-
-    def __exit__(self, *exc):
-        for m, training in self.modes.items():
-            m.training = training
-        return False
+def _from_rank0(value: int, process_group) -> int:
+    return comm.broadcast_int_from_rank0(value, process_group)
 
 
 def _shared_token(process_group) -> str:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from freeze.cache.graph import CacheError
+from freeze.cache.cuts import CacheError
 from freeze.cache.store import STORAGE_DTYPES
 
 CACHE_MODES = ("off", "memory", "disk", "auto")
@@ -56,8 +56,8 @@ def pays(e: CacheEstimate) -> bool:
 
 
 def default_budget_bytes() -> int:
-    """A quarter of physical memory: without /dev/shm every rank holds its own copy, and
-    PipeTransformer's AutoCache stops caching above 65 % of host memory for all its processes."""
+    """A quarter of the node's physical memory, for all its ranks together (PipeTransformer's
+    AutoCache stops caching above 65 % of host memory for all its processes)."""
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
     except (ValueError, OSError, AttributeError):
@@ -69,7 +69,9 @@ class CacheConfig:
     """``mode``: off | memory (in RAM; over budget: error) | disk (in RAM up to the budget, else a
     node-local memory-mapped file under ``directory``) | auto (like disk, and only where
     ``rule(CacheEstimate)`` says it pays; default :func:`pays`).
-    ``budget_bytes``: of one store (every entry once); 0 = :func:`default_budget_bytes`.
+    ``budget_bytes``: of one NODE: a store every local rank keeps privately (no room in /dev/shm,
+    ``node_shared=False``) counts once per local rank, and an advance counts the store it advances
+    from too; 0 = :func:`default_budget_bytes`.
     ``storage_dtype``: fp32 (exact), bf16 or fp16 (half the bytes; cast back on read).
     ``chunk_samples``: rows per build chunk. ``node_shared``: a node's ranks share one in-memory
     store through /dev/shm when it has room (one copy per node, and no row travels within a node);

@@ -4,7 +4,8 @@ One store holds the activation at ONE cut for a set of keys, in a storage dtype 
 bf16/fp16 halve it), and casts back to the compute dtype on read. Rows are in ascending key order;
 ``slot_of[key]`` is the row of a key or -1.
 
-Placements: ``private`` (a tensor of this process), ``shm`` (a file in /dev/shm, i.e. memory, shared
+Placements: ``private`` (a tensor of this process, on the host or, when it fits, on the model's
+GPU: ``device``), ``shm`` (a file in /dev/shm, i.e. memory, shared
 by the node's ranks) and ``disk`` (a file in a directory, for stores over the memory budget). Shared
 files are created by the node's lowest rank, mapped by the node's other ranks, then unlinked at once:
 the mapping keeps the data alive until the last rank drops it, so no file is ever left behind, even
@@ -55,6 +56,7 @@ class ActivationStore:
         self.memory_format = memory_format
         self.data = data
         self.placement = placement
+        self._staging = _PinnedStaging()
 
     @property
     def on_disk(self) -> bool:
@@ -63,14 +65,15 @@ class ActivationStore:
     @property
     def shared(self) -> bool:
         """Whether the node's ranks share this store (each writes its own rows into it)."""
-        return self.placement != "private"
+        return self.placement in ("shm", "disk")
 
     @property
     def nbytes(self) -> int:
         return self.data.numel() * self.data.element_size()
 
     def slots(self, keys: torch.Tensor) -> torch.Tensor | None:
-        """Rows of ``keys``, or None if any key has no entry."""
+        """Host rows of ``keys``, or None if any key has no entry. Keys on a GPU cost a
+        device-to-host sync here: pass them on the host (a DataLoader's index tensor is)."""
         keys = keys.to(torch.int64).cpu()
         if keys.numel() and (keys.min() < 0 or keys.max() >= self.slot_of.numel()):
             return None
@@ -78,20 +81,61 @@ class ActivationStore:
         return None if bool((slots < 0).any()) else slots
 
     def read(self, keys: torch.Tensor, device: torch.device) -> torch.Tensor | None:
-        """Activations of ``keys`` in the compute dtype on ``device``, or None if any is missing."""
+        """Activations of ``keys`` in the compute dtype on ``device``, or None if any is missing.
+
+        Host store, GPU model: the rows are gathered into a pinned buffer and copied without
+        blocking the host (the step's kernels queue behind the copy on the stream, as a
+        DataLoader's pinned batches do). Device store: one gather on the device."""
         slots = self.slots(keys)
         if slots is None:
             return None
-        out = self.data.index_select(0, slots).to(device=device, dtype=self.compute_dtype)
+        if self.data.device == device:
+            out = self.data.index_select(0, slots.to(device, non_blocking=True))
+        elif device.type == "cuda":
+            out = self._staging.gather(self.data, slots).to(device, non_blocking=True)
+            self._staging.mark_in_flight()
+        else:
+            out = self.data.index_select(0, slots).to(device)
+        out = out.to(self.compute_dtype)
         if out.dim() == 4:
             out = out.contiguous(memory_format=self.memory_format)
         return out
 
     def write(self, slots: torch.Tensor, values: torch.Tensor) -> None:
-        self.data[slots] = values.to(device="cpu", dtype=self.data.dtype)
+        self.data[slots.to(self.data.device)] = values.to(device=self.data.device, dtype=self.data.dtype)
 
     def close(self) -> None:
         self.data = torch.empty(0)
+
+
+class _PinnedStaging:
+    """Two pinned host buffers used in turn for host-to-GPU reads: a buffer is refilled only after
+    the copy that last read it has finished (an event per buffer), so a non-blocking copy never
+    reads rows that the next gather overwrites."""
+
+    def __init__(self) -> None:
+        self._buffers: list[torch.Tensor | None] = [None, None]
+        self._events: list[object | None] = [None, None]
+        self._turn = 0
+
+    def gather(self, data: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        self._turn ^= 1
+        event = self._events[self._turn]
+        if event is not None:
+            event.synchronize()  # the copy issued two reads ago: long finished in a training loop
+        shape = (slots.numel(), *data.shape[1:])
+        buf = self._buffers[self._turn]
+        if buf is None or buf.numel() < slots.numel() * data[0].numel() or buf.dtype != data.dtype:
+            buf = torch.empty(shape, dtype=data.dtype).pin_memory()
+            self._buffers[self._turn] = buf
+        out = buf.reshape(-1)[: slots.numel() * data[0].numel()].view(shape)
+        torch.index_select(data, 0, slots, out=out)
+        return out
+
+    def mark_in_flight(self) -> None:
+        event = torch.cuda.Event()
+        event.record()
+        self._events[self._turn] = event
 
 
 def allocate_memory(rows: int, sample_shape: torch.Size, storage_dtype: str) -> torch.Tensor:

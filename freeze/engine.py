@@ -1,0 +1,190 @@
+"""The forward path of a Freezer: the DDP wrapper over the model, the activation cache, and the one
+forward that chooses between them.
+
+A training forward (model in train mode, autograd on) first lets the cache carry out what the last
+boundary change planned (every rank's forward does, so the cache's collectives line up), then runs
+the current DDP wrapper, serving the stored rows of ``sample_ids`` when the cache holds all of
+them. Any other forward (evaluation, ``torch.no_grad``, no ``sample_ids``) runs the model on its
+inputs: the cache only ever stands in for what the training forward of those exact keys computes.
+
+The wrapper always wraps the bare model (the cache serves through the model's own forward), and it
+is rebuilt only when the frozen set changes; :attr:`Engine.wrapper` is the sanctioned handle on it
+and :meth:`Engine.add_rebuild_listener` tells a trainer that holds the wrapper itself about each
+new one.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from freeze import comm
+from freeze.blocks import Block, frozen_names
+from freeze.cache import ActivationCache, CacheError, CachePlan
+from freeze.cache.cuts import batch_size
+from freeze.fingerprint import fingerprint, module_state
+
+STALE_WRAPPER_FIX = "call freezer.module, which always runs the current wrapper"
+
+
+class StaleWrapperError(RuntimeError):
+    """A DDP wrapper the Freezer has replaced was called."""
+
+
+class RankMismatchError(RuntimeError):
+    """Ranks hold different weights where they must hold the same."""
+
+
+class Engine:
+    """Owns the DDP wrapper and the activation cache of one Freezer.
+
+    Args:
+        model: the bare model.
+        blocks: its blocks.
+        cache: the activation cache, or None.
+        comm_hook: "allreduce" or "bf16" (see freeze.comm).
+        ddp_kwargs: passed to every DDP wrapper.
+        process_group: the DDP process group (None: the world).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        blocks: Sequence[Block],
+        cache: ActivationCache | None,
+        *,
+        comm_hook: comm.CommHook = "allreduce",
+        ddp_kwargs: dict | None = None,
+        process_group=None,
+    ):
+        self.model, self.blocks, self.cache = model, list(blocks), cache
+        self.comm_hook, self.ddp_kwargs, self.process_group = comm_hook, dict(ddp_kwargs or {}), process_group
+        self.distributed = comm.is_distributed()
+        self.comm = comm.CommCounter(process_group=process_group)  # the one owner of the byte count
+        self.wrapper: nn.Module | None = None  # the current DDP wrapper; None without a process group
+        self.closed = False
+        self._listeners: list[Callable[[nn.Module | None], None]] = []
+        self._check_ranks = self.distributed  # at the next training forward: do the ranks hold the same weights?
+        self._warned_no_keys = False
+
+    # ------------------------------------------------------------------ boundary changes
+    def plan(self, boundary: int, epoch: int, done_fraction: float) -> CachePlan | None:
+        """What the cache will do at ``boundary``; raises before anything changes if it cannot."""
+        return None if self.cache is None else self.cache.plan(boundary, epoch, done_fraction)
+
+    def apply(self, boundary: int, plan: CachePlan | None) -> float:
+        """Make the forward path match ``boundary`` (requires_grad already set): commit the cache's
+        plan and build a new DDP wrapper over what is now trainable. Returns the rebuild's seconds."""
+        if plan is not None:
+            self.cache.commit(plan)
+        return self.rebuild(boundary)
+
+    def rebuild(self, boundary: int) -> float:
+        """A new DDP wrapper over the parameters that require grad now (nothing without a group)."""
+        if not self.distributed:
+            return 0.0
+        start = time.perf_counter()
+        if self.wrapper is not None:
+            retire(self.wrapper)  # a script that kept it gets a clear error, not DDP's misleading one
+        self.wrapper = None  # each live wrapper holds its own gradient buckets: drop the old one first
+        ignored = frozen_names(self.blocks, boundary)
+        self.wrapper = comm.build_ddp(self.model, ignored, self.comm, self.comm_hook, self.ddp_kwargs)
+        elapsed_s = time.perf_counter() - start
+        for listener in self._listeners:
+            listener(self.wrapper)
+        return elapsed_s
+
+    def add_rebuild_listener(self, listener: Callable[[nn.Module | None], None]) -> None:
+        """Call ``listener(new_wrapper)`` after every rebuild (for a trainer that holds the wrapper)."""
+        self._listeners.append(listener)
+
+    def expect_rank_check(self) -> None:
+        """Compare the ranks' weights at the next training forward (after a load)."""
+        self._check_ranks = self.distributed
+
+    def close(self) -> None:
+        if self.wrapper is not None:
+            retire(self.wrapper)
+            self.wrapper = None
+        self.closed = True
+
+    # ------------------------------------------------------------------ the forward
+    def forward(self, *args: Any, sample_ids: torch.Tensor | None = None, **kwargs: Any) -> Any:
+        """The model's forward through the current wrapper; a training forward with ``sample_ids``
+        runs from the cache's stored rows when it holds every one of them."""
+        if self.closed:
+            raise RuntimeError("Freezer: closed (its DDP wrapper is released); build a new Freezer to train again")
+        target = self.wrapper if self.wrapper is not None else self.model
+        if not (self.model.training and torch.is_grad_enabled()):
+            return target(*args, **kwargs)
+        if self._check_ranks:
+            self._check_ranks = False
+            self._refuse_diverged_ranks()
+        if self.cache is None:
+            return target(*args, **kwargs)
+        self.cache.before_training_forward()  # on every rank: builds are collective
+        if self.cache.store is None:
+            return target(*args, **kwargs)
+        if sample_ids is None:
+            self._warn_no_keys()
+            return target(*args, **kwargs)
+        keys = torch.as_tensor(sample_ids)
+        inputs = args[0] if len(args) == 1 and not kwargs else (args, kwargs)
+        batch = batch_size(inputs)
+        if keys.dim() != 1 or (batch is not None and keys.numel() != batch):
+            raise CacheError(
+                f"Freezer: sample_ids holds {keys.numel()} keys for a batch of {batch}; pass one key per sample "
+                "(the keys the cache source numbers the inputs by)"
+            )
+        rows = self.cache.read(keys, _device_of(self.model))
+        if rows is None:  # exact fallback: the model computes the prefix, as without the cache
+            return target(*args, **kwargs)
+        with self.cache.serving(rows):
+            return target(*args, **kwargs)
+
+    def _warn_no_keys(self) -> None:
+        if not self._warned_no_keys:
+            self._warned_no_keys = True
+            warnings.warn(
+                "Freezer: the activation cache holds the frozen prefix but the training forward got no sample_ids, "
+                "so the prefix is computed as without the cache; pass freezer.module(x, sample_ids=keys)",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+
+    def _refuse_diverged_ranks(self) -> None:
+        """One all-gather of a 2-number fingerprint of every parameter and buffer, at the first
+        training forward after the Freezer was built or loaded: the moment a weight load on some
+        ranks only (after the Freezer's broadcast) shows."""
+        mine = fingerprint(module_state([self.model])).to(comm.collective_device(self.process_group))
+        every = [torch.empty_like(mine) for _ in range(comm.world_size(self.process_group))]
+        dist.all_gather(every, mine, group=self.process_group)
+        differ = [r for r, f in enumerate(every) if not torch.equal(f, every[0])]
+        if differ:
+            raise RankMismatchError(
+                f"Freezer: rank {differ[0]} holds other weights than rank 0 at the first training step; load "
+                "weights on every rank BEFORE building the Freezer (it broadcasts rank 0's at construction), or "
+                "restore with freezer.load_training_state_dict() on every rank"
+            )
+
+
+def _device_of(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _refuse_stale_call(module: nn.Module, args: tuple) -> None:
+    raise StaleWrapperError(
+        "Freezer: this DDP wrapper was replaced when the freeze boundary moved and no longer "
+        f"reduces the right gradients; {STALE_WRAPPER_FIX}"
+    )
+
+
+def retire(ddp: nn.Module) -> None:
+    """Make a replaced wrapper refuse to run, with an error naming the fix."""
+    ddp.register_forward_pre_hook(_refuse_stale_call)
