@@ -14,8 +14,10 @@ ConvNeXt, ViT, Swin; Hugging Face BERT and GPT-2; any model built from ``nn.Sequ
    split again if it is a container, e.g. a stage inside a stage). Everything else that owns
    parameters is one unit. A model without any layer container gets its top-level children.
 3. A unit that is a lone normalization layer (BatchNorm, LayerNorm, RMSNorm, ... or a class whose
-   name ends in ``Norm``/``Norm2d``) joins the unit before it (the first one joins the next): a norm
-   is not a layer of its own, it belongs to the layer whose output it normalizes. This is what
+   name ends in ``Norm``/``Norm2d`` and that has no parameter-owning children, so that a
+   ``PreNorm(dim, fn)`` wrapper around a whole layer stays a layer) joins the unit before it (the
+   first one joins the next): a norm is not a layer of its own, it belongs to the layer whose
+   output it normalizes. This is what
    makes a ResNet's ``conv1 + bn1`` one stem block and puts a final ``encoder.ln`` with the last
    encoder layer.
 4. A parameter tied to an earlier unit (GPT-2's ``lm_head.weight`` is ``wte.weight``) belongs to the
@@ -49,7 +51,7 @@ from torch import nn
 
 # What counts as a normalization layer (rule 3). Classes first; the name pattern catches norms that
 # libraries define themselves (torchvision's LayerNorm2d subclasses nn.LayerNorm, but e.g. Hugging
-# Face's LlamaRMSNorm and T5LayerNorm are plain nn.Modules).
+# Face's LlamaRMSNorm and T5LayerNorm are plain nn.Modules), if they own their parameters directly.
 NORM_TYPES: tuple[type[nn.Module], ...] = (
     nn.modules.batchnorm._NormBase,  # BatchNorm*, InstanceNorm*, SyncBatchNorm
     nn.LayerNorm,
@@ -87,7 +89,11 @@ def is_layer_container(module: nn.Module) -> bool:
 
 
 def is_norm(module: nn.Module) -> bool:
-    return isinstance(module, NORM_TYPES) or bool(NORM_CLASS_NAME.search(type(module).__name__))
+    """Rule 3: a normalization layer. The class name counts only for a module owning its parameters
+    directly: a ``PreNorm(dim, fn)`` wrapper holds a whole layer, a norm holds a weight and a bias."""
+    if isinstance(module, NORM_TYPES):
+        return True
+    return bool(NORM_CLASS_NAME.search(type(module).__name__)) and not any(owns_params(c) for c in module.children())
 
 
 def _qualify(prefix: str, name: str) -> str:

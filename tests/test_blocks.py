@@ -103,6 +103,42 @@ def test_a_norm_of_a_library_of_its_own_is_known_by_its_class_name():
     assert [b.module_names for b in split_blocks(model)] == [("0", "1"), ("2",), ("3",)]
 
 
+class PreNorm(nn.Module):
+    """The pre-norm wrapper of much transformer code: a whole layer (``fn``) behind a LayerNorm."""
+
+    def __init__(self, dim, fn):
+        super().__init__()
+        self.norm = nn.LayerNorm(dim)
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(self.norm(x))
+
+
+class PreNormTransformer(nn.Module):
+    def __init__(self, dim=8, depth=3):
+        super().__init__()
+        self.embed = nn.Linear(4, dim)
+        self.layers = nn.ModuleList(
+            nn.ModuleList([PreNorm(dim, nn.Linear(dim, dim)), PreNorm(dim, nn.Linear(dim, dim))]) for _ in range(depth)
+        )
+        self.head = nn.Linear(dim, 3)
+
+    def forward(self, x):
+        x = self.embed(x)
+        for attn, ff in self.layers:
+            x = x + attn(x)
+            x = x + ff(x)
+        return self.head(x)
+
+
+def test_a_wrapper_whose_class_name_ends_in_norm_is_a_layer_not_a_norm():
+    """``PreNorm(dim, fn)`` holds a whole layer: only a module owning its parameters directly (no
+    parameter-owning children) is taken for a norm by its class name."""
+    blocks = split_blocks(PreNormTransformer())
+    assert [b.name for b in blocks] == ["embed"] + [f"layers.{i}.{j}" for i in range(3) for j in range(2)] + ["head"]
+
+
 class Stack(nn.Module):
     def __init__(self, depth=12):
         super().__init__()
