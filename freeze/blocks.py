@@ -2,7 +2,9 @@
 
 A boundary ``k`` freezes blocks ``0 .. k-1``. Blocks must be in forward order, own at least one
 parameter each, and together own every parameter of the model exactly once: otherwise "freeze the
-first k blocks" would leave parameters in no man's land or freeze them twice.
+first k blocks" would leave parameters in no man's land or freeze them twice. :func:`split_blocks`
+builds such blocks; :func:`check_partition` checks blocks made by hand (a parameter the user froze
+may be in none).
 """
 
 from __future__ import annotations
@@ -59,6 +61,55 @@ def frozen_names(blocks: Sequence[Block], k: int) -> list[str]:
     alone at boundary ``k`` (frozen parameters reduce nothing; frozen buffers must not be
     re-broadcast at every forward)."""
     return [n for b in blocks[:k] for n in b.param_names] + [n for b in blocks[:k] for n, _, _ in b.buffers()]
+
+
+def check_partition(model: nn.Module, blocks: Sequence[Block]) -> None:
+    """Raise a one-line ``BlockError`` unless ``blocks`` partition the parameters of ``model``.
+
+    Every parameter of ``model`` that requires grad is in exactly one block, and no parameter is in
+    two blocks or twice in one. A parameter the user froze (``requires_grad=False``) may be in no
+    block: no boundary ever trains it. Blocks from :func:`split_blocks` always pass; hand-made ones
+    may not, and then "freeze the first k blocks" would train what no block holds (the optimizer
+    steps it, and ``trainable_grad_bytes`` leaves it out) or leave a parameter trainable in a later
+    block once an earlier one froze it.
+
+    Args:
+        model: the model the blocks split.
+        blocks: its blocks, in the order given to the Freezer.
+
+    Raises:
+        BlockError: naming the first offending parameter (blocks in order, then the model's
+            parameters in ``named_parameters()`` order) and the fix.
+    """
+    names = {id(p): n for n, p in model.named_parameters()}
+    problem = f"blocks do not partition {type(model).__name__}"
+    holder: dict[int, int] = {}  # parameter -> index of the block holding it
+    for i, block in enumerate(blocks):
+        for name, p in zip(block.param_names, block.params):
+            if id(p) not in names:
+                raise BlockError(
+                    f"{problem}: block '{block.name}' holds '{name}', which is not a parameter of this model; "
+                    "build the blocks with split_blocks(model) of the model you pass"
+                )
+            if id(p) in holder:
+                first = holder[id(p)]
+                where = (
+                    f"twice in block '{block.name}'"
+                    if first == i
+                    else f"in block '{blocks[first].name}' and in block '{block.name}'"
+                )
+                raise BlockError(
+                    f"{problem}: parameter '{names[id(p)]}' is {where}; list each parameter in one block "
+                    "(split_blocks(model) does)"
+                )
+            holder[id(p)] = i
+    for name, p in model.named_parameters():
+        if p.requires_grad and id(p) not in holder:
+            raise BlockError(
+                f"{problem}: parameter '{name}' requires grad and is in no block, so it would train at "
+                "every boundary; add it to a block (split_blocks(model) places every parameter), or "
+                "set its requires_grad=False to keep it frozen"
+            )
 
 
 def tracks_running_stats(module: nn.Module) -> bool:

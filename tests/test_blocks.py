@@ -4,7 +4,7 @@ import torchvision
 from torch import nn
 
 from freeze import BlockError, split_blocks
-from freeze.blocks import frozen_names
+from freeze.blocks import Block, check_partition, frozen_names
 from tests.tiny_models import TinyNet
 
 
@@ -278,3 +278,54 @@ def test_split_works_on_the_meta_device():
         model = torchvision.models.vit_b_16()
     blocks = split_blocks(model)
     assert len(blocks) == 14 and blocks[1].param_names[:2] == ("class_token", "encoder.pos_embedding")
+
+
+# ------------------------------------------------------------------ blocks that partition the model
+def _with_extra_params(block: Block, names: tuple[str, ...], params: tuple[nn.Parameter, ...]) -> Block:
+    """``block`` also holding ``params`` (hand-made blocks, as a user could build them)."""
+    return Block(block.name, block.module_names, block.modules, block.param_names + names, block.params + params)
+
+
+def test_blocks_from_split_blocks_partition_the_model_also_with_tied_weights():
+    for model in (TinyNet(), TiedLM(), Scaled()):
+        check_partition(model, split_blocks(model))
+
+
+def test_a_trainable_parameter_in_no_block_is_a_one_line_error():
+    """correctness_exp/e15: without the stem in a block, 'freeze the first 2 blocks' trained the stem."""
+    model = TinyNet()
+    with pytest.raises(BlockError, match="parameter 'stem.0.weight' requires grad and is in no block") as e:
+        check_partition(model, split_blocks(model)[1:])
+    assert "\n" not in str(e.value)
+
+
+def test_a_parameter_the_user_froze_may_be_in_no_block():
+    model = TinyNet()
+    model.stem.requires_grad_(False)
+    check_partition(model, split_blocks(model)[1:])
+
+
+def test_a_parameter_in_two_blocks_is_a_one_line_error():
+    """correctness_exp/e15: the stem's conv listed again in the head stayed trainable when the stem froze."""
+    model = TinyNet()
+    blocks = split_blocks(model)
+    blocks[3] = _with_extra_params(blocks[3], ("stem.0.weight",), (model.stem[0].weight,))
+    with pytest.raises(BlockError, match="parameter 'stem.0.weight' is in block 'stem' and in block 'head'") as e:
+        check_partition(model, blocks)
+    assert "\n" not in str(e.value)
+
+
+def test_a_parameter_twice_in_one_block_is_a_one_line_error():
+    model = TinyNet()
+    blocks = split_blocks(model)
+    blocks[1] = _with_extra_params(blocks[1], ("block1.0.weight",), (model.block1[0].weight,))
+    with pytest.raises(BlockError, match="parameter 'block1.0.weight' is twice in block 'block1'") as e:
+        check_partition(model, blocks)
+    assert "\n" not in str(e.value)
+
+
+def test_a_block_holding_a_parameter_of_another_model_is_a_one_line_error():
+    model, other = TinyNet(), TinyNet()
+    with pytest.raises(BlockError, match="block 'stem' holds 'stem.0.weight', which is not a parameter of") as e:
+        check_partition(model, split_blocks(other))
+    assert "\n" not in str(e.value)
