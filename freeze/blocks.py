@@ -149,25 +149,36 @@ class _Draft:
     params: list[nn.Parameter]
 
 
-def split_blocks(model: nn.Module, names: Sequence[str | Sequence[str]] | None = None) -> list[Block]:
+def split_blocks(
+    model: nn.Module, names: Sequence[str | Sequence[str]] | None = None, *, head: str | None = None
+) -> list[Block]:
     """Ordered freezable blocks of ``model``; boundary k freezes blocks 0..k-1, the last is the head.
 
     Args:
         model: the model to split (any device, also ``meta``).
         names: one entry per block, in forward order, or ``None`` for the default split
-            (:func:`freeze.block_finder.default_block_names`: the model's repeated layers, e.g.
-            stem, each residual block, fc for a ResNet). An entry is a module name (``"pooler"``), a
-            glob that becomes one block per matching parameter-owning module (``"encoder.layer.*"``,
-            in registration order; ``*`` stays within one dotted component), or a list of module
+            (:func:`freeze.block_finder.default_block_names`: the model's repeated layers in forward
+            order, e.g. stem, each residual block, fc for a ResNet; the head is the block nearest the
+            main output, see rule 5 there). An entry is a module name (``"pooler"``), a glob that
+            becomes one block per matching parameter-owning module (``"encoder.layer.*"``, in
+            registration order; ``*`` stays within one dotted component), or a list of module
             names, globs and parameter names forming ONE block (``["conv1", "bn1"]``,
-            ``["conv_proj", "class_token"]``).
+            ``["conv_proj", "class_token"]``). The last entry is the head.
+        head: with the default split only: the module that computes the model's output (``"fc"``),
+            for when the default cannot tell (a model ``torch.fx`` cannot trace, whose units are then
+            in registration order, with an auxiliary head registered last; or a forward whose first
+            returned tensor is not the main output). The last block is then every unit inside
+            ``head`` and every unit after the first of them in forward order (an auxiliary head that
+            runs after the main one joins it; it is never frozen).
 
     Every parameter ends in exactly one block. A parameter tied to several named modules belongs
     to the first block naming it. A parameter owned directly by a parent of the named modules (ViT's
     ``class_token``) and not named itself joins the first block whose input depends on it
     (:func:`freeze.block_finder.first_block_using`). Anything else is a one-line ``BlockError``.
     """
-    spec = default_block_names(model) if names is None else expand_globs(model, names)
+    if names is not None and head is not None:
+        raise BlockError("split_blocks: head= is for the default split; with names=[...] the last entry is the head")
+    spec = default_block_names(model, head) if names is None else expand_globs(model, names)
     if not spec:
         raise BlockError("split_blocks: the model has no parameter-owning modules to freeze")
     modules = dict(model.named_modules())

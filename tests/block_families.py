@@ -15,6 +15,8 @@ import torch
 import torchvision
 from torch import nn
 from torchvision.models import convnext, efficientnet, mobilenetv3, regnet, resnet, swin_transformer, vgg
+from torchvision.models._utils import IntermediateLayerGetter
+from torchvision.models.segmentation import deeplabv3, fcn
 
 NUM_CLASSES = 10
 VOCAB = 64
@@ -106,6 +108,24 @@ class TinyTextEncoder(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return self.head(self.norm(self.encoder(self.embed(ids))).mean(1))
+
+
+def _tiny_segmentation(kind: str) -> nn.Module:
+    """torchvision's FCN / DeepLabV3 with ``aux_loss``: its own classes (the aux head is registered
+    after the main head, reads layer3 and runs after the main head), on a ResNet of one BasicBlock
+    per stage instead of a dilated ResNet-50."""
+    backbone = resnet.ResNet(resnet.BasicBlock, [1, 1, 1, 1])
+    backbone = IntermediateLayerGetter(backbone, return_layers={"layer4": "out", "layer3": "aux"})
+    aux = fcn.FCNHead(256, NUM_CLASSES)
+    if kind == "fcn":
+        return fcn.FCN(backbone, fcn.FCNHead(512, NUM_CLASSES), aux)
+    return deeplabv3.DeepLabV3(backbone, deeplabv3.DeepLabHead(512, NUM_CLASSES), aux)
+
+
+def _googlenet() -> nn.Module:
+    # Its widths are fixed (13M parameters with the aux heads); a 32x32 image keeps a step fast. The
+    # aux heads are registered after inception5b but run after inception4a and inception4d.
+    return torchvision.models.GoogLeNet(num_classes=NUM_CLASSES, aux_logits=True, init_weights=False)
 
 
 def _tiny_bert() -> nn.Module:
@@ -204,6 +224,22 @@ _FAMILIES = [
     Family("swin", partial(_tiny_swin, v2=False), ("head",)),
     Family("swin_v2", partial(_tiny_swin, v2=True), ("head",)),
     Family("torch_transformer", TinyTextEncoder, ("head",), inputs="tokens"),
+    # Auxiliary outputs: the head is the layer nearest the main output (the first one forward
+    # returns); an aux head that runs after it joins it, one that runs earlier is a block where it
+    # runs. Not in the 2-rank run: they add no case to DDP's, and GoogLeNet is 13M parameters.
+    Family(
+        "fcn_aux",
+        partial(_tiny_segmentation, "fcn"),
+        ("classifier.4", "aux_classifier.0", "aux_classifier.1", "aux_classifier.4"),
+        ddp=False,
+    ),
+    Family(
+        "deeplabv3_aux",
+        partial(_tiny_segmentation, "deeplabv3"),
+        ("classifier.4", "aux_classifier.0", "aux_classifier.1", "aux_classifier.4"),
+        ddp=False,
+    ),
+    Family("googlenet_aux", _googlenet, ("fc",), ddp=False),
     Family("hf_bert", _tiny_bert, ("classifier",), inputs="tokens"),
     # Tied input/output embeddings: the tied weight belongs to wte (its first user), so lm_head owns
     # nothing of its own and the last block is the last layer with the final norm.
@@ -222,9 +258,21 @@ def batch(family: Family, size: int, seed: int) -> tuple[torch.Tensor, torch.Ten
 
 
 def loss(family: Family, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy of a classifier; next-token cross-entropy of a language model."""
+    """Cross-entropy of a classifier (plus that of each auxiliary output, as their training does:
+    every head gets a gradient); per-pixel cross-entropy against the image's label of a segmentation
+    model; next-token cross-entropy of a language model."""
     out = model(input_ids=x) if family.name.startswith("hf_") else model(x)
-    logits = getattr(out, "logits", out)
+    if hasattr(out, "_fields"):  # GoogLeNet in training: (logits, aux_logits2, aux_logits1)
+        outputs = list(out)
+    elif hasattr(out, "logits"):  # Hugging Face
+        outputs = [out.logits]
+    elif isinstance(out, dict):  # torchvision segmentation: {"out": ..., "aux": ...}, (N, C, H, W) each
+        outputs = list(out.values())
+    else:
+        outputs = [out]
+    logits = outputs[0]
     if logits.dim() == 3:  # a language model: predict token t+1 from tokens ..t
         return nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
-    return nn.functional.cross_entropy(logits, y)
+    if logits.dim() == 4:
+        return sum(nn.functional.cross_entropy(o, y[:, None, None].expand(-1, *o.shape[2:])) for o in outputs)
+    return sum(nn.functional.cross_entropy(o, y) for o in outputs)

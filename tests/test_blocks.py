@@ -103,6 +103,42 @@ def test_a_norm_of_a_library_of_its_own_is_known_by_its_class_name():
     assert [b.module_names for b in split_blocks(model)] == [("0", "1"), ("2",), ("3",)]
 
 
+class PreNorm(nn.Module):
+    """The pre-norm wrapper of much transformer code: a whole layer (``fn``) behind a LayerNorm."""
+
+    def __init__(self, dim, fn):
+        super().__init__()
+        self.norm = nn.LayerNorm(dim)
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(self.norm(x))
+
+
+class PreNormTransformer(nn.Module):
+    def __init__(self, dim=8, depth=3):
+        super().__init__()
+        self.embed = nn.Linear(4, dim)
+        self.layers = nn.ModuleList(
+            nn.ModuleList([PreNorm(dim, nn.Linear(dim, dim)), PreNorm(dim, nn.Linear(dim, dim))]) for _ in range(depth)
+        )
+        self.head = nn.Linear(dim, 3)
+
+    def forward(self, x):
+        x = self.embed(x)
+        for attn, ff in self.layers:
+            x = x + attn(x)
+            x = x + ff(x)
+        return self.head(x)
+
+
+def test_a_wrapper_whose_class_name_ends_in_norm_is_a_layer_not_a_norm():
+    """``PreNorm(dim, fn)`` holds a whole layer: only a module owning its parameters directly (no
+    parameter-owning children) is taken for a norm by its class name."""
+    blocks = split_blocks(PreNormTransformer())
+    assert [b.name for b in blocks] == ["embed"] + [f"layers.{i}.{j}" for i in range(3) for j in range(2)] + ["head"]
+
+
 class Stack(nn.Module):
     def __init__(self, depth=12):
         super().__init__()
@@ -242,6 +278,142 @@ def test_split_works_on_the_meta_device():
         model = torchvision.models.vit_b_16()
     blocks = split_blocks(model)
     assert len(blocks) == 14 and blocks[1].param_names[:2] == ("class_token", "encoder.pos_embedding")
+
+
+# ------------------------------------------------------------- forward order and the output layer
+class RegisteredBackwards(nn.Module):
+    """Modules registered in the reverse of the order the forward runs them."""
+
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(4, 2)
+        self.layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(3))
+        self.embed = nn.Linear(3, 4)
+
+    def forward(self, x):
+        x = self.embed(x)
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+def test_units_are_in_forward_order_not_registration_order():
+    blocks = split_blocks(RegisteredBackwards())
+    assert [b.name for b in blocks] == ["embed", "layers.0", "layers.1", "layers.2", "head"]
+
+
+class EarlyAux(Stack):
+    """An auxiliary head registered last but run after layers.0, GoogLeNet-style, in training only."""
+
+    def __init__(self):
+        super().__init__(depth=3)
+        self.aux = nn.Linear(4, 2)
+
+    def forward(self, x):
+        x = self.layers[0](self.embed(x))
+        aux = self.aux(x) if self.training else None
+        out = self.head(self.layers[2](self.layers[1](x)))
+        return {"out": out, "aux": aux} if self.training else out
+
+
+def test_an_aux_head_that_runs_early_is_a_block_where_it_runs_also_when_split_in_eval_mode():
+    model = EarlyAux().eval()
+    blocks = split_blocks(model)
+    assert [b.name for b in blocks] == ["embed", "layers.0", "aux", "layers.1", "layers.2", "head"]
+    assert not any(m.training for m in model.modules()), "the trace runs in training mode and restores the modes"
+
+
+class LateAux(Stack):
+    """An auxiliary head that reads layers.1 and runs after the main head."""
+
+    def __init__(self):
+        super().__init__(depth=3)
+        self.aux = nn.Linear(4, 2)
+
+    def forward(self, x):
+        x1 = self.layers[1](self.layers[0](self.embed(x)))
+        return self.head(self.layers[2](x1)), self.aux(x1)
+
+
+def test_an_aux_head_that_runs_after_the_main_head_joins_it():
+    blocks = split_blocks(LateAux())
+    assert [b.name for b in blocks] == ["embed", "layers.0", "layers.1", "layers.2", "head+aux"]
+
+
+@pytest.mark.parametrize("build", ["fcn_resnet50", "deeplabv3_resnet50"])
+def test_torchvisions_segmentation_models_with_aux_loss_keep_the_main_output_conv_in_the_head(build):
+    """correctness_exp/e9: aux_classifier.4, registered last, was the head and classifier.4 froze."""
+    with torch.device("meta"):
+        model = getattr(torchvision.models.segmentation, build)(aux_loss=True, weights=None, weights_backbone=None)
+    blocks = split_blocks(model)
+    assert blocks[-1].module_names == ("classifier.4", "aux_classifier.0", "aux_classifier.1", "aux_classifier.4")
+    assert all(name.startswith(("backbone.", "classifier.")) for b in blocks[:-1] for name in b.module_names)
+
+
+def test_googlenets_aux_heads_are_blocks_where_they_run():
+    """correctness_exp/e9: aux1 and aux2, registered after inception5b, made the first forward raise
+    BlockOrderError. tests/test_block_families.py runs the real forward at every boundary."""
+    with torch.device("meta"):
+        model = torchvision.models.googlenet(aux_logits=True, init_weights=False, weights=None).eval()
+    names = [b.name for b in split_blocks(model)]
+    assert names[names.index("aux1") - 1] == "inception4a.branch4.1"
+    assert names[names.index("aux2") - 1] == "inception4d.branch4.1"
+    assert names[-1] == "fc"
+
+
+class UntraceableLateAux(LateAux):
+    def forward(self, x):
+        x = self.embed(x)
+        if x.sum() > 0:  # control flow on a tensor value: torch.fx cannot trace it
+            x = -x
+        return super().forward(x)
+
+
+class FeaturesFirst(Stack):
+    def forward(self, x):
+        x = self.embed(x)
+        for layer in self.layers:
+            x = layer(x)
+        return x, self.head(x)  # features first: the default takes them for the main output
+
+
+def test_head_names_the_output_layer_when_the_trace_cannot_tell():
+    # Untraceable: registration order, and aux (registered last) would be the head.
+    assert split_blocks(UntraceableLateAux())[-1].name == "aux"
+    assert [b.name for b in split_blocks(UntraceableLateAux(), head="head")][-2:] == ["layers.2", "head+aux"]
+    # The first returned tensor is not the main output: its last layer would be the head.
+    assert split_blocks(FeaturesFirst(depth=3))[-1].name == "layers.2+head"
+    assert [b.name for b in split_blocks(FeaturesFirst(depth=3), head="head")][-2:] == ["layers.2", "head"]
+
+
+class ReturnsItsInputFirst(Stack):
+    def forward(self, x):
+        return x * 2, super().forward(x)
+
+
+@pytest.mark.parametrize(
+    "model, kwargs, message",
+    [
+        (
+            ReturnsItsInputFirst(depth=2),
+            {},
+            r"the first tensor ReturnsItsInputFirst.forward returns depends on no block.*head=",
+        ),
+        (
+            Stack(depth=2),
+            {"head": "nope"},
+            "head='nope' names no module of the model; top-level modules: embed, layers, head",
+        ),
+        (Stack(depth=2), {"head": "layers.0.1"}, "head='layers.0.1' owns no parameters of its own"),
+        (Stack(depth=2), {"head": "head", "names": ["embed", "layers.*", "head"]}, "head= is for the default split"),
+    ],
+)
+def test_an_output_layer_that_cannot_be_placed_is_a_one_line_error(model, kwargs, message):
+    with pytest.raises(BlockError, match=message) as e:
+        split_blocks(model, **kwargs)
+    assert "\n" not in str(e.value)
+    if not kwargs:
+        assert split_blocks(model, head="head")[-1].name == "head"
 
 
 # ------------------------------------------------------------------ blocks that partition the model
