@@ -1,6 +1,7 @@
 """Freezer behaviour in one process (no process group): the same object serves debugging."""
 
 import copy
+import dataclasses
 import io
 import pickle
 import warnings
@@ -385,3 +386,71 @@ def test_closed_freezer_refuses_to_run_and_leaves_the_model_usable():
     with pytest.raises(RuntimeError, match="closed"):
         freezer.module(x)
     assert model(x).shape == (4, 5)
+
+
+# ------------------------------------------------------------------ issue 21/25: what the Freezer refuses or keeps
+def test_parameters_the_user_froze_stay_frozen_at_every_boundary_and_are_not_counted():
+    torch.manual_seed(0)
+    model = TinyNet()
+    model.stem.requires_grad_(False)  # frozen by the user before the Freezer
+    stem = [p.detach().clone() for p in model.stem.parameters()]
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+    freezer = Freezer(model, split_blocks(model), optimizer=optimizer)
+    stem_bytes = sum(p.numel() * p.element_size() for p in model.stem.parameters())
+    all_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert freezer.trainable_grad_bytes == all_bytes - stem_bytes
+    for k in (0, 2, 1, 0):  # freeze past it and unfreeze below it again
+        freezer.set_boundary(k)
+        assert not any(p.requires_grad for p in model.stem.parameters())
+        x, y = global_batch(k, 4)
+        F.cross_entropy(freezer.module(x), y).backward()
+        freezer.after_backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    assert all(torch.equal(a, b) for a, b in zip(stem, model.stem.parameters()))
+    assert model.block1[0].weight.grad is None and not torch.equal(model.head.weight, TinyNet().head.weight)
+
+
+def test_blocks_that_do_not_partition_the_model_are_refused_in_one_line():
+    model = TinyNet()
+    blocks = split_blocks(model)
+    with pytest.raises(ValueError, match="blocks do not partition TinyNet") as err:
+        Freezer(model, blocks[1:])  # the stem's parameters are in no block
+    assert "\n" not in str(err.value)
+    with pytest.raises(ValueError, match="is in block 'stem' and in block"):
+        head = blocks[-1]
+        twice = dataclasses.replace(
+            head, param_names=head.param_names + blocks[0].param_names[:1], params=head.params + blocks[0].params[:1]
+        )
+        Freezer(model, [*blocks[:-1], twice])
+
+
+def test_end_epoch_called_twice_or_with_a_skipped_epoch_is_refused_in_one_line():
+    model = TinyNet()
+    freezer = Freezer(model, split_blocks(model), make_policy("autofreeze"))
+    x, y = global_batch(0, 4)
+    F.cross_entropy(freezer.module(x), y).backward()
+    freezer.after_backward()
+    freezer.end_epoch(0)
+    for wrong in (0, 2):  # a second call for epoch 0, or a skipped epoch 1
+        with pytest.raises(ValueError, match=f"end_epoch\\({wrong}\\): the epoch that just ended is 1") as err:
+            freezer.end_epoch(wrong)
+        assert "\n" not in str(err.value)
+    with pytest.warns(RuntimeWarning, match="epoch 1 ended without a training step"):
+        freezer.end_epoch(1)
+
+
+def test_the_monitor_keeps_a_bounded_history_and_counts_every_interval():
+    model = TinyNet()
+    freezer = Freezer(model, split_blocks(model), make_policy("autofreeze", percentile=0), interval_steps=1)
+    freezer.monitor.history_kept = 4
+    for step in range(10):
+        x, y = global_batch(step, 4)
+        F.cross_entropy(freezer.module(x), y).backward()
+        freezer.after_backward()
+        freezer.after_step()
+    assert len(freezer.history) == 4 and [s.index for s in freezer.history] == [6, 7, 8, 9]
+    other = TinyNet()
+    restored = Freezer(other, split_blocks(other), make_policy("autofreeze", percentile=0), interval_steps=1)
+    restored.load_state_dict(freezer.state_dict())
+    assert restored.monitor.intervals_closed == 10 and len(restored.history) == 4

@@ -330,6 +330,12 @@ class Cuts:
         return why
 
     def _exact(self, cut: int, where: Cut) -> str:
+        try:
+            return self._exact_or_raise(cut, where)
+        except CacheError:  # the probe's forward did not reach the cut
+            return f"the forward does not always reach the cut before block '{self.blocks[cut].name}' (skipped?)"
+
+    def _exact_or_raise(self, cut: int, where: Cut) -> str:
         name = self.blocks[cut - 1].name
         two, three, other = (self._inputs(k) for k in self._probe_keys)
         with probing(self.model), frozen_semantics(self.blocks[:cut], self.frozen_mode):
