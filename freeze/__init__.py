@@ -6,9 +6,10 @@ freezer = Freezer(model, split_blocks(model), make_policy("autofreeze", percenti
 
 from freeze.blocks import Block, BlockError, split_blocks
 from freeze.cache import CacheConfig, CacheError, CacheSource
-from freeze.freezer import Freezer, FreezerCounters
+from freeze.freezer import Freezer
 from freeze.monitor import GradNormMonitor, IntervalStats
 from freeze.policies import POLICIES, Policy, PolicyError, Progress, make_policy, parse_policy
+from freeze.records import FreezerCounters
 
 __all__ = [
     "Block",

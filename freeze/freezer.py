@@ -5,58 +5,38 @@ ranks (each one checked by tests/test_freezer_ddp.py):
 
 1. the boundary changes only between optimizer steps, and rank 0's decision is broadcast;
 2. frozen parameters get ``requires_grad=False`` and ``grad=None`` (a zero gradient would still let
-   momentum / weight decay move them) and their optimizer state is dropped;
-3. norm layers with running statistics in frozen blocks (BatchNorm, InstanceNorm with
-   ``track_running_stats``) stay in eval mode, also across ``model.train()`` calls; newly frozen
-   buffers are broadcast from rank 0 once and kept out of DDP's per-forward buffer broadcast;
-4. the frozen prefix runs under ``no_grad`` (a frozen module whose input requires grad passes the
-   gradient through) and like inference (every module in eval, ``frozen_mode="eval"``), and the
-   blocks must run in list order (checked on the first forward after each boundary change);
-5. DDP is rebuilt with ``init_sync=False`` and the byte-counting comm hook re-registered;
-6. parameters the user froze before building the Freezer (``requires_grad=False``) stay frozen at
-   every boundary, and are neither trained nor counted.
+   momentum / weight decay move them) and their optimizer state is dropped; parameters the user
+   froze before building the Freezer stay frozen at every boundary;
+3. frozen blocks run like inference (freeze.steering), and their newly frozen buffers are broadcast
+   from rank 0 once and kept out of DDP's per-forward buffer broadcast;
+4. DDP is rebuilt with ``init_sync=False`` and the byte-counting comm hook (freeze.engine).
 
-The forward path (DDP wrapper, activation cache, the forward itself) is :class:`freeze.engine.Engine`;
-the Freezer owns the boundary, the policy, the monitor, the hooks on the model and the state.
+The Freezer owns the boundary, the policy, the monitor, the hooks on the model and the state; the
+forward path (DDP wrapper, activation cache, the forward) is its :class:`freeze.engine.Engine`.
 Without an initialised process group the same object drives a plain model in one process.
 """
 
 from __future__ import annotations
 
+import logging
 import warnings
+from collections import deque
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import torch
 from torch import nn
 
 from freeze import comm, steering
-from freeze.blocks import Block, check_partition, tracks_running_stats
-from freeze.cache import FROZEN_MODES, ActivationCache, CacheConfig, CacheError, CacheSource
+from freeze.blocks import Block, check_partition
+from freeze.cache import FROZEN_MODES, ActivationCache, CacheConfig, CacheSource, make_cache
 from freeze.dispatch import FreezerModule
 from freeze.engine import Engine
 from freeze.monitor import GradNormMonitor, IntervalStats
 from freeze.policies import Policy, Progress, make_policy
+from freeze.records import Decision, Evaluation, FreezerCounters
 
-
-@dataclass
-class FreezerCounters:
-    steps: int = 0  # optimizer steps seen by after_backward, skipped ones included
-    skipped_steps: int = 0  # of those, steps the optimizer skipped (fp16 overflow)
-    allreduce_bytes_total: int = 0  # per rank, since construction
-    allreduce_bytes_last_step: int = 0
-    rewraps: int = 0  # DDP constructions after the first
-    rewrap_s_total: float = 0.0
-    rewrap_s_last: float = 0.0
-
-
-@dataclass(frozen=True)
-class Decision:
-    interval: int
-    epoch: int
-    step: int
-    boundary_before: int
-    boundary_after: int
+_log = logging.getLogger("freeze")
 
 
 class Freezer:
@@ -72,8 +52,7 @@ class Freezer:
         model: the model to train (not wrapped in DDP).
         blocks: its ordered freezable blocks, ``split_blocks(model)``; boundary k freezes 0..k-1.
         policy: what moves the boundary (``make_policy(...)``); ``None`` never freezes.
-        optimizer: the optimizer over the model's parameters: the state of parameters that freeze
-            is dropped, and :meth:`training_state_dict` saves it.
+        optimizer: its state of parameters that freeze is dropped; :meth:`training_state_dict` saves it.
         epochs: planned epochs; required by run-length policies (freezeout, linear).
         steps_per_epoch: optimizer steps per epoch; required by run-length policies evaluated
             every ``interval_steps`` steps.
@@ -83,13 +62,12 @@ class Freezer:
         comm_hook: "allreduce", or "bf16" to send gradients as bfloat16 (half the bytes).
         process_group: the DDP process group (default: the world).
         track_summed_grads: also sum gradients over intervals when the policy does not read them
-            (costs a pass over every trainable gradient per step); default: only if it does.
+            (a pass over every trainable gradient per step); default: only if it does.
         grad_checkpointing: recompute the activations of trainable blocks in backward.
         frozen_mode: "eval" (default): frozen blocks run like inference, dropout off; "train":
-            they keep dropout on (their norm layers with running statistics stay in eval either way).
-        cache: the activation cache of the frozen prefix (a CacheConfig or a mode: off, memory,
-            disk, auto); it needs ``cache_source``.
-        cache_source: keys -> the model's inputs, and the keys each epoch reads.
+            dropout stays on (norm layers with running statistics stay in eval either way).
+        cache: the activation cache (a CacheConfig or a mode: off, memory, disk, auto).
+        cache_source: keys -> the model's inputs, and the keys each epoch reads (the cache's data).
     """
 
     def __init__(
@@ -139,8 +117,6 @@ class Freezer:
         self.interval_steps = interval_steps
         self.frozen_mode = frozen_mode
         self.process_group = process_group
-        # What the user froze before handing the model over stays frozen, whatever the boundary.
-        self._user_frozen = {id(p) for p in model.parameters() if not p.requires_grad}
         # Summing gradients over an interval reads and writes every trainable gradient each step
         # (measured: ~2.6% of a 2-rank ResNet-18 CPU step), so by default only policies that read
         # the sums pay for it; True records them anyway (eta heatmaps for every policy).
@@ -149,6 +125,7 @@ class Freezer:
         self.monitor = GradNormMonitor(self.blocks, track_summed=track_summed_grads or self.policy.uses_gradients)
         self.counters = FreezerCounters()
         self.decisions: list[Decision] = []
+        self.evaluations: deque[Evaluation] = deque(maxlen=64)  # the last policy evaluations, changed or not
         self._steering = steering.Steering(model, self.blocks, grad_checkpointing, frozen_mode)
         self._epochs_completed = 0
         # counters.steps when the running epoch began: a loop that forgets after_backward leaves the
@@ -162,7 +139,9 @@ class Freezer:
         self.engine = Engine(
             model,
             self.blocks,
-            self._make_cache(cache, cache_source),
+            make_cache(
+                model, self.blocks, cache, cache_source, epochs, process_group, frozen_mode, self.policy.may_unfreeze
+            ),
             comm_hook=comm_hook,
             ddp_kwargs=ddp_kwargs,
             process_group=process_group,
@@ -191,14 +170,8 @@ class Freezer:
         return self.engine.forward(*args, sample_ids=sample_ids, **kwargs)
 
     def close(self) -> None:
-        """Release the DDP wrapper; call it after training, before
-        ``torch.distributed.destroy_process_group()``.
-
-        A live wrapper holds the process group, and then destroying the group leaves gloo's worker
-        and transport threads running into interpreter shutdown (observed: 3 gloo threads still
-        alive when the README example's interpreter began finalizing), where a thread that needs
-        the interpreter aborts the process ("terminate called without an active exception").
-        ``freezer.module`` refuses to run afterwards; the model is left as it is."""
+        """Release the DDP wrapper (see Engine.close); call it after training, before
+        ``torch.distributed.destroy_process_group()``."""
         self.engine.close()
 
     def train(self, mode: bool = True) -> Freezer:
@@ -208,12 +181,7 @@ class Freezer:
         Args:
             mode: True for training mode, False for evaluation mode.
         """
-        self.model.train(mode)
-        for b in self.blocks[: self.boundary]:
-            for mod in b.modules:
-                for m in mod.modules():
-                    if self.frozen_mode == "eval" or tracks_running_stats(m):
-                        m.eval()
+        self._steering.train(mode, self.boundary)
         return self
 
     def eval(self) -> Freezer:
@@ -329,13 +297,19 @@ class Freezer:
             p.numel() * p.element_size()
             for b in self.blocks[self.boundary :]
             for p in b.params
-            if id(p) not in self._user_frozen
+            if id(p) not in self._steering.user_frozen
         )
 
     @property
     def history(self) -> list[IntervalStats]:
         """The monitor's closed intervals (the most recent ones), oldest first."""
         return self.monitor.history
+
+    def explain(self) -> str:
+        """Why the policy did (not) freeze: per evaluation, the signal it read and the boundary it chose."""
+        if not self.evaluations:
+            return f"{self.policy.spec()}: no evaluation yet (boundary {self.boundary})"
+        return "\n".join(f"{self.policy.spec()}: {e.line()}" for e in self.evaluations)
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict:
@@ -432,15 +406,18 @@ class Freezer:
     def _evaluate(self, epoch: int) -> bool:
         """``epoch``: the 0-based epoch the closing interval is recorded under."""
         stats = self.monitor.close_interval(epoch, self.boundary)
-        proposed = self.policy.decide(self.boundary, self.monitor.history, self._progress(), len(self.blocks))
+        args = (self.boundary, self.monitor.history, self._progress(), len(self.blocks))
+        proposed = self.policy.decide(*args)
         # Statistics come from all-reduced gradients, so ranks agree already; the broadcast makes
         # a disagreement (e.g. a non-deterministic reduction order) impossible rather than unlikely.
         k = self._clamp(comm.broadcast_int_from_rank0(int(proposed), self.process_group))
+        evaluation = Evaluation(stats.index, epoch, self.counters.steps, self.boundary, k, self.policy.explain(*args))
+        self.evaluations.append(evaluation)
+        _log.debug("%s: %s", self.policy.spec(), evaluation.line())
         if k == self.boundary:
             return False
-        before = self.boundary
         self._apply(k)  # may raise (a cache over its budget): then no decision is recorded
-        self.decisions.append(Decision(stats.index, epoch, self.counters.steps, before, k))
+        self.decisions.append(Decision(stats.index, epoch, evaluation.step, evaluation.boundary_before, k))
         return True
 
     def _drop_optimizer_state(self, block_indices) -> None:
@@ -472,14 +449,7 @@ class Freezer:
         plan = self.engine.plan(k, self._epochs_completed, self._epoch_done_fraction()) if update_cache else None
         old = self.boundary
         newly_frozen = range(0, k) if first else range(old, max(old, k))
-        for i, block in enumerate(self.blocks):
-            frozen = i < k
-            for p in block.params:
-                if id(p) in self._user_frozen:
-                    continue
-                p.requires_grad_(not frozen)
-                if frozen:
-                    p.grad = None
+        self._steering.apply(k)  # requires_grad, grads and the hooks of every block
         if self.engine.ddp_kwargs.get("gradient_as_bucket_view"):
             # Gradients may be views into the old wrapper's buckets, which are about to go away.
             for p in self.model.parameters():
@@ -491,7 +461,6 @@ class Freezer:
             frozen_buffers = [getattr(mod, name) for i in newly_frozen for _, mod, name in self.blocks[i].buffers()]
             comm.broadcast_from_rank0(frozen_buffers, self.process_group)
         self.boundary = k
-        self._steering.apply(k)
         self.monitor.set_first_active(k)
         self.train(self.model.training)
         elapsed_s = self.engine.apply(k, plan)
@@ -499,26 +468,6 @@ class Freezer:
             self.counters.rewraps += 1
             self.counters.rewrap_s_total += elapsed_s
             self.counters.rewrap_s_last = elapsed_s
-
-    def _make_cache(self, cache: CacheConfig | str | None, source: CacheSource | None) -> ActivationCache | None:
-        config = CacheConfig(mode=cache) if isinstance(cache, str) else (cache or CacheConfig())
-        if config.mode == "off":
-            return None
-        if source is None:
-            raise CacheError(
-                f"Freezer: cache mode '{config.mode}' needs cache_source=CacheSource(inputs=..., num_keys=...)"
-            )
-        return ActivationCache(
-            self.model,
-            self.blocks,
-            config,
-            source,
-            self.epochs,
-            self.process_group,
-            frozen_mode=self.frozen_mode,
-            # The next unfreeze may drop the store: count on reads until the end of this epoch only.
-            read_horizon_epochs=1 if self.policy.may_unfreeze else None,
-        )
 
 
 def _refuse_wrapped(model: nn.Module) -> None:

@@ -1,4 +1,8 @@
-"""The forward hooks through which a Freezer steers the modules of its model.
+"""How a Freezer steers the parameters and modules of its model at a boundary.
+
+Parameters: blocks ``0 .. k-1`` get ``requires_grad=False`` and ``grad=None``, the rest
+``requires_grad=True``, except parameters the user had frozen when the Freezer was built: they stay
+frozen at every boundary.
 
 Three things happen in a forward pass at boundary ``k``:
 
@@ -27,7 +31,7 @@ import torch
 from torch import nn
 
 from freeze import checkpointing
-from freeze.blocks import Block
+from freeze.blocks import Block, tracks_running_stats
 
 
 class BlockOrderError(RuntimeError):
@@ -150,6 +154,8 @@ class Steering:
         self.blocks = list(blocks)
         self.grad_checkpointing = grad_checkpointing
         self.frozen_mode = frozen_mode
+        # What the user froze before handing the model over stays frozen, whatever the boundary.
+        self.user_frozen = {id(p) for p in model.parameters() if not p.requires_grad}
         self.order = OrderCheck([b.name for b in self.blocks])
         self._handles: list = []
         self._order_handles: list = []
@@ -161,6 +167,11 @@ class Steering:
         _remove(self._handles)
         for i, block in enumerate(self.blocks):
             frozen = i < boundary
+            for p in block.params:
+                if id(p) not in self.user_frozen:
+                    p.requires_grad_(not frozen)
+                if frozen:
+                    p.grad = None
             for mod in block.modules:
                 if frozen:
                     checkpointing.disable_checkpointing(mod)
@@ -178,6 +189,16 @@ class Steering:
                 for norm in block.running_stat_norms():
                     self._handles.append(norm.register_forward_pre_hook(ModuleHook(norm, keep_eval)))
         self._arm_order_check()
+
+    def train(self, mode: bool, boundary: int) -> None:
+        """``model.train(mode)``, then blocks ``0 .. boundary-1`` back in eval (every module of them,
+        or with ``frozen_mode="train"`` their norm layers with running statistics)."""
+        self.model.train(mode)
+        for block in self.blocks[:boundary]:
+            for mod in block.modules:
+                for m in mod.modules():
+                    if self.frozen_mode == "eval" or tracks_running_stats(m):
+                        m.training = False
 
     def take_train_forwards(self) -> int:
         """Training forwards (train mode, grad enabled) since the last call."""

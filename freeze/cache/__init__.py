@@ -1,6 +1,6 @@
 """Exact activation caching of the frozen prefix (see freeze.cache.cache)."""
 
-from freeze.cache.cache import ActivationCache, CachePlan
+from freeze.cache.cache import ActivationCache, CachePlan, make_cache
 from freeze.cache.config import (
     CACHE_MODES,
     CacheConfig,
@@ -28,5 +28,6 @@ __all__ = [
     "LineageStep",
     "Cuts",
     "default_budget_bytes",
+    "make_cache",
     "pays",
 ]

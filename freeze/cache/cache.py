@@ -452,6 +452,31 @@ class ActivationCache:
         )
 
 
+def make_cache(
+    model: nn.Module,
+    blocks: list[Block],
+    cache: CacheConfig | str | None,
+    source: CacheSource | None,
+    epochs: int | None,
+    process_group,
+    frozen_mode: str,
+    may_unfreeze: bool,
+) -> ActivationCache | None:
+    """A Freezer's cache from its ``cache=`` argument (a CacheConfig or a mode; None: off)."""
+    config = CacheConfig(mode=cache) if isinstance(cache, str) else (cache or CacheConfig())
+    if config.mode == "off":
+        return None
+    if source is None:
+        raise CacheError(
+            f"Freezer: cache mode '{config.mode}' needs cache_source=CacheSource(inputs=..., num_keys=...)"
+        )
+    # An unfreezing policy's next step may drop the store: count on reads until the end of this epoch only.
+    horizon = 1 if may_unfreeze else None
+    return ActivationCache(
+        model, blocks, config, source, epochs, process_group, frozen_mode=frozen_mode, read_horizon_epochs=horizon
+    )
+
+
 def _autocast_state(device: torch.device) -> tuple | None:
     kind = device.type
     return (kind, torch.get_autocast_dtype(kind)) if torch.is_autocast_enabled(kind) else None

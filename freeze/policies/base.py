@@ -116,6 +116,22 @@ class Policy(ABC):
             num_blocks: number of blocks L; the last one (the head) is never frozen by a rule.
         """
 
+    def threshold(self, eta: Sequence[float | None], boundary: int, num_blocks: int) -> float | None:
+        """The value a gradient policy compares each block's eta with (None: it compares none)."""
+        return None
+
+    def explain(self, boundary: int, history: Sequence[IntervalStats], progress: Progress, num_blocks: int) -> str:
+        """One line: the signal a decision at this point reads (eta per block and the threshold, or
+        the run's progress), for a reader asking why the policy did (not) freeze."""
+        if not self.uses_gradients:
+            return f"progress {progress.fraction:.3f} of the run (epoch {progress.epochs_completed}/{progress.epochs_total})"
+        if len(history) < 2:
+            return f"{len(history)} interval(s) closed; eta compares two"
+        eta = self._last_etas(history, num_blocks, getattr(self, "norm", "l2"))
+        shown = " ".join("-" if e is None else f"{e:.3g}" for e in eta)
+        limit = self.threshold(eta, boundary, num_blocks)
+        return f"eta per block [{shown}]" + ("" if limit is None else f", threshold {limit:.3g}")
+
     def spec(self) -> str:
         """Canonical config string with every parameter written out; parse_policy(p.spec()) == p."""
         params = ",".join(f"{f.name}={_format(getattr(self, f.name))}" for f in _fields(self))

@@ -158,15 +158,19 @@ class AutoFreeze(Policy):
         if len(history) < self.min_intervals:
             return boundary
         eta = self._last_etas(history, num_blocks, self.norm)
-        defined = [e for e in eta[boundary : num_blocks - 1] if e is not None]
-        if not defined:
+        threshold = self.threshold(eta, boundary, num_blocks)
+        if threshold is None:
             return boundary
-        threshold = float(np.percentile(defined, self.percentile, method="linear"))
         k = boundary
         # Only a leading run can freeze: a slow block behind a fast one stays active.
         while k < num_blocks - 1 and eta[k] is not None and eta[k] < threshold:
             k += 1
         return k
+
+    def threshold(self, eta: Sequence[float | None], boundary: int, num_blocks: int) -> float | None:
+        """The ``percentile`` of eta over the active blocks that may freeze (the head left out)."""
+        defined = [e for e in eta[boundary : num_blocks - 1] if e is not None]
+        return float(np.percentile(defined, self.percentile, method="linear")) if defined else None
 
 
 @register_policy
@@ -186,8 +190,12 @@ class CS744Freeze(Policy):
         first = eta[boundary]
         if first is None:
             return boundary
-        smallest = min(e for e in eta[boundary:] if e is not None)
-        return boundary + 1 if first <= smallest else boundary  # a tie freezes
+        return boundary + 1 if first <= self.threshold(eta, boundary, num_blocks) else boundary  # a tie freezes
+
+    def threshold(self, eta: Sequence[float | None], boundary: int, num_blocks: int) -> float | None:
+        """The smallest eta among the active blocks: the first active block freezes at or below it."""
+        defined = [e for e in eta[boundary:] if e is not None]
+        return min(defined) if defined else None
 
 
 @register_policy
