@@ -9,11 +9,17 @@ setup(
     # (configs, research scripts, the write-up) and must not land in site-packages under generic
     # names that other projects also use. Everything a console script needs lives in freeze.pipeline.
     packages=find_packages(include=["freeze", "freeze.*"]),
-    # Exact pins live in requirements.txt; these are the ranges the code is written against.
-    install_requires=["torch>=2.4", "torchvision>=0.19", "numpy", "scipy", "pandas", "matplotlib"],
-    # Hugging Face models split with no code of ours specific to them; the extra only pins what was
-    # tested (the suite runs 5.23.0; the single-process block tests also pass on 4.57.6).
-    extras_require={"hf": ["transformers>=4.57"]},
+    # Exact pins live in requirements.txt; these are the ranges the code is written against. The
+    # library (freeze, without freeze.pipeline) needs torch and numpy alone; the application behind
+    # experiments/ and report/ (freeze.pipeline: data, models, sweeps, studies, the report) is the
+    # "study" extra.
+    install_requires=["torch>=2.4", "numpy"],
+    extras_require={
+        "study": ["torchvision>=0.19", "scipy", "pandas", "matplotlib"],
+        # Hugging Face models split and cache with no code of ours specific to them; the extra only
+        # pins what was tested (the suite runs 5.23.0).
+        "hf": ["transformers>=5"],
+    },
     entry_points={
         "console_scripts": [
             "freeze-run=freeze.pipeline.run:main",

@@ -4,6 +4,8 @@ import copy
 import dataclasses
 import io
 import pickle
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -454,3 +456,31 @@ def test_the_monitor_keeps_a_bounded_history_and_counts_every_interval():
     restored = Freezer(other, split_blocks(other), make_policy("autofreeze", percentile=0), interval_steps=1)
     restored.load_state_dict(freezer.state_dict())
     assert restored.monitor.intervals_closed == 10 and len(restored.history) == 4
+
+
+def test_explain_says_what_each_evaluation_read_and_chose():
+    model = TinyNet()
+    freezer = Freezer(model, split_blocks(model), make_policy("autofreeze", percentile=50))
+    assert "no evaluation yet" in freezer.explain()
+    for epoch in range(3):
+        for step in range(2):
+            x, y = global_batch(10 * epoch + step, 4)
+            F.cross_entropy(freezer.module(x), y).backward()
+            freezer.after_backward()
+        freezer.end_epoch(epoch)
+    lines = freezer.explain().splitlines()
+    assert len(lines) == 3 and all(line.startswith("autofreeze:percentile=50") for line in lines)
+    assert "eta compares two" in lines[0] and "eta per block [" in lines[2] and "threshold" in lines[2]
+    assert lines[2].endswith(f"boundary {freezer.evaluations[-1].boundary_before} -> {freezer.boundary}") or (
+        "stays" in lines[2]
+    )
+
+
+def test_importing_the_torch_free_parts_of_the_package_does_not_import_torch():
+    # A subprocess: this one has torch loaded already.
+    code = "import sys, freeze, freeze.pipeline.schema; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out[0] == "False"
+    import freeze
+
+    assert all(getattr(freeze, name) is not None for name in freeze.__all__)
