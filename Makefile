@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: test lint format study study-full bench clean-venv
+.PHONY: test test-fast lint format study study-full bench clean-venv
 
 $(STAMP): requirements.txt setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -16,6 +16,10 @@ $(STAMP): requirements.txt setup.py
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -rs tests
+
+# The edit-test loop: everything that runs in one process (no gloo ranks, torchrun, namespaces).
+test-fast: $(STAMP)
+	FREEZE_TEST_FAST=1 $(BIN)/python -m pytest -q tests
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

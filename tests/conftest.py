@@ -1,8 +1,39 @@
-"""Shared pytest setup: the CI machine has 2 cores shared by everything, so tests use one thread."""
+"""Shared pytest setup: the CI machine has 2 cores shared by everything, so tests use one thread.
 
+The fast tier (``make test-fast``, FREEZE_TEST_FAST=1) skips every test at the moment it would start
+a process (a gloo rank, torchrun, a subprocess, the emulated cluster): what is left runs in one
+process, for the edit-test loop. ``make test`` and CI run everything.
+"""
+
+import multiprocessing.process
+import os
+import subprocess
+
+import pytest
 import torch
 
 torch.set_num_threads(1)
+
+FAST = os.environ.get("FREEZE_TEST_FAST") == "1"
+
+
+def _no_processes(*args, **kwargs):
+    pytest.skip("fast tier: this test starts processes (make test runs it)")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _fast_tier():
+    """Module-scoped, and autouse so it comes first: a module's own fixtures that spawn ranks are covered too."""
+    if not FAST:
+        yield
+        return
+    saved = subprocess.Popen.__init__, multiprocessing.process.BaseProcess.start
+    subprocess.Popen.__init__ = _no_processes
+    multiprocessing.process.BaseProcess.start = _no_processes
+    try:
+        yield
+    finally:
+        subprocess.Popen.__init__, multiprocessing.process.BaseProcess.start = saved
 
 
 def pytest_terminal_summary(terminalreporter):
