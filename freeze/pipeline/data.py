@@ -522,20 +522,22 @@ class TrainLoader:
         n = self.x.shape[0]
         gen = epoch_generator(self.seed, self.epoch)
         # Every random number is drawn per GLOBAL position of the epoch, so a rank's batch does
-        # not depend on how many ranks share the global batch.
-        keys = self._epoch_keys_by_position(self.epoch, gen).to(self.device)
+        # not depend on how many ranks share the global batch. The keys stay on the host: the
+        # activation cache looks them up there (keys on a GPU would cost a sync per step).
+        keys = self._epoch_keys_by_position(self.epoch, gen)
         if self.augment.kind == "crop-flip":
             offsets = torch.randint(0, 2 * self.pad + 1, (2, n), generator=gen).to(self.device)
             flips = torch.randint(0, 2, (n,), generator=gen).bool().to(self.device)
         for step in range(self.start_step, self.steps_per_epoch):
             part = self._rank_slice(step)
             if self.augment.kind == "crop-flip":
-                idx = keys[part]
+                idx = keys[part].to(self.device)
                 x = crop_flip(self.x[idx], offsets[0, part], offsets[1, part], flips[part], self.pad)
                 yield normalize_uint8(x), self.y[idx], None
             else:
                 batch_keys = keys[part]
-                yield self.images(batch_keys), self.y[batch_keys // self.augment.views], batch_keys
+                labels = self.y[(batch_keys // self.augment.views).to(self.device)]
+                yield self.images(batch_keys), labels, batch_keys
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         for x, y, _ in self.iter_keyed():
