@@ -112,6 +112,23 @@ def check_partition(model: nn.Module, blocks: Sequence[Block]) -> None:
             )
 
 
+# How frozen blocks run: "eval", like inference (dropout off: AutoFreeze and PipeTransformer run
+# their frozen layers so, and then a frozen block has one output per input), or "train" (dropout
+# stays on). Norm layers with running statistics are in eval either way.
+FROZEN_MODES = ("eval", "train")
+
+
+def held_in_eval(blocks: Sequence[Block], frozen_mode: str) -> list[nn.Module]:
+    """The modules of (frozen) ``blocks`` that run in eval under ``frozen_mode``."""
+    return [
+        m
+        for b in blocks
+        for mod in b.modules
+        for m in mod.modules()
+        if frozen_mode == "eval" or tracks_running_stats(m)
+    ]
+
+
 def tracks_running_stats(module: nn.Module) -> bool:
     """True for a norm layer whose train-mode forward updates running statistics."""
     return isinstance(module, nn.modules.batchnorm._NormBase) and module.track_running_stats

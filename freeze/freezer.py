@@ -28,8 +28,8 @@ import torch
 from torch import nn
 
 from freeze import comm, steering
-from freeze.blocks import Block, check_partition
-from freeze.cache import FROZEN_MODES, ActivationCache, CacheConfig, CacheSource, make_cache
+from freeze.blocks import FROZEN_MODES, Block, check_partition
+from freeze.cache import ActivationCache, CacheConfig, CacheSource, make_cache
 from freeze.dispatch import FreezerModule
 from freeze.engine import Engine
 from freeze.monitor import GradNormMonitor, IntervalStats

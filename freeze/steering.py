@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from freeze import checkpointing
-from freeze.blocks import Block, tracks_running_stats
+from freeze.blocks import Block, held_in_eval
 
 
 class BlockOrderError(RuntimeError):
@@ -103,15 +103,17 @@ class FrozenForward:
             torch.set_grad_enabled(self._saved_modes.pop())
 
 
-def keep_eval(module: nn.Module, args: tuple) -> None:
-    # A user's model.train() would switch a frozen norm layer back to batch statistics and
-    # running-stat updates; re-asserting eval right before the forward makes that impossible.
-    module.training = False
+class KeepEval:
+    """Pre-hook of a frozen block's module: its held modules back in eval right before it runs. A
+    user's model.train() would switch a frozen norm layer back to batch statistics and running-stat
+    updates (and frozen dropout back on); re-asserting eval before the forward makes that impossible."""
 
+    def __init__(self, held: list[nn.Module]):
+        self.held = held
 
-def keep_subtree_eval(module: nn.Module, args: tuple) -> None:
-    for m in module.modules():
-        m.training = False
+    def __call__(self, module: nn.Module, args: tuple) -> None:
+        for m in self.held:
+            m.training = False
 
 
 class OrderCheck:
@@ -179,26 +181,20 @@ class Steering:
                     pre, post = ModuleHook(mod, hook.pre), ModuleHook(mod, hook.post)
                     self._handles.append(mod.register_forward_pre_hook(pre, with_kwargs=True))
                     self._handles.append(mod.register_forward_hook(post, always_call=True))
-                    if self.frozen_mode == "eval":
-                        self._handles.append(mod.register_forward_pre_hook(ModuleHook(mod, keep_subtree_eval)))
+                    held = held_in_eval([_Only(mod)], self.frozen_mode)
+                    self._handles.append(mod.register_forward_pre_hook(ModuleHook(mod, KeepEval(held))))
                 elif self.grad_checkpointing:
                     checkpointing.enable_checkpointing(mod)
                 else:
                     checkpointing.disable_checkpointing(mod)
-            if frozen and self.frozen_mode != "eval":
-                for norm in block.running_stat_norms():
-                    self._handles.append(norm.register_forward_pre_hook(ModuleHook(norm, keep_eval)))
         self._arm_order_check()
 
     def train(self, mode: bool, boundary: int) -> None:
         """``model.train(mode)``, then blocks ``0 .. boundary-1`` back in eval (every module of them,
         or with ``frozen_mode="train"`` their norm layers with running statistics)."""
         self.model.train(mode)
-        for block in self.blocks[:boundary]:
-            for mod in block.modules:
-                for m in mod.modules():
-                    if self.frozen_mode == "eval" or tracks_running_stats(m):
-                        m.training = False
+        for m in held_in_eval(self.blocks[:boundary], self.frozen_mode):
+            m.training = False
 
     def take_train_forwards(self) -> int:
         """Training forwards (train mode, grad enabled) since the last call."""
@@ -227,6 +223,13 @@ class Steering:
     def _disarm_order_check(self) -> None:
         self.order.disarm()
         _remove(self._order_handles)
+
+
+class _Only:
+    """One module seen as a block (for :func:`held_in_eval` of a single block module)."""
+
+    def __init__(self, module: nn.Module):
+        self.modules = (module,)
 
 
 def _remove(handles: list) -> None:

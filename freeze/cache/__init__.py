@@ -11,13 +11,12 @@ from freeze.cache.config import (
     default_budget_bytes,
     pays,
 )
-from freeze.cache.cuts import FROZEN_MODES, CacheError, Cuts
+from freeze.cache.cuts import CacheError, Cuts
 from freeze.cache.store import STORAGE_DTYPES
 
 __all__ = [
     "CACHE_MODES",
     "STORAGE_DTYPES",
-    "FROZEN_MODES",
     "ActivationCache",
     "CacheConfig",
     "CacheCounters",

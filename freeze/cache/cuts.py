@@ -42,9 +42,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from freeze.blocks import Block, tracks_running_stats
-
-FROZEN_MODES = ("eval", "train")
+from freeze.blocks import FROZEN_MODES, Block, held_in_eval
 
 
 class CacheError(ValueError):
@@ -169,13 +167,9 @@ def probing(model: nn.Module) -> Iterator[None]:
 @contextlib.contextmanager
 def frozen_semantics(blocks: Sequence[Block], frozen_mode: str) -> Iterator[None]:
     """Blocks ``blocks`` behave as frozen blocks do: in eval (or only their running-stat norms)."""
-    saved = []
-    for block in blocks:
-        for mod in block.modules:
-            for m in mod.modules():
-                if frozen_mode == "eval" or tracks_running_stats(m):
-                    saved.append((m, m.training))
-                    m.training = False
+    saved = [(m, m.training) for m in held_in_eval(blocks, frozen_mode)]
+    for m, _ in saved:
+        m.training = False
     try:
         yield
     finally:
