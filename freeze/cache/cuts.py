@@ -35,7 +35,7 @@ from __future__ import annotations
 import contextlib
 import random
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -106,6 +106,10 @@ class _Zeros:
 
     spec: pytree.TreeSpec
     leaves: tuple[Any, ...]  # (size at 2, size at 3 per dim, dtype, device) for tensors; the value otherwise
+    # The zeros of each batch size, allocated once: what a stub returns only feeds stubs and glue
+    # whose values the cut replaces (the probe's served-equals-full check shows it), so glue that
+    # writes into it in place changes nothing served, and a step need not allocate and clear them.
+    _made: dict[int, list[torch.Tensor]] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def record(cls, at2: Any, at3: Any) -> _Zeros | None:
@@ -127,17 +131,24 @@ class _Zeros:
         return [i for i, leaf in enumerate(self.leaves) if leaf[0] == "tensor" and leaf[1] != leaf[2]]
 
     def __call__(self, batch: int, rows: torch.Tensor | None = None) -> Any:
+        if batch not in self._made:
+            if len(self._made) >= 4:  # a few batch sizes (the last, uneven one) at a time
+                self._made.clear()
+            self._made[batch] = [self._zeros(leaf, batch) if leaf[0] == "tensor" else None for leaf in self.leaves]
         out = []
-        for i, leaf in enumerate(self.leaves):
+        for i, (leaf, zeros) in enumerate(zip(self.leaves, self._made[batch])):
             if leaf[0] == "value":
                 out.append(leaf[1])
             elif rows is not None and i == self.batched[0]:
                 out.append(rows)
             else:
-                _, at2, at3, dtype, device = leaf
-                shape = [a + (batch - 2) * (b - a) for a, b in zip(at2, at3)]
-                out.append(torch.zeros(shape, dtype=dtype, device=device))
+                out.append(zeros)
         return pytree.tree_unflatten(out, self.spec)
+
+    @staticmethod
+    def _zeros(leaf: tuple, batch: int) -> torch.Tensor:
+        _, at2, at3, dtype, device = leaf
+        return torch.zeros([a + (batch - 2) * (b - a) for a, b in zip(at2, at3)], dtype=dtype, device=device)
 
     def rows_of(self, output: Any) -> torch.Tensor:
         """The batched tensor of one output of the module."""
