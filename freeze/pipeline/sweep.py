@@ -154,9 +154,21 @@ def read_sweep(path: str | Path) -> dict:
     if not isinstance(grid, dict):
         raise SweepError(f'sweep file {path}: [grid] must be a table of "section.key" = [values]')
     for key, values in grid.items():
+        if isinstance(values, dict):  # TOML reads an unquoted freeze.policy = [...] as a table
+            dotted = _first_dotted_key(key, values)
+            raise SweepError(
+                f'sweep file {path}: grid key {dotted} is read as a table; quote dotted keys: "{dotted}" = [...]'
+            )
         if not isinstance(values, list) or not values:
             raise SweepError(f'sweep file {path}: grid."{key}" must be a non-empty list')
     return {"base": sweep["base"], "study": sweep["study"], "overrides": list(sweep.get("overrides", [])), "grid": grid}
+
+
+def _first_dotted_key(key: str, table: dict) -> str:
+    """``freeze`` + ``{"policy": [...]}`` -> ``freeze.policy``: the key as the user typed it."""
+    while isinstance(table, dict) and table:
+        key, table = f"{key}.{next(iter(table))}", next(iter(table.values()))
+    return key
 
 
 def expand(base: str, study: str, grid: dict, overrides: list[str], out_dir: str | None = None) -> list[RunSpec]:

@@ -219,6 +219,19 @@ def test_a_grid_key_under_sweep_is_refused_not_run_once(tmp_path, capsys):
     assert "unknown key(s) 'freeze.policy', 'seeds' under [sweep]; accepted: base, study, overrides" in err
 
 
+def test_an_unquoted_dotted_grid_key_says_to_quote_it(tmp_path, capsys):
+    """TOML reads freeze.policy = [...] under [grid] as a table; the one line names the fix."""
+    from freeze.pipeline.sweep import main
+
+    unquoted = tmp_path / "unquoted.toml"
+    unquoted.write_text(f'[sweep]\nbase = "{SMOKE}"\nstudy = "x"\n[grid]\nfreeze.policy = ["none", "static:k=2"]\n')
+    assert main(["--sweep", str(unquoted), "--dry-run"]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert "\n" not in err and captured.out == ""
+    assert 'grid key freeze.policy is read as a table; quote dotted keys: "freeze.policy" = [...]' in err
+
+
 def test_study_dry_run_lists_the_runs_of_the_readme_command(capsys, monkeypatch):
     """README, several machines: `python -m experiments.study --config .../study_cifar10.toml --dry-run`."""
     from freeze.pipeline.study import main
