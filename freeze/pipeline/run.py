@@ -71,7 +71,7 @@ def prepare_run_dir(config: Config, resume: bool) -> Path:
 
 
 @contextlib.contextmanager
-def _exported(env: dict[str, str]) -> Iterator[None]:
+def exported(env: dict[str, str]) -> Iterator[None]:
     """``env`` in os.environ while the block runs: torchrun's agent, hosted in this process, gives
     its workers a copy of os.environ."""
     saved = {key: os.environ.get(key) for key in env}
@@ -121,7 +121,7 @@ def launch_local(
     # else (between runs, in the cluster launcher, in the report) instead of KeyboardInterrupt.
     saved_handlers = _signal_handlers()
     try:
-        with _exported(env):
+        with exported(env):
             run(get_args_parser().parse_args(argv))
     except ChildFailedError as e:
         failures = sorted(e.failures.values(), key=lambda f: f.timestamp)
@@ -175,7 +175,7 @@ def launch_cluster(
     from freeze.pipeline.cluster.jobs import run_config_entry, run_on_cluster
 
     entry = run_config_entry(resolved_config, resume)
-    with _exported(lock.env() if lock is not None else {}):  # each node's agent copies os.environ
+    with exported(lock.env() if lock is not None else {}):  # each node's agent copies os.environ
         return run_on_cluster(config.cluster, entry, config.dist.nproc, max_restarts, run_dir=config.run_dir())
 
 

@@ -32,6 +32,10 @@ import torch
 from freeze._atomic import atomic_write, atomic_write_json, atomic_write_text
 from freeze.pipeline.jsonl import JsonLinesError, read_json_lines
 
+# Set (to "1") by a sweep or a study for the runs it starts: a run then leaves out its closing
+# "report: python -m report ..." hint, because the sweep says what comes next and the study makes the
+# report itself (ten identical hints in a study's output told the reader nothing).
+NO_REPORT_HINT_ENV = "FREEZE_NO_REPORT_HINT"
 RunStatus = Literal["absent", "running", "complete", "failed"]
 _MANIFEST_STATUSES = ("running", "complete", "failed")
 

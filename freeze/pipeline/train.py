@@ -43,7 +43,7 @@ from freeze.pipeline.prepare import (
     resume_training,
 )
 from freeze.pipeline.run_lock import RunLock
-from freeze.pipeline.runs import RunDir, RunError, save_checkpoint
+from freeze.pipeline.runs import NO_REPORT_HINT_ENV, RunDir, RunError, save_checkpoint
 from freeze.pipeline.schema import BOUNDARY_AT_EPOCH_START, EVAL_PHASE, PHASES, TRAIN_PHASES
 
 
@@ -421,5 +421,6 @@ def _train(
     if ctx.is_main:
         run.finish("complete")
         logger.info("done: results in %s", run.path)
-        logger.info("report: python -m report %s", run.path.parent)  # writes <study dir>-report/
+        if os.environ.get(NO_REPORT_HINT_ENV) != "1":  # a sweep or a study says what comes next itself
+            logger.info("report: python -m report %s", run.path.parent)  # writes <study dir>-report/
     return record

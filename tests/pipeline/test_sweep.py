@@ -83,6 +83,8 @@ def test_rerun_skips_complete_and_resumes_interrupted(swept):
     assert "none_seed=0: complete, skipped" in out
     assert "none_seed=1: resuming" in out
     assert "4 ran" not in out and "1 skipped (complete), 0 busy (another writer), 0 failed" in out
+    # each run's closing report hint is left out: the sweep's own summary says what comes next
+    assert out.count("done: results in") == 3 and "report: python -m report" not in out
     for name in ("none_seed=0", "none_seed=1", "static-k=3_seed=0", "static-k=3_seed=1"):
         manifest = json.loads((runs / name / "manifest.json").read_text())
         assert manifest["status"] == "complete", name
