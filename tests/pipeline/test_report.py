@@ -89,8 +89,9 @@ def test_main_table_numbers_match_hand_computation(report):
     assert af["test"] == "paired"
     assert static["test"] == "n/a" and math.isnan(static["p_value"])  # one pair, one run: no test
     assert none["wall_min"] == pytest.approx(315 / 60)
-    assert af["speedup"] == pytest.approx(statistics.mean(NONE_WALL_S) / statistics.mean(AF_WALL_S))
-    assert static["speedup"] == pytest.approx(315 / 180)
+    # One speedup, the paired table's: geometric mean of baseline / arm over the shared seeds (0 and 1).
+    assert af["speedup"] == pytest.approx(math.sqrt(300.0 / 240.0 * 330.0 / 270.0), rel=1e-12)
+    assert static["speedup"] == pytest.approx(300 / 180)  # its one seed, 0, against the baseline's seed 0
     # Time to target 0.6935: none reaches at 300 s and 220 s, autofreeze at 240 s and 270 s, static never.
     assert none["ttt_target_val_acc"] == pytest.approx(TARGET_VAL_ACC)
     assert none["ttt_min"] == pytest.approx((300 + 220) / 2 / 60)
@@ -210,7 +211,7 @@ def test_explicit_baseline_and_short_run_is_incomplete(tmp_path):
     build_report(runs, tmp_path / "out", baseline="static:k=2", formats=("csv",))
     rows = _rows(tmp_path / "out" / "main.csv")
     assert rows["none"]["n_runs"] == 1 and rows["none"]["test_acc_mean"] == pytest.approx(0.70)
-    assert rows[AF]["speedup"] == pytest.approx(180 / 255)
+    assert rows[AF]["speedup"] == pytest.approx(180 / 240)  # seed 0, the one seed both sides have
     assert rows[AF]["test"] == "n/a"  # one shared seed and a one-run baseline
     incomplete = pd.read_csv(tmp_path / "out" / "incomplete.csv")
     assert incomplete["run"].tolist() == ["autofreeze-s2", "none-s1"]
@@ -347,6 +348,20 @@ def test_paired_table_numbers_match_hand_computation(report):
     assert static["n_pairs"] == 1 and static["speedup"] == pytest.approx(300.0 / 180.0)
     assert math.isnan(static["speedup_low"]) and static["verdict"] == "n/a"
     assert "none" not in paired  # the baseline is not compared with itself
+
+
+def test_main_and_paired_tables_report_one_speedup_under_one_name(report):
+    """A reader saw 0.93x in one table and 0.94x in the other for the same arm (ratio of means vs
+    geometric mean of paired ratios): both tables now give the paired one, and both captions say so."""
+    out, _ = report
+    main_rows, paired_rows = _rows(out / "main.csv"), _rows(out / "paired.csv")
+    for group in (AF, "static:k=2"):
+        assert main_rows[group]["speedup"] == pytest.approx(paired_rows[group]["speedup"], rel=1e-12)
+    captions = {line for line in (out / "tables.md").read_text().splitlines() if "speedup = geometric" in line}
+    assert len(captions) == 2  # the main and the paired table's captions, each naming both definitions
+    for caption in captions:
+        assert "speedup = geometric mean over seeds of baseline train time / arm train time" in caption
+        assert "time to target = the first cumulative train time at which val accuracy reaches 0.95 x" in caption
 
 
 def test_paired_verdicts_at_the_margin():
