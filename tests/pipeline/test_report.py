@@ -229,6 +229,14 @@ def test_main_default_out_dir_is_where_the_readme_says(tmp_path, capsys):
     assert "runs/<study>-report/" in (Path(__file__).parents[2] / "README.md").read_text()
 
 
+def test_the_command_prints_the_main_table(tmp_path, capsys):
+    """`python -m report` printed only "wrote 24 files": the main table now reaches the terminal."""
+    assert main([str(RUNS), "--out", str(tmp_path / "out"), "--formats", "md"]) == 0
+    out = capsys.readouterr().out
+    assert (FIXTURES / "expected_main_table.md").read_text(encoding="utf-8") in out
+    assert out.splitlines()[-1].startswith("report: wrote ")
+
+
 def _assert_one_line_error(capsys, argv: list[str], *fragments: str) -> None:
     assert main(argv) == 2
     captured = capsys.readouterr()
@@ -422,6 +430,30 @@ def test_a_policy_none_arm_that_computes_something_else_is_no_control(tmp_path):
     paired_md = (tmp_path / "out" / "paired.md").read_text()
     assert "control control (policy none, computes what the baseline computes)" in paired_md
     assert "views-1 (policy none" not in paired_md and paired_md.count("holds 1.00x") == 1
+
+
+def test_of_several_policy_none_groups_the_one_at_the_defaults_is_the_baseline(tmp_path, capsys):
+    """A policy x cache sweep has none_cache=off and none_cache=memory: the report compared every arm
+    with the cache-on group (alphabetical). It takes the group whose differing keys hold the
+    defaults (the cache is off by default); when none does, it asks for --baseline in one line."""
+    runs = _copy_study(tmp_path)
+    study = runs / "fixture_study"
+    _copy_group(runs, "none", "none_cache=off", lambda t: t.replace("[freeze]\n", '[freeze]\ncache = "off"\n'))
+    _copy_group(runs, "none", "none_cache=memory", lambda t: t.replace("[freeze]\n", '[freeze]\ncache = "memory"\n'))
+    for name in ("none-s0", "none-s1"):
+        shutil.rmtree(study / name)
+    build_report(runs, tmp_path / "out", formats=("md",))
+    main_md = (tmp_path / "out" / "main.md").read_text()
+    assert (
+        "baseline: group 'none_cache=off' (policy none); other policy-none groups not used: none_cache=memory"
+        in main_md
+    )
+    _copy_group(runs, "none_cache=off", "none_lr=1", lambda t: t.replace("lr = 0.1\n", "lr = 1.0\n"))
+    shutil.rmtree(study / "none_cache=off-s0"), shutil.rmtree(study / "none_cache=off-s1")
+    assert main([str(runs), "--out", str(tmp_path / "out2"), "--formats", "md"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "several policy-none groups (none_cache=memory, none_lr=1) differ in" in err
+    assert "freeze.cache" in err and "optim.lr" in err and err.endswith("choose the baseline with --baseline GROUP")
 
 
 def test_is_control_compares_resolved_configs_apart_from_run_identity():

@@ -124,10 +124,53 @@ def resolve_baseline(runs: list[Run], baseline: str | None) -> Baseline:
         return Baseline(
             None, "no complete group with policy 'none': comparison columns omitted (choose one with --baseline GROUP)"
         )
-    chosen = "none" if "none" in candidates else candidates[0]
+    chosen = _default_policy_none_group(runs, candidates)
     others = [c for c in candidates if c != chosen]
     extra = f"; other policy-none groups not used: {', '.join(others)}" if others else ""
     return Baseline(chosen, f"baseline: group {chosen!r} (policy none){extra}")
+
+
+# Keys that name a run rather than change what it computes (as paired.RUN_IDENTITY_KEYS).
+_IDENTITY_KEYS = frozenset({"run.name", "run.study", "run.out_dir", "run.group", "run.setting", "run.seed"})
+
+
+def _flat_config(config: dict) -> dict[str, object]:
+    return {
+        f"{section}.{key}": value
+        for section, values in config.items()
+        if isinstance(values, dict)
+        for key, value in values.items()
+        if f"{section}.{key}" not in _IDENTITY_KEYS
+    }
+
+
+def _default_policy_none_group(runs: list[Run], candidates: list[str]) -> str:
+    """The policy-none group to compare against when several exist: the one whose config keys, where
+    the candidates differ, hold the defaults (a sweep's none_cache=off beside none_cache=memory: the
+    cache is off by default). Candidates computing the same thing (a study's none and control) tie,
+    and "none" or the first name is taken. Otherwise ReportInputError asks for --baseline."""
+    if len(candidates) == 1:
+        return candidates[0]
+    # The config schema, not the training code: the defaults every config.toml writes out.
+    import tomllib
+
+    from freeze.pipeline.config import config_to_toml, load_config
+
+    defaults = _flat_config(tomllib.loads(config_to_toml(load_config(None, check_files=False))))
+    configs = {}
+    for group in candidates:
+        run = next(r for r in runs if r.group == group and r.is_complete)
+        configs[group] = _flat_config(run.config)
+    keys = sorted({k for c in configs.values() for k in c})
+    value = {g: {k: configs[g].get(k, defaults.get(k)) for k in keys} for g in candidates}  # absent: default
+    differing = [k for k in keys if len({repr(v[k]) for v in value.values()}) > 1]
+    at_defaults = [g for g in candidates if all(value[g][k] == defaults.get(k) for k in differing)]
+    if at_defaults and len({repr(value[g]) for g in at_defaults}) == 1:  # one computation (none and control)
+        return "none" if "none" in at_defaults else at_defaults[0]
+    raise ReportInputError(
+        f"several policy-none groups ({', '.join(candidates)}) differ in {', '.join(differing)}; "
+        "choose the baseline with --baseline GROUP"
+    )
 
 
 def final_test_acc(run: Run) -> float:
