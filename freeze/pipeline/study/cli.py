@@ -240,9 +240,17 @@ def _main(argv: list[str] | None) -> int:
     for name in ("paired.md", "convergence.md", *((f"{PREDICTED_TABLE}.md",) if study.predict else ())):
         if (report_dir / name).exists():
             print((report_dir / name).read_text(encoding="utf-8"))
+    from freeze.pipeline.report.verdict import verdict_lines
+
+    meaning = verdict_lines(report_dir, study.margin_points)
     if args.update_report:
         _publish(study, report_dir)
     elif study.report_md:
         print(f"== {study.report_md} left as it is (pass --update-report to regenerate its tables)")
+        meaning.append(f"The full study's measured answer is in {study.report_md} (make study-full; docs/study.md).")
+    if meaning:
+        print("== what this means")
+        for line in meaning:
+            print(line)
     print(f"== study wall time {time.perf_counter() - start_s:.0f} s ({len(written)} report files)")
     return 0 if ok else 1
