@@ -178,6 +178,47 @@ def test_pngs_are_written_and_valid(report):
         assert data[:8] == PNG_MAGIC and len(data) > 5000, name
 
 
+def _figures(tmp_path, monkeypatch, runs: Path) -> dict:
+    """Every figure write_plots draws, by file name, kept as matplotlib Figures to inspect."""
+    from freeze.pipeline.report import load_runs, plots
+
+    figures = {}
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figures.setdefault(path.name, fig) and path)
+    plots.write_plots(load_runs(runs), tmp_path / "figs")
+    return figures
+
+
+def test_accuracy_figures_draw_validation_per_epoch_when_test_is_final_only(tmp_path, monkeypatch):
+    """A study with train.test_eval = final drew one dot per group at x = 3: the figures now draw
+    validation accuracy, which exists at every epoch, and say so on the axis."""
+    runs = _copy_study(tmp_path)
+    for metrics in (runs / "fixture_study").glob("*/metrics.jsonl"):
+        lines = [json.loads(line) for line in metrics.read_text().splitlines()]
+        for line in lines[:-1]:
+            line["test_acc"] = line["test_loss"] = None
+        metrics.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    figures = _figures(tmp_path, monkeypatch, runs)
+    for name in ("accuracy_vs_epoch.png", "accuracy_vs_time.png"):
+        ax = figures[name].axes[0]
+        assert ax.get_ylabel() == "validation accuracy (%)", name
+        assert all(len(line.get_xdata()) == 3 for line in ax.lines), name  # a curve over 3 epochs, not a dot
+    figures = _figures(tmp_path, monkeypatch, RUNS)  # test accuracy at every epoch: drawn as before
+    assert figures["accuracy_vs_epoch.png"].axes[0].get_ylabel() == "test accuracy (%)"
+
+
+def test_groups_that_draw_the_same_line_stay_visible(tmp_path, monkeypatch):
+    """The control's boundary line lay exactly on the baseline's and hid it: every group has its own
+    dash pattern and marker."""
+    runs = _copy_study(tmp_path)
+    _copy_group(runs, "none", "control")
+    ax = _figures(tmp_path, monkeypatch, runs)["freeze_boundary.png"].axes[0]
+    styles = {line.get_label(): (line.get_linestyle(), line.get_marker()) for line in ax.lines}
+    assert set(styles) == {AF, "control", "none", "static:k=2"}
+    assert len(set(styles.values())) == len(styles)
+    control, none = ax.lines[list(styles).index("control")], ax.lines[list(styles).index("none")]
+    assert list(control.get_ydata()) == list(none.get_ydata())  # the same numbers, drawn differently
+
+
 def test_welch_when_no_shared_seeds(tmp_path):
     runs = _copy_study(tmp_path)
     _edit_manifest(runs, "autofreeze-s0", seed=5)
