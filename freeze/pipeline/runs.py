@@ -36,8 +36,8 @@ from freeze.pipeline.jsonl import JsonLinesError, read_json_lines
 # "report: python -m report ..." hint, because the sweep says what comes next and the study makes the
 # report itself (ten identical hints in a study's output told the reader nothing).
 NO_REPORT_HINT_ENV = "FREEZE_NO_REPORT_HINT"
-RunStatus = Literal["absent", "running", "complete", "failed"]
-_MANIFEST_STATUSES = ("running", "complete", "failed")
+RunStatus = Literal["absent", "running", "complete", "interrupted", "failed"]
+_MANIFEST_STATUSES = ("running", "complete", "interrupted", "failed")
 
 
 class RunError(RuntimeError):
@@ -156,8 +156,9 @@ class RunDir:
     def status(self) -> RunStatus:
         """ "absent" when no manifest exists; else the manifest's status.
 
-        "running" also describes a run whose process was killed: nothing marks the run as
-        stopped. Resuming it is the way to find out.
+        "running" also describes a run whose process was killed (SIGKILL, a crash of the machine):
+        nothing marks the run as stopped. Ctrl-C or SIGTERM mark it "interrupted". Resuming either
+        is the way on.
         """
         if not self.manifest_path.exists():
             return "absent"
@@ -242,12 +243,23 @@ class RunDir:
         atomic_write_json(self.manifest_path, manifest)
         return manifest
 
-    def finish(self, status: Literal["complete", "failed"], error: str | None = None) -> dict[str, Any]:
-        if status not in ("complete", "failed"):
-            raise ValueError(f"finish: status {status!r} is not accepted; accepted: complete, failed")
+    def finish(self, status: Literal["complete", "interrupted", "failed"], error: str | None = None) -> dict[str, Any]:
+        if status not in ("complete", "interrupted", "failed"):
+            raise ValueError(f"finish: status {status!r} is not accepted; accepted: complete, interrupted, failed")
         return self.update_manifest(
             status=status, end_time=now_iso(), error=None if error is None else _one_line(error)
         )
+
+    def mark_interrupted(self) -> bool:
+        """Set a running run's status to "interrupted" (Ctrl-C, SIGTERM); True when it did. A run
+        that had not started, or had completed or failed meanwhile, is left as it is."""
+        try:
+            if self.status() != "running":
+                return False
+            self.finish("interrupted")
+        except (RunError, OSError):
+            return False  # an unreadable or unwritable manifest: the exit code still says it
+        return True
 
     # --- metrics
 

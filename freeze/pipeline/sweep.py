@@ -44,7 +44,7 @@ from pathlib import Path
 from freeze.pipeline.config import Config, ConfigError, load_config
 from freeze.pipeline.distributed import check_hardware
 from freeze.pipeline.lifetime import launcher_env, worker_argv
-from freeze.pipeline.run import exported, launch_cluster, launch_local, prepare_run_dir
+from freeze.pipeline.run import INTERRUPTED_EXIT_CODE, exported, launch_cluster, launch_local, prepare_run_dir
 from freeze.pipeline.run_lock import RunBusyError, RunLock
 from freeze.pipeline.runs import NO_REPORT_HINT_ENV, RunDir, RunError
 
@@ -77,11 +77,12 @@ class SweepSummary:
     skipped: list[str] = field(default_factory=list)
     busy: list[tuple[str, str]] = field(default_factory=list)  # another process writes them
     failed: list[tuple[str, str]] = field(default_factory=list)
+    interrupted: list[str] = field(default_factory=list)  # Ctrl-C or SIGTERM: resumed by the next invocation
 
     @property
     def ok(self) -> bool:
         """Every run is complete: none failed, none left to another writer."""
-        return not self.failed and not self.busy
+        return not self.failed and not self.busy and not self.interrupted
 
     def lines(self) -> list[str]:
         out = [
@@ -219,10 +220,9 @@ def _launch(config: Config, resume: bool, lock: RunLock) -> int:
     return subprocess.run(cmd + (["--resume"] if resume else []), env=env).returncode
 
 
-# What a launcher returns when it was interrupted (Ctrl-C or SIGTERM) and stopped its workers:
-# the shell's 128 + SIGINT. The emulated cluster's launcher catches the interrupt to remove its
-# namespaces and returns this code, so the sweep must stop on it rather than start the next run.
-INTERRUPTED_EXIT_CODE = 130
+# INTERRUPTED_EXIT_CODE (run.py): what a launcher returns when it was interrupted (Ctrl-C or
+# SIGTERM) and stopped its workers. The emulated cluster's launcher catches the interrupt to remove
+# its namespaces and returns it too, so the sweep must stop on it rather than start the next run.
 INTERRUPTED_MESSAGE = "interrupted: completed runs are kept; run the same command again to resume the rest"
 
 
@@ -269,14 +269,17 @@ def _run_one(spec: RunSpec, tag: str, summary: SweepSummary, log) -> None:
     summary.ran.append(spec.name)
     if resume:
         summary.resumed.append(spec.name)
+    if code == INTERRUPTED_EXIT_CODE:
+        run.mark_interrupted()
+        summary.interrupted.append(spec.name)
+        log(f"{tag}: interrupted (its completed epochs are kept)")
+        raise KeyboardInterrupt
     if code != 0:
         error = f"exit code {code}"
         with contextlib.suppress(RunError):  # no manifest, or an unreadable one: the exit code is all we know
             error = run.read_manifest().get("error") or error
         summary.failed.append((spec.name, error))
         log(f"{tag}: FAILED ({error})")
-        if code == INTERRUPTED_EXIT_CODE:
-            raise KeyboardInterrupt
     else:
         log(f"{tag}: complete in {time.perf_counter() - start_s:.1f} s")
 

@@ -263,8 +263,11 @@ def test_an_interrupted_run_stops_the_sweep_and_the_next_run_never_starts(tmp_pa
     path = _write_sweep(tmp_path, grid, overrides=["train.epochs=1"])
     assert sweep_module.main(["--sweep", str(path), "--out-dir", str(tmp_path / "runs")]) == 130
     assert len(launched) == 1
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err == [sweep_module.INTERRUPTED_MESSAGE]
+    captured = capsys.readouterr()
+    assert captured.err.strip().splitlines() == [sweep_module.INTERRUPTED_MESSAGE]
+    # the run is called interrupted, not FAILED (exit code 130)
+    assert "[1/2] none_nproc=2: interrupted (its completed epochs are kept)" in captured.out
+    assert "FAILED" not in captured.out
 
 
 def test_a_local_launch_gives_back_the_signal_handlers_torchrun_takes(monkeypatch):
