@@ -1,4 +1,5 @@
-"""Free the disk that complete runs hold: keep their final weights, drop their resume checkpoint.
+"""Free the disk that complete runs of earlier versions hold: keep their final weights, drop their
+resume checkpoint. Runs now do this themselves when they complete (unless run.keep_checkpoint = true).
 
     python -m experiments.prune runs/offline            # every complete run below the folder
     python -m experiments.prune runs/offline --dry-run  # what it would free, nothing changed
@@ -21,10 +22,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from freeze._atomic import atomic_write
 from freeze.pipeline.runs import RunDir, RunError, load_checkpoint
-
-MODEL_FILE = "model.pt"
 
 
 def _runs_below(folder: Path) -> list[Path]:
@@ -38,8 +36,6 @@ def prune_run(run_dir: Path, dry_run: bool = False) -> tuple[int, int] | None:
     Raises:
         RunError: the checkpoint cannot be read (one line naming it).
     """
-    import torch
-
     run = RunDir(run_dir)
     if run.status() != "complete" or not run.checkpoint_path.is_file():
         return None
@@ -50,10 +46,9 @@ def prune_run(run_dir: Path, dry_run: bool = False) -> tuple[int, int] | None:
     weights = state.get("model") if isinstance(state, dict) else None
     if not isinstance(weights, dict):
         raise RunError(f"{run.checkpoint_path}: no 'model' entry; left as it is")
-    model_path = run.path / MODEL_FILE
-    atomic_write(model_path, lambda f: torch.save(weights, f))  # written before the checkpoint goes
-    run.checkpoint_path.unlink()
-    return size, model_path.stat().st_size
+    run.write_final_weights(weights)  # before the checkpoint goes
+    run.drop_checkpoint()
+    return size, run.model_path.stat().st_size
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,4 +1,4 @@
-"""The run directory: config.toml, manifest.json, metrics.jsonl, checkpoint.pt, log.txt.
+"""The run directory: config.toml, manifest.json, metrics.jsonl, checkpoint.pt, model.pt, log.txt.
 
 Everything a run leaves behind goes through here, and every file that a crash could leave half
 written is written atomically (:mod:`freeze._atomic`: temp file in the same directory, fsync, rename,
@@ -143,6 +143,7 @@ class RunDir:
         self.manifest_path = self.path / "manifest.json"
         self.metrics_path = self.path / "metrics.jsonl"
         self.checkpoint_path = self.path / "checkpoint.pt"
+        self.model_path = self.path / "model.pt"  # a complete run's final weights (a plain state dict)
         self.log_path = self.path / "log.txt"
 
     def __repr__(self) -> str:
@@ -249,6 +250,20 @@ class RunDir:
         return self.update_manifest(
             status=status, end_time=now_iso(), error=None if error is None else _one_line(error)
         )
+
+    def write_final_weights(self, state_dict: dict) -> None:
+        """model.pt: the final weights, loadable with ``torch.load(path, weights_only=True)`` and as
+        another run's ``model.weights``. Written before the checkpoint is dropped, so that a kill in
+        between never leaves a run with neither."""
+        save_checkpoint(state_dict, self.model_path)
+
+    def drop_checkpoint(self) -> int:
+        """Delete checkpoint.pt (what only a resume needs); returns the bytes it held (0: none)."""
+        if not self.checkpoint_path.is_file():
+            return 0
+        size = self.checkpoint_path.stat().st_size
+        self.checkpoint_path.unlink()
+        return size
 
     def mark_interrupted(self) -> bool:
         """Set a running run's status to "interrupted" (Ctrl-C, SIGTERM); True when it did. A run

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from freeze._atomic import atomic_write_bytes, atomic_write_text
 from freeze.pipeline.config import ConfigError
+from freeze.pipeline.runs import RunDir
 from freeze.pipeline.study.plan import StudyFile, main_specs, read_study, runs_root, search_specs
 from freeze.pipeline.study.search import SearchError, choose, search_markdown
 from freeze.pipeline.sweep import (
@@ -125,7 +126,7 @@ def _pretrain(study: StudyFile, out_dir: str) -> tuple[list[RunSpec], tuple[str,
     if not study.pretrain:
         return [], ()
     specs = expand(study.pretrain, f"{study.name}-pretrain", {}, [], out_dir)
-    return specs, (f"model.weights={specs[0].config.run_dir() / 'checkpoint.pt'}",)
+    return specs, (f"model.weights={RunDir(specs[0].config.run_dir()).model_path}",)  # its final weights
 
 
 def _print_plan(study: StudyFile, pretrain: list[RunSpec], search: list[RunSpec], grid: list[RunSpec]) -> None:
