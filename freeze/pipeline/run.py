@@ -43,7 +43,7 @@ from freeze.pipeline.config import Config, ConfigError, config_to_toml, load_con
 from freeze.pipeline.distributed import check_hardware
 from freeze.pipeline.lifetime import die_with_parent, launcher_env, worker_argv
 from freeze.pipeline.run_lock import RunLock
-from freeze.pipeline.runs import RunDir, RunError
+from freeze.pipeline.runs import RunDir, RunError, in_sweep
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -290,11 +290,13 @@ def run_worker(config: Config, resume: bool, argv: list[str] | None = None) -> i
 
 
 def _interrupted(config: Config, ctx, outcome, argv: list[str] | None) -> int:
-    """Ctrl-C or SIGTERM in a worker. Alone, it marks the run and says how to resume; under a
-    launcher, the launcher does (after every worker has stopped), so the worker stays quiet."""
+    """Ctrl-C or SIGTERM in a worker. Alone, it marks the run and says how to resume (unless a sweep
+    started it: the sweep says so); under a launcher, the launcher does, after every worker has
+    stopped, so the worker stays quiet."""
     if not _under_launcher() and outcome.started and (ctx is None or ctx.is_main):
         RunDir(config.run_dir()).mark_interrupted()
-        print(interrupted_line(config, argv or []), file=sys.stderr)
+        if not in_sweep():
+            print(interrupted_line(config, argv or []), file=sys.stderr)
     return INTERRUPTED_EXIT_CODE
 
 

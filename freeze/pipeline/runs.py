@@ -32,10 +32,18 @@ import torch
 from freeze._atomic import atomic_write, atomic_write_json, atomic_write_text
 from freeze.pipeline.jsonl import JsonLinesError, read_json_lines
 
-# Set (to "1") by a sweep or a study for the runs it starts: a run then leaves out its closing
-# "report: python -m report ..." hint, because the sweep says what comes next and the study makes the
-# report itself (ten identical hints in a study's output told the reader nothing).
-NO_REPORT_HINT_ENV = "FREEZE_NO_REPORT_HINT"
+# Set (to "1") by a sweep or a study for the runs it starts: the sweep says what comes next, so a run
+# leaves out its closing "report: python -m report ..." hint (the study makes the report itself; ten
+# identical hints in its output told the reader nothing) and, when interrupted, its own resume line
+# (the sweep's is "run the same command again").
+IN_SWEEP_ENV = "FREEZE_IN_SWEEP"
+
+
+def in_sweep() -> bool:
+    """Whether a sweep or a study started this run (see :data:`IN_SWEEP_ENV`)."""
+    return os.environ.get(IN_SWEEP_ENV) == "1"
+
+
 RunStatus = Literal["absent", "running", "complete", "interrupted", "failed"]
 _MANIFEST_STATUSES = ("running", "complete", "interrupted", "failed")
 

@@ -46,7 +46,7 @@ from freeze.pipeline.distributed import check_hardware
 from freeze.pipeline.lifetime import launcher_env, worker_argv
 from freeze.pipeline.run import INTERRUPTED_EXIT_CODE, exported, launch_cluster, launch_local, prepare_run_dir
 from freeze.pipeline.run_lock import RunBusyError, RunLock
-from freeze.pipeline.runs import NO_REPORT_HINT_ENV, RunDir, RunError
+from freeze.pipeline.runs import IN_SWEEP_ENV, RunDir, RunError
 
 SEED_KEY = "run.seed"
 
@@ -287,7 +287,7 @@ def _run_one(spec: RunSpec, tag: str, summary: SweepSummary, log) -> None:
 def run_specs(specs: list[RunSpec], log=print) -> SweepSummary:
     """Run every spec in turn (:func:`_run_one`); the summary says what happened to each."""
     summary = SweepSummary()
-    with exported({NO_REPORT_HINT_ENV: "1"}):  # the runs' workers inherit it (see runs.NO_REPORT_HINT_ENV)
+    with exported({IN_SWEEP_ENV: "1"}):  # the runs' workers inherit it (see runs.IN_SWEEP_ENV)
         for i, spec in enumerate(specs, 1):
             _run_one(spec, f"[{i}/{len(specs)}] {spec.name}", summary, log)
     return summary

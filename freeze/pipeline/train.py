@@ -43,7 +43,7 @@ from freeze.pipeline.prepare import (
     resume_training,
 )
 from freeze.pipeline.run_lock import RunLock
-from freeze.pipeline.runs import NO_REPORT_HINT_ENV, RunDir, RunError, save_checkpoint
+from freeze.pipeline.runs import RunDir, RunError, in_sweep, save_checkpoint
 from freeze.pipeline.schema import BOUNDARY_AT_EPOCH_START, EVAL_PHASE, PHASES, TRAIN_PHASES
 
 
@@ -436,6 +436,6 @@ def _train(
     if ctx.is_main:
         finish_run(run, lock, t.model.state_dict(), cfg.run.keep_checkpoint)
         logger.info("done: results in %s", run.path)
-        if os.environ.get(NO_REPORT_HINT_ENV) != "1":  # a sweep or a study says what comes next itself
+        if not in_sweep():  # a sweep or a study says what comes next itself
             logger.info("report: python -m report %s", run.path.parent)  # writes <study dir>-report/
     return record
