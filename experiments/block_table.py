@@ -1,7 +1,7 @@
-"""The README's family table: how the default ``split_blocks`` cuts the real-size models people fine-tune.
+"""The family table of docs/blocks.md: how the default ``split_blocks`` cuts the real-size models people fine-tune.
 
-    python -m experiments.block_table            # markdown, as pasted into README.md
-    python -m experiments.block_table --check README.md   # exit 1 if README.md holds another table
+    python -m experiments.block_table            # markdown, as pasted into docs/blocks.md
+    python -m experiments.block_table --check docs/blocks.md   # exit 1 if docs/blocks.md holds another table
 
 Models are built with random weights (nothing is downloaded), on the meta device where the builder
 allows it (no memory, no initialization time); Hugging Face models from their default configs,

@@ -1,5 +1,5 @@
 """A training script shaped like torchvision's references/classification/train.py, with the Freezer
-wired in as the README's "Freezing in your own training script" section shows (the lines marked
+wired in as docs/library.md, "Freezing in your own training script", shows (the lines marked
 ``# freeze:``). Run under torchrun by tests/test_reference_script.py; tiny model, synthetic data.
 
 Prints one JSON line per epoch (boundary, bytes per step, trainable bytes, EMA copy's trainable

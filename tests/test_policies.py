@@ -61,6 +61,17 @@ def one_line_error(fn, *args, **kwargs) -> str:
     return message
 
 
+def test_a_misspelt_policy_or_parameter_name_gets_a_did_you_mean():
+    """As config keys do: the closest accepted name, in the one line that lists them all."""
+    for call in (lambda: make_policy("autofreez"), lambda: parse_policy("autofreez:percentile=50")):
+        message = one_line_error(call)
+        assert "unknown policy 'autofreez' (did you mean 'autofreeze'?)" in message
+        assert "accepted: none, static," in message
+    message = one_line_error(parse_policy, "freezeout:t=0.5")
+    assert "unknown parameter 't' (did you mean 't0'?)" in message
+    assert "did you mean" not in one_line_error(make_policy, "qqqqqq")  # nothing close: no guess
+
+
 # ------------------------------------------------------------------------------------ progress
 def test_progress_fraction_by_steps_then_epochs_clipped():
     assert Progress(epochs_completed=0, epochs_total=4, steps_completed=250, steps_total=1000).fraction == 0.25

@@ -1,15 +1,25 @@
-"""The README's example for a user's own loop runs as written: in one process and under torchrun."""
+"""The README's example for a user's own loop runs as written: in one process, under torchrun and
+resumed; every code block of README.md and docs/*.md runs or names only modules and files that exist."""
 
+import importlib.util
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import torch
+
 from experiments.repeat_readme_example import readme_example
 from freeze.testing import local_torchrun_command
 
 REPO = Path(__file__).resolve().parents[1]
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+
+def _blocks(page: Path, lang: str) -> list[str]:
+    return re.findall(rf"^```{lang}\n(.*?)^```", page.read_text(), re.S | re.M)
 
 
 def _run(cmd, tmp_path):
@@ -25,6 +35,8 @@ def test_readme_example_runs_in_one_process(tmp_path):
     lines = proc.stdout.strip().splitlines()
     assert [line.split()[0] for line in lines] == ["0", "1", "2", "3"]
     assert all(line.split()[-1] == "0" for line in lines)  # no process group: nothing sent
+    assert all("held-out loss" in line for line in lines)  # it evaluates held-out data every epoch
+    assert int(lines[-1].split()[1]) > 0  # the policy froze blocks, so the cache served
 
 
 def test_readme_example_runs_under_torchrun(tmp_path):
@@ -35,18 +47,109 @@ def test_readme_example_runs_under_torchrun(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     logs = sorted((tmp_path / "logs").glob("**/stdout.log"))
     assert len(logs) == 2
-    lines = [line for log in logs for line in log.read_text().strip().splitlines()]
-    assert len(lines) == 8  # 4 epochs x 2 ranks
+    per_rank = [log.read_text().strip().splitlines() for log in logs]
+    assert [len(lines) for lines in per_rank] == [4, 4]  # 4 epochs on each rank
+    assert per_rank[0] == per_rank[1]  # same boundary, held-out loss and bytes: the ranks agree
     resnet18_fp32_grad_bytes = 11_181_642 * 4
-    for line in lines:
-        boundary, sent = int(line.split()[1]), int(line.split()[-1])
+    boundaries = [int(line.split()[1]) for line in per_rank[0]]  # after each epoch's end_epoch
+    for line, boundary_during_epoch in zip(per_rank[0], [0, *boundaries[:-1]]):
+        sent = int(line.split()[-1])  # the epoch's last step, at the boundary the epoch trained with
         assert 0 < sent <= resnet18_fp32_grad_bytes
-        assert (sent == resnet18_fp32_grad_bytes) == (boundary == 0)
+        assert (sent == resnet18_fp32_grad_bytes) == (boundary_during_epoch == 0)
 
 
-def test_readme_layout_lists_the_library_and_the_application_apart():
+# Kills the run right after the checkpoint of epoch 1 is in place, as a Ctrl-C there would.
+_STOP_AFTER_EPOCH_1 = """import os as _os, torch as _torch
+_replace = _os.replace
+def _replace_then_stop(src, dst):
+    _replace(src, dst)
+    if _torch.load(dst, weights_only=True)["epoch"] == 1:
+        _os._exit(0)
+_os.replace = _replace_then_stop
+"""
+
+
+def test_readme_example_resumed_after_epoch_1_ends_with_the_bits_of_an_uninterrupted_run(tmp_path):
+    """The example's checkpoint and per-epoch data order make a resume exact: the same printed
+    epochs, boundary and held-out loss, and bitwise the same final model and optimizer state."""
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    whole.mkdir(), resumed.mkdir()
+    (whole / "example.py").write_text(readme_example())
+    (resumed / "stopped.py").write_text(_STOP_AFTER_EPOCH_1 + readme_example())
+    (resumed / "example.py").write_text(readme_example())
+    proc = _run([sys.executable, "example.py"], whole)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    stopped = _run([sys.executable, "stopped.py"], resumed)
+    assert stopped.returncode == 0, stopped.stderr[-3000:]
+    assert [line.split()[0] for line in stopped.stdout.splitlines()] == ["0", "1"]
+    again = _run([sys.executable, "example.py"], resumed)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stdout.splitlines() == proc.stdout.splitlines()[2:]  # epochs 2 and 3, line for line
+    a = torch.load(whole / "checkpoint.pt", weights_only=True)
+    b = torch.load(resumed / "checkpoint.pt", weights_only=True)
+    assert a["epoch"] == b["epoch"] == 3 and a["freezer"]["boundary"] == b["freezer"]["boundary"]
+    for name, tensor in a["model"].items():
+        assert torch.equal(tensor, b["model"][name]), name
+    for i, entry in a["optimizer"]["state"].items():
+        assert torch.equal(entry["momentum_buffer"], b["optimizer"]["state"][i]["momentum_buffer"]), i
+
+
+def test_readme_example_follows_the_order_rules_it_states():
+    """The rules listed under the example are the ones the example itself follows."""
     text = (REPO / "README.md").read_text()
-    layout = text.split("## Layout", 1)[1].split("```", 2)[1]
+    example = readme_example()
+    rules = text.split("<!-- example:end -->", 1)[1].split("\n## ", 1)[0]
+    assert "Build the Freezer last" in rules and "bare model" in rules
+    assert example.index("init_process_group") < example.index("freezer = Freezer(")
+    assert example.index("model.load_state_dict") < example.index("freezer = Freezer(")
+    assert "freezer.module.no_sync()" in example and "freezer.training_state_dict()" in example
+    assert "freezer.load_training_state_dict(state)" in example and "weights_only=True" in example
+    assert "manual_seed(seed + epoch)" in example
+    assert example.index("freezer.eval()") < example.index("# sync_buffers") < example.index("torch.no_grad()")
+
+
+def test_readme_is_a_front_page_that_links_every_docs_page():
+    text = (REPO / "README.md").read_text()
+    assert len(text.splitlines()) <= 260, "README.md is the front page: move long topics to docs/"
+    for page in sorted((REPO / "docs").glob("*.md")):
+        assert f"](docs/{page.name})" in text, f"README.md does not link docs/{page.name}"
+
+
+def test_every_relative_link_of_the_readme_and_docs_resolves():
+    for page in PAGES:
+        for target in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", page.read_text()):
+            if "://" not in target:
+                assert (page.parent / target).exists(), f"{page.name} links {target}, which does not exist"
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if p.name != "README.md"], ids=lambda p: p.name)
+def test_every_python_block_of_the_docs_runs(page, tmp_path):
+    for i, block in enumerate(_blocks(page, "python")):
+        script = tmp_path / f"block{i}.py"
+        script.write_text(block)
+        proc = _run([sys.executable, str(script)], tmp_path)
+        assert proc.returncode == 0, f"{page.name} python block {i}: {proc.stderr[-2000:]}"
+
+
+def test_every_command_in_the_readme_and_docs_names_a_module_and_target_that_exist():
+    """Shell blocks need root, a cluster or an hour to run; what a typo breaks is the module or make
+    target they name, so those are checked (config paths: the test below)."""
+    makefile = (REPO / "Makefile").read_text()
+    commands = 0
+    for page in PAGES:
+        for block in _blocks(page, "bash") + _blocks(page, "") + _blocks(page, "console"):
+            for module in re.findall(r"python -m (\w+(?:\.\w+)*)(?![.\w*])", block):
+                commands += 1
+                assert importlib.util.find_spec(module) is not None, f"{page.name}: no module {module}"
+            for target in re.findall(r"^\$? ?make ([\w-]+)", block, re.M):
+                commands += 1
+                assert re.search(rf"^{re.escape(target)}:", makefile, re.M), f"{page.name}: no make target {target}"
+    assert commands >= 15
+
+
+def test_architecture_page_lists_the_library_and_the_application_apart():
+    text = (REPO / "docs" / "architecture.md").read_text()
+    layout = text.split("```", 2)[1]
     library, application = layout.split("\nfreeze/pipeline/", 1)
     application = application.split("\nexperiments/", 1)[0]
 
@@ -76,7 +179,7 @@ def test_readme_sweep_example_is_the_file_and_its_dry_run_prints_what_the_readme
 
 def test_every_config_file_the_readme_and_docstrings_name_exists():
     """A newcomer copies these paths; each one must be a file of the repository."""
-    sources = [REPO / "README.md", *REPO.glob("freeze/**/*.py"), *REPO.glob("experiments/**/*.py")]
+    sources = [*PAGES, *REPO.glob("freeze/**/*.py"), *REPO.glob("experiments/**/*.py")]
     sources += list(REPO.glob("experiments/configs/*.toml"))
     named = {}
     for source in sources:

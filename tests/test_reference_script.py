@@ -1,5 +1,5 @@
 """A torchvision-reference-style script with the Freezer wired in (tests/reference_style_train.py,
-as the README section "Freezing in your own training script" shows) runs under torchrun with 2
+as docs/library.md, "Freezing in your own training script", shows) runs under torchrun with 2
 ranks: bytes per step equal the trainable bytes, the boundary moves, an EMA deepcopy is not
 steered, a launch resumed from an epoch checkpoint ends bit-identical to an
 uninterrupted one."""

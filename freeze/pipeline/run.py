@@ -33,6 +33,7 @@ import argparse
 import contextlib
 import logging
 import os
+import shlex
 import sys
 import traceback
 from collections.abc import Iterator
@@ -42,7 +43,7 @@ from freeze.pipeline.config import Config, ConfigError, config_to_toml, load_con
 from freeze.pipeline.distributed import check_hardware
 from freeze.pipeline.lifetime import die_with_parent, launcher_env, worker_argv
 from freeze.pipeline.run_lock import RunLock
-from freeze.pipeline.runs import RunDir, RunError
+from freeze.pipeline.runs import RunDir, RunError, in_sweep
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -55,6 +56,48 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 _WORKER_EXIT_LOGGER = "torch.distributed.elastic.multiprocessing.api"
+_AGENT_LOGGER = "torch.distributed.elastic.agent.server.api"
+# What a run exits with when Ctrl-C or SIGTERM stopped it: the shell's 128 + SIGINT. Sweeps and
+# studies stop on it instead of starting the next run.
+INTERRUPTED_EXIT_CODE = 130
+
+
+def resume_command(argv: list[str]) -> str:
+    """The command that continues this run: the one typed, with --resume."""
+    args = [a for a in argv if a != "--resume"]
+    return shlex.join(["python", "-m", "experiments.run", *args, "--resume"])
+
+
+def interrupted_line(config: Config, argv: list[str]) -> str:
+    return f"interrupted: {config.run_dir()} keeps its completed epochs; resume with: {resume_command(argv)}"
+
+
+class _DropDeathSignalLine(logging.Filter):
+    """torchrun's agent logs "Received 2 death signal, shutting down workers" on Ctrl-C; the
+    launcher says "interrupted" itself, in one line with the command that resumes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "death signal" not in record.getMessage()
+
+
+class _Interrupt:
+    """Ctrl-C or SIGTERM in a worker: remembered, then raised as KeyboardInterrupt. A rank whose peer
+    stopped first fails in a collective with some other error; the flag tells the two apart, so an
+    interrupted run ends quietly instead of with a traceback per rank."""
+
+    seen = False
+
+    @classmethod
+    def install(cls) -> None:
+        import signal
+
+        def handler(signum, frame):
+            cls.seen = True
+            raise KeyboardInterrupt
+
+        with contextlib.suppress(ValueError):  # not the main thread (a test calling run_worker): keep defaults
+            signal.signal(signal.SIGINT, handler)
+            signal.signal(signal.SIGTERM, handler)
 
 
 def _under_launcher() -> bool:
@@ -71,7 +114,7 @@ def prepare_run_dir(config: Config, resume: bool) -> Path:
 
 
 @contextlib.contextmanager
-def _exported(env: dict[str, str]) -> Iterator[None]:
+def exported(env: dict[str, str]) -> Iterator[None]:
     """``env`` in os.environ while the block runs: torchrun's agent, hosted in this process, gives
     its workers a copy of os.environ."""
     saved = {key: os.environ.get(key) for key in env}
@@ -116,12 +159,14 @@ def launch_local(
     # and a failed one is summed up below in one.
     exit_log = logging.getLogger(_WORKER_EXIT_LOGGER)
     was_disabled, exit_log.disabled = exit_log.disabled, True
+    agent_log, death_line = logging.getLogger(_AGENT_LOGGER), _DropDeathSignalLine()
+    agent_log.addFilter(death_line)
     # torchrun's agent installs its own SIGINT/SIGTERM/SIGHUP/SIGQUIT handlers and never restores
     # them: after one local run, Ctrl-C in a sweep would raise torch's SignalException everywhere
     # else (between runs, in the cluster launcher, in the report) instead of KeyboardInterrupt.
     saved_handlers = _signal_handlers()
     try:
-        with _exported(env):
+        with exported(env):
             run(get_args_parser().parse_args(argv))
     except ChildFailedError as e:
         failures = sorted(e.failures.values(), key=lambda f: f.timestamp)
@@ -135,9 +180,10 @@ def launch_local(
     except SignalException:
         # torchrun's agent turns SIGINT/SIGTERM into this after stopping the workers; the caller
         # (a sweep, a study) sees the same interrupted code as from the emulated cluster.
-        return 130
+        return INTERRUPTED_EXIT_CODE
     finally:
         exit_log.disabled = was_disabled
+        agent_log.removeFilter(death_line)
         _restore_signal_handlers(saved_handlers)
     return 0
 
@@ -175,7 +221,7 @@ def launch_cluster(
     from freeze.pipeline.cluster.jobs import run_config_entry, run_on_cluster
 
     entry = run_config_entry(resolved_config, resume)
-    with _exported(lock.env() if lock is not None else {}):  # each node's agent copies os.environ
+    with exported(lock.env() if lock is not None else {}):  # each node's agent copies os.environ
         return run_on_cluster(config.cluster, entry, config.dist.nproc, max_restarts, run_dir=config.run_dir())
 
 
@@ -195,8 +241,9 @@ def _mark_failed(config: Config, error: BaseException) -> None:
         pass  # the manifest itself is unreadable or unwritable (a full disk): nothing more can be recorded
 
 
-def run_worker(config: Config, resume: bool) -> int:
-    """This process trains: alone, or as one worker of torchrun (ours or a plain torchrun command)."""
+def run_worker(config: Config, resume: bool, argv: list[str] | None = None) -> int:
+    """This process trains: alone, or as one worker of torchrun (ours or a plain torchrun command).
+    ``argv``: the command's arguments, for the resume command an interrupted single process prints."""
     # Heavy imports only in the worker: the launcher process stays light.
     from freeze.cache import CacheError
     from freeze.pipeline.data import DataError
@@ -205,16 +252,23 @@ def run_worker(config: Config, resume: bool) -> int:
     from freeze.pipeline.train import WorkerOutcome, train_worker
 
     ctx, outcome = None, WorkerOutcome()
+    _Interrupt.install()
     try:
         ctx = setup_worker(config.dist)
         train_worker(config, ctx, resume, outcome)
         return 0
+    except KeyboardInterrupt:
+        return _interrupted(config, ctx, outcome, argv)
     except CacheError as e:  # the cache asked for cannot be held (budget) or cut (model): every rank stops here
+        if _Interrupt.seen:
+            return _interrupted(config, ctx, outcome, argv)
         if ctx is None or ctx.is_main:
             _mark_failed(config, e)
         print(f"error: {e} (config keys freeze.cache, freeze.cache_budget_bytes)", file=sys.stderr)
         return 2
     except (ConfigError, RunError, DataError, ModelError, OSError) as e:
+        if _Interrupt.seen:  # e.g. a write cut short by the signal
+            return _interrupted(config, ctx, outcome, argv)
         if not outcome.started:
             return _refuse(e)  # raised before the run was marked as started
         if ctx.is_main:
@@ -222,6 +276,9 @@ def run_worker(config: Config, resume: bool) -> int:
             _mark_failed(config, e)
         return 1
     except Exception as e:
+        if _Interrupt.seen:  # a collective broke because a peer was stopped: part of the interrupt
+            traceback.clear_frames(e.__traceback__)
+            return _interrupted(config, ctx, outcome, argv)
         if outcome.started and (ctx is None or ctx.is_main):
             _mark_failed(config, e)
         # The traceback keeps train_worker's locals (its Freezer and DDP wrapper, which hold the
@@ -232,7 +289,18 @@ def run_worker(config: Config, resume: bool) -> int:
         teardown_worker()
 
 
-def run_launcher(config: Config, resume: bool, max_restarts: int) -> int:
+def _interrupted(config: Config, ctx, outcome, argv: list[str] | None) -> int:
+    """Ctrl-C or SIGTERM in a worker. Alone, it marks the run and says how to resume (unless a sweep
+    started it: the sweep says so); under a launcher, the launcher does, after every worker has
+    stopped, so the worker stays quiet."""
+    if not _under_launcher() and outcome.started and (ctx is None or ctx.is_main):
+        RunDir(config.run_dir()).mark_interrupted()
+        if not in_sweep():
+            print(interrupted_line(config, argv or []), file=sys.stderr)
+    return INTERRUPTED_EXIT_CODE
+
+
+def run_launcher(config: Config, resume: bool, max_restarts: int, argv: list[str] | None = None) -> int:
     """Hold the run's lock, write its config.toml and start ``dist.nproc`` local workers (on each
     node of an emulated cluster when ``cluster.nodes`` is set)."""
     try:
@@ -251,13 +319,16 @@ def run_launcher(config: Config, resume: bool, max_restarts: int) -> int:
             code = launch_cluster(config, resolved, resume, max_restarts, lock)
         else:
             code = launch_local(resolved, config.dist.nproc, resume, max_restarts, lock)
-        if code != 0:
+        if code == INTERRUPTED_EXIT_CODE and RunDir(config.run_dir()).mark_interrupted():
+            print(interrupted_line(config, argv or []), file=sys.stderr)
+        elif code != 0:
             lock.discard_if_unstarted()  # the workers refused the run before it started
         return code
 
 
 def main(argv: list[str] | None = None) -> int:
     die_with_parent()  # first: a worker must not outlive its launcher, even while it imports
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     try:
         config = load_config(args.config, args.overrides)
@@ -265,8 +336,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         return _refuse(e)
     if not _under_launcher() and (config.dist.nproc > 1 or config.cluster.nodes):
-        return run_launcher(config, args.resume, args.max_restarts)
-    return run_worker(config, args.resume)
+        return run_launcher(config, args.resume, args.max_restarts, argv)
+    return run_worker(config, args.resume, argv)
 
 
 if __name__ == "__main__":

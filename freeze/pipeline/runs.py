@@ -1,4 +1,4 @@
-"""The run directory: config.toml, manifest.json, metrics.jsonl, checkpoint.pt, log.txt.
+"""The run directory: config.toml, manifest.json, metrics.jsonl, checkpoint.pt, model.pt, log.txt.
 
 Everything a run leaves behind goes through here, and every file that a crash could leave half
 written is written atomically (:mod:`freeze._atomic`: temp file in the same directory, fsync, rename,
@@ -32,8 +32,20 @@ import torch
 from freeze._atomic import atomic_write, atomic_write_json, atomic_write_text
 from freeze.pipeline.jsonl import JsonLinesError, read_json_lines
 
-RunStatus = Literal["absent", "running", "complete", "failed"]
-_MANIFEST_STATUSES = ("running", "complete", "failed")
+# Set (to "1") by a sweep or a study for the runs it starts: the sweep says what comes next, so a run
+# leaves out its closing "report: python -m report ..." hint (the study makes the report itself; ten
+# identical hints in its output told the reader nothing) and, when interrupted, its own resume line
+# (the sweep's is "run the same command again").
+IN_SWEEP_ENV = "FREEZE_IN_SWEEP"
+
+
+def in_sweep() -> bool:
+    """Whether a sweep or a study started this run (see :data:`IN_SWEEP_ENV`)."""
+    return os.environ.get(IN_SWEEP_ENV) == "1"
+
+
+RunStatus = Literal["absent", "running", "complete", "interrupted", "failed"]
+_MANIFEST_STATUSES = ("running", "complete", "interrupted", "failed")
 
 
 class RunError(RuntimeError):
@@ -119,12 +131,20 @@ def _flatten(data: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]
             yield dotted, value
 
 
+# Keys a newer version writes into config.toml that run directories of older versions lack, with the
+# default that changes nothing a resumed run computes: such a run still resumes.
+KEYS_ADDED_LATER = {"run.keep_checkpoint": False}
+
+
 def first_differing_key(old_toml: str, new_toml: str) -> tuple[str, Any, Any] | None:
-    """(dotted key, old value, new value) of the first key that differs, or None if equal as data."""
+    """(dotted key, old value, new value) of the first key that differs, or None if equal as data
+    (a key of :data:`KEYS_ADDED_LATER` absent from ``old_toml`` and at its default in ``new_toml`` is equal)."""
     old = dict(_flatten(tomllib.loads(old_toml)))
     new = dict(_flatten(tomllib.loads(new_toml)))
     missing = object()
     for key in list(old) + [k for k in new if k not in old]:
+        if key not in old and key in KEYS_ADDED_LATER and new.get(key) == KEYS_ADDED_LATER[key]:
+            continue
         if old.get(key, missing) != new.get(key, missing):
             return key, old.get(key), new.get(key)
     return None
@@ -139,6 +159,7 @@ class RunDir:
         self.manifest_path = self.path / "manifest.json"
         self.metrics_path = self.path / "metrics.jsonl"
         self.checkpoint_path = self.path / "checkpoint.pt"
+        self.model_path = self.path / "model.pt"  # a complete run's final weights (a plain state dict)
         self.log_path = self.path / "log.txt"
 
     def __repr__(self) -> str:
@@ -152,8 +173,9 @@ class RunDir:
     def status(self) -> RunStatus:
         """ "absent" when no manifest exists; else the manifest's status.
 
-        "running" also describes a run whose process was killed: nothing marks the run as
-        stopped. Resuming it is the way to find out.
+        "running" also describes a run whose process was killed (SIGKILL, a crash of the machine):
+        nothing marks the run as stopped. Ctrl-C or SIGTERM mark it "interrupted". Resuming either
+        is the way on.
         """
         if not self.manifest_path.exists():
             return "absent"
@@ -238,12 +260,37 @@ class RunDir:
         atomic_write_json(self.manifest_path, manifest)
         return manifest
 
-    def finish(self, status: Literal["complete", "failed"], error: str | None = None) -> dict[str, Any]:
-        if status not in ("complete", "failed"):
-            raise ValueError(f"finish: status {status!r} is not accepted; accepted: complete, failed")
+    def finish(self, status: Literal["complete", "interrupted", "failed"], error: str | None = None) -> dict[str, Any]:
+        if status not in ("complete", "interrupted", "failed"):
+            raise ValueError(f"finish: status {status!r} is not accepted; accepted: complete, interrupted, failed")
         return self.update_manifest(
             status=status, end_time=now_iso(), error=None if error is None else _one_line(error)
         )
+
+    def write_final_weights(self, state_dict: dict) -> None:
+        """model.pt: the final weights, loadable with ``torch.load(path, weights_only=True)`` and as
+        another run's ``model.weights``. Written before the checkpoint is dropped, so that a kill in
+        between never leaves a run with neither."""
+        save_checkpoint(state_dict, self.model_path)
+
+    def drop_checkpoint(self) -> int:
+        """Delete checkpoint.pt (what only a resume needs); returns the bytes it held (0: none)."""
+        if not self.checkpoint_path.is_file():
+            return 0
+        size = self.checkpoint_path.stat().st_size
+        self.checkpoint_path.unlink()
+        return size
+
+    def mark_interrupted(self) -> bool:
+        """Set a running run's status to "interrupted" (Ctrl-C, SIGTERM); True when it did. A run
+        that had not started, or had completed or failed meanwhile, is left as it is."""
+        try:
+            if self.status() != "running":
+                return False
+            self.finish("interrupted")
+        except (RunError, OSError):
+            return False  # an unreadable or unwritable manifest: the exit code still says it
+        return True
 
     # --- metrics
 

@@ -44,9 +44,9 @@ from pathlib import Path
 from freeze.pipeline.config import Config, ConfigError, load_config
 from freeze.pipeline.distributed import check_hardware
 from freeze.pipeline.lifetime import launcher_env, worker_argv
-from freeze.pipeline.run import launch_cluster, launch_local, prepare_run_dir
+from freeze.pipeline.run import INTERRUPTED_EXIT_CODE, exported, launch_cluster, launch_local, prepare_run_dir
 from freeze.pipeline.run_lock import RunBusyError, RunLock
-from freeze.pipeline.runs import RunDir, RunError
+from freeze.pipeline.runs import IN_SWEEP_ENV, RunDir, RunError
 
 SEED_KEY = "run.seed"
 
@@ -77,11 +77,12 @@ class SweepSummary:
     skipped: list[str] = field(default_factory=list)
     busy: list[tuple[str, str]] = field(default_factory=list)  # another process writes them
     failed: list[tuple[str, str]] = field(default_factory=list)
+    interrupted: list[str] = field(default_factory=list)  # Ctrl-C or SIGTERM: resumed by the next invocation
 
     @property
     def ok(self) -> bool:
         """Every run is complete: none failed, none left to another writer."""
-        return not self.failed and not self.busy
+        return not self.failed and not self.busy and not self.interrupted
 
     def lines(self) -> list[str]:
         out = [
@@ -154,9 +155,21 @@ def read_sweep(path: str | Path) -> dict:
     if not isinstance(grid, dict):
         raise SweepError(f'sweep file {path}: [grid] must be a table of "section.key" = [values]')
     for key, values in grid.items():
+        if isinstance(values, dict):  # TOML reads an unquoted freeze.policy = [...] as a table
+            dotted = _first_dotted_key(key, values)
+            raise SweepError(
+                f'sweep file {path}: grid key {dotted} is read as a table; quote dotted keys: "{dotted}" = [...]'
+            )
         if not isinstance(values, list) or not values:
             raise SweepError(f'sweep file {path}: grid."{key}" must be a non-empty list')
     return {"base": sweep["base"], "study": sweep["study"], "overrides": list(sweep.get("overrides", [])), "grid": grid}
+
+
+def _first_dotted_key(key: str, table: dict) -> str:
+    """``freeze`` + ``{"policy": [...]}`` -> ``freeze.policy``: the key as the user typed it."""
+    while isinstance(table, dict) and table:
+        key, table = f"{key}.{next(iter(table))}", next(iter(table.values()))
+    return key
 
 
 def expand(base: str, study: str, grid: dict, overrides: list[str], out_dir: str | None = None) -> list[RunSpec]:
@@ -207,10 +220,9 @@ def _launch(config: Config, resume: bool, lock: RunLock) -> int:
     return subprocess.run(cmd + (["--resume"] if resume else []), env=env).returncode
 
 
-# What a launcher returns when it was interrupted (Ctrl-C or SIGTERM) and stopped its workers:
-# the shell's 128 + SIGINT. The emulated cluster's launcher catches the interrupt to remove its
-# namespaces and returns this code, so the sweep must stop on it rather than start the next run.
-INTERRUPTED_EXIT_CODE = 130
+# INTERRUPTED_EXIT_CODE (run.py): what a launcher returns when it was interrupted (Ctrl-C or
+# SIGTERM) and stopped its workers. The emulated cluster's launcher catches the interrupt to remove
+# its namespaces and returns it too, so the sweep must stop on it rather than start the next run.
 INTERRUPTED_MESSAGE = "interrupted: completed runs are kept; run the same command again to resume the rest"
 
 
@@ -257,14 +269,17 @@ def _run_one(spec: RunSpec, tag: str, summary: SweepSummary, log) -> None:
     summary.ran.append(spec.name)
     if resume:
         summary.resumed.append(spec.name)
+    if code == INTERRUPTED_EXIT_CODE:
+        run.mark_interrupted()
+        summary.interrupted.append(spec.name)
+        log(f"{tag}: interrupted (its completed epochs are kept)")
+        raise KeyboardInterrupt
     if code != 0:
         error = f"exit code {code}"
         with contextlib.suppress(RunError):  # no manifest, or an unreadable one: the exit code is all we know
             error = run.read_manifest().get("error") or error
         summary.failed.append((spec.name, error))
         log(f"{tag}: FAILED ({error})")
-        if code == INTERRUPTED_EXIT_CODE:
-            raise KeyboardInterrupt
     else:
         log(f"{tag}: complete in {time.perf_counter() - start_s:.1f} s")
 
@@ -272,8 +287,9 @@ def _run_one(spec: RunSpec, tag: str, summary: SweepSummary, log) -> None:
 def run_specs(specs: list[RunSpec], log=print) -> SweepSummary:
     """Run every spec in turn (:func:`_run_one`); the summary says what happened to each."""
     summary = SweepSummary()
-    for i, spec in enumerate(specs, 1):
-        _run_one(spec, f"[{i}/{len(specs)}] {spec.name}", summary, log)
+    with exported({IN_SWEEP_ENV: "1"}):  # the runs' workers inherit it (see runs.IN_SWEEP_ENV)
+        for i, spec in enumerate(specs, 1):
+            _run_one(spec, f"[{i}/{len(specs)}] {spec.name}", summary, log)
     return summary
 
 

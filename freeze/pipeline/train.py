@@ -43,7 +43,7 @@ from freeze.pipeline.prepare import (
     resume_training,
 )
 from freeze.pipeline.run_lock import RunLock
-from freeze.pipeline.runs import RunDir, RunError, save_checkpoint
+from freeze.pipeline.runs import RunDir, RunError, in_sweep, save_checkpoint
 from freeze.pipeline.schema import BOUNDARY_AT_EPOCH_START, EVAL_PHASE, PHASES, TRAIN_PHASES
 
 
@@ -324,6 +324,21 @@ def save_epoch(t: Training, cfg: Config, ctx: WorkerContext, run: RunDir, lock: 
 # the worker
 
 
+def finish_run(run: RunDir, lock: RunLock | None, final_weights: dict, keep_checkpoint: bool) -> None:
+    """Rank 0: final weights to model.pt, the run marked complete, then (unless run.keep_checkpoint)
+    checkpoint.pt deleted. In this order a kill at any point leaves a run that resumes (not yet
+    complete, its checkpoint there) or a complete run with its weights (at worst its checkpoint too)."""
+    if lock is not None:
+        lock.check_held()
+    try:
+        run.write_final_weights(final_weights)
+        run.finish("complete")
+        if not keep_checkpoint:
+            run.drop_checkpoint()
+    except OSError as err:
+        raise RunError(f"cannot write {err.filename or run.path}: {err.strerror or err}") from None
+
+
 def announce_start(cfg: Config, ctx: WorkerContext, run: RunDir, logger: logging.Logger) -> None:
     """What this run is about to do, before the silent seconds of data and model set-up; and on
     every machine, where the results go. Under a c10d rendezvous torchrun numbers the nodes by
@@ -419,7 +434,8 @@ def _train(
         save_epoch(t, cfg, ctx, run, lock, record)
     t.freezer.close()  # releases the DDP wrapper, so that teardown_worker can stop the group's threads
     if ctx.is_main:
-        run.finish("complete")
+        finish_run(run, lock, t.model.state_dict(), cfg.run.keep_checkpoint)
         logger.info("done: results in %s", run.path)
-        logger.info("report: python -m report %s", run.path.parent)  # writes <study dir>-report/
+        if not in_sweep():  # a sweep or a study says what comes next itself
+            logger.info("report: python -m report %s", run.path.parent)  # writes <study dir>-report/
     return record

@@ -9,6 +9,7 @@ that wrote it did.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import math
 import numbers
@@ -242,7 +243,8 @@ def make_policy(name: str, **params: Any) -> Policy:
     for key in params:
         if key not in accepted:
             raise PolicyError(
-                f"policy '{name}': unknown parameter '{key}'; accepted: {', '.join(accepted) or 'no parameters'}"
+                f"policy '{name}': unknown parameter '{key}'{_did_you_mean(key, accepted)}; "
+                f"accepted: {', '.join(accepted) or 'no parameters'}"
             )
     return cls(**params)
 
@@ -289,10 +291,16 @@ def _policy_class(name: str) -> type[Policy]:
     # this module (a submodule import runs its package first): no import is deferred here.
     if name not in POLICIES:
         raise PolicyError(
-            f"unknown policy {name!r}; accepted: {', '.join(POLICIES)} (as a name, or as a spec "
+            f"unknown policy {name!r}{_did_you_mean(name, POLICIES)}; accepted: {', '.join(POLICIES)} (as a name, or as a spec "
             "'name:param=value,...' for make_policy and parse_policy)"
         )
     return POLICIES[name]
+
+
+def _did_you_mean(word: Any, names: Sequence[str] | dict) -> str:
+    """`` (did you mean 'x'?)`` for the closest name, as config keys get; empty when none is close."""
+    close = difflib.get_close_matches(str(word), list(names), n=1)
+    return f" (did you mean '{close[0]}'?)" if close else ""
 
 
 def _is_int(value: Any) -> bool:

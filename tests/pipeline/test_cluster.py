@@ -171,6 +171,7 @@ def _run_args(tmp_path: Path, name: str) -> list[str]:
         f"run.out_dir={tmp_path / 'runs'}",
         f"run.name={name}",
         f"data.root={tmp_path / 'data'}",
+        "run.keep_checkpoint=true",  # these tests compare the final resume state (Freezer decisions)
         *TINY,
     ]
 

@@ -92,6 +92,7 @@ BAD_OVERRIDES = [
     (["data.augment=views:0"], ["data.augment", "'views:0' is not accepted"]),
     (["freeze.cache=memory"], ["freeze.cache = 'memory'", "data.augment = 'crop-flip'", "views:V"]),
     (["freeze.cache=ram"], ["freeze.cache", "accepted: off, memory, disk, auto"]),
+    (["freeze.policy=autofreez"], ["freeze.policy: unknown policy 'autofreez' (did you mean 'autofreeze'?)"]),
     (
         ["optim.lrr=0.1"],
         ["config: unknown key 'optim.lrr'", "did you mean 'optim.lr'", "keys in [optim]: name, lr, momentum"],

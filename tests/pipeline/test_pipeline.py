@@ -41,6 +41,7 @@ def _common(tmp_path: Path, name: str) -> list[str]:
         f"run.out_dir={tmp_path / 'runs'}",
         f"run.name={name}",
         f"data.root={tmp_path / 'data'}",
+        "run.keep_checkpoint=true",  # these tests compare the final resume state (Freezer decisions)
         *TINY,
     ]
 
@@ -70,8 +71,11 @@ def uninterrupted(tmp_path_factory):
 
 
 def test_two_worker_run_end_to_end(uninterrupted):
-    _, (ckpt, metrics, manifest) = uninterrupted
+    tmp_path, (ckpt, metrics, manifest) = uninterrupted
     assert manifest["status"] == "complete" and manifest["world_size"] == 2
+    # run.keep_checkpoint=true: the resume checkpoint stays beside the final weights, which equal its model
+    weights = torch.load(tmp_path / "runs" / "smoke" / "straight" / "model.pt", weights_only=True)
+    assert weights.keys() == ckpt["model"].keys() and all(torch.equal(weights[k], v) for k, v in ckpt["model"].items())
     assert [m["epoch"] for m in metrics] == [0, 1, 2]
     block_bytes = manifest["block_param_bytes"]
     for m in metrics:
@@ -219,6 +223,10 @@ def test_readme_smoke_run_says_what_it_does_and_shows_a_freeze(tmp_path):
     assert lines[-2:] == [f"done: results in {run_dir}", f"report: python -m report {run_dir.parent}"]
 
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    # complete: the final weights stay, the resume checkpoint (90 MB for ResNet-18 with momentum) goes
+    assert (run_dir / "model.pt").is_file() and not (run_dir / "checkpoint.pt").exists()
+    weights = torch.load(run_dir / "model.pt", weights_only=True)
+    assert "fc.weight" in weights and all(isinstance(v, torch.Tensor) for v in weights.values())
     moved = [m["epoch"] for m in metrics if m["boundary"] > 0]
     assert moved, "the smoke run froze nothing"
     after = [m for m in metrics if m["boundary_at_epoch_start"] > 0]

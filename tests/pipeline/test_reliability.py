@@ -5,6 +5,7 @@ The malicious files carry a payload that would create a marker file when unpickl
 shows the load refused in one line and no marker."""
 
 import contextlib
+import json
 import os
 import pickle
 import signal
@@ -383,3 +384,47 @@ def test_checkpoint_of_another_policy_is_one_line_naming_both(tmp_path):
     assert str(path) in message and "freeze.policy 'static:k=1'" in message and "this run uses 'none'" in message
     writer.close()
     own.close()
+
+
+# ------------------------------------------------------------------ Ctrl-C: one line, and the command that resumes
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process groups and signals as on Linux")
+@pytest.mark.parametrize("nproc", [2, 1])
+def test_ctrl_c_on_a_run_says_interrupted_in_one_line_with_the_resume_command(tmp_path, nproc):
+    """Ctrl-C (SIGINT to the terminal's process group) printed about 100 lines of per-rank
+    KeyboardInterrupt tracebacks and left the manifest "running". Now: one line naming the exact
+    command that resumes, status "interrupted", exit code 130; that command then completes the run."""
+    runs, repo = tmp_path / "runs", Path(__file__).resolve().parents[2]
+    # 8 epochs of about a second: interrupted after the first, the rest is what the resume runs
+    args = ["--config", str(SMOKE), f"dist.nproc={nproc}", "train.epochs=8", f"run.out_dir={runs}"]
+    args += [f"data.root={tmp_path / 'data'}"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(repo))  # workers import this checkout
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "experiments.run", *args],
+        cwd=repo,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, as a terminal gives a command
+    )
+    metrics = runs / "smoke" / "smoke" / "metrics.jsonl"
+    try:
+        _wait_for(lambda: metrics.is_file() and metrics.read_text().strip(), 180, "the first epoch")
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err and "death signal" not in err, err
+    interrupted = [line for line in err.splitlines() if line.startswith("interrupted: ")]
+    assert len(interrupted) == 1, err
+    command = interrupted[0].split("resume with: ", 1)[1]
+    assert command == " ".join(["python -m experiments.run", *args, "--resume"])
+    manifest = json.loads((runs / "smoke" / "smoke" / "manifest.json").read_text())
+    assert manifest["status"] == "interrupted"
+    done = subprocess.run(  # the printed command resumes it
+        [sys.executable, *command.split()[1:]], cwd=repo, env=env, capture_output=True, text=True, timeout=240
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads((runs / "smoke" / "smoke" / "manifest.json").read_text())["status"] == "complete"

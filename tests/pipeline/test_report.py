@@ -89,8 +89,9 @@ def test_main_table_numbers_match_hand_computation(report):
     assert af["test"] == "paired"
     assert static["test"] == "n/a" and math.isnan(static["p_value"])  # one pair, one run: no test
     assert none["wall_min"] == pytest.approx(315 / 60)
-    assert af["speedup"] == pytest.approx(statistics.mean(NONE_WALL_S) / statistics.mean(AF_WALL_S))
-    assert static["speedup"] == pytest.approx(315 / 180)
+    # One speedup, the paired table's: geometric mean of baseline / arm over the shared seeds (0 and 1).
+    assert af["speedup"] == pytest.approx(math.sqrt(300.0 / 240.0 * 330.0 / 270.0), rel=1e-12)
+    assert static["speedup"] == pytest.approx(300 / 180)  # its one seed, 0, against the baseline's seed 0
     # Time to target 0.6935: none reaches at 300 s and 220 s, autofreeze at 240 s and 270 s, static never.
     assert none["ttt_target_val_acc"] == pytest.approx(TARGET_VAL_ACC)
     assert none["ttt_min"] == pytest.approx((300 + 220) / 2 / 60)
@@ -177,6 +178,47 @@ def test_pngs_are_written_and_valid(report):
         assert data[:8] == PNG_MAGIC and len(data) > 5000, name
 
 
+def _figures(tmp_path, monkeypatch, runs: Path) -> dict:
+    """Every figure write_plots draws, by file name, kept as matplotlib Figures to inspect."""
+    from freeze.pipeline.report import load_runs, plots
+
+    figures = {}
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figures.setdefault(path.name, fig) and path)
+    plots.write_plots(load_runs(runs), tmp_path / "figs")
+    return figures
+
+
+def test_accuracy_figures_draw_validation_per_epoch_when_test_is_final_only(tmp_path, monkeypatch):
+    """A study with train.test_eval = final drew one dot per group at x = 3: the figures now draw
+    validation accuracy, which exists at every epoch, and say so on the axis."""
+    runs = _copy_study(tmp_path)
+    for metrics in (runs / "fixture_study").glob("*/metrics.jsonl"):
+        lines = [json.loads(line) for line in metrics.read_text().splitlines()]
+        for line in lines[:-1]:
+            line["test_acc"] = line["test_loss"] = None
+        metrics.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    figures = _figures(tmp_path, monkeypatch, runs)
+    for name in ("accuracy_vs_epoch.png", "accuracy_vs_time.png"):
+        ax = figures[name].axes[0]
+        assert ax.get_ylabel() == "validation accuracy (%)", name
+        assert all(len(line.get_xdata()) == 3 for line in ax.lines), name  # a curve over 3 epochs, not a dot
+    figures = _figures(tmp_path, monkeypatch, RUNS)  # test accuracy at every epoch: drawn as before
+    assert figures["accuracy_vs_epoch.png"].axes[0].get_ylabel() == "test accuracy (%)"
+
+
+def test_groups_that_draw_the_same_line_stay_visible(tmp_path, monkeypatch):
+    """The control's boundary line lay exactly on the baseline's and hid it: every group has its own
+    dash pattern and marker."""
+    runs = _copy_study(tmp_path)
+    _copy_group(runs, "none", "control")
+    ax = _figures(tmp_path, monkeypatch, runs)["freeze_boundary.png"].axes[0]
+    styles = {line.get_label(): (line.get_linestyle(), line.get_marker()) for line in ax.lines}
+    assert set(styles) == {AF, "control", "none", "static:k=2"}
+    assert len(set(styles.values())) == len(styles)
+    control, none = ax.lines[list(styles).index("control")], ax.lines[list(styles).index("none")]
+    assert list(control.get_ydata()) == list(none.get_ydata())  # the same numbers, drawn differently
+
+
 def test_welch_when_no_shared_seeds(tmp_path):
     runs = _copy_study(tmp_path)
     _edit_manifest(runs, "autofreeze-s0", seed=5)
@@ -210,7 +252,7 @@ def test_explicit_baseline_and_short_run_is_incomplete(tmp_path):
     build_report(runs, tmp_path / "out", baseline="static:k=2", formats=("csv",))
     rows = _rows(tmp_path / "out" / "main.csv")
     assert rows["none"]["n_runs"] == 1 and rows["none"]["test_acc_mean"] == pytest.approx(0.70)
-    assert rows[AF]["speedup"] == pytest.approx(180 / 255)
+    assert rows[AF]["speedup"] == pytest.approx(180 / 240)  # seed 0, the one seed both sides have
     assert rows[AF]["test"] == "n/a"  # one shared seed and a one-run baseline
     incomplete = pd.read_csv(tmp_path / "out" / "incomplete.csv")
     assert incomplete["run"].tolist() == ["autofreeze-s2", "none-s1"]
@@ -226,6 +268,14 @@ def test_main_default_out_dir_is_where_the_readme_says(tmp_path, capsys):
     assert not (out / "main.csv").exists() and not (runs / "report").exists()
     assert str(out) in capsys.readouterr().out
     assert "runs/<study>-report/" in (Path(__file__).parents[2] / "README.md").read_text()
+
+
+def test_the_command_prints_the_main_table(tmp_path, capsys):
+    """`python -m report` printed only "wrote 24 files": the main table now reaches the terminal."""
+    assert main([str(RUNS), "--out", str(tmp_path / "out"), "--formats", "md"]) == 0
+    out = capsys.readouterr().out
+    assert (FIXTURES / "expected_main_table.md").read_text(encoding="utf-8") in out
+    assert out.splitlines()[-1].startswith("report: wrote ")
 
 
 def _assert_one_line_error(capsys, argv: list[str], *fragments: str) -> None:
@@ -349,6 +399,20 @@ def test_paired_table_numbers_match_hand_computation(report):
     assert "none" not in paired  # the baseline is not compared with itself
 
 
+def test_main_and_paired_tables_report_one_speedup_under_one_name(report):
+    """A reader saw 0.93x in one table and 0.94x in the other for the same arm (ratio of means vs
+    geometric mean of paired ratios): both tables now give the paired one, and both captions say so."""
+    out, _ = report
+    main_rows, paired_rows = _rows(out / "main.csv"), _rows(out / "paired.csv")
+    for group in (AF, "static:k=2"):
+        assert main_rows[group]["speedup"] == pytest.approx(paired_rows[group]["speedup"], rel=1e-12)
+    captions = {line for line in (out / "tables.md").read_text().splitlines() if "speedup = geometric" in line}
+    assert len(captions) == 2  # the main and the paired table's captions, each naming both definitions
+    for caption in captions:
+        assert "speedup = geometric mean over seeds of baseline train time / arm train time" in caption
+        assert "time to target = the first cumulative train time at which val accuracy reaches 0.95 x" in caption
+
+
 def test_paired_verdicts_at_the_margin():
     from freeze.pipeline.report.paired import non_inferiority
 
@@ -407,6 +471,30 @@ def test_a_policy_none_arm_that_computes_something_else_is_no_control(tmp_path):
     paired_md = (tmp_path / "out" / "paired.md").read_text()
     assert "control control (policy none, computes what the baseline computes)" in paired_md
     assert "views-1 (policy none" not in paired_md and paired_md.count("holds 1.00x") == 1
+
+
+def test_of_several_policy_none_groups_the_one_at_the_defaults_is_the_baseline(tmp_path, capsys):
+    """A policy x cache sweep has none_cache=off and none_cache=memory: the report compared every arm
+    with the cache-on group (alphabetical). It takes the group whose differing keys hold the
+    defaults (the cache is off by default); when none does, it asks for --baseline in one line."""
+    runs = _copy_study(tmp_path)
+    study = runs / "fixture_study"
+    _copy_group(runs, "none", "none_cache=off", lambda t: t.replace("[freeze]\n", '[freeze]\ncache = "off"\n'))
+    _copy_group(runs, "none", "none_cache=memory", lambda t: t.replace("[freeze]\n", '[freeze]\ncache = "memory"\n'))
+    for name in ("none-s0", "none-s1"):
+        shutil.rmtree(study / name)
+    build_report(runs, tmp_path / "out", formats=("md",))
+    main_md = (tmp_path / "out" / "main.md").read_text()
+    assert (
+        "baseline: group 'none_cache=off' (policy none); other policy-none groups not used: none_cache=memory"
+        in main_md
+    )
+    _copy_group(runs, "none_cache=off", "none_lr=1", lambda t: t.replace("lr = 0.1\n", "lr = 1.0\n"))
+    shutil.rmtree(study / "none_cache=off-s0"), shutil.rmtree(study / "none_cache=off-s1")
+    assert main([str(runs), "--out", str(tmp_path / "out2"), "--formats", "md"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "several policy-none groups (none_cache=memory, none_lr=1) differ in" in err
+    assert "freeze.cache" in err and "optim.lr" in err and err.endswith("choose the baseline with --baseline GROUP")
 
 
 def test_is_control_compares_resolved_configs_apart_from_run_identity():

@@ -49,3 +49,46 @@ def test_launcher_refuses_progress_without_resume_before_starting_workers(tmp_pa
 def test_nproc_flag_is_gone(tmp_path, launches):
     with pytest.raises(SystemExit):
         run_module.main(["--config", str(SMOKE), "--nproc", "2"])
+
+
+def _started_run(config) -> RunDir:
+    run = RunDir(config.run_dir())
+    run.create(config_to_toml(config), {"run_name": config.run.name, "epochs_planned": 3, "epochs_done": 1}, False)
+    return run
+
+
+def test_an_interrupted_launch_marks_the_run_and_prints_the_resume_command(tmp_path, monkeypatch, capsys):
+    """What the launcher does when its workers stopped on Ctrl-C (exit code 130): one line, the
+    command typed plus --resume, and the manifest says "interrupted" instead of "running"."""
+    overrides = _overrides(tmp_path)
+    config = load_config(SMOKE, overrides)
+    monkeypatch.setattr(run_module, "launch_local", lambda *args: _started_run(config) and 130)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert run_module.main(["--config", str(SMOKE), *overrides]) == 130
+    err = capsys.readouterr().err
+    assert err == (
+        f"interrupted: {config.run_dir()} keeps its completed epochs; resume with: "
+        f"python -m experiments.run --config {SMOKE} {' '.join(overrides)} --resume\n"
+    )
+    assert RunDir(config.run_dir()).status() == "interrupted"
+
+
+@pytest.mark.parametrize("in_sweep", [False, True])
+def test_an_interrupted_single_process_run_speaks_unless_a_sweep_started_it(tmp_path, monkeypatch, capsys, in_sweep):
+    from freeze.pipeline.train import WorkerOutcome
+
+    config = load_config(SMOKE, [*_overrides(tmp_path), "dist.nproc=1"])
+    run = _started_run(config)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.setenv("FREEZE_IN_SWEEP", "1" if in_sweep else "0")
+    outcome = WorkerOutcome()
+    outcome.started = True
+    assert run_module._interrupted(config, None, outcome, ["--config", "c.toml"]) == 130
+    assert run.status() == "interrupted"
+    err = capsys.readouterr().err
+    assert err == (
+        ""
+        if in_sweep
+        else f"interrupted: {config.run_dir()} keeps its completed epochs; resume with: "
+        "python -m experiments.run --config c.toml --resume\n"
+    )

@@ -193,7 +193,13 @@ def test_study_chooses_on_validation_runs_interleaved_and_reports(tmp_path, monk
     assert control["speedup_low"] < 1.0 < control["speedup_high"] and control["control"]
     assert "control single/control (policy none" in (out_dir / "tiny-report" / "paired.md").read_text()
     assert "\nold\n" in report_md.read_text()  # not rewritten without --update-report
-    assert "left as it is" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "left as it is" in out
+    # it ends by saying what the tables mean, and where the full study's answer is
+    meaning = out.split("== what this means\n", 1)[1].splitlines()
+    assert "single/autofreeze: trained faster than the baseline, 1.67x (95% CI [1.67, 1.67])." in " ".join(meaning)
+    assert any(line.startswith("The control single/control (the baseline run again) reads") for line in meaning)
+    assert f"The full study's measured answer is in {report_md} (make study-full; docs/study.md)." in meaning
     # --update-report splices the generated tables in; complete runs are skipped, not re-made
     monkeypatch.setattr(cli, "run_specs", lambda specs, log=print: SweepSummary(skipped=[s.name for s in specs]))
     assert cli.main(["--config", str(path), "--out-dir", str(out_dir), "--update-report"]) == 0

@@ -54,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     except ReportInputError as exc:
         print(f"report: error: {exc}", file=sys.stderr)
         return 2
+    if "main.md" in written:  # the answer on the terminal, as the study prints its tables; the rest is in files
+        print(written["main.md"].read_text(encoding="utf-8"))
     out_dirs = sorted({str(p.parent) for p in written.values()})
     print(f"report: wrote {len(written)} files to {', '.join(out_dirs)}")
     return 0

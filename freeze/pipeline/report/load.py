@@ -21,7 +21,7 @@ import pandas as pd
 from freeze.pipeline.jsonl import JsonLinesError, read_json_lines
 from freeze.pipeline.schema import BOUNDARY_AT_EPOCH_START, EVAL_PHASE, LEGACY_METRIC_KEYS, PHASES
 
-STATUSES = ("running", "complete", "failed")
+STATUSES = ("running", "complete", "interrupted", "failed")
 
 _MANIFEST_KEYS = {
     "group": str,

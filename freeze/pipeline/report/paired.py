@@ -28,6 +28,7 @@ import pandas as pd
 from freeze.pipeline.report.load import Run
 from freeze.pipeline.report.tables import (
     NA,
+    SPEEDUP_DEFINITION,
     Baseline,
     Column,
     Table,
@@ -38,8 +39,11 @@ from freeze.pipeline.report.tables import (
     fmt_number,
     group_fields,
     mean_ci95,
+    paired_speedups,
+    ratio_ci95,
     time_to_target_s,
     train_wall_s,
+    ttt_definition,
 )
 
 DEFAULT_MARGIN_POINTS = 0.5
@@ -80,17 +84,6 @@ def is_control(run_config: dict, baseline_config: dict) -> bool:
     return _computation(run_config) == _computation(baseline_config)
 
 
-def ratio_ci95(ratios: list[float]) -> tuple[float, float, float]:
-    """Geometric mean of ``ratios`` and its 95 % interval (t on the logs); NaN bounds for n < 2."""
-    logs = [math.log(r) for r in ratios if math.isfinite(r) and r > 0]
-    mean, half = mean_ci95(logs)
-    if not math.isfinite(mean):
-        return math.nan, math.nan, math.nan
-    if not math.isfinite(half):
-        return math.exp(mean), math.nan, math.nan
-    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
-
-
 def non_inferiority(diff_low: float, diff_high: float, margin_points: float) -> str:
     if not (math.isfinite(diff_low) and math.isfinite(diff_high)):
         return NA
@@ -105,7 +98,7 @@ def paired_row(members: list[Run], base: list[Run], target_fraction: float, marg
     """Every paired number of one group against its baseline (seeds present on both sides only)."""
     base_by_seed = {r.seed: r for r in base}
     pairs = [(r, base_by_seed[r.seed]) for r in members if r.seed in base_by_seed]
-    speedup, speedup_low, speedup_high = ratio_ci95([train_wall_s(b) / train_wall_s(r) for r, b in pairs])
+    speedup, speedup_low, speedup_high = ratio_ci95(paired_speedups(members, base))
     diffs = [100 * (final_test_acc(r) - final_test_acc(b)) for r, b in pairs]
     diff, diff_half = mean_ci95(diffs)
     diff_low, diff_high = diff - diff_half, diff + diff_half
@@ -194,11 +187,10 @@ def paired_table(
     display, align = display_columns(rows, columns)
     caption = (
         f"Paired comparison with the baseline of the same seed, setting and world size ({len(rows)} groups): "
-        "speedup is the geometric mean over seeds of baseline train time / arm train time (wall time without "
-        "evaluation) with a 95% Student-t interval on the logs; accuracy difference is the final-epoch test "
-        f"accuracy minus the baseline's, mean and 95% interval over seeds; non-inferior when the interval's lower "
-        f"bound is above -{margin_points:g} points; time to target is the first train time at which val accuracy "
-        f"reaches {target_fraction:g} x the baseline's mean final val accuracy, paired the same way."
+        f"{SPEEDUP_DEFINITION}, with a 95% Student-t interval on the logs; accuracy difference is the final-epoch "
+        "test accuracy minus the baseline's, mean and 95% interval over seeds; non-inferior when the interval's "
+        f"lower bound is above -{margin_points:g} points; {ttt_definition(target_fraction)}; time-to-target "
+        "speedup: the same paired geometric mean over the seeds where both runs reached it."
     )
     notes = [baseline.note]
     for row in (r for r in rows if r["control"]):

@@ -47,10 +47,32 @@ def _mean_min_max(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarra
     return values.mean(axis=0), values.min(axis=0), values.max(axis=0)
 
 
-def _draw_band(ax, x: np.ndarray, values: np.ndarray, label: str) -> None:
+# Groups that compute the same numbers (the control on the baseline) draw identical lines: each group
+# gets its own dash pattern and marker, so a line drawn over another still shows both.
+_LINESTYLES = ("-", "--", ":", "-.")
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+
+
+def line_style(index: int) -> dict:
+    """The dash pattern and marker of the index-th group in a figure (distinct for the first 8)."""
+    return {"linestyle": _LINESTYLES[index % len(_LINESTYLES)], "marker": _MARKERS[index % len(_MARKERS)]}
+
+
+def accuracy_column(groups: dict[GroupKey, list[Run]]) -> tuple[str, str]:
+    """("test_acc", "test") when every run has test accuracy at more than one epoch; otherwise
+    ("val_acc", "validation"): a study run with train.test_eval = final has test accuracy at its last
+    epoch only, which draws one dot per group on a meaningless axis, while validation accuracy exists
+    at every evaluated epoch."""
+    runs = [r for members in groups.values() for r in members]
+    if all(int(np.isfinite(r.metrics["test_acc"].to_numpy(dtype=float)).sum()) > 1 for r in runs):
+        return "test_acc", "test"
+    return "val_acc", "validation"
+
+
+def _draw_band(ax, x: np.ndarray, values: np.ndarray, label: str, index: int = 0) -> None:
     mean, low, high = _mean_min_max(values)
     ok = np.isfinite(mean) & np.isfinite(x)
-    line = ax.plot(x[ok], mean[ok], marker="o", markersize=3, label=label)[0]
+    line = ax.plot(x[ok], mean[ok], markersize=4, label=label, **line_style(index))[0]
     if len(values) > 1:
         ax.fill_between(x[ok], low[ok], high[ok], color=line.get_color(), alpha=0.2, linewidth=0)
 
@@ -65,12 +87,13 @@ def plot_accuracy_vs_epoch(groups: dict[GroupKey, list[Run]], path: Path) -> Pat
     fig = Figure(figsize=(7, 4.5))
     ax = fig.add_subplot()
     multi = len({ws for _, _, ws in groups}) > 1
-    for key, members in groups.items():
-        acc = 100 * _per_epoch(members, "test_acc")
-        _draw_band(ax, np.arange(1, acc.shape[1] + 1, dtype=float), acc, _label(key, multi))
+    column, name = accuracy_column(groups)
+    for i, (key, members) in enumerate(groups.items()):
+        acc = 100 * _per_epoch(members, column)
+        _draw_band(ax, np.arange(1, acc.shape[1] + 1, dtype=float), acc, _label(key, multi), i)
     ax.set_xlabel("epoch (1 = after the first epoch)")
-    ax.set_ylabel("test accuracy (%)")
-    ax.set_title("Test accuracy per epoch (mean over seeds, band = min..max)")
+    ax.set_ylabel(f"{name} accuracy (%)")
+    ax.set_title(f"{name.capitalize()} accuracy per epoch (mean over seeds, band = min..max)")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
@@ -81,12 +104,13 @@ def plot_accuracy_vs_time(groups: dict[GroupKey, list[Run]], path: Path) -> Path
     fig = Figure(figsize=(7, 4.5))
     ax = fig.add_subplot()
     multi = len({ws for _, _, ws in groups}) > 1
-    for key, members in groups.items():
+    column, name = accuracy_column(groups)
+    for i, (key, members) in enumerate(groups.items()):
         minutes, _, _ = _mean_min_max(_per_epoch(members, "cumulative_wall_s") / 60)
-        _draw_band(ax, minutes, 100 * _per_epoch(members, "test_acc"), _label(key, multi))
+        _draw_band(ax, minutes, 100 * _per_epoch(members, column), _label(key, multi), i)
     ax.set_xlabel("cumulative training wall time (min, no eval; mean over seeds)")
-    ax.set_ylabel("test accuracy (%)")
-    ax.set_title("Test accuracy vs training time (band = min..max over seeds)")
+    ax.set_ylabel(f"{name} accuracy (%)")
+    ax.set_title(f"{name.capitalize()} accuracy vs training time (band = min..max over seeds)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
     return _save(fig, path)
@@ -96,9 +120,9 @@ def plot_freeze_boundary(groups: dict[GroupKey, list[Run]], path: Path) -> Path:
     fig = Figure(figsize=(7, 4.5))
     ax = fig.add_subplot()
     multi = len({ws for _, _, ws in groups}) > 1
-    for key, members in groups.items():
+    for i, (key, members) in enumerate(groups.items()):
         boundary = _per_epoch(members, "boundary")
-        _draw_band(ax, np.arange(1, boundary.shape[1] + 1, dtype=float), boundary, _label(key, multi))
+        _draw_band(ax, np.arange(1, boundary.shape[1] + 1, dtype=float), boundary, _label(key, multi), i)
     ax.set_xlabel("epoch (1 = after the first epoch)")
     ax.set_ylabel("frozen leading blocks k (end of epoch)")
     ax.set_title("Freeze boundary per epoch (mean over seeds, band = min..max)")

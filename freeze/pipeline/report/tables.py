@@ -124,10 +124,53 @@ def resolve_baseline(runs: list[Run], baseline: str | None) -> Baseline:
         return Baseline(
             None, "no complete group with policy 'none': comparison columns omitted (choose one with --baseline GROUP)"
         )
-    chosen = "none" if "none" in candidates else candidates[0]
+    chosen = _default_policy_none_group(runs, candidates)
     others = [c for c in candidates if c != chosen]
     extra = f"; other policy-none groups not used: {', '.join(others)}" if others else ""
     return Baseline(chosen, f"baseline: group {chosen!r} (policy none){extra}")
+
+
+# Keys that name a run rather than change what it computes (as paired.RUN_IDENTITY_KEYS).
+_IDENTITY_KEYS = frozenset({"run.name", "run.study", "run.out_dir", "run.group", "run.setting", "run.seed"})
+
+
+def _flat_config(config: dict) -> dict[str, object]:
+    return {
+        f"{section}.{key}": value
+        for section, values in config.items()
+        if isinstance(values, dict)
+        for key, value in values.items()
+        if f"{section}.{key}" not in _IDENTITY_KEYS
+    }
+
+
+def _default_policy_none_group(runs: list[Run], candidates: list[str]) -> str:
+    """The policy-none group to compare against when several exist: the one whose config keys, where
+    the candidates differ, hold the defaults (a sweep's none_cache=off beside none_cache=memory: the
+    cache is off by default). Candidates computing the same thing (a study's none and control) tie,
+    and "none" or the first name is taken. Otherwise ReportInputError asks for --baseline."""
+    if len(candidates) == 1:
+        return candidates[0]
+    # The config schema, not the training code: the defaults every config.toml writes out.
+    import tomllib
+
+    from freeze.pipeline.config import config_to_toml, load_config
+
+    defaults = _flat_config(tomllib.loads(config_to_toml(load_config(None, check_files=False))))
+    configs = {}
+    for group in candidates:
+        run = next(r for r in runs if r.group == group and r.is_complete)
+        configs[group] = _flat_config(run.config)
+    keys = sorted({k for c in configs.values() for k in c})
+    value = {g: {k: configs[g].get(k, defaults.get(k)) for k in keys} for g in candidates}  # absent: default
+    differing = [k for k in keys if len({repr(v[k]) for v in value.values()}) > 1]
+    at_defaults = [g for g in candidates if all(value[g][k] == defaults.get(k) for k in differing)]
+    if at_defaults and len({repr(value[g]) for g in at_defaults}) == 1:  # one computation (none and control)
+        return "none" if "none" in at_defaults else at_defaults[0]
+    raise ReportInputError(
+        f"several policy-none groups ({', '.join(candidates)}) differ in {', '.join(differing)}; "
+        "choose the baseline with --baseline GROUP"
+    )
 
 
 def final_test_acc(run: Run) -> float:
@@ -173,6 +216,37 @@ def time_to_target_s(run: Run, target_val_acc: float) -> float | None:
     """First cumulative training wall time at which val accuracy reached the target, else None."""
     hits = run.metrics[run.metrics["val_acc"] >= target_val_acc]
     return float(hits["cumulative_wall_s"].iloc[0]) if len(hits) else None
+
+
+# The one speedup and the one time to target every table reports, named in their captions.
+SPEEDUP_DEFINITION = (
+    "speedup = geometric mean over seeds of baseline train time / arm train time, each run paired with the "
+    "baseline run of its seed (train time: training wall time without evaluation)"
+)
+
+
+def ttt_definition(target_fraction: float) -> str:
+    return (
+        f"time to target = the first cumulative train time at which val accuracy reaches {target_fraction:g} x "
+        "the baseline's mean final val accuracy"
+    )
+
+
+def ratio_ci95(ratios: list[float]) -> tuple[float, float, float]:
+    """Geometric mean of ``ratios`` and its 95 % interval (t on the logs); NaN bounds for n < 2."""
+    logs = [math.log(r) for r in ratios if math.isfinite(r) and r > 0]
+    mean, half = mean_ci95(logs)
+    if not math.isfinite(mean):
+        return math.nan, math.nan, math.nan
+    if not math.isfinite(half):
+        return math.exp(mean), math.nan, math.nan
+    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
+
+
+def paired_speedups(members: list[Run], base: list[Run]) -> list[float]:
+    """Baseline train time / arm train time for each seed present on both sides."""
+    base_by_seed = {r.seed: r for r in base}
+    return [train_wall_s(base_by_seed[r.seed]) / train_wall_s(r) for r in members if r.seed in base_by_seed]
 
 
 def _per_run_mean(runs: list[Run], column: str) -> float:
@@ -239,8 +313,8 @@ def main_table(runs: list[Run], baseline: Baseline, target_fraction: float) -> T
     columns.append(("train time (min)", "r", lambda r: fmt_number(r["wall_min"], ".2f")))
     if compare:
         columns += [
-            ("speedup", "r", lambda r: fmt_number(r["speedup"], ".2f", "x")),
-            (f"time to {target_fraction:g} x baseline val acc (min)", "r", _fmt_time_to_target),
+            ("speedup (paired)", "r", lambda r: fmt_number(r["speedup"], ".2f", "x")),
+            ("time to target (min, runs that reached it)", "r", _fmt_time_to_target),
             (
                 "reached",
                 "r",
@@ -249,7 +323,7 @@ def main_table(runs: list[Run], baseline: Baseline, target_fraction: float) -> T
         ]
     columns += [
         ("all-reduced (GB)", "r", lambda r: fmt_number(r["allreduce_gb"], ".3f")),
-        ("frozen param fraction", "r", lambda r: fmt_number(r["frozen_fraction"], ".3f")),
+        ("frozen param fraction (mean over epochs)", "r", lambda r: fmt_number(r["frozen_fraction"], ".3f")),
     ]
     display, align = display_columns(rows, columns)
     notes = [baseline.note]
@@ -262,9 +336,8 @@ def main_table(runs: list[Run], baseline: Baseline, target_fraction: float) -> T
         f"Main results: {n_runs} complete runs in {len(groups)} groups ({n_incomplete} incomplete "
         f"{'run' if n_incomplete == 1 else 'runs'} excluded, listed separately); accuracy is the final-epoch test "
         "accuracy (mean ± 95% CI half-width over seeds, Student t), never the best epoch; train time is training "
-        "wall time without evaluation; time to target is the first cumulative train time at which val accuracy "
-        f"reaches {target_fraction:g} x the baseline's mean final val accuracy (mean over seeds, only when all "
-        "reached)."
+        f"wall time without evaluation; {SPEEDUP_DEFINITION} (n/a without a shared seed); "
+        f"{ttt_definition(target_fraction)}, mean over the runs that reached it (reached: how many)."
     )
     return Table("main", "Main results", caption, pd.DataFrame(rows), display, align, tuple(notes))
 
@@ -308,7 +381,6 @@ def _comparison(members: list[Run], row: dict, base_runs: list[Run] | None, targ
         p_value, test = math.nan, "baseline"
     else:
         p_value, test = compare_seeds({r.seed: final_test_acc(r) for r in members}, base_acc)
-    base_wall_min = float(np.mean([train_wall_s(r) for r in base_runs])) / 60
     target = target_fraction * float(np.mean([r.metrics["val_acc"].iloc[-1] for r in base_runs]))
     times = [time_to_target_s(r, target) for r in members] if math.isfinite(target) else []
     reached = [t for t in times if t is not None]
@@ -317,9 +389,9 @@ def _comparison(members: list[Run], row: dict, base_runs: list[Run] | None, targ
         "diff_points": 100 * (row["test_acc_mean"] - float(np.mean(list(base_acc.values())))),
         "p_value": p_value,
         "test": test,
-        "speedup": _ratio(base_wall_min, row["wall_min"]),
+        "speedup": ratio_ci95(paired_speedups(members, base_runs))[0],
         "ttt_target_val_acc": target,
-        "ttt_min": float(np.mean(reached)) / 60 if reached and len(reached) == len(members) else math.nan,
+        "ttt_min": float(np.mean(reached)) / 60 if reached else math.nan,
         "ttt_reached": len(reached),
     }
 
@@ -327,7 +399,7 @@ def _comparison(members: list[Run], row: dict, base_runs: list[Run] | None, targ
 def _fmt_time_to_target(row: dict) -> str:
     if not math.isfinite(row["ttt_target_val_acc"]):
         return NA  # no baseline runs at this world size, or the baseline logged no val accuracy
-    return "not reached" if row["ttt_reached"] < row["n_runs"] else fmt_number(row["ttt_min"], ".2f")
+    return "not reached" if row["ttt_reached"] == 0 else fmt_number(row["ttt_min"], ".2f")
 
 
 def static_k(policy: str) -> int | None:
@@ -428,7 +500,7 @@ def phase_table(runs: list[Run], baseline: Baseline) -> Table:
     display, align = display_columns(rows, columns)
     vs = ""
     if baseline.group:
-        vs = f"; in brackets the speedup vs the baseline {baseline.group!r} (n/a when a side is 0)"
+        vs = f"; in brackets the ratio baseline phase time / this phase time, vs {baseline.group!r} (n/a when a side is 0)"
     caption = (
         f"Mean per-epoch phase times in seconds over {sum(map(len, groups.values()))} complete runs; backward includes "
         f"communication; total is epoch_wall_s (no eval){vs}."

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from freeze._atomic import atomic_write_bytes, atomic_write_text
 from freeze.pipeline.config import ConfigError
+from freeze.pipeline.runs import RunDir
 from freeze.pipeline.study.plan import StudyFile, main_specs, read_study, runs_root, search_specs
 from freeze.pipeline.study.search import SearchError, choose, search_markdown
 from freeze.pipeline.sweep import (
@@ -103,7 +104,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m experiments.study",
         description="Run a study (search on validation, interleaved grid) and write its report. "
-        "Study file format: freeze/pipeline/study/plan.py and README, 'The offline study'. "
+        "Study file format: freeze/pipeline/study/plan.py and docs/study.md. "
         "[study] predict = true adds the cost model's predicted training time of every run beside the "
         "measured one (predicted.md; profiles this machine, needs the probes and calibration in report/costmodel).",
     )
@@ -125,7 +126,7 @@ def _pretrain(study: StudyFile, out_dir: str) -> tuple[list[RunSpec], tuple[str,
     if not study.pretrain:
         return [], ()
     specs = expand(study.pretrain, f"{study.name}-pretrain", {}, [], out_dir)
-    return specs, (f"model.weights={specs[0].config.run_dir() / 'checkpoint.pt'}",)
+    return specs, (f"model.weights={RunDir(specs[0].config.run_dir()).model_path}",)  # its final weights
 
 
 def _print_plan(study: StudyFile, pretrain: list[RunSpec], search: list[RunSpec], grid: list[RunSpec]) -> None:
@@ -240,9 +241,17 @@ def _main(argv: list[str] | None) -> int:
     for name in ("paired.md", "convergence.md", *((f"{PREDICTED_TABLE}.md",) if study.predict else ())):
         if (report_dir / name).exists():
             print((report_dir / name).read_text(encoding="utf-8"))
+    from freeze.pipeline.report.verdict import verdict_lines
+
+    meaning = verdict_lines(report_dir, study.margin_points)
     if args.update_report:
         _publish(study, report_dir)
     elif study.report_md:
         print(f"== {study.report_md} left as it is (pass --update-report to regenerate its tables)")
+        meaning.append(f"The full study's measured answer is in {study.report_md} (make study-full; docs/study.md).")
+    if meaning:
+        print("== what this means")
+        for line in meaning:
+            print(line)
     print(f"== study wall time {time.perf_counter() - start_s:.0f} s ({len(written)} report files)")
     return 0 if ok else 1

@@ -1,0 +1,99 @@
+"""What a study's tables mean, in a few plain sentences a reader can act on.
+
+The tables give every interval; a newcomer reading "autofreeze 0.94x [0.56, 1.57], flat: NO" had
+to work out alone that the quick study is too short and too noisy to show a speedup. These lines say
+it: whether the speedup interval excludes 1.0, what the accuracy difference allows, whether the
+control's timing can be trusted, and whether the baseline was still improving. They are read from
+the report's own CSV files (paired.csv, convergence.csv), so they never disagree with the tables.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+
+
+def _label(row: pd.Series) -> str:
+    setting = row.get("setting")
+    return f"{setting}/{row['group']}" if isinstance(setting, str) and setting else str(row["group"])
+
+
+def _interval(value: float, low: float, high: float, suffix: str = "", spec: str = ".2f") -> str:
+    if math.isfinite(low) and math.isfinite(high):
+        return f"{value:{spec}}{suffix} (95% CI [{low:{spec}}, {high:{spec}}])"
+    return f"{value:{spec}}{suffix} (one pair of runs: no interval)"
+
+
+def _speed_sentence(row: pd.Series) -> str:
+    s, low, high = float(row["speedup"]), float(row["speedup_low"]), float(row["speedup_high"])
+    shown = _interval(s, low, high, "x")
+    if not math.isfinite(s):
+        return f"{_label(row)}: no speedup could be computed (no seed shared with the baseline)."
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return f"{_label(row)}: {shown}; run more seeds before reading anything into it."
+    if low <= 1.0 <= high:
+        return f"{_label(row)}: no measurable speedup, {shown} includes 1.0."
+    if low > 1.0:
+        return f"{_label(row)}: trained faster than the baseline, {shown}."
+    return f"{_label(row)}: trained slower than the baseline, {shown}."
+
+
+def _accuracy_sentence(row: pd.Series, margin_points: float) -> str:
+    diff = _interval(float(row["diff_points"]), float(row["diff_low"]), float(row["diff_high"]), " points", "+.2f")
+    meaning = {
+        "non-inferior": f"it loses no more than {margin_points:g} points",
+        "inferior": f"it loses more than {margin_points:g} points",
+        "not shown": f"too uncertain to tell whether it loses more than {margin_points:g} points",
+    }.get(str(row["verdict"]), "no interval, so nothing can be said about a loss")
+    return f"Its test accuracy differs by {diff}: {meaning}."
+
+
+def _control_sentence(row: pd.Series) -> str:
+    s, low, high = float(row["speedup"]), float(row["speedup_low"]), float(row["speedup_high"])
+    holds = math.isfinite(low) and low <= 1.0 <= high
+    if holds:
+        return (
+            f"The control {_label(row)} (the baseline run again) reads {_interval(s, low, high, 'x')}: timing is sound."
+        )
+    return (
+        f"The control {_label(row)} (the baseline run again) reads {_interval(s, low, high, 'x')}, not 1.00x: the "
+        "machine's timing drifted more than the intervals allow, so no speedup here can be trusted."
+    )
+
+
+def _convergence_sentence(row: pd.Series, margin_points: float) -> str:
+    change = float(row["val_change_points"])
+    if bool(row["flat"]):
+        return (
+            f"The baseline {_label(row)} had converged (validation accuracy moved {change:+.2f} points over the "
+            f"last fifth of training, within {margin_points:g})."
+        )
+    return (
+        f"The baseline {_label(row)} was still improving ({change:+.2f} points of validation accuracy over the "
+        "last fifth of training): these runs are too short to show a speedup at equal accuracy."
+    )
+
+
+def verdict_lines(report_dir: str | Path, margin_points: float) -> list[str]:
+    """Plain sentences from ``report_dir``'s paired.csv and convergence.csv (empty without them).
+
+    Args:
+        report_dir: a report folder written with the csv format.
+        margin_points: the non-inferiority margin the paired table used.
+    """
+    report = Path(report_dir)
+    lines: list[str] = []
+    paired_csv, convergence_csv = report / "paired.csv", report / "convergence.csv"
+    if paired_csv.exists() and paired_csv.stat().st_size > 1:
+        paired = pd.read_csv(paired_csv, keep_default_na=False, na_values=[""])
+        for _, row in paired.iterrows():
+            if bool(row["control"]):
+                lines.append(_control_sentence(row))
+            else:
+                lines.append(f"{_speed_sentence(row)} {_accuracy_sentence(row, margin_points)}")
+    if convergence_csv.exists() and convergence_csv.stat().st_size > 1:
+        convergence = pd.read_csv(convergence_csv, keep_default_na=False, na_values=[""])
+        lines += [_convergence_sentence(row, margin_points) for _, row in convergence.iterrows()]
+    return lines

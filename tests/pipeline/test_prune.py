@@ -1,0 +1,52 @@
+"""python -m experiments.prune: complete runs keep their final weights, not their resume checkpoint."""
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+
+from freeze.pipeline.models import load_weights
+from freeze.pipeline.prune import main
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "runs" / "fixture_study"
+
+
+def _study(tmp_path: Path) -> Path:
+    """The report fixture's runs (complete, and one failed), each with a checkpoint of a tiny model."""
+    runs = tmp_path / "runs"
+    shutil.copytree(FIXTURE, runs / "fixture_study")
+    for run_dir in (runs / "fixture_study").iterdir():
+        model = torch.nn.Linear(4, 2)
+        state = {"model": model.state_dict(), "optimizer": {"state": {}, "pad": torch.zeros(4096)}, "epoch": 3}
+        torch.save(state, run_dir / "checkpoint.pt")
+    return runs
+
+
+def test_complete_runs_trade_their_checkpoint_for_their_final_weights(tmp_path, capsys):
+    runs = _study(tmp_path)
+    before = {p.parent.name: torch.load(p, weights_only=True)["model"] for p in runs.rglob("checkpoint.pt")}
+    report_files = {p: p.read_bytes() for p in runs.rglob("*") if p.name in ("metrics.jsonl", "manifest.json")}
+    assert main([str(runs), "--dry-run"]) == 0
+    assert "would remove" in capsys.readouterr().out and len(list(runs.rglob("checkpoint.pt"))) == 6
+    assert main([str(runs)]) == 0
+    out = capsys.readouterr().out.strip()
+    assert out.startswith("prune: removed 0 MB of checkpoint.pt in 5 complete run(s), kept their final weights in")
+    assert out.endswith("1 left as they are (not complete, or pruned before)")
+    failed = runs / "fixture_study" / "autofreeze-s2"
+    assert json.loads((failed / "manifest.json").read_text())["status"] == "failed"
+    assert (failed / "checkpoint.pt").is_file() and not (failed / "model.pt").exists()  # it may still resume
+    for run_dir in (runs / "fixture_study").iterdir():
+        if run_dir != failed:
+            assert not (run_dir / "checkpoint.pt").exists()
+            weights = torch.load(run_dir / "model.pt", weights_only=True)
+            assert all(torch.equal(weights[k], before[run_dir.name][k]) for k in weights)
+            assert load_weights(torch.nn.Linear(4, 2), run_dir / "model.pt") == []  # usable as model.weights
+    assert all(p.read_bytes() == data for p, data in report_files.items())  # what the report reads is untouched
+    assert main([str(runs)]) == 0  # again: nothing left to do
+    assert "removed 0 MB of checkpoint.pt in 0 complete run(s)" in capsys.readouterr().out
+
+
+def test_a_folder_that_is_not_there_is_one_line(tmp_path, capsys):
+    assert main([str(tmp_path / "nope")]) == 2
+    assert capsys.readouterr().err.strip() == f"error: {tmp_path / 'nope'} is not a directory"

@@ -1,0 +1,73 @@
+"""The few sentences a study ends with say what its tables mean (freeze/pipeline/report/verdict.py)."""
+
+import math
+
+import pandas as pd
+
+from freeze.pipeline.report.verdict import verdict_lines
+
+NAN = math.nan
+
+
+def _paired_row(group, speedup, low, high, diff=-0.4, diff_low=-1.2, diff_high=0.4, verdict="not shown", control=False):
+    return {
+        "setting": "",
+        "group": group,
+        "speedup": speedup,
+        "speedup_low": low,
+        "speedup_high": high,
+        "diff_points": diff,
+        "diff_low": diff_low,
+        "diff_high": diff_high,
+        "verdict": verdict,
+        "control": control,
+    }
+
+
+def _write(tmp_path, paired_rows, convergence_rows):
+    pd.DataFrame(paired_rows).to_csv(tmp_path / "paired.csv", index=False)
+    pd.DataFrame(convergence_rows).to_csv(tmp_path / "convergence.csv", index=False)
+    return tmp_path
+
+
+def test_the_quick_study_that_the_newcomer_read_says_it_is_too_short(tmp_path):
+    """The numbers the newcomer saw: autofreeze 0.94x [0.56, 1.57], control 1.08x, baseline +9.67."""
+    report = _write(
+        tmp_path,
+        [_paired_row("autofreeze", 0.94, 0.56, 1.57), _paired_row("control", 1.08, 0.80, 1.45, control=True)],
+        [{"setting": "", "group": "none", "val_change_points": 9.67, "flat": False}],
+    )
+    lines = verdict_lines(report, 0.5)
+    assert lines[0] == (
+        "autofreeze: no measurable speedup, 0.94x (95% CI [0.56, 1.57]) includes 1.0. Its test accuracy differs "
+        "by -0.40 points (95% CI [-1.20, +0.40]): too uncertain to tell whether it loses more than 0.5 points."
+    )
+    assert lines[1].startswith("The control control (the baseline run again) reads 1.08x") and "sound" in lines[1]
+    assert lines[2] == (
+        "The baseline none was still improving (+9.67 points of validation accuracy over the last fifth of "
+        "training): these runs are too short to show a speedup at equal accuracy."
+    )
+
+
+def test_a_measured_speedup_an_inferior_arm_a_drifting_control_and_a_converged_baseline(tmp_path):
+    report = _write(
+        tmp_path,
+        [
+            _paired_row("static-k8", 2.57, 2.40, 2.75, diff=-35.0, diff_low=-36.0, diff_high=-34.0, verdict="inferior"),
+            _paired_row("slow", 0.80, 0.75, 0.85, verdict="non-inferior"),
+            _paired_row("one-seed", 1.30, NAN, NAN, diff_low=NAN, diff_high=NAN, verdict="n/a"),
+            _paired_row("control", 1.20, 1.10, 1.30, control=True),
+        ],
+        [{"setting": "", "group": "none", "val_change_points": 0.2, "flat": True}],
+    )
+    lines = verdict_lines(report, 0.5)
+    assert lines[0].startswith("static-k8: trained faster than the baseline, 2.57x (95% CI [2.40, 2.75]).")
+    assert lines[0].endswith("it loses more than 0.5 points.")
+    assert lines[1].startswith("slow: trained slower than the baseline") and "loses no more than 0.5" in lines[1]
+    assert "one pair of runs: no interval" in lines[2] and "run more seeds" in lines[2]
+    assert "not 1.00x" in lines[3] and "no speedup here can be trusted" in lines[3]
+    assert lines[4].startswith("The baseline none had converged")
+
+
+def test_no_tables_no_sentences(tmp_path):
+    assert verdict_lines(tmp_path, 0.5) == []
