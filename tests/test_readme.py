@@ -105,7 +105,8 @@ def test_readme_example_follows_the_order_rules_it_states():
     assert "freezer.module.no_sync()" in example and "freezer.training_state_dict()" in example
     assert "freezer.load_training_state_dict(state)" in example and "weights_only=True" in example
     assert "manual_seed(seed + epoch)" in example
-    assert example.index("freezer.eval()") < example.index("# sync_buffers") < example.index("torch.no_grad()")
+    assert example.index("freezer.eval()") < example.index("freezer.sync_buffers()") < example.index("torch.no_grad()")
+    assert "freezer.module(held_out_images)" in example  # evaluation through the one module, never the cache
 
 
 def test_readme_is_a_front_page_that_links_every_docs_page():
