@@ -279,6 +279,8 @@ def epoch_record(
         "rewraps": counters.rewraps,
         "rewrap_s": counters.rewrap_s_total,
         "grad_norm": _grad_norm_record(t.freezer, epoch),
+        # Why the policy did (not) move the boundary: each evaluation of this epoch, in one line.
+        "policy_evaluations": [e.line() for e in t.freezer.evaluations if e.epoch == epoch],
         "cache": train.cache,
     }
 

@@ -87,6 +87,8 @@ def test_two_worker_run_end_to_end(uninterrupted):
         assert 0.0 <= m["test_acc"] <= 1.0 and m["val_acc"] is not None
         assert set(m["phase_s"]) == {"data", "forward", "backward", "optimizer", "freezer", "eval"}
         assert m["epoch_wall_s"] > 0 and len(m["grad_norm"]["summed"]) == len(block_bytes)
+        # the decision log: one line per policy evaluation of the epoch (interval of 2 steps: 2 per epoch)
+        assert len(m["policy_evaluations"]) == 2 and all("boundary" in line for line in m["policy_evaluations"])
     assert metrics[-1]["cumulative_wall_s"] == pytest.approx(sum(m["epoch_wall_s"] for m in metrics))
     assert len(ckpt["freezer"]["monitor"]["history"]) == 6  # 12 steps / interval of 2
 
