@@ -112,12 +112,6 @@ def check_partition(model: nn.Module, blocks: Sequence[Block]) -> None:
             )
 
 
-# How frozen blocks run: "eval", like inference (dropout off: AutoFreeze and PipeTransformer run
-# their frozen layers so, and then a frozen block has one output per input), or "train" (dropout
-# stays on). Norm layers with running statistics are in eval either way.
-FROZEN_MODES = ("eval", "train")
-
-
 def held_in_eval(blocks: Sequence[Block], frozen_mode: str) -> list[nn.Module]:
     """The modules of (frozen) ``blocks`` that run in eval under ``frozen_mode``."""
     return [

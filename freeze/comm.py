@@ -13,7 +13,6 @@ about that construction lives here.
 import gc
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 import torch.distributed as dist
@@ -21,8 +20,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
-CommHook = Literal["allreduce", "bf16"]
-COMM_HOOKS: tuple[str, ...] = ("allreduce", "bf16")
+from freeze.names import COMM_HOOKS, CommHook
 
 
 def is_distributed() -> bool:

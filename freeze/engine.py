@@ -29,6 +29,7 @@ from freeze.blocks import Block, frozen_names
 from freeze.cache import ActivationCache, CacheError, CachePlan
 from freeze.cache.cuts import batch_size
 from freeze.fingerprint import fingerprint, module_state
+from freeze.names import CommHook
 
 STALE_WRAPPER_FIX = "call freezer.module, which always runs the current wrapper"
 
@@ -59,7 +60,7 @@ class Engine:
         blocks: Sequence[Block],
         cache: ActivationCache | None,
         *,
-        comm_hook: comm.CommHook = "allreduce",
+        comm_hook: CommHook = "allreduce",
         ddp_kwargs: dict | None = None,
         process_group=None,
     ):

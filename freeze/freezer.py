@@ -28,11 +28,12 @@ import torch
 from torch import nn
 
 from freeze import comm, steering
-from freeze.blocks import FROZEN_MODES, Block, check_partition
+from freeze.blocks import Block, check_partition
 from freeze.cache import ActivationCache, CacheConfig, CacheSource, make_cache
 from freeze.dispatch import FreezerModule
 from freeze.engine import Engine
 from freeze.monitor import GradNormMonitor, IntervalStats
+from freeze.names import FROZEN_MODES, CommHook
 from freeze.policies import Policy, Progress, make_policy
 from freeze.records import Decision, Evaluation, FreezerCounters
 
@@ -81,7 +82,7 @@ class Freezer:
         steps_per_epoch: int | None = None,
         interval_steps: int = 0,
         ddp_kwargs: dict | None = None,
-        comm_hook: comm.CommHook = "allreduce",
+        comm_hook: CommHook = "allreduce",
         process_group=None,
         track_summed_grads: bool | None = None,
         grad_checkpointing: bool = False,

@@ -484,3 +484,11 @@ def test_importing_the_torch_free_parts_of_the_package_does_not_import_torch():
     import freeze
 
     assert all(getattr(freeze, name) is not None for name in freeze.__all__)
+
+
+def test_every_accepted_name_has_its_implementation():
+    from freeze import comm
+    from freeze.cache.store import STORAGE_DTYPES
+    from freeze.names import COMM_HOOKS, STORAGE_DTYPE_NAMES
+
+    assert tuple(comm._HOOKS) == COMM_HOOKS and tuple(STORAGE_DTYPES) == STORAGE_DTYPE_NAMES

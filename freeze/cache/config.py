@@ -12,8 +12,7 @@ import torch
 
 from freeze.cache.cuts import CacheError
 from freeze.cache.store import STORAGE_DTYPES
-
-CACHE_MODES = ("off", "memory", "disk", "auto")
+from freeze.names import CACHE_MODES
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,8 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from freeze.blocks import FROZEN_MODES, Block, held_in_eval
+from freeze.blocks import Block, held_in_eval
+from freeze.names import FROZEN_MODES
 
 
 class CacheError(ValueError):

@@ -22,7 +22,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-STORAGE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+from freeze.names import STORAGE_DTYPE_NAMES
+
+STORAGE_DTYPES = dict(zip(STORAGE_DTYPE_NAMES, (torch.float32, torch.bfloat16, torch.float16)))
 # numpy has no bfloat16: the file holds its bits as int16 and torch views them back.
 _NUMPY_TWIN = {torch.float32: np.float32, torch.float16: np.float16, torch.bfloat16: np.int16}
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from freeze.names import CacheMode, CommHook, StorageDtype
 from freeze.pipeline.cluster.spec import DEFAULT_SUBNET, ClusterSpecError, parse_delay, parse_rate, parse_subnet
 
 
@@ -119,16 +120,16 @@ class ModelConfig:
 class FreezeConfig:
     policy: str = "none"  # a policy spec, e.g. "autofreeze:percentile=50" (freeze.policies.parse_policy)
     interval_steps: int = _f(0, ge=0)  # 0 = evaluate once per epoch
-    comm_hook: Literal["allreduce", "bf16"] = "allreduce"
+    comm_hook: CommHook = "allreduce"
     bucket_cap_mb: float = _f(25.0, gt=0)
     # Record summed-gradient norms (eta heatmaps) also for policies that do not read them. Off by
     # default: it costs a few % of a step, which would bias timing comparisons against the baseline.
     track_summed_grads: bool = False
     # Activation cache of the frozen prefix (freeze.cache): off | memory | disk | auto. It needs
     # inputs that repeat exactly, so data.augment must be views:V or none.
-    cache: Literal["off", "memory", "disk", "auto"] = "off"
-    cache_budget_bytes: int = _f(0, ge=0)  # of one store (every entry once); 0 = a quarter of RAM
-    cache_dtype: Literal["fp32", "bf16", "fp16"] = "fp32"  # storage; bf16/fp16 halve it, fp32 is exact
+    cache: CacheMode = "off"
+    cache_budget_bytes: int = _f(0, ge=0)  # of one node (all its ranks' copies); 0 = a quarter of RAM
+    cache_dtype: StorageDtype = "fp32"  # storage; bf16/fp16 halve it, fp32 is exact
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,26 @@
+"""The names a setting accepts, owned here once for the library and the application's configs.
+
+Imports nothing heavy (no torch): ``freeze.pipeline.config`` validates a TOML file against these
+without loading the library.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+# Gradient all-reduce: full precision, or buckets sent as bfloat16 (half the bytes). freeze.comm.
+CommHook = Literal["allreduce", "bf16"]
+# The activation cache: off | memory (in RAM; over budget: error) | disk (spills to a node-local
+# file over budget) | auto (only where it pays). freeze.cache.
+CacheMode = Literal["off", "memory", "disk", "auto"]
+# How a cache stores activations: fp32 (exact), bf16 or fp16 (half the bytes, cast back on read).
+StorageDtype = Literal["fp32", "bf16", "fp16"]
+# How frozen blocks run: like inference ("eval": dropout off, as AutoFreeze and PipeTransformer run
+# frozen layers; a frozen block then has one output per input) or with dropout on ("train"). Norm
+# layers with running statistics are in eval either way.
+FrozenMode = Literal["eval", "train"]
+
+COMM_HOOKS: tuple[str, ...] = get_args(CommHook)
+CACHE_MODES: tuple[str, ...] = get_args(CacheMode)
+STORAGE_DTYPE_NAMES: tuple[str, ...] = get_args(StorageDtype)
+FROZEN_MODES: tuple[str, ...] = get_args(FrozenMode)
