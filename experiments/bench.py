@@ -18,6 +18,7 @@ import csv
 import io
 import os
 import platform
+import re
 import shlex
 import sys
 import tempfile
@@ -524,7 +525,24 @@ def write_markdown(
     lines.append("")
     lines += cache_section(cfg, rows, cells)
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, "\n".join(lines))
+    text = "\n".join(lines)
+    kept = spliced_sections(path)
+    atomic_write_text(path, text + ("\n" + kept if kept else ""))
+
+
+# Sections other commands splice into BENCH.md (the cluster benchmark, the cost model's validation)
+# start with such a marker; the main table owns only what comes before the first.
+SECTION_START = re.compile(r"^<!-- [\w-]+:start -->$", re.M)
+
+
+def spliced_sections(path: Path) -> str:
+    """Everything of ``path`` from its first section marker on ("" when none or no file): what the
+    main table's rewrite keeps."""
+    if not path.exists():
+        return ""
+    old = path.read_text(encoding="utf-8")
+    found = SECTION_START.search(old)
+    return "" if found is None else old[found.start() :]
 
 
 def run_benchmark(

@@ -28,9 +28,14 @@ TINY = bench.BenchConfig(
 )
 
 
+CLUSTER_SECTION = "<!-- cluster-bench:start -->\ncluster\n<!-- cluster-bench:end -->\n\nprose after it\n"
+
+
 @pytest.fixture(scope="module")
 def bench_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("bench")
+    (tmp / "out").mkdir()
+    (tmp / "out" / "BENCH.md").write_text("# old main table\n\n" + CLUSTER_SECTION, encoding="utf-8")
     bench.run_benchmark(TINY, tmp / "out", workdir=tmp / "rdzv", deadline_s=120.0, command="pytest tiny bench")
     with open(tmp / "out" / "bench.csv", newline="", encoding="utf-8") as f:
         reader = csv.DictReader(f)
@@ -100,6 +105,8 @@ def test_markdown_report(bench_run):
     assert len(targets) == 6
     assert all(("| met |" in t) or ("| **MISSED**" in t) for t in targets)
     assert "bytes all-reduced per step = trainable gradient bytes | met |" in md
+    # the main table is rewritten; what other commands spliced in after it stays
+    assert "# old main table" not in md and md.endswith("\n\n" + CLUSTER_SECTION)
 
 
 def test_schedule_visits_k_up_then_down_with_extra_cells():
@@ -168,3 +175,11 @@ def test_combine_ranks_takes_the_slowest_rank_and_rank0_bytes():
     assert cell["step_ms"].tolist() == [12.0] and cell["backward_ms"].tolist() == [10.0]
     assert cell["bytes"].tolist() == [64] and cell["bytes_agree"].tolist() == [False]
     assert cell["round"].tolist() == [1]
+
+
+def test_the_main_rewrite_keeps_the_sections_other_commands_spliced_in(tmp_path):
+    path = tmp_path / "BENCH.md"
+    tail = "<!-- cluster-bench:start -->\ncluster\n<!-- cluster-bench:end -->\n\nprose\n"
+    path.write_text("# old main table\n\n" + tail, encoding="utf-8")
+    assert bench.spliced_sections(path) == tail
+    assert bench.spliced_sections(tmp_path / "missing.md") == ""
