@@ -70,8 +70,18 @@ QUICK_STEPS, QUICK_ROUNDS = 4, 1
 BENCH_MODELS = bw.MODELS + bw.TEXT_MODELS
 # The text models' defaults (a BERT-base step on one core takes seconds, a ResNet-18 one 1/4 s):
 # 128 tokens (the usual GLUE fine-tuning length) x 2 sequences per worker keep a k=0 step at a few
-# seconds, so one round over k = 0,4,8,12 with 4 approaches + the prefix takes a few minutes.
-TEXT_DEFAULTS = {"batch_size": 2, "steps": 4, "rounds": 2, "warmup": 1, "cache_keys": 64, "cache_chunk": 8}
+# seconds, so one round over k = 0,4,8,12 with 4 approaches + the prefix takes a few minutes. No
+# momentum: 4 BERT-base replicas per rank (engine, engine + cache, static, control) each hold the
+# model, DDP's buckets and, with momentum, one more copy: ~1.75 GB per rank less without it.
+TEXT_DEFAULTS = {
+    "batch_size": 2,
+    "steps": 4,
+    "rounds": 2,
+    "warmup": 1,
+    "cache_keys": 64,
+    "cache_chunk": 8,
+    "momentum": 0.0,
+}
 TEXT_DEFAULT_KS = {"bert-base": (0, 4, 8, 12)}  # embeddings + 3, 7, 11 encoder layers frozen
 TEXT_QUICK_STEPS, TEXT_QUICK_ROUNDS = 2, 1
 
@@ -88,6 +98,7 @@ class BenchConfig:
     ks: tuple[int, ...] | None = None  # None: every boundary 0 .. blocks-1
     phase_ks: tuple[int, ...] | None = None  # no-comm runs here; None: 0, middle, the last two
     lr: float = 0.01
+    momentum: float = 0.9  # SGD's
     seed: int = 0
     collective_timeout_s: float = 300.0
     cache_keys: int = 2048  # inputs the cache runner keys into: "one epoch" for the build target
@@ -112,6 +123,8 @@ class BenchConfig:
             raise ValueError(f"bench: model '{self.model}' is not accepted; accepted: {', '.join(BENCH_MODELS)}")
         if not self.lr > 0:
             raise ValueError(f"bench: lr must be > 0, got {self.lr}")
+        if not 0 <= self.momentum < 1:
+            raise ValueError(f"bench: momentum must be in [0, 1), got {self.momentum}")
         if self.text:
             max_len = bw.bert_config(self.model).max_position_embeddings
             if not 2 <= self.seq_len <= max_len:
@@ -506,7 +519,7 @@ def write_markdown(
         f"- Versions: torch {torch.__version__}, torchvision {torchvision.__version__}, Python {platform.python_version()}, "
         f"{platform.system()} {platform.release()}.",
         f"- Model: {cfg.model} ({bw.NUM_CLASSES} classes), input 3x{cfg.image_size}x{cfg.image_size}, batch {cfg.batch_size} per worker, "
-        f"SGD lr {cfg.lr} momentum 0.9, fresh synthetic random batch each step (generated outside the clock).",
+        f"SGD lr {cfg.lr} momentum {cfg.momentum:g}, fresh synthetic random batch each step (generated outside the clock).",
         f"- Blocks (split_blocks default, k freezes blocks 0..k-1): {', '.join(run['block_names'])}.",
         f"- Per cell (approach x k): {cfg.rounds} round(s) x {cfg.steps} timed steps = {cfg.rounds * cfg.steps} steps, after "
         f"{cfg.warmup} untimed warm-up steps per round. Rounds visit k up, then down; at each k the approaches take turns "
@@ -652,8 +665,12 @@ def text_section(cfg: BenchConfig, rows: list[dict], cells: dict, run: dict) -> 
         f"- Model: `BertForSequenceClassification` ({bw.NUM_CLASSES} labels), random weights from a `BertConfig` "
         f"(hidden {bert.hidden_size}, {bert.num_hidden_layers} layers, {bert.num_attention_heads} heads, vocabulary "
         f"{bert.vocab_size}; {total_bytes / 4e6:.3g} M parameters), no download. Frozen blocks run in eval (dropout "
-        "off), in every approach, as the engine runs them by default. SGD lr "
-        f"{cfg.lr} momentum 0.9.",
+        f"off), in every approach, as the engine runs them by default. SGD lr {cfg.lr} momentum {cfg.momentum:g}"
+        + (
+            " (momentum buffers would add a model's size per replica: 4 replicas per rank)."
+            if not cfg.momentum
+            else "."
+        ),
         f"- Data: {cfg.cache_keys} fixed sequences of {cfg.seq_len} tokens (random ids; each sequence's length drawn "
         f"from {cfg.seq_len // 2}..{cfg.seq_len}, the rest padding with attention_mask 0). A step reads "
         f"{cfg.batch_size} random keys per worker, and every approach runs that batch "
@@ -852,6 +869,7 @@ def get_args_parser() -> argparse.ArgumentParser:
         "--phase-ks", type=_int_list, default=None, help="boundaries with a no-comm run (default: 0, middle, last two)"
     )
     p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--momentum", type=float, default=None, help=f"SGD's (default {d.momentum}, BERT {t['momentum']})")
     p.add_argument(
         "--cache-keys",
         type=int,
@@ -892,6 +910,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         ks=given(args.ks, d.ks),
         phase_ks=args.phase_ks,
         lr=args.lr,
+        momentum=given(args.momentum, d.momentum),
         seed=args.seed,
         cache_keys=given(args.cache_keys, d.cache_keys),
         cache_chunk=given(args.cache_chunk, d.cache_chunk),

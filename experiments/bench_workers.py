@@ -144,7 +144,7 @@ class _Runner:
         torch.manual_seed(cfg["seed"])  # identical replicas on every rank and across approaches
         self.model = build_model(cfg["model"], cfg["image_size"])
         self.blocks = split_blocks(self.model)
-        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=cfg["lr"], momentum=0.9)
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=cfg["lr"], momentum=cfg.get("momentum", 0.9))
         self.k = -1
         self._bytes_last: int | None = 0
 

@@ -279,7 +279,7 @@ def test_splice_replaces_its_section_and_the_main_rewrite_keeps_the_others(tmp_p
 
 def test_bert_config_defaults_and_refusals():
     base = bench.config_from_args(bench.get_args_parser().parse_args(["--model", "bert-base"]))
-    assert (base.ks, base.batch_size, base.seq_len, base.cache_keys) == ((0, 4, 8, 12), 2, 128, 64)
+    assert (base.ks, base.batch_size, base.seq_len, base.cache_keys, base.momentum) == ((0, 4, 8, 12), 2, 128, 64, 0.0)
     assert base.resolved(15).phase_ks == ()
     quick = bench.config_from_args(bench.get_args_parser().parse_args(["--model", "bert-base", "--quick"]))
     assert (quick.steps, quick.rounds) == (bench.TEXT_QUICK_STEPS, bench.TEXT_QUICK_ROUNDS)
