@@ -38,6 +38,8 @@ study-full: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m experiments.bench
+	@# BERT-base rows (engine with and without the activation cache, static limit, control): their own section
+	$(BIN)/python -m experiments.bench --model bert-base
 	@# the cluster part exits 2 with one line where namespaces cannot be built (no root, no iproute2)
 	$(BIN)/python -m experiments.bench_cluster || test $$? -eq 2
 

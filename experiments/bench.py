@@ -3,12 +3,18 @@
     .venv/bin/python -m experiments.bench            # default: ResNet-18, 2 gloo workers, k = 0..9
     .venv/bin/python -m experiments.bench --quick    # ~1-2 min smoke run
     .venv/bin/python -m experiments.bench --steps 40 --rounds 5
+    .venv/bin/python -m experiments.bench --model bert-base   # BERT rows: k = 0,4,8,12, with and without the cache
 
 For every boundary k and approach (freeze engine, static limit, find-unused, per-parameter) it
 measures the median step time, the bytes all-reduced per step and the phase split, plus the
 monitor's overhead, the re-wrap cost and a communication estimate against a no-communication run.
 Writes ``<out-dir>/bench.csv`` and ``<out-dir>/BENCH.md``; no number in BENCH.md is typed by hand.
-The worker processes live in :mod:`experiments.bench_workers`.
+
+A text model (``--model bert-base``: a Hugging Face BertForSequenceClassification with random
+weights from ``BertConfig()``) measures the engine with and without the activation cache, the
+static limit and a control (a second static limit: true ratio 1.00) in the same rotation, and
+writes ``<out-dir>/bench_<model>.csv`` and its own section of BENCH.md (between the bert-bench
+markers; the rest of the file stays). The worker processes live in :mod:`experiments.bench_workers`.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import csv
 import io
 import os
 import platform
+import re
 import shlex
 import sys
 import tempfile
@@ -55,8 +62,28 @@ CSV_COLUMNS = (
     "cache_build_s",
     "cache_advance_s",
     "cache_bytes",
+    "cache_hit_keys",
+    "cache_miss_keys",
+    "cache_cut",
 )
 QUICK_STEPS, QUICK_ROUNDS = 4, 1
+BENCH_MODELS = bw.MODELS + bw.TEXT_MODELS
+# The text models' defaults (a BERT-base step on one core takes seconds, a ResNet-18 one 1/4 s):
+# 128 tokens (the usual GLUE fine-tuning length) x 2 sequences per worker keep a k=0 step at a few
+# seconds, so one round over k = 0,4,8,12 with 4 approaches + the prefix takes a few minutes. No
+# momentum: 4 BERT-base replicas per rank (engine, engine + cache, static, control) each hold the
+# model, DDP's buckets and, with momentum, one more copy: ~1.75 GB per rank less without it.
+TEXT_DEFAULTS = {
+    "batch_size": 2,
+    "steps": 4,
+    "rounds": 2,
+    "warmup": 1,
+    "cache_keys": 64,
+    "cache_chunk": 8,
+    "momentum": 0.0,
+}
+TEXT_DEFAULT_KS = {"bert-base": (0, 4, 8, 12)}  # embeddings + 3, 7, 11 encoder layers frozen
+TEXT_QUICK_STEPS, TEXT_QUICK_ROUNDS = 2, 1
 
 
 @dataclass(frozen=True)
@@ -71,19 +98,39 @@ class BenchConfig:
     ks: tuple[int, ...] | None = None  # None: every boundary 0 .. blocks-1
     phase_ks: tuple[int, ...] | None = None  # no-comm runs here; None: 0, middle, the last two
     lr: float = 0.01
+    momentum: float = 0.9  # SGD's
     seed: int = 0
     collective_timeout_s: float = 300.0
-    cache_keys: int = 2048  # images the cache runner keys into: "one epoch" for the build target
+    cache_keys: int = 2048  # inputs the cache runner keys into: "one epoch" for the build target
     cache_chunk: int = 256  # rows per cache build chunk
+    seq_len: int = 128  # text models: tokens per sequence (image models: unused)
+
+    @classmethod
+    def for_model(cls, model: str, **overrides) -> BenchConfig:
+        """The defaults of ``model`` (a text model's are smaller: see TEXT_DEFAULTS), then ``overrides``."""
+        base = dict(TEXT_DEFAULTS, ks=TEXT_DEFAULT_KS.get(model)) if model in bw.TEXT_MODELS else {}
+        return cls(model=model, **(base | overrides))
+
+    @property
+    def text(self) -> bool:
+        return self.model in bw.TEXT_MODELS
 
     def validate(self) -> None:
         for name in ("workers", "batch_size", "image_size", "steps", "rounds", "warmup", "cache_keys", "cache_chunk"):
             if getattr(self, name) < 1:
                 raise ValueError(f"bench: {name} must be >= 1, got {getattr(self, name)}")
-        if self.model not in bw.MODELS:
-            raise ValueError(f"bench: model '{self.model}' is not accepted; accepted: {', '.join(bw.MODELS)}")
+        if self.model not in BENCH_MODELS:
+            raise ValueError(f"bench: model '{self.model}' is not accepted; accepted: {', '.join(BENCH_MODELS)}")
         if not self.lr > 0:
             raise ValueError(f"bench: lr must be > 0, got {self.lr}")
+        if not 0 <= self.momentum < 1:
+            raise ValueError(f"bench: momentum must be in [0, 1), got {self.momentum}")
+        if self.text:
+            max_len = bw.bert_config(self.model).max_position_embeddings
+            if not 2 <= self.seq_len <= max_len:
+                raise ValueError(f"bench: seq_len must be 2..{max_len} for {self.model}, got {self.seq_len}")
+            if self.phase_ks:
+                raise ValueError(f"bench: phase_ks is for the image models; {self.model} has no no-comm run")
 
     def resolved(self, num_blocks: int) -> BenchConfig:
         """ks / phase_ks filled in and checked against the model's blocks."""
@@ -91,6 +138,8 @@ class BenchConfig:
         for k in ks:
             if not 0 <= k <= num_blocks - 1:
                 raise ValueError(f"bench: ks contains {k}; accepted: 0..{num_blocks - 1} for {self.model}")
+        if self.text:
+            return replace(self, ks=ks, phase_ks=())
         default_phase = {0, num_blocks // 2, num_blocks - 2, num_blocks - 1}
         phase = default_phase if self.phase_ks is None else set(self.phase_ks)
         stray = sorted(phase - set(ks)) if self.phase_ks is not None else []
@@ -121,12 +170,16 @@ def summarize(
     cells: dict[tuple[str, int], dict[str, np.ndarray]],
     block_bytes: list[int],
     cache_events: list[tuple[str, int, float, int]] = (),
+    cache_served: dict[int, tuple[int, int, int | None]] | None = None,
 ) -> list[dict]:
-    """One CSV row per (approach, k)."""
+    """One CSV row per (approach, k). ``cache_served``: k -> (keys served from the store, keys
+    computed because it missed, the cut it served), all ranks together."""
     total_bytes = sum(block_bytes)
     cache = cache_medians(list(cache_events))
+    served = cache_served or {}
     rows = []
     for (name, k), cell in sorted(cells.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        hit, miss, cut = served.get(k, (None, None, None)) if name == bw.ENGINE_CACHE else (None, None, None)
         step = cell["step_ms"]
         trainable = sum(block_bytes[k:])
         sent = [b for b in cell["bytes"] if b is not None]
@@ -164,9 +217,21 @@ def summarize(
                 "cache_build_s": cache.get(("build", k), (None,))[0] if name == bw.ENGINE_CACHE else None,
                 "cache_advance_s": cache.get(("advance", k), (None,))[0] if name == bw.ENGINE_CACHE else None,
                 "cache_bytes": cache.get(("build", k), (None, None))[1] if name == bw.ENGINE_CACHE else None,
+                "cache_hit_keys": hit,
+                "cache_miss_keys": miss,
+                "cache_cut": cut,
             }
         )
     return rows
+
+
+def combine_served(ranks: list[dict]) -> dict[int, tuple[int, int, int | None]]:
+    """k -> (keys served, keys computed, cut) summed over the ranks; the cut is rank 0's."""
+    out = {}
+    for k in ranks[0].get("cache_served", {}):
+        per_rank = [r["cache_served"][k] for r in ranks]
+        out[k] = (sum(s[0] for s in per_rank), sum(s[1] for s in per_rank), per_rank[0][2])
+    return out
 
 
 def _fmt(value) -> str:
@@ -200,6 +265,7 @@ NAMES = {
     bw.ENGINE_NO_MONITOR: "freeze engine, no monitor",
     bw.ENGINE_CACHE: "engine + cache",
     bw.PREFIX_FORWARD: "prefix forward (no grad)",
+    bw.CONTROL: "control",
 }
 TARGET_CACHE_RECOVERED = 0.90  # share of the prefix forward the cache must remove, at k >= 3
 TARGET_CACHE_FROM_K = 3
@@ -453,7 +519,7 @@ def write_markdown(
         f"- Versions: torch {torch.__version__}, torchvision {torchvision.__version__}, Python {platform.python_version()}, "
         f"{platform.system()} {platform.release()}.",
         f"- Model: {cfg.model} ({bw.NUM_CLASSES} classes), input 3x{cfg.image_size}x{cfg.image_size}, batch {cfg.batch_size} per worker, "
-        f"SGD lr {cfg.lr} momentum 0.9, fresh synthetic random batch each step (generated outside the clock).",
+        f"SGD lr {cfg.lr} momentum {cfg.momentum:g}, fresh synthetic random batch each step (generated outside the clock).",
         f"- Blocks (split_blocks default, k freezes blocks 0..k-1): {', '.join(run['block_names'])}.",
         f"- Per cell (approach x k): {cfg.rounds} round(s) x {cfg.steps} timed steps = {cfg.rounds * cfg.steps} steps, after "
         f"{cfg.warmup} untimed warm-up steps per round. Rounds visit k up, then down; at each k the approaches take turns "
@@ -524,7 +590,187 @@ def write_markdown(
     lines.append("")
     lines += cache_section(cfg, rows, cells)
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, "\n".join(lines))
+    text = "\n".join(lines)
+    kept = spliced_sections(path)
+    atomic_write_text(path, text + ("\n" + kept if kept else ""))
+
+
+# Sections other commands splice into BENCH.md (the BERT rows, the cluster benchmark, the cost
+# model's validation) start with such a marker; the main table owns only what comes before the first.
+SECTION_START = re.compile(r"^<!-- [\w-]+:start -->$", re.M)
+TEXT_SECTION = ("<!-- bert-bench:start -->", "<!-- bert-bench:end -->")
+
+
+def spliced_sections(path: Path) -> str:
+    """Everything of ``path`` from its first section marker on ("" when none or no file): what the
+    main table's rewrite keeps."""
+    if not path.exists():
+        return ""
+    old = path.read_text(encoding="utf-8")
+    found = SECTION_START.search(old)
+    return "" if found is None else old[found.start() :]
+
+
+def splice_section(path: Path, text: str, markers: tuple[str, str]) -> None:
+    """Replace the section between ``markers`` (``text`` carries them), or insert it before the
+    first other section (right after the main table), or append it; the rest stays as it was."""
+    start, end = markers
+    old = path.read_text(encoding="utf-8") if path.exists() else "# Freezing under DDP: where a step's time goes\n"
+    if start in old and end in old:
+        head, rest = old.split(start, 1)
+        new = head + text + rest.split(end, 1)[1]
+    elif (found := SECTION_START.search(old)) is not None:
+        new = old[: found.start()] + text + "\n\n" + old[found.start() :]
+    else:
+        new = old.rstrip("\n") + "\n\n" + text + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, new)
+
+
+def _median_ci(samples: np.ndarray) -> str:
+    lo, hi = bootstrap_ci(lambda m: m, samples)
+    return f"{np.median(samples):.0f} ({lo:.0f}..{hi:.0f})"
+
+
+def _ratio_ci(a: np.ndarray, b: np.ndarray) -> tuple[float, float, float]:
+    """median(a) / median(b) and its 95% interval."""
+    lo, hi = bootstrap_ci(np.divide, a, b)
+    return float(np.median(a) / np.median(b)), lo, hi
+
+
+def text_section(cfg: BenchConfig, rows: list[dict], cells: dict, run: dict) -> str:
+    """The BERT rows: engine with and without the cache, static limit and control at each k, as
+    one section of BENCH.md between TEXT_SECTION's markers."""
+    import transformers
+
+    ks, names = list(cfg.ks), run["block_names"]
+    steps = {key: cell["step_ms"] for key, cell in cells.items()}
+    step_approaches = (bw.ENGINE, bw.ENGINE_CACHE, bw.STATIC, bw.CONTROL)
+    total_bytes = sum(run["block_param_bytes"])
+    bert = bw.bert_config(cfg.model)
+    epoch_steps = cfg.cache_keys / (cfg.workers * cfg.batch_size)
+    gpu = "no GPU" if not torch.cuda.is_available() else f"{torch.cuda.device_count()} GPU(s), unused"
+    lines = [
+        TEXT_SECTION[0],
+        f"## {cfg.model}: a Hugging Face encoder with and without the activation cache",
+        "",
+        f"Generated by `{run['command']}` in {run['wall_s']:.0f} s wall time. Every number comes from that run "
+        f"(also in `bench_{cfg.model}.csv`); nothing is typed by hand.",
+        "",
+        f"- Hardware: {cpu_name()}, {os.cpu_count()} CPU cores, {gpu}; {cfg.workers} gloo workers x {run['threads']} "
+        "thread(s), one machine.",
+        f"- Load average (1 min) before / after: {run['load_avg'][0]:.2f} / {run['load_avg'][1]:.2f}.",
+        f"- Versions: torch {torch.__version__}, transformers {transformers.__version__}, Python "
+        f"{platform.python_version()}.",
+        f"- Model: `BertForSequenceClassification` ({bw.NUM_CLASSES} labels), random weights from a `BertConfig` "
+        f"(hidden {bert.hidden_size}, {bert.num_hidden_layers} layers, {bert.num_attention_heads} heads, vocabulary "
+        f"{bert.vocab_size}; {total_bytes / 4e6:.3g} M parameters), no download. Frozen blocks run in eval (dropout "
+        f"off), in every approach, as the engine runs them by default. SGD lr {cfg.lr} momentum {cfg.momentum:g}"
+        + (
+            " (momentum buffers would add a model's size per replica: 4 replicas per rank)."
+            if not cfg.momentum
+            else "."
+        ),
+        f"- Data: {cfg.cache_keys} fixed sequences of {cfg.seq_len} tokens (random ids; each sequence's length drawn "
+        f"from {cfg.seq_len // 2}..{cfg.seq_len}, the rest padding with attention_mask 0). A step reads "
+        f"{cfg.batch_size} random keys per worker, and every approach runs that batch "
+        "(`freezer.module(**batch, sample_ids=keys)` with the cache).",
+        f"- Blocks (split_blocks default, k freezes blocks 0..k-1): {', '.join(names)}.",
+        f"- Per cell (approach x k): {cfg.rounds} round(s) x {cfg.steps} timed steps = {cfg.rounds * cfg.steps} steps, "
+        f"after {cfg.warmup} untimed warm-up step(s) per round; at each k the approaches take turns step by step "
+        "(order rotating every cycle). A step as in the main table (zero_grad .. SGD step, the slowest rank's time).",
+        "- Approaches: **engine** = `Freezer.set_boundary(k)`, no cache; **engine + cache** = the same with "
+        f'`cache=CacheConfig("memory")` over the {cfg.cache_keys} sequences (fp32; built before the timed steps, '
+        "at every k from the inputs); **static** = the static limit of the main table; **control** = a second "
+        "static limit, its own replica and DDP, in the same rotation: it computes what the static limit computes, "
+        "so its true ratio to it is 1.00 and its interval says how far the machine alone moves a ratio; "
+        "**prefix** = the frozen prefix's no-grad forward alone (what the cache can save per step).",
+        "- ms = median over the cell's steps (all rounds), 95% CI = bootstrap of that median over the steps; a "
+        "ratio's interval resamples both cells. vs. k=0 = the engine at k=0 (every block trained, no cache) over "
+        "engine + cache at k: the per-step speedup over full fine-tuning (cells measured at different times).",
+        "",
+        "| k | frozen | trainable grads | bytes/step = trainable | engine ms | engine + cache ms | static ms "
+        "| control ms | engine / static | control / static | engine / (engine + cache) | vs. k=0 |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    bad_bytes, control_off = [], []
+    for k in ks:
+        r = {n: _get(rows, n, k) for n in step_approaches}
+        exact = [n for n in step_approaches if not r[n]["bytes_match_trainable"]]
+        bad_bytes += [f"{NAMES[n]} at k={k}" for n in exact]
+        frozen = "-" if k == 0 else (names[0] if k == 1 else f"{names[0]} .. {names[k - 1]}")
+        ratios = {
+            "es": _ratio_ci(steps[(bw.ENGINE, k)], steps[(bw.STATIC, k)]),
+            "cs": _ratio_ci(steps[(bw.CONTROL, k)], steps[(bw.STATIC, k)]),
+            "ec": _ratio_ci(steps[(bw.ENGINE, k)], steps[(bw.ENGINE_CACHE, k)]),
+            "e0": _ratio_ci(steps[(bw.ENGINE, ks[0])], steps[(bw.ENGINE_CACHE, k)]) if ks[0] == 0 else None,
+        }
+        if not ratios["cs"][1] <= 1.0 <= ratios["cs"][2]:
+            control_off.append(k)
+        shown = {key: "-" if v is None else f"{v[0]:.2f} ({v[1]:.2f}..{v[2]:.2f})" for key, v in ratios.items()}
+        lines.append(
+            f"| {k} | {frozen} ({r[bw.ENGINE]['frozen_param_fraction']:.0%}) | {_size(r[bw.ENGINE]['trainable_grad_bytes'])} "
+            f"| {'every step' if not exact else 'NO: ' + ', '.join(NAMES[n] for n in exact)} | "
+            + " | ".join(_median_ci(steps[(n, k)]) for n in step_approaches)
+            + f" | {shown['es']} | {shown['cs']} | {shown['ec']} | {shown['e0']} |"
+        )
+    cache_ks = [k for k in ks if k >= 1]
+    lines += [
+        "",
+        f"The cache at each k: the cut it serves (the stored tensor enters block `cut`), keys served from the store "
+        "and keys computed because a batch missed (all ranks, warm-up included), the build from the inputs and the "
+        f"advance from the previous k (slowest rank, median over rounds); recovered = (engine - engine + cache) / "
+        f"prefix; one epoch = {cfg.cache_keys} sequences = {epoch_steps:g} steps.",
+        "",
+        "| k | cut | keys served / computed | prefix ms | recovered (95% CI) | build s | advance s "
+        "| build / epoch's prefix fwd | cache MB per rank |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    not_served = []
+    for k in cache_ks:
+        c = _get(rows, bw.ENGINE_CACHE, k)
+        prefix = _get(rows, bw.PREFIX_FORWARD, k)
+        if not c["cache_hit_keys"] or c["cache_miss_keys"] or c["cache_cut"] != k:
+            not_served.append(k)
+        recovered, build_ratio = "-", "-"
+        prefix_ms = "-" if prefix is None else f"{prefix['median_ms']:.0f}"
+        if prefix is not None:
+            rec = (_get(rows, bw.ENGINE, k)["median_ms"] - c["median_ms"]) / prefix["median_ms"]
+            lo, hi = bootstrap_ci(
+                lambda a, b, p: (a - b) / p,
+                steps[(bw.ENGINE, k)],
+                steps[(bw.ENGINE_CACHE, k)],
+                steps[(bw.PREFIX_FORWARD, k)],
+            )
+            recovered = f"{rec:.0%} ({lo:.0%}..{hi:.0%})"
+            if c["cache_build_s"] is not None:
+                build_ratio = f"{c['cache_build_s'] / (epoch_steps * prefix['median_ms'] / 1e3):.2f}"
+        lines.append(
+            f"| {k} | {'-' if c['cache_cut'] is None else c['cache_cut']} | {c['cache_hit_keys'] or 0} / "
+            f"{c['cache_miss_keys'] or 0} | {prefix_ms} | {recovered} "
+            f"| {_fmt(c['cache_build_s']) or '-'} | {_fmt(c['cache_advance_s']) or '-'} | {build_ratio} "
+            f"| {(c['cache_bytes'] or 0) / 1e6:.2f} |"
+        )
+    lines += [
+        "",
+        "| check | verdict | measured |",
+        "|---|---|---|",
+        "| bytes all-reduced per step = trainable gradient bytes (every step, every rank, all four approaches) "
+        f"| {_verdict(not bad_bytes)} | {'; '.join(bad_bytes) or 'every k'} |",
+        f"| the control holds 1.00 (its 95% CI contains 1.00) at every k | {'holds' if not control_off else '**DOES NOT HOLD**'} "
+        "| "
+        + (
+            "every k"
+            if not control_off
+            else f"k={control_off}: the intervals understate the machine's noise there; read the other ratios at "
+            "those k as no more precise than the control's distance from 1.00"
+        )
+        + " |",
+        f"| the cache serves every key at the cut k, at every k >= 1 | {_verdict(not not_served)} "
+        f"| {f'not at k={not_served}' if not_served else 'every k'} |",
+        TEXT_SECTION[1],
+    ]
+    return "\n".join(lines)
 
 
 def run_benchmark(
@@ -540,18 +786,31 @@ def run_benchmark(
     start_s = time.perf_counter()
     load_before = os.getloadavg()
     cfg = cfg.resolved(len(bw.split_blocks(bw.build_model(cfg.model, cfg.image_size))))
+    worker_cfg = asdict(cfg) | ({"approaches": bw.TEXT_APPROACHES, "monitor_cell": False} if cfg.text else {})
     if workdir is None:
         with tempfile.TemporaryDirectory(prefix="bench-rdzv-") as tmp:
-            ranks = bw.launch(asdict(cfg), Path(tmp), deadline_s)
+            ranks = bw.launch(worker_cfg, Path(tmp), deadline_s)
     else:
-        ranks = bw.launch(asdict(cfg), Path(workdir), deadline_s)
+        ranks = bw.launch(worker_cfg, Path(workdir), deadline_s)
     cells = bw.combine_ranks(ranks)
     # Each build happened on every rank; the slowest rank's time is the one training waits for.
     cache_events = [
         (evs[0][0], evs[0][1], max(e[2] for e in evs), evs[0][3]) for evs in zip(*(r["cache_events"] for r in ranks))
     ]
-    rows = summarize(cells, ranks[0]["block_param_bytes"], cache_events)
+    rows = summarize(cells, ranks[0]["block_param_bytes"], cache_events, combine_served(ranks))
     out_dir = Path(out_dir)
+    if cfg.text:
+        write_csv(rows, out_dir / f"bench_{cfg.model}.csv")
+        run = {
+            "command": command or "(called from Python)",
+            "wall_s": time.perf_counter() - start_s,
+            "load_avg": (load_before[0], os.getloadavg()[0]),
+            "threads": ranks[0]["threads"],
+            "block_names": ranks[0]["block_names"],
+            "block_param_bytes": ranks[0]["block_param_bytes"],
+        }
+        splice_section(out_dir / "BENCH.md", text_section(cfg, rows, cells, run), TEXT_SECTION)
+        return rows
     write_csv(rows, out_dir / "bench.csv")
     # Each re-wrap happened on every rank; the slowest rank's time is the one training waits for.
     rewrap_ms = [max(ms) for ms in zip(*(r["rewrap_ms"] for r in ranks))]
@@ -574,26 +833,55 @@ def _int_list(text: str) -> tuple[int, ...]:
 
 
 def get_args_parser() -> argparse.ArgumentParser:
-    d = BenchConfig()
+    d, t = BenchConfig(), TEXT_DEFAULTS
     p = argparse.ArgumentParser(prog="python -m experiments.bench", description=__doc__.split("\n")[0])
     p.add_argument("--workers", type=int, default=d.workers, help="gloo ranks on this machine")
-    p.add_argument("--model", default=d.model, choices=bw.MODELS)
-    p.add_argument("--batch-size", type=int, default=d.batch_size, help="per worker")
+    p.add_argument(
+        "--model", default=d.model, choices=BENCH_MODELS, help="bert-base / bert-tiny: the BERT rows (own section)"
+    )
+    p.add_argument(
+        "--batch-size", type=int, default=None, help=f"per worker (default {d.batch_size}, BERT {t['batch_size']})"
+    )
     p.add_argument("--image-size", type=int, default=d.image_size)
+    p.add_argument("--seq-len", type=int, default=d.seq_len, help="BERT: tokens per sequence")
     p.add_argument(
-        "--steps", type=int, default=None, help=f"timed steps per block (default {d.steps}, --quick {QUICK_STEPS})"
+        "--steps",
+        type=int,
+        default=None,
+        help=f"timed steps per block (default {d.steps}, --quick {QUICK_STEPS}; BERT {t['steps']}, {TEXT_QUICK_STEPS})",
     )
     p.add_argument(
-        "--rounds", type=int, default=None, help=f"rounds over all blocks (default {d.rounds}, --quick {QUICK_ROUNDS})"
+        "--rounds",
+        type=int,
+        default=None,
+        help=f"rounds over all blocks (default {d.rounds}, --quick {QUICK_ROUNDS}; BERT {t['rounds']}, {TEXT_QUICK_ROUNDS})",
     )
-    p.add_argument("--warmup", type=int, default=d.warmup, help="untimed steps per block")
-    p.add_argument("--ks", type=_int_list, default=None, help="boundaries to measure, e.g. 0,5,9 (default: all)")
+    p.add_argument(
+        "--warmup", type=int, default=None, help=f"untimed steps per block (default {d.warmup}, BERT {t['warmup']})"
+    )
+    p.add_argument(
+        "--ks",
+        type=_int_list,
+        default=None,
+        help="boundaries to measure, e.g. 0,5,9 (default: all; bert-base 0,4,8,12)",
+    )
     p.add_argument(
         "--phase-ks", type=_int_list, default=None, help="boundaries with a no-comm run (default: 0, middle, last two)"
     )
     p.add_argument("--lr", type=float, default=d.lr)
-    p.add_argument("--cache-keys", type=int, default=d.cache_keys, help="images the cache runner keys into")
-    p.add_argument("--cache-chunk", type=int, default=d.cache_chunk, help="rows per cache build chunk")
+    p.add_argument("--momentum", type=float, default=None, help=f"SGD's (default {d.momentum}, BERT {t['momentum']})")
+    p.add_argument(
+        "--cache-keys",
+        type=int,
+        default=None,
+        help=f"inputs the cache runner keys into (default {d.cache_keys}, BERT {t['cache_keys']})",
+    )
+    p.add_argument(
+        "--cache-chunk",
+        type=int,
+        default=None,
+        help=f"rows per cache build chunk (default {d.cache_chunk}, BERT {t['cache_chunk']})",
+    )
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--quick", action="store_true", help="a ~1-2 minute run: fewer steps, one round")
     p.add_argument("--out-dir", type=Path, default=Path("report"))
@@ -602,22 +890,30 @@ def get_args_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
-    """--quick only changes the defaults: an explicit --steps / --rounds still wins."""
-    d = BenchConfig()
-    return BenchConfig(
+    """The model's defaults (BenchConfig.for_model), then every flag given. --quick only changes
+    the defaults: an explicit --steps / --rounds still wins."""
+    d = BenchConfig.for_model(args.model)
+    quick_steps, quick_rounds = (TEXT_QUICK_STEPS, TEXT_QUICK_ROUNDS) if d.text else (QUICK_STEPS, QUICK_ROUNDS)
+
+    def given(value, default):
+        return default if value is None else value
+
+    return replace(
+        d,
         workers=args.workers,
-        model=args.model,
-        batch_size=args.batch_size,
+        batch_size=given(args.batch_size, d.batch_size),
         image_size=args.image_size,
-        steps=args.steps if args.steps is not None else (QUICK_STEPS if args.quick else d.steps),
-        rounds=args.rounds if args.rounds is not None else (QUICK_ROUNDS if args.quick else d.rounds),
-        warmup=args.warmup,
-        ks=args.ks,
+        seq_len=args.seq_len,
+        steps=given(args.steps, quick_steps if args.quick else d.steps),
+        rounds=given(args.rounds, quick_rounds if args.quick else d.rounds),
+        warmup=given(args.warmup, d.warmup),
+        ks=given(args.ks, d.ks),
         phase_ks=args.phase_ks,
         lr=args.lr,
+        momentum=given(args.momentum, d.momentum),
         seed=args.seed,
-        cache_keys=args.cache_keys,
-        cache_chunk=args.cache_chunk,
+        cache_keys=given(args.cache_keys, d.cache_keys),
+        cache_chunk=given(args.cache_chunk, d.cache_chunk),
     )
 
 
@@ -631,7 +927,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     command = shlex.join(getattr(sys, "orig_argv", [sys.executable, "-m", "experiments.bench", *(argv or [])]))
     run_benchmark(cfg, args.out_dir, deadline_s=args.deadline_s, command=command)
-    print(f"bench: wrote {args.out_dir / 'bench.csv'} and {args.out_dir / 'BENCH.md'}")
+    csv_name = f"bench_{cfg.model}.csv" if cfg.text else "bench.csv"
+    print(f"bench: wrote {args.out_dir / csv_name} and {args.out_dir / 'BENCH.md'}")
     return 0
 
 

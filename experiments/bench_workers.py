@@ -30,7 +30,10 @@ from freeze.testing import SpawnError, run_gloo_rank, spawn_and_collect
 
 NUM_CLASSES = 10
 RESNETS = ("resnet18", "resnet34", "resnet50")
-MODELS = RESNETS + ("mlp",)
+MODELS = RESNETS + ("mlp",)  # image models: every approach, and the cluster benchmark
+# Hugging Face BertForSequenceClassification with random weights from a config (no download):
+# "bert-base" is BertConfig()'s defaults, "bert-tiny" the same code path in seconds (tests, smoke runs).
+TEXT_MODELS = ("bert-base", "bert-tiny")
 
 ENGINE = "freeze_engine"
 ENGINE_NO_MONITOR = "freeze_engine_no_monitor"
@@ -39,10 +42,14 @@ FIND_UNUSED = "find_unused"
 PER_PARAMETER = "per_parameter"
 NO_COMM = "no_comm"
 ENGINE_CACHE = "freeze_engine_cache"
+# A second static limit (its own replica and DDP) in the same rotation: it computes what the static
+# limit computes, so its true ratio to it is 1.00 and its measured interval shows the machine's noise.
+CONTROL = "static_control"
 PREFIX_FORWARD = "prefix_forward"  # not a training step: the frozen prefix's no-grad forward alone
 # Measured at every k; NO_COMM only at the phase boundaries, ENGINE_NO_MONITOR only at k=0,
 # PREFIX_FORWARD beside ENGINE_CACHE where there is a prefix (k >= 1).
 MAIN_APPROACHES = (ENGINE, STATIC, FIND_UNUSED, PER_PARAMETER, ENGINE_CACHE)
+TEXT_APPROACHES = (ENGINE, ENGINE_CACHE, STATIC, CONTROL)  # the BERT rows (PREFIX_FORWARD added at k >= 1)
 
 
 class StepTimes(NamedTuple):
@@ -65,7 +72,32 @@ class Sample(NamedTuple):
     allreduce_bytes: int | None  # None where no per-step count exists (the engine without monitor)
 
 
+def bert_config(name: str):
+    """The BertConfig of a TEXT_MODELS name."""
+    from transformers import BertConfig  # imported only for the text models: it takes seconds
+
+    if name == "bert-base":
+        return BertConfig(num_labels=NUM_CLASSES)  # hidden 768, 12 layers, 12 heads, vocabulary 30522
+    if name == "bert-tiny":
+        return BertConfig(
+            vocab_size=256,
+            hidden_size=32,
+            num_hidden_layers=4,
+            num_attention_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=128,
+            num_labels=NUM_CLASSES,
+        )
+    raise ValueError(f"model: '{name}' is not accepted; accepted: {', '.join(TEXT_MODELS)}")
+
+
 def build_model(name: str, image_size: int) -> nn.Module:
+    """A model of MODELS (input 3 x image_size x image_size) or TEXT_MODELS (random weights from
+    the config, under the caller's torch seed; image_size is ignored)."""
+    if name in TEXT_MODELS:
+        from transformers import BertForSequenceClassification
+
+        return BertForSequenceClassification(bert_config(name))
     if name in RESNETS:
         return getattr(torchvision.models, name)(num_classes=NUM_CLASSES)
     if name == "mlp":
@@ -80,22 +112,29 @@ def build_model(name: str, image_size: int) -> nn.Module:
             nn.ReLU(),
             nn.Linear(width, NUM_CLASSES),
         )
-    raise ValueError(f"model: '{name}' is not accepted; accepted: {', '.join(MODELS)}")
+    raise ValueError(f"model: '{name}' is not accepted; accepted: {', '.join(MODELS + TEXT_MODELS)}")
 
 
-def freeze_prefix(model: nn.Module, blocks: list[Block], k: int, bn_eval: bool) -> None:
+def run_model(module: nn.Module, x, **kwargs) -> torch.Tensor:
+    """``module(**x)`` for a dict of inputs (a Hugging Face model), else ``module(x)``; the logits."""
+    out = module(**x, **kwargs) if isinstance(x, dict) else module(x, **kwargs)
+    return getattr(out, "logits", out)
+
+
+def freeze_prefix(model: nn.Module, blocks: list[Block], k: int, frozen_eval: bool) -> None:
     """Blocks 0..k-1 frozen the plain way: requires_grad=False and grad=None (a zero gradient would
-    still feed momentum). ``bn_eval`` keeps their BatchNorm in eval, as the engine does."""
+    still feed momentum). ``frozen_eval`` runs every module of them in eval, as the engine does
+    (``frozen_mode="eval"``): BatchNorm on running statistics, dropout off; else all train."""
     for i, block in enumerate(blocks):
         for p in block.params:
             p.requires_grad_(i >= k)
             if i < k:
                 p.grad = None
     model.train()
-    if bn_eval:
+    if frozen_eval:
         for block in blocks[:k]:
-            for norm in block.running_stat_norms():
-                norm.eval()
+            for mod in block.modules:
+                mod.eval()
 
 
 class _Runner:
@@ -105,7 +144,7 @@ class _Runner:
         torch.manual_seed(cfg["seed"])  # identical replicas on every rank and across approaches
         self.model = build_model(cfg["model"], cfg["image_size"])
         self.blocks = split_blocks(self.model)
-        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=cfg["lr"], momentum=0.9)
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=cfg["lr"], momentum=cfg.get("momentum", 0.9))
         self.k = -1
         self._bytes_last: int | None = 0
 
@@ -115,7 +154,7 @@ class _Runner:
 
     def set_k(self, k: int) -> None:
         if k != self.k:
-            freeze_prefix(self.model, self.blocks, k, bn_eval=True)
+            freeze_prefix(self.model, self.blocks, k, frozen_eval=True)
             self.k = k
 
     def communicate(self) -> None:
@@ -127,8 +166,8 @@ class _Runner:
     def step_bytes(self) -> int | None:
         return self._bytes_last
 
-    def forward(self, x: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-        return self.module(x)
+    def forward(self, x, keys: torch.Tensor) -> torch.Tensor:
+        return run_model(self.module, x)
 
 
 class _CountingDDPRunner(_Runner):
@@ -154,12 +193,12 @@ class _CountingDDPRunner(_Runner):
 
 class StaticRunner(_CountingDDPRunner):
     """DDP built over a model whose prefix is already frozen: the best a dynamic scheme can reach.
-    Frozen BN in eval and frozen buffers ignored, as the engine does, so only dynamism differs."""
+    Frozen blocks in eval and frozen buffers ignored, as the engine does, so only dynamism differs."""
 
     def set_k(self, k: int) -> None:
         if k != self.k:
             self.ddp = None
-            freeze_prefix(self.model, self.blocks, k, bn_eval=True)
+            freeze_prefix(self.model, self.blocks, k, frozen_eval=True)
             DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
                 self.model, frozen_names(self.blocks, k)
             )
@@ -177,7 +216,7 @@ class FindUnusedRunner(_CountingDDPRunner):
 
     def set_k(self, k: int) -> None:
         if k != self.k:
-            freeze_prefix(self.model, self.blocks, k, bn_eval=False)
+            freeze_prefix(self.model, self.blocks, k, frozen_eval=False)
             self.k = k
 
 
@@ -235,24 +274,48 @@ def cache_images(cfg: dict) -> torch.Tensor:
     return torch.randn(cfg["cache_keys"], 3, cfg["image_size"], cfg["image_size"], generator=gen)
 
 
+def cache_sequences(cfg: dict) -> dict[str, torch.Tensor]:
+    """The fixed text training set (the same on every rank): ``cache_keys`` sequences of ``seq_len``
+    tokens, random ids, each with its own length drawn from seq_len/2 .. seq_len and the rest
+    padding (id 0, attention_mask 0), as a padded fine-tuning batch has."""
+    gen = torch.Generator().manual_seed(cfg["seed"] + 10_000)
+    n, seq = cfg["cache_keys"], cfg["seq_len"]
+    vocab = bert_config(cfg["model"]).vocab_size
+    lengths = torch.randint(seq // 2, seq + 1, (n, 1), generator=gen)
+    mask = (torch.arange(seq) < lengths).long()
+    ids = torch.randint(1, vocab, (n, seq), generator=gen) * mask
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def source_inputs(cfg: dict) -> Callable[[torch.Tensor], object]:
+    """keys -> the model's inputs for those keys: a batch of images, or a dict of input_ids and
+    attention_mask (called as model(**inputs))."""
+    if cfg["model"] in TEXT_MODELS:
+        seqs = cache_sequences(cfg)
+        return lambda keys: {name: t[keys] for name, t in seqs.items()}
+    images = cache_images(cfg)
+    return lambda keys: images[keys]
+
+
 class CacheEngineRunner(EngineRunner):
-    """The engine with a memory activation cache over ``cache_keys`` fixed images. At every k the
-    cache is built afresh from the images (timed); on the way up it is first advanced from the
-    previous k (timed), as training would."""
+    """The engine with a memory activation cache over ``cache_keys`` fixed inputs (images or
+    sequences). At every k the cache is built afresh from the inputs (timed); on the way up it is
+    first advanced from the previous k (timed), as training would."""
 
     def __init__(self, cfg: dict):
         _Runner.__init__(self, cfg)
-        images = cache_images(cfg)
         self.freezer = Freezer(
             self.model,
             self.blocks,
             optimizer=self.optimizer,
             cache=CacheConfig("memory", chunk_samples=cfg["cache_chunk"]),
-            cache_source=CacheSource(inputs=lambda keys: images[keys], num_keys=images.shape[0]),
+            cache_source=CacheSource(inputs=source_inputs(cfg), num_keys=cfg["cache_keys"]),
         )
         self.monitor = True
         self.rewrap_ms: list[float] = []
         self.cache_events: list[tuple[str, int, float, int]] = []  # (build|advance, k, seconds, store bytes)
+        # k -> [keys served from the store, keys computed because the store missed one, the cut served]
+        self.served: dict[int, list] = {}
 
     def _timed_boundary(self, k: int, kind: str) -> None:
         counters = self.freezer.cache.counters
@@ -273,8 +336,15 @@ class CacheEngineRunner(EngineRunner):
         self.freezer.train()
         self.k = k
 
-    def forward(self, x: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-        return self.freezer.forward(x, sample_ids=keys)
+    def forward(self, x, keys: torch.Tensor) -> torch.Tensor:
+        counters = self.freezer.cache.counters
+        hits, misses = counters.hit_keys, counters.miss_keys
+        out = run_model(self.freezer.module, x, sample_ids=keys)
+        served = self.served.setdefault(self.k, [0, 0, None])
+        served[0] += counters.hit_keys - hits
+        served[1] += counters.miss_keys - misses
+        served[2] = self.freezer.cache.level
+        return out
 
 
 class PrefixRunner(_Runner):
@@ -285,13 +355,12 @@ class PrefixRunner(_Runner):
 
     def __init__(self, cfg: dict):
         super().__init__(cfg)
-        images = cache_images(cfg)
-        self.cuts = Cuts(self.model, self.blocks, lambda keys: images[keys], images.shape[0])
-        self.prefix: Callable[[torch.Tensor], torch.Tensor] | None = None
+        self.cuts = Cuts(self.model, self.blocks, source_inputs(cfg), cfg["cache_keys"])
+        self.prefix: Callable[[object], torch.Tensor] | None = None
 
     def set_k(self, k: int) -> None:
         if k != self.k:
-            freeze_prefix(self.model, self.blocks, k, bn_eval=True)
+            freeze_prefix(self.model, self.blocks, k, frozen_eval=True)
             if self.cuts.why_not(k):
                 raise RuntimeError(f"bench: no exact cache cut at k={k}: {self.cuts.why_not(k)}")
             self.prefix = lambda x, k=k: self.cuts.capture(x, k)  # what the cache stores at k
@@ -301,7 +370,7 @@ class PrefixRunner(_Runner):
         return None
 
 
-def timed_prefix(runner: PrefixRunner, x: torch.Tensor) -> StepTimes:
+def timed_prefix(runner: PrefixRunner, x) -> StepTimes:
     dist.barrier()
     t0 = time.perf_counter()
     with torch.no_grad():
@@ -310,7 +379,7 @@ def timed_prefix(runner: PrefixRunner, x: torch.Tensor) -> StepTimes:
     return StepTimes(ms, ms, 0.0, 0.0, 0.0)
 
 
-def timed_step(runner: _Runner, x: torch.Tensor, y: torch.Tensor, keys: torch.Tensor | None = None) -> StepTimes:
+def timed_step(runner: _Runner, x, y: torch.Tensor, keys: torch.Tensor | None = None) -> StepTimes:
     """zero_grad + forward + loss | backward (+ blocking comm) | after_backward | optimizer step, ms."""
     if getattr(runner, "forward_only", False):
         return timed_prefix(runner, x)
@@ -364,8 +433,11 @@ def measure(cfg: dict, rank: int, log) -> dict:
         NO_COMM: lambda: NoCommRunner(cfg),
         ENGINE_CACHE: lambda: CacheEngineRunner(cfg),
         PREFIX_FORWARD: lambda: PrefixRunner(cfg),
+        CONTROL: lambda: StaticRunner(cfg),
     }
     gen = torch.Generator().manual_seed(cfg["seed"] + rank)
+    text = cfg["model"] in TEXT_MODELS
+    inputs = source_inputs(cfg) if text else None
     shape = (cfg["batch_size"], 3, cfg["image_size"], cfg["image_size"])
     samples: list[Sample] = []
     plan = schedule(
@@ -385,11 +457,20 @@ def measure(cfg: dict, rank: int, log) -> dict:
             shift = (cycle + r) % len(names)
             for name in names[shift:] + names[:shift]:
                 # Fresh random data every step (outside the clock): a fixed batch would be
-                # memorised and drive gradients towards denormals.
-                x = torch.randn(shape, generator=gen)
-                y = torch.randint(0, NUM_CLASSES, (cfg["batch_size"],), generator=gen)
-                keys = torch.randint(0, cfg.get("cache_keys", 1), (cfg["batch_size"],), generator=gen)
+                # memorised and drive gradients towards denormals. Text: random keys of the fixed
+                # sequences, so that every approach (the cache's included) runs the batch it keys.
+                if text:
+                    keys = torch.randint(0, cfg["cache_keys"], (cfg["batch_size"],), generator=gen)
+                    x = inputs(keys)
+                    y = torch.randint(0, NUM_CLASSES, (cfg["batch_size"],), generator=gen)
+                else:
+                    x = torch.randn(shape, generator=gen)
+                    y = torch.randint(0, NUM_CLASSES, (cfg["batch_size"],), generator=gen)
+                    keys = torch.randint(0, cfg.get("cache_keys", 1), (cfg["batch_size"],), generator=gen)
                 times = timed_step(runners[name], x, y, keys)
+                # Free the gradients outside the clock (the step's zero_grad sets them to None
+                # anyway): idle replicas holding them would double the memory of a BERT-base run.
+                runners[name].optimizer.zero_grad(set_to_none=True)
                 if cycle >= cfg["warmup"]:
                     samples.append(Sample(name, k, r, times, runners[name].step_bytes()))
         done_s = time.perf_counter() - start_s
@@ -401,6 +482,7 @@ def measure(cfg: dict, rank: int, log) -> dict:
         "samples": samples,
         "rewrap_ms": engine.rewrap_ms,
         "cache_events": runners[ENGINE_CACHE].cache_events if ENGINE_CACHE in runners else [],
+        "cache_served": runners[ENGINE_CACHE].served if ENGINE_CACHE in runners else {},
         "block_names": [b.name for b in engine.blocks],
         "block_param_bytes": [b.param_bytes for b in engine.blocks],
         "threads": torch.get_num_threads(),

@@ -1,4 +1,5 @@
-"""experiments.bench: the real launcher and workers on 2 gloo ranks with a tiny MLP, plus the pure parts.
+"""experiments.bench: the real launcher and workers on 2 gloo ranks with a tiny MLP and a tiny BERT
+(the BERT-base rows' code path), plus the pure parts.
 
 No timing is asserted (the machine is shared); what must hold exactly is the shape of the CSV and the
 bytes each approach all-reduces per step.
@@ -28,9 +29,14 @@ TINY = bench.BenchConfig(
 )
 
 
+CLUSTER_SECTION = "<!-- cluster-bench:start -->\ncluster\n<!-- cluster-bench:end -->\n\nprose after it\n"
+
+
 @pytest.fixture(scope="module")
 def bench_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("bench")
+    (tmp / "out").mkdir()
+    (tmp / "out" / "BENCH.md").write_text("# old main table\n\n" + CLUSTER_SECTION, encoding="utf-8")
     bench.run_benchmark(TINY, tmp / "out", workdir=tmp / "rdzv", deadline_s=120.0, command="pytest tiny bench")
     with open(tmp / "out" / "bench.csv", newline="", encoding="utf-8") as f:
         reader = csv.DictReader(f)
@@ -70,6 +76,9 @@ def test_cache_rows_carry_build_and_advance_times(bench_run):
     # the MLP's cut before block 2 is its second Linear's input: 128 fp32 values per key
     assert int(cached["cache_bytes"]) == TINY.cache_keys * 128 * 4
     assert rows[(bw.ENGINE_CACHE, 0)]["cache_build_s"] == ""
+    # every key read from the store at the cut k=2, none computed; nothing to serve at k=0
+    assert int(cached["cache_hit_keys"]) > 0 and cached["cache_miss_keys"] == "0" and cached["cache_cut"] == "2"
+    assert rows[(bw.ENGINE_CACHE, 0)]["cache_hit_keys"] == "0"
     section = md.split("## Activation cache (engine + cache)", 1)[1]
     assert "| 2 |" in section and section.count("| met |") + section.count("| **MISSED**") == 2
 
@@ -100,6 +109,8 @@ def test_markdown_report(bench_run):
     assert len(targets) == 6
     assert all(("| met |" in t) or ("| **MISSED**" in t) for t in targets)
     assert "bytes all-reduced per step = trainable gradient bytes | met |" in md
+    # the main table is rewritten; what other commands spliced in after it stays
+    assert "# old main table" not in md and md.endswith("\n\n" + CLUSTER_SECTION)
 
 
 def test_schedule_visits_k_up_then_down_with_extra_cells():
@@ -168,3 +179,122 @@ def test_combine_ranks_takes_the_slowest_rank_and_rank0_bytes():
     assert cell["step_ms"].tolist() == [12.0] and cell["backward_ms"].tolist() == [10.0]
     assert cell["bytes"].tolist() == [64] and cell["bytes_agree"].tolist() == [False]
     assert cell["round"].tolist() == [1]
+
+
+# ---------------------------------------------------------------------------------------- BERT rows
+BERT_TINY = bench.BenchConfig.for_model(
+    "bert-tiny",
+    batch_size=2,
+    seq_len=12,
+    steps=2,
+    rounds=2,
+    warmup=1,
+    ks=(0, 2, 4),
+    collective_timeout_s=30.0,
+    cache_keys=12,
+    cache_chunk=4,
+)
+
+
+@pytest.fixture(scope="module")
+def bert_run(tmp_path_factory):
+    """The BERT rows of a tiny config, spliced into a BENCH.md that already holds other sections."""
+    tmp = tmp_path_factory.mktemp("bench-bert")
+    (tmp / "out").mkdir()
+    before = "# Freezing under DDP\n\nmain table\n\n<!-- cluster-bench:start -->\ncluster\n<!-- cluster-bench:end -->\n"
+    (tmp / "out" / "BENCH.md").write_text(before, encoding="utf-8")
+    bench.run_benchmark(BERT_TINY, tmp / "out", workdir=tmp / "rdzv", deadline_s=180.0, command="pytest tiny bert")
+    with open(tmp / "out" / "bench_bert-tiny.csv", newline="", encoding="utf-8") as f:
+        rows = {(r["approach"], int(r["k"])): r for r in csv.DictReader(f)}
+    return rows, (tmp / "out" / "BENCH.md").read_text(encoding="utf-8")
+
+
+def _bert_param_bytes_from(k: int) -> int:
+    blocks = split_blocks(bw.build_model("bert-tiny", 0))
+    return sum(p.numel() * p.element_size() for b in blocks[k:] for p in b.params)
+
+
+def test_bert_rows_one_per_approach_and_k(bert_run):
+    rows, _ = bert_run
+    expected = {(a, k) for a in bw.TEXT_APPROACHES for k in (0, 2, 4)} | {(bw.PREFIX_FORWARD, k) for k in (2, 4)}
+    assert set(rows) == expected
+    for row in rows.values():
+        assert int(row["steps"]) == BERT_TINY.rounds * BERT_TINY.steps and float(row["median_ms"]) > 0
+
+
+@pytest.mark.parametrize("approach", bw.TEXT_APPROACHES)
+@pytest.mark.parametrize("k", [0, 2, 4])
+def test_bert_bytes_per_step_equal_trainable_bytes(bert_run, approach, k):
+    rows, _ = bert_run
+    row = rows[(approach, k)]
+    assert int(row["trainable_grad_bytes"]) == _bert_param_bytes_from(k)
+    assert int(row["allreduce_bytes_per_step"]) == _bert_param_bytes_from(k)
+    assert row["bytes_match_trainable"] == "True"  # every step, on every rank
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_bert_cache_rows_serve_every_key_at_the_cut(bert_run, k):
+    rows, _ = bert_run
+    cached = rows[(bw.ENGINE_CACHE, k)]
+    assert int(cached["cache_hit_keys"]) > 0 and cached["cache_miss_keys"] == "0"
+    assert cached["cache_cut"] == str(k)  # the stored tensor enters block k: the whole prefix is skipped
+    assert float(cached["cache_build_s"]) > 0
+    # one hidden state per token: seq_len x hidden fp32 per key
+    assert int(cached["cache_bytes"]) == BERT_TINY.cache_keys * BERT_TINY.seq_len * 32 * 4
+    assert (cached["cache_advance_s"] == "") == (k == 2)  # advanced from k=2 on the way up
+
+
+def test_bert_control_is_a_second_static_limit(bert_run):
+    rows, _ = bert_run
+    for k in (0, 2, 4):
+        assert rows[(bw.CONTROL, k)]["allreduce_bytes_per_step"] == rows[(bw.STATIC, k)]["allreduce_bytes_per_step"]
+        assert float(rows[(bw.CONTROL, k)]["ratio_to_static"]) > 0
+
+
+def test_bert_section_is_spliced_before_the_other_sections(bert_run):
+    _, md = bert_run
+    start, end = bench.TEXT_SECTION
+    assert md.startswith("# Freezing under DDP\n\nmain table\n\n" + start)
+    assert md.index(end) < md.index("<!-- cluster-bench:start -->") and md.endswith("<!-- cluster-bench:end -->\n")
+    section = md.split(start, 1)[1].split(end, 1)[0]
+    assert "`pytest tiny bert`" in section and "no GPU" in section
+    assert "| bytes all-reduced per step = trainable gradient bytes" in section and "| met | every k |" in section
+    assert "| the cache serves every key at the cut k, at every k >= 1 | met | every k |" in section
+    assert "| the control holds 1.00" in section
+    for k in (0, 2, 4):
+        assert f"\n| {k} | " in section
+
+
+def test_splice_replaces_its_section_and_the_main_rewrite_keeps_the_others(tmp_path):
+    path = tmp_path / "BENCH.md"
+    section = bench.TEXT_SECTION[0] + "\nbert v1\n" + bench.TEXT_SECTION[1]
+    bench.splice_section(path, section, bench.TEXT_SECTION)  # no file: created with a title
+    assert path.read_text(encoding="utf-8").endswith(section + "\n")
+    path.write_text("# T\n\nmain\n\n" + section + "\n\n<!-- x:start -->\nx\n<!-- x:end -->\n", encoding="utf-8")
+    bench.splice_section(path, section.replace("v1", "v2"), bench.TEXT_SECTION)
+    text = path.read_text(encoding="utf-8")
+    assert "bert v1" not in text and text.count("bert v2") == 1 and text.endswith("<!-- x:end -->\n")
+    assert bench.spliced_sections(path) == text[text.index(bench.TEXT_SECTION[0]) :]
+
+
+def test_bert_config_defaults_and_refusals():
+    base = bench.config_from_args(bench.get_args_parser().parse_args(["--model", "bert-base"]))
+    assert (base.ks, base.batch_size, base.seq_len, base.cache_keys, base.momentum) == ((0, 4, 8, 12), 2, 128, 64, 0.0)
+    assert base.resolved(15).phase_ks == ()
+    quick = bench.config_from_args(bench.get_args_parser().parse_args(["--model", "bert-base", "--quick"]))
+    assert (quick.steps, quick.rounds) == (bench.TEXT_QUICK_STEPS, bench.TEXT_QUICK_ROUNDS)
+    explicit = bench.config_from_args(bench.get_args_parser().parse_args(["--model", "bert-base", "--batch-size", "8"]))
+    assert explicit.batch_size == 8
+    assert bench.config_from_args(bench.get_args_parser().parse_args([])).batch_size == bench.BenchConfig().batch_size
+    with pytest.raises(ValueError, match=r"seq_len must be 2..128 for bert-tiny"):
+        bench.BenchConfig.for_model("bert-tiny", seq_len=129).validate()
+    with pytest.raises(ValueError, match="phase_ks is for the image models"):
+        bench.BenchConfig.for_model("bert-tiny", phase_ks=(0,)).validate()
+
+
+def test_the_main_rewrite_keeps_the_sections_other_commands_spliced_in(tmp_path):
+    path = tmp_path / "BENCH.md"
+    tail = "<!-- cluster-bench:start -->\ncluster\n<!-- cluster-bench:end -->\n\nprose\n"
+    path.write_text("# old main table\n\n" + tail, encoding="utf-8")
+    assert bench.spliced_sections(path) == tail
+    assert bench.spliced_sections(tmp_path / "missing.md") == ""
