@@ -1,0 +1,247 @@
+"""What the trainer integrations need from the core: overflow detection without a host sync, the
+loss scale, an optimizer attached later (and unwrapped), load order, one-line refusals."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from freeze import Freezer, GradNormMonitor, make_policy, split_blocks
+from tests.distributed_harness import run_distributed
+from tests.tiny_models import TinyNet, global_batch
+
+
+def _model():
+    return nn.Sequential(nn.Linear(3, 2, bias=False), nn.Linear(2, 2, bias=False), nn.Linear(2, 1, bias=False))
+
+
+def _set_grads(model, values, dtype=torch.float32):
+    for p, v in zip(model.parameters(), values):
+        p.grad = torch.full(p.shape, v, dtype=dtype)
+
+
+@pytest.fixture
+def no_host_sync(monkeypatch):
+    """Any read of a tensor's value on the host raises inside the block."""
+
+    def refuse(*a, **k):
+        raise AssertionError("host sync in the per-step path")
+
+    for name in ("item", "tolist", "cpu", "__bool__", "__float__", "__int__", "numpy"):
+        monkeypatch.setattr(torch.Tensor, name, refuse)
+    yield
+    monkeypatch.undo()
+
+
+def test_an_overflowed_step_is_masked_and_counted_without_a_host_sync(monkeypatch):
+    model, clean = _model(), _model()
+    mon, ref = GradNormMonitor(split_blocks(model)), GradNormMonitor(split_blocks(clean))
+    steps = [[1.0, 2.0, 3.0], [math.inf, 2.0, 3.0], [-1.0, math.nan, 1.0], [0.5, 0.5, 0.5]]
+    for values in steps:
+        _set_grads(model, values)
+        with monkeypatch.context() as m:
+            for name in ("item", "tolist", "cpu", "__bool__", "__float__", "__int__"):
+                m.setattr(torch.Tensor, name, lambda *a, **k: (_ for _ in ()).throw(AssertionError("host sync")))
+            mon.observe()
+        if all(math.isfinite(v) for v in values):
+            _set_grads(clean, values)
+            ref.observe()
+    s, r = mon.close_interval(0, 0), ref.close_interval(0, 0)
+    assert s.summed_grad_norm == r.summed_grad_norm and s.summed_grad_l1_norm == r.summed_grad_l1_norm
+    assert s.mean_step_grad_norm == r.mean_step_grad_norm
+    assert all(math.isfinite(v) for v in s.summed_grad_norm + s.mean_step_grad_norm)
+    assert (s.steps, s.skipped_steps) == (4, 2) and mon.overflow_steps_total == 2
+    # the next interval starts clean
+    _set_grads(model, [1.0, 1.0, 1.0])
+    mon.observe()
+    assert mon.close_interval(1, 0).skipped_steps == 0
+
+
+def test_an_interval_of_overflowed_steps_only_has_no_statistic():
+    model = _model()
+    mon = GradNormMonitor(split_blocks(model))
+    _set_grads(model, [math.inf, 1.0, 1.0])
+    mon.observe()
+    s = mon.close_interval(0, 0)
+    assert s.summed_grad_norm == (None, None, None) and s.mean_step_grad_norm == (None, None, None)
+
+
+@pytest.mark.parametrize("as_tensor", [False, True])
+def test_grad_scale_gives_the_statistics_of_the_unscaled_gradients(as_tensor):
+    model = _model()
+    mon, ref = GradNormMonitor(split_blocks(model)), GradNormMonitor(split_blocks(model))
+    scale = 2.0**16
+    for values in ([1.0, 2.0, 3.0], [0.25, -1.0, 4.0]):
+        _set_grads(model, [v * scale for v in values])
+        mon.observe(grad_scale=torch.tensor(scale) if as_tensor else scale)
+        _set_grads(model, values)
+        ref.observe()
+    s, r = mon.close_interval(0, 0), ref.close_interval(0, 0)
+    for a, b in zip(s.summed_grad_norm + s.mean_step_grad_norm, r.summed_grad_norm + r.mean_step_grad_norm):
+        assert math.isclose(a, b, rel_tol=1e-6)
+
+
+def test_a_finite_fp16_block_whose_norm_exceeds_the_fp16_range_is_not_an_overflow():
+    model = nn.Sequential(nn.Linear(64, 64, bias=False), nn.Linear(64, 1, bias=False)).half()
+    mon = GradNormMonitor(split_blocks(model))
+    _set_grads(model, [30000.0, 1.0], dtype=torch.float16)  # norm 64 * 30000, beyond 65504
+    mon.observe()
+    s = mon.close_interval(0, 0)
+    assert s.skipped_steps == 0
+    assert math.isclose(s.mean_step_grad_norm[0], 64 * 30000.0, rel_tol=1e-3)
+
+
+def test_freezer_after_backward_takes_the_scale_and_keeps_skipped():
+    torch.manual_seed(0)
+    model = TinyNet()
+    freezer = Freezer(model, split_blocks(model), make_policy("none"))
+    x, y = global_batch(0, 4)
+    F.cross_entropy(freezer.module(x), y).backward()
+    freezer.after_backward(grad_scale=torch.tensor(4.0))
+    next(model.parameters()).grad[0] = math.inf
+    freezer.after_backward()
+    freezer.after_backward(skipped=True)
+    stats = freezer.monitor.close_interval(0, 0)
+    assert (stats.steps, stats.skipped_steps, freezer.counters.skipped_steps) == (3, 2, 1)
+    assert all(v is not None and math.isfinite(v) for v in stats.mean_step_grad_norm)
+
+
+def _accelerated(optimizer):
+    accelerate = pytest.importorskip("accelerate")
+    from accelerate.state import AcceleratorState
+
+    try:
+        return accelerate.Accelerator(cpu=True).prepare_optimizer(optimizer, device_placement=False)
+    finally:
+        AcceleratorState._reset_state(True)  # a process-wide singleton: leave none behind
+
+
+@pytest.mark.parametrize("wrap", ["plain", "accelerate", "lightning"])
+def test_attach_optimizer_unwraps_and_drops_the_state_of_frozen_blocks(wrap):
+    torch.manual_seed(0)
+    model = TinyNet()
+    blocks = split_blocks(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    x, y = global_batch(0, 4)
+    F.cross_entropy(model(x), y).backward()
+    optimizer.step()  # momentum buffers for every parameter
+    freezer = Freezer(model, blocks, make_policy("none"))
+    freezer.set_boundary(2)
+    if wrap == "lightning":
+        from lightning.pytorch.core.optimizer import LightningOptimizer
+
+        wrapped = LightningOptimizer(optimizer)
+    else:
+        wrapped = {"plain": lambda o: o, "accelerate": _accelerated}[wrap](optimizer)
+    freezer.attach_optimizer(wrapped)
+    assert freezer.optimizer is optimizer
+    frozen = [p for b in blocks[:2] for p in b.params]
+    assert all(p not in optimizer.state for p in frozen)
+    assert all(p in optimizer.state for b in blocks[2:] for p in b.params)
+    freezer.set_boundary(3)  # later freezes drop through the attached optimizer
+    assert all(p not in optimizer.state for b in blocks[:3] for p in b.params)
+
+
+def test_attach_optimizer_refuses_another_models_optimizer_in_one_line():
+    model = TinyNet()
+    freezer = Freezer(model, split_blocks(model))
+    with pytest.raises(ValueError, match="not the model's.*freezer.model.parameters") as e:
+        freezer.attach_optimizer(torch.optim.SGD(TinyNet().parameters(), lr=0.1))
+    assert "\n" not in str(e.value)
+    with pytest.raises(TypeError, match="not a torch.optim.Optimizer"):
+        freezer.attach_optimizer(object())
+
+
+def test_compiled_and_deepspeed_models_are_refused_in_one_line():
+    model = TinyNet()
+    with pytest.raises(ValueError, match="torch.compile.*uncompiled") as e:
+        Freezer(torch.compile(model), split_blocks(model))
+    assert "\n" not in str(e.value)
+    model.compile()  # in place: the modules stay the same, their calls go through dynamo
+    with pytest.raises(ValueError, match="torch.compile"):
+        Freezer(model, split_blocks(model))
+
+    class DeepSpeedEngine(nn.Module):  # the class deepspeed.initialize returns (deepspeed is not installed)
+        def __init__(self):
+            super().__init__()
+            self.module = TinyNet()
+
+    engine = DeepSpeedEngine()
+    with pytest.raises(ValueError, match="DeepSpeed.*DDP") as e:
+        Freezer(engine, split_blocks(engine))
+    assert "\n" not in str(e.value)
+
+
+# ----------------------------------------------------------------------- load order, 2 gloo ranks
+SCHEDULE = [0, 1, 2, 2, 1, 3]  # the boundary per step: freezes, then moves back (unfreezing), then on
+SAVE_AT = 4  # the checkpoint is written after this many steps (boundary 1, after an unfreeze)
+
+
+def _train(freezer, optimizer, model, steps, rank, world):
+    local = 8 // world
+    for step in steps:
+        freezer.set_boundary(SCHEDULE[step])
+        freezer.train()
+        x, y = global_batch(step, 8)
+        optimizer.zero_grad(set_to_none=True)
+        F.cross_entropy(
+            freezer.module(x[rank * local : (rank + 1) * local]), y[rank * local : (rank + 1) * local]
+        ).backward()
+        freezer.after_backward()
+        optimizer.step()
+
+
+def _snapshot(model, optimizer):
+    return {
+        "model": {k: v.clone() for k, v in model.state_dict().items()},
+        "optimizer": {i: {k: v.clone() for k, v in s.items()} for i, s in optimizer.state_dict()["state"].items()},
+    }
+
+
+def load_order_worker(rank, world, ckpt_path):
+    def build():
+        torch.manual_seed(0)
+        model = TinyNet()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.1)
+        return model, optimizer, Freezer(model, split_blocks(model), make_policy("none"), optimizer=optimizer)
+
+    model, optimizer, freezer = build()
+    _train(freezer, optimizer, model, range(SAVE_AT), rank, world)
+    if rank == 0:
+        torch.save(freezer.training_state_dict(), ckpt_path)
+    torch.distributed.barrier()
+    freezer.close()
+    results = {}
+    for order in ("documented", "optimizer_first"):
+        model, optimizer, freezer = build()
+        state = torch.load(ckpt_path, weights_only=True)
+        if order == "documented":
+            freezer.load_training_state_dict(state)
+        else:  # accelerate's load_state and timm's resume: model, optimizer, then the Freezer
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            freezer.load_state_dict(state["freezer"])
+        loaded = _snapshot(model, optimizer)
+        _train(freezer, optimizer, model, range(SAVE_AT, len(SCHEDULE)), rank, world)
+        results[order] = {"loaded": loaded, "end": _snapshot(model, optimizer), "boundary": freezer.boundary}
+        freezer.close()
+    return results
+
+
+def test_loading_the_freezer_after_the_optimizer_gives_the_same_bits_as_the_documented_order(tmp_path):
+    ranks = run_distributed(load_order_worker, 2, tmp_path, str(tmp_path / "ckpt.pt"), deadline_s=120)
+    for r in ranks:
+        doc, other = r["documented"], r["optimizer_first"]
+        assert doc["boundary"] == other["boundary"] == SCHEDULE[-1]
+        for when in ("loaded", "end"):
+            assert doc[when]["model"].keys() == other[when]["model"].keys()
+            for k in doc[when]["model"]:
+                assert torch.equal(doc[when]["model"][k], other[when]["model"][k]), (when, k)
+            assert doc[when]["optimizer"].keys() == other[when]["optimizer"].keys(), when
+            for i, s in doc[when]["optimizer"].items():
+                for k in s:
+                    assert torch.equal(s[k], other[when]["optimizer"][i][k]), (when, i, k)
+    for k, v in ranks[0]["documented"]["end"]["model"].items():
+        assert torch.equal(v, ranks[1]["documented"]["end"]["model"][k]), k
