@@ -11,9 +11,14 @@ setup(
     packages=find_packages(include=["freeze", "freeze.*"]),
     # Exact pins live in requirements.txt; these are the ranges the code is written against.
     install_requires=["torch>=2.4", "torchvision>=0.19", "numpy", "scipy", "pandas", "matplotlib"],
-    # Hugging Face models split with no code of ours specific to them; the extra only pins what was
-    # tested (the suite runs 5.23.0; the single-process block tests also pass on 4.57.6).
-    extras_require={"hf": ["transformers>=4.57"]},
+    # Optional trainer integrations (freeze.integrations.*); `import freeze` imports none of them.
+    # hf: FreezeTrainer needs transformers >= 5 (4.x built DDP inside _wrap_model) and accelerate,
+    # which the Trainer refuses to run without. The suite runs the versions in requirements.txt.
+    extras_require={
+        "hf": ["transformers>=5", "accelerate>=1.1"],
+        "lightning": ["lightning>=2.2"],
+        "timm": ["timm>=1.0"],
+    },
     entry_points={
         "console_scripts": [
             "freeze-run=freeze.pipeline.run:main",
