@@ -1,8 +1,10 @@
-"""FreezeTrainer on 2 gloo ranks with a tiny BERT built from a config (no download).
+"""FreezeTrainer on 2 gloo ranks: the script of docs/integrations/transformers.md (a tiny BERT
+built from a config, no download), executed as written, before and after its diff.
 
-One spawn runs every scenario: a run with bf16 autocast, gradient accumulation, gradient clipping
-and save_steps checkpoints; the same run resumed from a mid-run checkpoint; and the stock Trainer
-with the same freezing done by a callback (the usual recipe), whose frozen weights still move.
+One spawn runs every scenario: the changed script (bf16 autocast, gradient accumulation,
+max_grad_norm, save_steps checkpoints); the same run resumed from a mid-run checkpoint; and the
+unchanged script freezing the usual way (requires_grad_(False) in a callback), which keeps sending
+every bucket.
 """
 
 from __future__ import annotations
@@ -16,124 +18,59 @@ pytest.importorskip("accelerate")
 
 import torch
 
+from tests import doc_scripts
 from tests.distributed_harness import run_distributed
 
-SAMPLES, SEQ, VOCAB, LABELS = 64, 8, 50, 3
-POLICY = "autofreeze:percentile=80"
-
-
-def tiny_bert():
-    from transformers import BertConfig, BertForSequenceClassification
-
-    torch.manual_seed(0)
-    cfg = BertConfig(
-        vocab_size=VOCAB,
-        hidden_size=16,
-        num_hidden_layers=3,
-        num_attention_heads=2,
-        intermediate_size=32,
-        max_position_embeddings=16,
-        num_labels=LABELS,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )
-    return BertForSequenceClassification(cfg)
-
-
-def dataset():
-    g = torch.Generator().manual_seed(7)
-    ids = torch.randint(0, VOCAB, (SAMPLES, SEQ), generator=g)
-    labels = (ids[:, 0] % LABELS).long()  # learnable, so gradients keep changing
-    return [
-        {"input_ids": ids[i], "attention_mask": torch.ones(SEQ, dtype=torch.long), "labels": labels[i]}
-        for i in range(SAMPLES)
-    ]
-
-
-def training_args(output_dir, **over):
-    from transformers import TrainingArguments
-
-    base = {
-        "output_dir": output_dir,
-        "use_cpu": True,
-        "ddp_backend": "gloo",
-        "per_device_train_batch_size": 4,
-        "gradient_accumulation_steps": 2,
-        "num_train_epochs": 3,
-        "learning_rate": 5e-3,
-        "max_grad_norm": 1.0,
-        "bf16": True,
-        "save_strategy": "steps",
-        "save_steps": 5,
-        "logging_strategy": "no",
-        "report_to": [],
-        "seed": 0,
-        "data_seed": 0,
-        "dataloader_num_workers": 0,
-        "disable_tqdm": True,
-    }
-    base.update(over)
-    return TrainingArguments(**base)
+POLICY_KW = {"freeze_interval_steps": 2}  # decisions every 2 steps: several boundaries in 12 steps
+TEST_ARGS = {"ddp_backend": "gloo", "logging_strategy": "no", "data_seed": 0, "disable_tqdm": True}
 
 
 def _flat(model):
     return {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
-class Recorder:
-    """Per optimizer step: the bytes DDP sent, the trainable bytes, the boundary, the parameters."""
-
-    def __init__(self):
-        from transformers import TrainerCallback
-
-        rec = self
-
-        class _CB(TrainerCallback):
-            def on_pre_optimizer_step(self, args, state, control, **kw):
-                f = rec.trainer.freezer
-                rec.bytes.append((f.counters.allreduce_bytes_last_step, f.trainable_grad_bytes, f.boundary))
-
-            def on_step_end(self, args, state, control, **kw):
-                rec.params.append(_flat(rec.trainer.model))
-
-        self.callback = _CB()
-        self.bytes, self.params, self.trainer = [], [], None
-
-
 def freeze_trainer_worker(rank, world, workdir):
     for k, v in {"RANK": rank, "WORLD_SIZE": world, "LOCAL_RANK": rank, "LOCAL_WORLD_SIZE": world}.items():
         os.environ[k] = str(v)
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    from transformers import Trainer, TrainerCallback
+    from transformers import TrainerCallback
 
-    from freeze.integrations.transformers import FreezeTrainer
+    from freeze import comm
+
+    after = doc_scripts.load("transformers.md", "after", workdir)
+    before = doc_scripts.load("transformers.md", "before", workdir)
+
+    class Record(TrainerCallback):
+        """Per optimizer step: bytes sent, trainable bytes, boundary (after after_backward, before
+        the decision), and the parameters after the step; the dtype a trained layer computes in."""
+
+        def __init__(self):
+            self.trainer, self.bytes, self.params, self.dtypes = None, [], [], set()
+
+        def on_train_begin(self, args, state, control, model=None, **kw):
+            layer = model.bert.encoder.layer[2].output.dense
+            layer.register_forward_hook(lambda m, a, o: self.dtypes.add(str(o.dtype)) if m.training else None)
+
+        def on_pre_optimizer_step(self, args, state, control, **kw):
+            f = self.trainer.freezer
+            self.bytes.append((f.counters.allreduce_bytes_last_step, f.trainable_grad_bytes, f.boundary))
+
+        def on_step_end(self, args, state, control, model=None, **kw):
+            self.params.append(_flat(model))
 
     out = {}
-    # 1. the full run
-    rec = Recorder()
-    model = tiny_bert()
-    autocast_dtypes = []
-    model.bert.encoder.layer[2].output.dense.register_forward_hook(
-        lambda m, a, o: autocast_dtypes.append(o.dtype) if m.training else None
-    )
-    trainer = FreezeTrainer(
-        model=model,
-        args=training_args(f"{workdir}/full"),
-        train_dataset=dataset(),
-        freeze_policy=POLICY,
-        freeze_interval_steps=2,
-        callbacks=[rec.callback],
-    )
-    rec.trainer = trainer
-    trainer.train()
+    # 1. the page's script, as changed
+    rec = Record()
+    trainer = _run(after, rec, f"{workdir}/full", trainer_kwargs=POLICY_KW, **TEST_ARGS)
     f = trainer.freezer
+    model = trainer.model
     blocks = [[n for n, p in model.named_parameters() if any(p is q for q in b.params)] for b in f.blocks]
     out["full"] = {
         "bytes": rec.bytes,
         "params": rec.params,
         "decisions": [(d.step, d.boundary_before, d.boundary_after) for d in f.decisions],
         "blocks": blocks,
-        "autocast": sorted({str(d) for d in autocast_dtypes}),
+        "autocast": sorted(rec.dtypes),
         "is_freezer_module": trainer.model_wrapped is f.module,
         "checkpoints": sorted(os.listdir(f"{workdir}/full")),
         "has_state": os.path.isfile(f"{workdir}/full/checkpoint-5/freezer.pt"),
@@ -141,17 +78,15 @@ def freeze_trainer_worker(rank, world, workdir):
     }
     torch.distributed.barrier()
     # 2. resumed from the checkpoint at step 5 (mid-epoch, inside a decision interval)
-    rec2 = Recorder()
-    trainer2 = FreezeTrainer(
-        model=tiny_bert(),
-        args=training_args(f"{workdir}/full"),
-        train_dataset=dataset(),
-        freeze_policy=POLICY,
-        freeze_interval_steps=2,
-        callbacks=[rec2.callback],
+    rec2 = Record()
+    trainer2 = _run(
+        after,
+        rec2,
+        f"{workdir}/full",
+        resume_from_checkpoint=f"{workdir}/full/checkpoint-5",
+        trainer_kwargs=POLICY_KW,
+        **TEST_ARGS,
     )
-    rec2.trainer = trainer2
-    trainer2.train(resume_from_checkpoint=f"{workdir}/full/checkpoint-5")
     out["resumed"] = {
         "decisions": [(d.step, d.boundary_before, d.boundary_after) for d in trainer2.freezer.decisions],
         "final": _flat(trainer2.model),
@@ -159,39 +94,58 @@ def freeze_trainer_worker(rank, world, workdir):
     }
     torch.distributed.barrier()
 
-    # 3. the usual recipe: the stock Trainer, freezing with requires_grad_(False) in a callback at the
-    # same steps and boundaries (the Trainer's default find_unused_parameters=True keeps it running)
-    schedule = {step: after for step, _, after in out["full"]["decisions"]}
-    names_of = blocks
+    # 3. the page's script before the change, freezing the usual way: requires_grad_(False) in a
+    # callback at the same steps and boundaries (the Trainer's default find_unused_parameters=True
+    # keeps it running), counted with the Freezer's hook on the Trainer's own DDP wrapper
+    schedule = {step: after_k for step, _, after_k in out["full"]["decisions"]}
+    counter, sent = comm.CommCounter(), []
+    holder = {}
 
     class FreezeByHand(TrainerCallback):
-        def on_step_end(self, args, state, control, model=None, **kw):
-            if state.global_step in schedule:
-                frozen = {n for b in names_of[: schedule[state.global_step]] for n in b}
-                for n, p in model.named_parameters():
-                    p.requires_grad_(n not in frozen)
-
-    from freeze import comm
-
-    plain_model = tiny_bert()
-    counter, sent = comm.CommCounter(), []
-
-    class Count(TrainerCallback):  # the Freezer's counting hook on the Trainer's own DDP wrapper
         def on_train_begin(self, args, state, control, **kw):
-            plain.model_wrapped.register_comm_hook(counter, comm._HOOKS["allreduce"])
+            holder["trainer"].model_wrapped.register_comm_hook(counter, comm._HOOKS["allreduce"])
 
         def on_pre_optimizer_step(self, args, state, control, **kw):
             sent.append(counter.allreduce_bytes_total - sum(sent))
 
-    plain = Trainer(
-        model=plain_model,
-        args=training_args(f"{workdir}/plain", save_strategy="no"),
-        train_dataset=dataset(),
-        callbacks=[FreezeByHand(), Count()],
-    )
-    plain.train()
-    out["plain"] = {"bytes": sent, "full_model_bytes": sum(p.numel() * 4 for p in plain_model.parameters())}
+        def on_step_end(self, args, state, control, model=None, **kw):
+            if state.global_step in schedule:
+                frozen = {n for b in blocks[: schedule[state.global_step]] for n in b}
+                for n, p in model.named_parameters():
+                    p.requires_grad_(n not in frozen)
+
+    import transformers
+
+    init = transformers.Trainer.__init__
+
+    def remember(self, *a, **k):  # the page's script builds the Trainer itself
+        init(self, *a, **k)
+        holder["trainer"] = self
+
+    transformers.Trainer.__init__ = remember
+    try:
+        before["main"](f"{workdir}/plain", callbacks=[FreezeByHand()], save_strategy="no", **TEST_ARGS)
+    finally:
+        transformers.Trainer.__init__ = init
+    out["plain"] = {"bytes": sent, "full_model_bytes": sum(p.numel() * 4 for p in model.parameters())}
     return out
+
+
+def _run(doc, recorder, output_dir, **kwargs):
+    """The page's main(), with the recorder bound to the FreezeTrainer main() builds."""
+    import freeze.integrations.transformers as integration
+
+    init = integration.FreezeTrainer.__init__
+
+    def remember(self, *a, **k):
+        init(self, *a, **k)
+        recorder.trainer = self
+
+    integration.FreezeTrainer.__init__ = remember
+    try:
+        return doc["main"](output_dir, callbacks=[recorder], **kwargs)
+    finally:
+        integration.FreezeTrainer.__init__ = init
 
 
 @pytest.fixture(scope="module")
@@ -260,6 +214,7 @@ def test_unsupported_settings_are_refused_in_one_line(tmp_path):
 
     from freeze.integrations.transformers import FreezeTrainer
 
+    doc = doc_scripts.load("transformers.md", "after", tmp_path)
     cases = [
         ({"torch_compile": True}, "torch_compile=False"),
         ({"ddp_static_graph": True, "gradient_accumulation_steps": 2}, "ddp_static_graph=False"),
@@ -267,5 +222,5 @@ def test_unsupported_settings_are_refused_in_one_line(tmp_path):
     for over, fix in cases:
         args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[], **over)
         with pytest.raises(ValueError, match=fix) as e:
-            FreezeTrainer(model=tiny_bert(), args=args, train_dataset=dataset())
+            FreezeTrainer(model=doc["tiny_bert"](), args=args, train_dataset=doc["dataset"]())
         assert "\n" not in str(e.value)
