@@ -4,7 +4,8 @@
 the wrapper Lightning built while the backbone was frozen never all-reduces its gradients, so the
 replicas drift apart. With ``FreezerCallback`` (the same schedule: ``gradual-unfreeze`` over
 [backbone, head]) the wrapper is rebuilt at the unfreeze: replicas stay bit-identical and the bytes
-sent equal the trainable gradient bytes at every step. One spawn runs every scenario.
+sent equal the trainable gradient bytes at every step. Both runs are the script of
+docs/integrations/lightning.md, executed as written before and after its diff, in one spawn.
 """
 
 from __future__ import annotations
@@ -12,45 +13,12 @@ from __future__ import annotations
 import os
 
 import pytest
-
-pytest.importorskip("lightning")
-
 import torch
-import torch.nn.functional as F
-from torch import nn
 
+from tests import doc_scripts
 from tests.distributed_harness import run_distributed
 
-EPOCHS = 3
-
-
-def _modules():
-    import lightning.pytorch as pl
-
-    class Net(pl.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.backbone = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU())
-            self.head = nn.Linear(16, 3)
-
-        def forward(self, x):
-            return self.head(self.backbone(x))
-
-        def training_step(self, batch, batch_idx):
-            x, y = batch
-            return F.cross_entropy(self(x), y)
-
-        def configure_optimizers(self):  # as BaseFinetuning's docs ask: the parameters that train now
-            return torch.optim.SGD([p for p in self.parameters() if p.requires_grad], lr=0.1, momentum=0.9)
-
-    return Net
-
-
-def _data():
-    g = torch.Generator().manual_seed(3)
-    x = torch.randn(64, 8, generator=g)
-    y = torch.randint(0, 3, (64,), generator=g)
-    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8)
+pytest.importorskip("lightning")
 
 
 def _flat(module):
@@ -63,38 +31,25 @@ def lightning_worker(rank, world, workdir):
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29599")  # unused: the group exists already
     import lightning.pytorch as pl
-    from lightning.pytorch.callbacks import BaseFinetuning, ModelCheckpoint
+    from lightning.pytorch.callbacks import ModelCheckpoint
 
     from freeze import comm
     from freeze.integrations.lightning import FreezerCallback
 
-    Net = _modules()
-
-    def trainer(callbacks, **over):
-        kw = {
-            "accelerator": "cpu",
-            "devices": world,
-            "strategy": "ddp",
-            "max_epochs": EPOCHS,
-            "logger": False,
-            "enable_checkpointing": False,
-            "enable_progress_bar": False,
-            "enable_model_summary": False,
-            "callbacks": callbacks,
-        }
-        kw.update(over)
-        return pl.Trainer(**kw)
+    before = doc_scripts.load("lightning.md", "before", workdir)
+    after = doc_scripts.load("lightning.md", "after", workdir)
 
     class Record(pl.Callback):
-        """Per optimizer step: bytes sent (the counting hook on whatever wrapper Lightning runs),
-        and the parameters."""
+        """Per optimizer step: bytes sent (the Freezer's counters, or the same counting hook on
+        Lightning's own wrapper), the parameters and the buffers."""
 
-        def __init__(self, freezer_cb=None):
-            self.freezer_cb, self.steps, self.params, self.buffers, self.counter = freezer_cb, [], [], [], None
-            self._last = 0
+        def __init__(self):
+            self.freezer_cb, self.counter, self._last = None, None, 0
+            self.steps, self.params, self.buffers = [], [], []
 
         def on_fit_start(self, trainer, pl_module):
-            if self.freezer_cb is None:  # Lightning's own wrapper: count with the same hook
+            self.freezer_cb = next((c for c in trainer.callbacks if isinstance(c, FreezerCallback)), None)
+            if self.freezer_cb is None:
                 self.counter = comm.CommCounter()
                 trainer.strategy.model.register_comm_hook(self.counter, comm._HOOKS["allreduce"])
 
@@ -112,29 +67,15 @@ def lightning_worker(rank, world, workdir):
                 self._last = total
 
     out = {}
-
-    # 1. #20340 with BaseFinetuning: backbone frozen before training, unfrozen at epoch 1
-    class BackboneLater(BaseFinetuning):
-        def freeze_before_training(self, pl_module):
-            self.freeze(pl_module.backbone)
-
-        def finetune_function(self, pl_module, current_epoch, optimizer):
-            if current_epoch == 1:
-                self.unfreeze_and_add_param_group(pl_module.backbone, optimizer)
-
-    torch.manual_seed(0)
-    model = Net()
+    # 1. the page's script before the change: #20340 with BaseFinetuning
     rec = Record()
-    trainer(callbacks=[BackboneLater(), rec]).fit(model, _data())
+    model, _ = before["main"](callbacks=[rec])
     out["base_finetuning"] = {"params": rec.params, "steps": rec.steps, "backbone": _flat(model.backbone)}
 
-    # 2. the same schedule with FreezerCallback, gradient accumulation, and a checkpoint per epoch
-    torch.manual_seed(0)
-    model = Net()
-    cb = FreezerCallback("gradual-unfreeze", blocks=["backbone", "head"])
-    rec = Record(cb)
+    # 2. after the change, with gradient accumulation and a checkpoint per epoch
+    rec = Record()
     ckpt = ModelCheckpoint(dirpath=f"{workdir}/ckpt", save_top_k=-1, every_n_epochs=1, filename="{epoch}")
-    trainer(callbacks=[cb, rec, ckpt], accumulate_grad_batches=2, enable_checkpointing=True).fit(model, _data())
+    model, cb = after["main"](callbacks=[rec, ckpt], accumulate_grad_batches=2, enable_checkpointing=True)
     f = cb.freezer
     out["freezer"] = {
         "params": rec.params,
@@ -142,15 +83,13 @@ def lightning_worker(rank, world, workdir):
         "steps": rec.steps,
         "decisions": [(d.epoch, d.boundary_before, d.boundary_after) for d in f.decisions],
         "backbone_bytes": sum(p.numel() * 4 for p in model.backbone.parameters()),
+        "backbone_numel": sum(p.numel() for p in model.backbone.parameters()),
         "final": _flat(model),
     }
     torch.distributed.barrier()
 
     # 3. resumed from the checkpoint written at the end of epoch 0 (boundary 1, about to unfreeze)
-    torch.manual_seed(1)  # other initial weights: the checkpoint must restore them
-    model = Net()
-    cb = FreezerCallback("gradual-unfreeze", blocks=["backbone", "head"])
-    trainer(callbacks=[cb], accumulate_grad_batches=2).fit(model, _data(), ckpt_path=f"{workdir}/ckpt/epoch=0.ckpt")
+    model, cb = after["main"](ckpt_path=f"{workdir}/ckpt/epoch=0.ckpt", accumulate_grad_batches=2)
     out["resumed"] = {
         "decisions": [(d.epoch, d.boundary_before, d.boundary_after) for d in cb.freezer.decisions],
         "final": _flat(model),
@@ -197,7 +136,7 @@ def test_frozen_backbone_and_its_batchnorm_statistics_do_not_move_while_frozen(r
     r0, r1 = runs[0]["freezer"], runs[1]["freezer"]
     first_open = next(t for t, (_, _, k) in enumerate(r0["steps"]) if k == 0)
     assert first_open >= 2
-    backbone = sum(p.numel() for p in _modules()().backbone.parameters())
+    backbone = r0["backbone_numel"]
     for t in range(1, first_open):
         assert torch.equal(r0["params"][t][:backbone], r0["params"][0][:backbone]), t
         assert torch.equal(r0["buffers"][t], r0["buffers"][0]), t
