@@ -46,13 +46,21 @@ def _cases():
 
 
 def _build(name):
-    torch.manual_seed(0)
-    for kwargs in ({"img_size": 64}, {}):  # small inputs where the model takes them
+    """The model at 64 x 64 inputs where it accepts them (a probe forward decides), else at its
+    configured input size."""
+    for kwargs in ({"img_size": 64}, {}):
+        torch.manual_seed(0)
         try:
             model = timm.create_model(name, pretrained=False, num_classes=5, **kwargs)
         except TypeError:
             continue
         size = 64 if kwargs else model.pretrained_cfg.get("input_size", (3, 224, 224))[-1]
+        if kwargs:
+            try:
+                with torch.no_grad():
+                    model.eval()(torch.randn(1, 3, size, size))
+            except (RuntimeError, AssertionError, ValueError):
+                continue
         return model, size
     raise AssertionError(f"{name}: cannot be built")
 
