@@ -245,3 +245,22 @@ def test_loading_the_freezer_after_the_optimizer_gives_the_same_bits_as_the_docu
                     assert torch.equal(s[k], other[when]["optimizer"][i][k]), (when, i, k)
     for k, v in ranks[0]["documented"]["end"]["model"].items():
         assert torch.equal(v, ranks[1]["documented"]["end"]["model"][k]), k
+
+
+def test_import_freeze_imports_no_trainer():
+    import subprocess
+    import sys
+
+    code = "import sys, freeze, freeze.integrations; print(sorted(m for m in ('transformers', 'accelerate', 'lightning', 'timm') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_a_trainers_communication_hook_is_refused_and_ddp_kwargs_are_filtered():
+    from freeze.integrations._common import ddp_kwargs_of
+
+    kwargs = {"find_unused_parameters": True, "bucket_cap_mb": 10, "comm_hook": "no", "comm_wrapper": "no"}
+    assert ddp_kwargs_of("T", kwargs) == {"find_unused_parameters": True, "bucket_cap_mb": 10}
+    with pytest.raises(ValueError, match="comm_hook='bf16'") as e:
+        ddp_kwargs_of("T", {"comm_hook": "fp16"})
+    assert "\n" not in str(e.value)
