@@ -21,8 +21,11 @@ import torch
 from tests import doc_scripts
 from tests.distributed_harness import run_distributed
 
-POLICY_KW = {"freeze_interval_steps": 2}  # decisions every 2 steps: several boundaries in 12 steps
-TEST_ARGS = {"ddp_backend": "gloo", "logging_strategy": "no", "data_seed": 0, "disable_tqdm": True}
+POLICY_KW = {"freeze_interval_steps": 3}  # decisions every 3 steps: several boundaries in 12 steps
+# 4 optimizer steps per epoch: checkpoint-4 is written at an epoch's last step (before the Trainer's
+# on_epoch_end) and in the middle of a decision interval; the resume starts from it.
+RESUME_AT = 4
+TEST_ARGS = {"ddp_backend": "gloo", "logging_strategy": "no", "data_seed": 0, "disable_tqdm": True, "save_steps": 4}
 
 
 def _flat(model):
@@ -73,17 +76,17 @@ def freeze_trainer_worker(rank, world, workdir):
         "autocast": sorted(rec.dtypes),
         "is_freezer_module": trainer.model_wrapped is f.module,
         "checkpoints": sorted(os.listdir(f"{workdir}/full")),
-        "has_state": os.path.isfile(f"{workdir}/full/checkpoint-5/freezer.pt"),
+        "has_state": os.path.isfile(f"{workdir}/full/checkpoint-{RESUME_AT}/freezer.pt"),
         "final": _flat(model),
     }
     torch.distributed.barrier()
-    # 2. resumed from the checkpoint at step 5 (mid-epoch, inside a decision interval)
+    # 2. resumed from checkpoint-4 (an epoch's last step, inside a decision interval)
     rec2 = Record()
     trainer2 = _run(
         after,
         rec2,
         f"{workdir}/full",
-        resume_from_checkpoint=f"{workdir}/full/checkpoint-5",
+        resume_from_checkpoint=f"{workdir}/full/checkpoint-{RESUME_AT}",
         trainer_kwargs=POLICY_KW,
         **TEST_ARGS,
     )
@@ -192,11 +195,11 @@ def test_bf16_autocast_is_still_active_inside_the_freezer_wrapper(runs):
 
 def test_checkpoints_carry_the_freezer_state_and_resume_reproduces_decisions_and_weights(runs):
     for r in runs:
-        assert r["full"]["has_state"] and "checkpoint-5" in r["full"]["checkpoints"]
+        assert r["full"]["has_state"] and f"checkpoint-{RESUME_AT}" in r["full"]["checkpoints"]
         assert r["resumed"]["decisions"] == r["full"]["decisions"]
         for n, p in r["full"]["final"].items():
             assert torch.equal(p, r["resumed"]["final"][n]), n
-        assert r["resumed"]["bytes"] == r["full"]["bytes"][5:]
+        assert r["resumed"]["bytes"] == r["full"]["bytes"][RESUME_AT:]
 
 
 def test_the_usual_recipe_keeps_sending_every_bucket_where_ours_sends_the_trainable_bytes(runs):

@@ -161,7 +161,14 @@ class FreezeTrainer(Trainer):
                     f"FreezeTrainer: {path} is missing, so the freezing decisions cannot be restored; resume from a "
                     "checkpoint a FreezeTrainer wrote"
                 )
-            self.freezer.load_state_dict(torch.load(path, weights_only=True, map_location="cpu"))
+            state = torch.load(path, weights_only=True, map_location="cpu")
+            self.freezer.load_state_dict(state)
+            # A checkpoint written at an epoch's last step precedes that epoch's on_epoch_end: the
+            # uninterrupted run closed the epoch (and maybe decided) right after saving; so do we.
+            per_epoch = self._freeze_steps_per_epoch
+            done = self.state.global_step // per_epoch if per_epoch else int(state["epochs_completed"])
+            for epoch in range(int(state["epochs_completed"]), done):
+                self.freezer.end_epoch(epoch)
         return self.freezer.module
 
     def create_optimizer(self, model=None):
