@@ -75,13 +75,18 @@ def lightning_worker(rank, world, workdir):
     # 2. after the change, with gradient accumulation and a checkpoint per epoch
     rec = Record()
     ckpt = ModelCheckpoint(dirpath=f"{workdir}/ckpt", save_top_k=-1, every_n_epochs=1, filename="{epoch}")
-    model, cb = after["main"](callbacks=[rec, ckpt], accumulate_grad_batches=2, enable_checkpointing=True)
+    # 2 optimizer steps per epoch: step-2 is written in on_train_batch_end of epoch 0's last batch,
+    # before on_train_epoch_end (where the Freezer closes the epoch)
+    steps = ModelCheckpoint(dirpath=f"{workdir}/steps", save_top_k=-1, every_n_train_steps=2, filename="step-{step}")
+    model, cb = after["main"](callbacks=[rec, ckpt, steps], accumulate_grad_batches=2, enable_checkpointing=True)
     f = cb.freezer
     out["freezer"] = {
         "params": rec.params,
         "buffers": rec.buffers,
         "steps": rec.steps,
         "decisions": [(d.epoch, d.boundary_before, d.boundary_after) for d in f.decisions],
+        "steps_seen": f.counters.steps,
+        "history": [(h.epoch, h.steps) for h in f.history],
         "backbone_bytes": sum(p.numel() * 4 for p in model.backbone.parameters()),
         "backbone_numel": sum(p.numel() for p in model.backbone.parameters()),
         "final": _flat(model),
@@ -91,6 +96,15 @@ def lightning_worker(rank, world, workdir):
     # 3. resumed from the checkpoint written at the end of epoch 0 (boundary 1, about to unfreeze)
     model, cb = after["main"](ckpt_path=f"{workdir}/ckpt/epoch=0.ckpt", accumulate_grad_batches=2)
     out["resumed"] = {
+        "decisions": [(d.epoch, d.boundary_before, d.boundary_after) for d in cb.freezer.decisions],
+        "final": _flat(model),
+    }
+    torch.distributed.barrier()
+    # 4. resumed from the step checkpoint written at epoch 0's last batch
+    model, cb = after["main"](ckpt_path=f"{workdir}/steps/step-step=2.ckpt", accumulate_grad_batches=2)
+    out["resumed_step"] = {
+        "steps": cb.freezer.counters.steps,
+        "history": [(h.epoch, h.steps) for h in cb.freezer.history],
         "decisions": [(d.epoch, d.boundary_before, d.boundary_after) for d in cb.freezer.decisions],
         "final": _flat(model),
     }
@@ -144,9 +158,20 @@ def test_frozen_backbone_and_its_batchnorm_statistics_do_not_move_while_frozen(r
 
 
 def test_resume_from_a_lightning_checkpoint_reproduces_decisions_and_weights(runs):
+    print(
+        "DEBUG",
+        runs[0]["freezer"]["steps_seen"],
+        runs[0]["freezer"]["history"],
+        runs[0]["resumed_step"]["steps"],
+        runs[0]["resumed_step"]["history"],
+    )
     for r in runs:
-        assert r["resumed"]["decisions"] == r["freezer"]["decisions"]
-        assert torch.equal(r["resumed"]["final"], r["freezer"]["final"])
+        for resumed in ("resumed", "resumed_step"):  # from an epoch checkpoint; from a step one at an epoch's end
+            assert r[resumed]["decisions"] == r["freezer"]["decisions"], resumed
+            assert torch.equal(r[resumed]["final"], r["freezer"]["final"]), resumed
+        # every epoch closed once, with its own steps, as in the uninterrupted run
+        assert r["resumed_step"]["history"] == r["freezer"]["history"]
+        assert r["resumed_step"]["steps"] == r["freezer"]["steps_seen"]
 
 
 def test_unsupported_strategies_are_refused_in_one_line():

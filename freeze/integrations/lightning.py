@@ -72,6 +72,7 @@ class FreezerCallback(Callback):
         self._pending_state: dict | None = None
         self._last_global_step = -1
         self._strategy = None
+        self._epochs_closed = 0  # epochs the Freezer has closed (end_epoch), restored with its state
 
     # ------------------------------------------------------------------ setup
     def _check_strategy(self, trainer: pl.Trainer) -> None:
@@ -141,6 +142,7 @@ class FreezerCallback(Callback):
         if self._pending_state is not None:
             # Lightning restored the weights before on_fit_start and restores the optimizer after.
             self.freezer.load_state_dict(self._pending_state)
+            self._epochs_closed = int(self._pending_state["epochs_completed"])
             self._pending_state = None
         self._last_global_step = trainer.global_step
         wrapper = self.freezer.engine.wrapper
@@ -166,9 +168,26 @@ class FreezerCallback(Callback):
             self._last_global_step = trainer.global_step
             self.freezer.after_step()
 
+    def _close_skipped_epochs(self, trainer) -> None:
+        # A checkpoint written at an epoch's last batch (every_n_train_steps) precedes that epoch's
+        # on_train_epoch_end; resumed from it, Lightning starts the next epoch without calling it
+        # (nor on_train_epoch_start: it counts as restarted mid-epoch). Close the epoch before the
+        # next step, as the uninterrupted run did right after saving.
+        while self.freezer is not None and self._epochs_closed < trainer.current_epoch:
+            self.freezer.end_epoch(self._epochs_closed)
+            self._epochs_closed += 1
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        self._close_skipped_epochs(trainer)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._close_skipped_epochs(trainer)
+
     def on_train_epoch_end(self, trainer, pl_module) -> None:
-        if self.freezer is not None:
+        self._close_skipped_epochs(trainer)
+        if self.freezer is not None and self._epochs_closed == trainer.current_epoch:
             self.freezer.end_epoch(trainer.current_epoch)
+            self._epochs_closed += 1
 
     def on_fit_end(self, trainer, pl_module) -> None:
         if self.freezer is not None:
