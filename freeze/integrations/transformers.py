@@ -30,6 +30,7 @@ import os
 from collections.abc import Sequence
 
 import torch
+import transformers
 from transformers import Trainer, TrainerCallback
 from transformers.trainer_utils import get_last_checkpoint
 
@@ -39,6 +40,12 @@ from freeze.integrations._common import ddp_kwargs_of, resolve_blocks, resolve_p
 from freeze.policies import Policy
 
 FREEZER_STATE_NAME = "freezer.pt"
+
+if int(transformers.__version__.split(".")[0]) < 5:
+    raise ImportError(
+        f"freeze.integrations.transformers needs transformers >= 5 (found {transformers.__version__}, whose Trainer "
+        "builds DDP itself in _wrap_model); pip install 'transformers>=5'"
+    )
 
 
 class FreezeTrainer(Trainer):
