@@ -9,7 +9,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from freeze import Freezer, GradNormMonitor, make_policy, split_blocks
-from tests.distributed_harness import run_distributed
 from tests.tiny_models import TinyNet, global_batch
 
 
@@ -172,79 +171,6 @@ def test_compiled_and_deepspeed_models_are_refused_in_one_line():
     with pytest.raises(ValueError, match="DeepSpeed.*DDP") as e:
         Freezer(engine, split_blocks(engine))
     assert "\n" not in str(e.value)
-
-
-# ----------------------------------------------------------------------- load order, 2 gloo ranks
-SCHEDULE = [0, 1, 2, 2, 1, 3]  # the boundary per step: freezes, then moves back (unfreezing), then on
-SAVE_AT = 4  # the checkpoint is written after this many steps (boundary 1, after an unfreeze)
-
-
-def _train(freezer, optimizer, model, steps, rank, world):
-    local = 8 // world
-    for step in steps:
-        freezer.set_boundary(SCHEDULE[step])
-        freezer.train()
-        x, y = global_batch(step, 8)
-        optimizer.zero_grad(set_to_none=True)
-        F.cross_entropy(
-            freezer.module(x[rank * local : (rank + 1) * local]), y[rank * local : (rank + 1) * local]
-        ).backward()
-        freezer.after_backward()
-        optimizer.step()
-
-
-def _snapshot(model, optimizer):
-    return {
-        "model": {k: v.clone() for k, v in model.state_dict().items()},
-        "optimizer": {i: {k: v.clone() for k, v in s.items()} for i, s in optimizer.state_dict()["state"].items()},
-    }
-
-
-def load_order_worker(rank, world, ckpt_path):
-    def build():
-        torch.manual_seed(0)
-        model = TinyNet()
-        optimizer = torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.1)
-        return model, optimizer, Freezer(model, split_blocks(model), make_policy("none"), optimizer=optimizer)
-
-    model, optimizer, freezer = build()
-    _train(freezer, optimizer, model, range(SAVE_AT), rank, world)
-    if rank == 0:
-        torch.save(freezer.training_state_dict(), ckpt_path)
-    torch.distributed.barrier()
-    freezer.close()
-    results = {}
-    for order in ("documented", "optimizer_first"):
-        model, optimizer, freezer = build()
-        state = torch.load(ckpt_path, weights_only=True)
-        if order == "documented":
-            freezer.load_training_state_dict(state)
-        else:  # accelerate's load_state and timm's resume: model, optimizer, then the Freezer
-            model.load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optimizer"])
-            freezer.load_state_dict(state["freezer"])
-        loaded = _snapshot(model, optimizer)
-        _train(freezer, optimizer, model, range(SAVE_AT, len(SCHEDULE)), rank, world)
-        results[order] = {"loaded": loaded, "end": _snapshot(model, optimizer), "boundary": freezer.boundary}
-        freezer.close()
-    return results
-
-
-def test_loading_the_freezer_after_the_optimizer_gives_the_same_bits_as_the_documented_order(tmp_path):
-    ranks = run_distributed(load_order_worker, 2, tmp_path, str(tmp_path / "ckpt.pt"), deadline_s=120)
-    for r in ranks:
-        doc, other = r["documented"], r["optimizer_first"]
-        assert doc["boundary"] == other["boundary"] == SCHEDULE[-1]
-        for when in ("loaded", "end"):
-            assert doc[when]["model"].keys() == other[when]["model"].keys()
-            for k in doc[when]["model"]:
-                assert torch.equal(doc[when]["model"][k], other[when]["model"][k]), (when, k)
-            assert doc[when]["optimizer"].keys() == other[when]["optimizer"].keys(), when
-            for i, s in doc[when]["optimizer"].items():
-                for k in s:
-                    assert torch.equal(s[k], other[when]["optimizer"][i][k]), (when, i, k)
-    for k, v in ranks[0]["documented"]["end"]["model"].items():
-        assert torch.equal(v, ranks[1]["documented"]["end"]["model"][k]), k
 
 
 def test_import_freeze_imports_no_trainer():
