@@ -110,6 +110,11 @@ class FreezerCallback(Callback):
         return split_blocks(pl_module, [prefixed(n) for n in names])
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.freezer is not None:
+            raise RuntimeError(
+                "FreezerCallback: this callback already ran a fit and its Freezer still steers the module; pass a "
+                "new FreezerCallback to the next Trainer"
+            )
         self._check_strategy(trainer)
         if len(trainer.optimizers) != 1:
             raise ValueError(

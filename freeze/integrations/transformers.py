@@ -135,12 +135,18 @@ class FreezeTrainer(Trainer):
     def _wrap_model(self, model, training: bool = True, dataloader=None):
         if not training:
             return super()._wrap_model(model, training, dataloader)
-        if self.freezer is not None and not self.freezer.engine.closed:
-            return self.freezer.module
+        if self.freezer is not None:
+            if not self.freezer.engine.closed:
+                return self.freezer.module
+            raise RuntimeError(
+                "FreezeTrainer: train() already ran and its Freezer still steers the model (its hooks stay after close); "
+                "build a new FreezeTrainer over a new model to train again"
+            )
         # Autocast (and device placement) without DDP: accelerate patches model.forward, which every
         # DDP wrapper the Freezer builds calls. Also registers the model, so evaluation does not
         # prepare (and DDP-wrap) it again.
-        self.accelerator.prepare_model(self.model, device_placement=False, evaluation_mode=True)
+        if self.model not in self.accelerator._models:
+            self.accelerator.prepare_model(self.model, device_placement=False, evaluation_mode=True)
         ddp_kwargs = {}
         handler = self.accelerator.ddp_handler
         if handler is not None:
