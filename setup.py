@@ -12,13 +12,18 @@ setup(
     # Exact pins live in requirements.txt; these are the ranges the code is written against. The
     # library (freeze, without freeze.pipeline) needs torch and numpy alone; the application behind
     # experiments/ and report/ (freeze.pipeline: data, models, sweeps, studies, the report) is the
-    # "study" extra.
+    # "study" extra; the trainer integrations (freeze.integrations.*) are extras of their own, and
+    # `import freeze` imports none of them.
     install_requires=["torch>=2.4", "numpy"],
     extras_require={
         "study": ["torchvision>=0.19", "scipy", "pandas", "matplotlib"],
-        # Hugging Face models split and cache with no code of ours specific to them; the extra only
-        # pins what was tested (the suite runs 5.23.0).
-        "hf": ["transformers>=5"],
+        # hf: Hugging Face models split and cache with no code of ours specific to them (single-
+        # process block tests also pass on transformers 4.57.6); FreezeTrainer needs transformers
+        # >= 5 (4.x built DDP inside _wrap_model; it says so on import) and accelerate, which the
+        # Trainer refuses to run without. The suite runs the versions in requirements.txt.
+        "hf": ["transformers>=4.57", "accelerate>=1.1"],
+        "lightning": ["lightning>=2.2"],
+        "timm": ["timm>=1.0"],
     },
     entry_points={
         "console_scripts": [

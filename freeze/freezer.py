@@ -194,25 +194,69 @@ class Freezer:
         evaluation: trainable BatchNorm statistics drift apart between DDP's forwards."""
         comm.broadcast_from_rank0(list(self.model.buffers()), self.process_group)
 
-    def after_backward(self, skipped: bool = False) -> None:
-        """Call once per optimizer step, after the last backward (and after GradScaler.unscale_),
-        before gradient clipping and before optimizer.step(): reads the synchronized gradients,
-        counts the step and the bytes it all-reduced.
+    def after_backward(self, skipped: bool = False, *, grad_scale: float | torch.Tensor | None = None) -> None:
+        """Call once per optimizer step, after the last backward, before ``zero_grad()``: reads the
+        synchronized gradients, counts the step and the bytes it all-reduced. Supported positions:
+        after ``GradScaler.unscale_`` and before clipping (the exact statistic); before unscaling
+        with ``grad_scale=`` the loss scale; or after ``optimizer.step()`` (``GradScaler.step``
+        unscales in place when ``unscale_`` was not called). Clipped gradients bias the policy's
+        signal (the clip factor changes from step to step).
+
+        A step whose gradients are not finite (fp16 overflow: GradScaler skips it) is detected on
+        the device without a host sync: its gradients are not read, and it is counted in the
+        interval's ``IntervalStats.skipped_steps`` when the interval closes (not in
+        ``counters.skipped_steps``, which counts the steps declared with ``skipped=True``).
 
         Args:
             skipped: the optimizer will not take this step (GradScaler found inf/NaN gradients).
                 The step still counts (the step clock, ``interval_steps`` and the bytes per step
-                stay in step with the loop); its gradients are not read.
+                stay in step with the loop); its gradients are not read. Optional: overflow is
+                detected anyway.
+            grad_scale: the loss scale the gradients are still multiplied by (a float, or the
+                scaler's scale tensor, which keeps the call off the host); None: unscaled.
         """
         if skipped:
             self.monitor.skip_step()
             self.counters.skipped_steps += 1
         else:
-            self.monitor.observe()
+            self.monitor.observe(grad_scale=grad_scale)
         self.counters.steps += 1
         total = self.engine.comm.allreduce_bytes_total
         self.counters.allreduce_bytes_last_step = total - self.counters.allreduce_bytes_total
         self.counters.allreduce_bytes_total = total
+
+    def attach_optimizer(self, optimizer) -> None:
+        """Give the Freezer the optimizer after construction (trainers build it after the model is
+        wrapped). A trainer's wrapper is unwrapped to the torch optimizer it drives (accelerate's
+        ``AcceleratedOptimizer``, Lightning's ``LightningOptimizer``); the state of parameters
+        frozen at the current boundary is dropped, as when they froze.
+
+        Args:
+            optimizer: a ``torch.optim.Optimizer`` over the model's parameters, or a trainer's
+                wrapper around one.
+        """
+        inner = optimizer
+        for _ in range(4):  # wrappers nest at most a couple of levels
+            unwrapped = getattr(inner, "_optimizer", None)  # LightningOptimizer
+            if unwrapped is None and type(inner).__name__ == "AcceleratedOptimizer":
+                unwrapped = inner.optimizer
+            if unwrapped is None:
+                break
+            inner = unwrapped
+        if not isinstance(inner, torch.optim.Optimizer):
+            raise TypeError(
+                f"Freezer.attach_optimizer: got a {type(optimizer).__name__}, not a torch.optim.Optimizer nor a "
+                "trainer's wrapper of one; pass the optimizer that steps this model's parameters"
+            )
+        mine = {id(p) for p in self.model.parameters()}
+        foreign = sum(1 for g in inner.param_groups for p in g["params"] if id(p) not in mine)
+        if foreign:
+            raise ValueError(
+                f"Freezer.attach_optimizer: the optimizer steps {foreign} parameters that are not the model's; "
+                "build it over freezer.model.parameters()"
+            )
+        self.optimizer = inner
+        self._drop_optimizer_state(range(self.boundary))
 
     def after_step(self) -> bool:
         """Call after ``optimizer.step()`` when evaluating every ``interval_steps`` steps: the
@@ -472,7 +516,8 @@ class Freezer:
 
 
 def _refuse_wrapped(model: nn.Module) -> None:
-    """A wrapper cannot be frozen from outside: DDP fixed its parameters when it was built."""
+    """A wrapper cannot be frozen from outside: DDP fixed its parameters when it was built; other
+    engines partition, shard or compile the model in ways a rebuild cannot follow."""
     from torch.nn.parallel import DataParallel, DistributedDataParallel
 
     if isinstance(model, (DistributedDataParallel, DataParallel)):
@@ -482,8 +527,20 @@ def _refuse_wrapped(model: nn.Module) -> None:
         )
     if isinstance(model, FreezerModule):
         raise ValueError("Freezer: the model is another Freezer's freezer.module; pass the bare model (freezer.model)")
+    if type(model).__name__ in ("DeepSpeedEngine", "PipelineEngine") or hasattr(model, "zero_optimization_stage"):
+        raise ValueError(
+            "Freezer: the model is a DeepSpeed engine, which partitions the trainable parameters once at "
+            "deepspeed.initialize; train with DDP instead (no deepspeed config / strategy='ddp') and pass the bare model"
+        )
     if any(type(m).__name__.startswith(("FullyShardedDataParallel", "FSDP")) for m in model.modules()):
         raise ValueError(
             "Freezer: the model is sharded by FSDP, which flattens and shards parameters at wrapping time; the "
             "Freezer drives DistributedDataParallel only: pass the bare model"
+        )
+    if type(model).__name__ == "OptimizedModule" or any(
+        getattr(m, "_compiled_call_impl", None) is not None for m in model.modules()
+    ):
+        raise ValueError(
+            "Freezer: the model is compiled with torch.compile, whose graphs guard on requires_grad and go stale at "
+            "every rebuild; pass the uncompiled model (torch_compile=False / drop --torchcompile)"
         )

@@ -8,8 +8,14 @@ per block and per evaluation interval:
   ``torch.norm(grad, p=1)``) and the reference study (L2) compare between intervals.
 * ``mean_step_grad_norm``: the mean over the interval's steps of the per-step norm ``||g_t||``.
 
-Per step it only launches foreach kernels: no ``.item()`` and no host sync, so it does not stall a
+Per step it only launches device kernels: no ``.item()`` and no host sync, so it does not stall a
 CUDA stream. The host sees numbers once per interval, in :meth:`GradNormMonitor.close_interval`.
+
+A step whose gradients are not finite (an fp16 step GradScaler skips for overflow, or a NaN loss) is
+detected on the device: a finite flag masks its contribution with ``torch.where`` (inf * 0 would
+be NaN) and counts it, so neither sum is poisoned and no host sync is needed; the count is read at
+interval close and reported in ``IntervalStats.skipped_steps``. GradScaler skips exactly when some
+trainable gradient is inf or NaN, which makes the fp32 norm of those gradients non-finite.
 """
 
 from __future__ import annotations
@@ -127,6 +133,11 @@ class GradNormMonitor:
         # positions: built once per boundary change rather than copied from the host every step
         # (on CUDA a host-to-device copy per step would stall the stream).
         self._block_ids: dict[tuple[int, ...], torch.Tensor] = {}
+        # Device-side overflow accounting (no host sync per step): per block, the observed steps
+        # that were masked as non-finite; and the masked steps of the interval. Read at close.
+        self._overflows: torch.Tensor | None = None  # [num_blocks] float
+        self._overflow_steps: torch.Tensor | None = None  # [] float
+        self.overflow_steps_total = 0  # masked steps in closed intervals (host, updated at close)
 
     def _block_ids_for(self, positions: list[int], device: torch.device) -> torch.Tensor:
         key = tuple(positions)
@@ -143,7 +154,9 @@ class GradNormMonitor:
         ``positions``): one foreach norm and one segment-sum, whatever the number of blocks; 0 for
         blocks absent."""
         device = tensors[0].device
-        per_tensor = torch.stack([n.float() for n in torch._foreach_norm(tensors, ord)])
+        # fp32 accumulation: a finite fp16 block whose norm exceeds 65504 must not read as inf
+        # (that would mask a good step as an overflow).
+        per_tensor = torch.stack(list(torch._foreach_norm(tensors, ord, dtype=torch.float32)))
         block_ids = self._block_ids_for(positions, device)
         summed = torch.zeros(len(self.blocks), device=device)
         if ord == 1:  # the L1 norm of a block is the sum of its tensors' L1 norms
@@ -174,8 +187,14 @@ class GradNormMonitor:
         self._interval_skipped_steps += 1
 
     @torch.no_grad()
-    def observe(self) -> None:
-        """Read the current gradients of the active blocks (call once per optimizer step)."""
+    def observe(self, grad_scale: float | torch.Tensor | None = None) -> None:
+        """Read the current gradients of the active blocks (call once per optimizer step). A step
+        whose gradients are not finite is masked and counted on the device (no host sync).
+
+        Args:
+            grad_scale: the loss scale the gradients are still multiplied by (GradScaler's
+                ``get_scale()``, or its scale tensor to stay off the host); None: unscaled.
+        """
         positions = [pos for pos in self._active_positions if self._params[pos].grad is not None]
         self._tick()
         for b in range(self._first_active, len(self.blocks)):
@@ -184,14 +203,37 @@ class GradNormMonitor:
             return
         grads = [self._params[pos].grad for pos in positions]
         step_norms = self._block_norms(positions, grads)
-        if self._norm_sum is None or self._norm_sum.device != step_norms.device:
+        device = step_norms.device
+        finite = torch.isfinite(step_norms.sum())  # a device bool: never read on the host here
+        inv_scale = None
+        if grad_scale is not None:
+            if isinstance(grad_scale, torch.Tensor):
+                inv_scale = grad_scale.detach().to(device=device, dtype=torch.float32).reciprocal()
+            else:
+                if not grad_scale > 0:
+                    raise ValueError(f"grad_scale must be > 0 (the loss scale), got {grad_scale}")
+                inv_scale = 1.0 / float(grad_scale)
+            step_norms = step_norms * inv_scale
+        if self._norm_sum is None or self._norm_sum.device != device:
             self._norm_sum = torch.zeros_like(step_norms)
-        self._norm_sum.add_(step_norms)
+        self._norm_sum.add_(torch.where(finite, step_norms, 0.0))
+        overflow = (~finite).float()
+        if self._overflows is None or self._overflows.device != device:
+            self._overflows = torch.zeros(len(self.blocks), device=device)
+            self._overflow_steps = torch.zeros((), device=device)
+        self._overflows[self._first_active :] += overflow
+        self._overflow_steps += overflow
         if self.track_summed:
             for pos, g in zip(positions, grads):
                 if pos not in self._summed:
                     self._summed[pos] = torch.zeros_like(g)
-            torch._foreach_add_([self._summed[pos] for pos in positions], grads)
+                masked = torch.where(finite, g, 0.0)
+                if inv_scale is None:
+                    self._summed[pos].add_(masked)
+                elif isinstance(inv_scale, float):
+                    self._summed[pos].add_(masked, alpha=inv_scale)
+                else:
+                    self._summed[pos].addcmul_(masked, inv_scale.to(g.dtype))
 
     # ---------------------------------------------------------------- per interval
     @torch.no_grad()
@@ -206,6 +248,17 @@ class GradNormMonitor:
             The closed interval, also appended to ``history``.
         """
         num_blocks = len(self.blocks)
+        overflows = [0.0] * num_blocks
+        overflow_steps = 0
+        if self._overflows is not None:
+            *overflows, overflow_steps = torch.cat([self._overflows, self._overflow_steps.reshape(1)]).cpu().tolist()
+            overflow_steps = int(overflow_steps)
+            self._overflows.zero_()
+            self._overflow_steps.zero_()
+        self.overflow_steps_total += overflow_steps
+        # Steps each block was observed with finite gradients: a block seen only in masked steps
+        # has no statistic (a zero sum would read as a 100 % change to the policy).
+        finite_steps = [self._block_steps[b] - int(overflows[b]) for b in range(num_blocks)]
         summed: list[float | None] = [None] * num_blocks
         summed_l1: list[float | None] = [None] * num_blocks
         mean: list[float | None] = [None] * num_blocks
@@ -215,13 +268,13 @@ class GradNormMonitor:
             l2 = self._block_norms(positions, tensors, ord=2)
             l1 = self._block_norms(positions, tensors, ord=1)
             values, values_l1 = torch.stack([l2, l1]).cpu().tolist()
-            observed = {self._param_block[pos] for pos in positions}
+            observed = {self._param_block[pos] for pos in positions if finite_steps[self._param_block[pos]] > 0}
             summed = [values[b] if b in observed else None for b in range(num_blocks)]
             summed_l1 = [values_l1[b] if b in observed else None for b in range(num_blocks)]
             torch._foreach_zero_(tensors)
         if self._norm_sum is not None:
             sums = self._norm_sum.cpu().tolist()
-            mean = [sums[b] / self._block_steps[b] if self._block_steps[b] > 0 else None for b in range(num_blocks)]
+            mean = [sums[b] / finite_steps[b] if finite_steps[b] > 0 else None for b in range(num_blocks)]
             self._norm_sum.zero_()
         # A block frozen for the whole interval was never observed.
         for b in range(min(self._first_active, num_blocks)):
@@ -231,7 +284,7 @@ class GradNormMonitor:
             epoch=epoch,
             end_step=self.total_steps,
             steps=self._interval_steps,
-            skipped_steps=self._interval_skipped_steps,
+            skipped_steps=self._interval_skipped_steps + overflow_steps,
             boundary=boundary,
             summed_grad_norm=tuple(summed),
             summed_grad_l1_norm=tuple(summed_l1),
@@ -262,6 +315,9 @@ class GradNormMonitor:
             # Partial sums, so a run checkpointed mid-interval resumes with the same statistics.
             "summed": {pos: t.detach().cpu().clone() for pos, t in self._summed.items()},
             "norm_sum": None if self._norm_sum is None else self._norm_sum.detach().cpu().clone(),
+            "overflows": None if self._overflows is None else self._overflows.detach().cpu().clone(),
+            "overflow_steps": None if self._overflow_steps is None else self._overflow_steps.detach().cpu().clone(),
+            "overflow_steps_total": self.overflow_steps_total,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -287,3 +343,11 @@ class GradNormMonitor:
         else:
             device = self._params[0].device if self._params else torch.device("cpu")
             self._norm_sum = norm_sum.to(device)
+        # .get: checkpoints written before overflow detection have no such entries.
+        overflows, overflow_steps = state.get("overflows"), state.get("overflow_steps")
+        if overflows is None:
+            self._overflows = self._overflow_steps = None
+        else:
+            device = self._params[0].device if self._params else torch.device("cpu")
+            self._overflows, self._overflow_steps = overflows.to(device), overflow_steps.to(device)
+        self.overflow_steps_total = int(state.get("overflow_steps_total", 0))

@@ -1,0 +1,450 @@
+"""Each trainer's usual way of freezing against freeze's integration, at the same boundary.
+
+    .venv/bin/python -m experiments.bench_integrations                  # all four trainers, 2 gloo ranks
+    .venv/bin/python -m experiments.bench_integrations --trainers hf,timm --rounds 7 --steps 20
+
+The usual way: the trainer builds DDP over the whole model (``find_unused_parameters=True``, which
+freezing after the wrap needs), then blocks ``0 .. k-1`` get ``requires_grad_(False)``: in the HF
+Trainer from a callback, in Lightning from a ``BaseFinetuning`` callback, in Accelerate and timm right
+after wrapping. Ours: ``FreezeTrainer`` / ``FreezerCallback`` / the documented recipes with the
+policy ``static:k``. Both send through the same counting comm hook, so bytes compare exactly.
+
+Approaches alternate within every round (AB, BA, AB, ...), each run does ``--warmup`` untimed and
+``--steps`` timed optimizer steps; a round's statistic is the median step time of rank 0. The report
+gives the median over rounds and a 95% bootstrap interval of the median per-round ratio
+(ours / usual). It refuses to measure on a busy machine (1-minute load >= 1.5) unless
+``--allow-busy``, and records the load before and after. Writes ``<out-dir>/bench_integrations.csv``
+and ``<out-dir>/BENCH_INTEGRATIONS.md``; no number is typed by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from freeze._atomic import atomic_write_text
+from freeze.pipeline.runs import cpu_name
+from freeze.testing import run_gloo_rank, spawn_and_collect
+
+TRAINERS = ("hf", "lightning", "accelerate", "timm")
+USUAL = {
+    "hf": "Trainer + requires_grad_(False) in a callback",
+    "lightning": "BaseFinetuning.freeze() after the wrap, ddp_find_unused_parameters_true",
+    "accelerate": "prepare(model) + requires_grad_(False), find_unused_parameters=True",
+    "timm": "DDP(model, find_unused_parameters=True) + requires_grad_(False)",
+}
+OURS = {
+    "hf": "FreezeTrainer(freeze_policy='static:k=K')",
+    "lightning": "FreezerCallback('static:k=K')",
+    "accelerate": "the recipe of docs/integrations/accelerate.md, static:k=K",
+    "timm": "Freezer(blocks_from_timm(model)), static:k=K",
+}
+BATCH = 8
+
+
+def _env(rank: int, world: int) -> None:
+    for k, v in {
+        "RANK": rank,
+        "WORLD_SIZE": world,
+        "LOCAL_RANK": rank,
+        "LOCAL_WORLD_SIZE": world,
+        "NODE_RANK": 0,
+    }.items():
+        os.environ[k] = str(v)
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29597")  # unused: the group exists already
+
+
+def _count(ddp):
+    from freeze import comm
+
+    counter = comm.CommCounter()
+    ddp.register_comm_hook(counter, comm._HOOKS["allreduce"])
+    return counter
+
+
+class _Clock:
+    """Per optimizer step: seconds and bytes (a running total read at each step end)."""
+
+    def __init__(self, warmup: int):
+        self.warmup, self.times, self.bytes, self._t0, self._last, self._n = warmup, [], [], 0.0, 0, 0
+
+    def begin(self) -> None:
+        self._t0 = time.perf_counter()
+
+    def end(self, bytes_total: int) -> None:
+        elapsed = time.perf_counter() - self._t0
+        if self._n >= self.warmup:
+            self.times.append(elapsed)
+            self.bytes.append(bytes_total - self._last)
+        self._last, self._n = bytes_total, self._n + 1
+
+
+# ---------------------------------------------------------------------- HF Trainer
+def _hf_model():
+    from transformers import BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(0)
+    cfg = BertConfig(
+        vocab_size=2000,
+        hidden_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        intermediate_size=1024,
+        max_position_embeddings=64,
+        num_labels=4,
+    )
+    return BertForSequenceClassification(cfg)
+
+
+def _hf_run(approach, k, steps, warmup, workdir):
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    from freeze import split_blocks
+    from freeze.integrations.transformers import FreezeTrainer
+
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 2000, (4096, 64), generator=g)
+    data = [{"input_ids": ids[i], "labels": ids[i, 0] % 4} for i in range(len(ids))]
+    args = TrainingArguments(
+        output_dir=workdir,
+        use_cpu=True,
+        ddp_backend="gloo",
+        per_device_train_batch_size=BATCH,
+        max_steps=warmup + steps,
+        save_strategy="no",
+        logging_strategy="no",
+        report_to=[],
+        disable_tqdm=True,
+        seed=0,
+    )
+    model = _hf_model()
+    clock, holder = _Clock(warmup), {}
+    frozen = [p for b in split_blocks(model)[:k] for p in b.params]
+
+    class Time(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kw):
+            if approach == "usual":
+                holder["counter"] = _count(holder["trainer"].model_wrapped)
+                for p in frozen:
+                    p.requires_grad_(False)
+
+        def on_step_begin(self, args, state, control, **kw):
+            clock.begin()
+
+        def on_step_end(self, args, state, control, **kw):
+            t = holder["trainer"]
+            clock.end(
+                holder["counter"].allreduce_bytes_total
+                if approach == "usual"
+                else t.freezer.counters.allreduce_bytes_total
+            )
+
+    if approach == "usual":
+        trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[Time()])
+    else:
+        trainer = FreezeTrainer(
+            model=model, args=args, train_dataset=data, callbacks=[Time()], freeze_policy=f"static:k={k}"
+        )
+    holder["trainer"] = trainer
+    trainer.train()
+    return clock
+
+
+# ---------------------------------------------------------------------- Lightning
+def _lightning_run(approach, k, steps, warmup, workdir):
+    import lightning.pytorch as pl
+    import torch.nn.functional as F
+    from lightning.pytorch.callbacks import BaseFinetuning
+    from torch import nn
+
+    from freeze.integrations.lightning import FreezerCallback
+
+    width, depth = 1024, 6
+    names = [f"backbone.{i}" for i in range(depth)] + ["head"]
+
+    class Net(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.backbone = nn.Sequential(*[nn.Sequential(nn.Linear(width, width), nn.ReLU()) for _ in range(depth)])
+            self.head = nn.Linear(width, 10)
+
+        def forward(self, x):
+            return self.head(self.backbone(x))
+
+        def training_step(self, batch, batch_idx):
+            return F.cross_entropy(self(batch[0]), batch[1])
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01, momentum=0.9)
+
+    class FreezeAfterWrap(BaseFinetuning):  # the usual way to freeze once training runs
+        def freeze_before_training(self, pl_module):
+            pass
+
+        def finetune_function(self, pl_module, current_epoch, optimizer):
+            if current_epoch == 0:
+                self.freeze([pl_module.get_submodule(n) for n in names[:k]], train_bn=False)
+
+    clock, holder = _Clock(warmup), {}
+
+    class Time(pl.Callback):
+        def on_fit_start(self, trainer, pl_module):
+            if approach == "usual":
+                holder["counter"] = _count(trainer.strategy.model)
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            clock.begin()
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            total = (
+                holder["counter"].allreduce_bytes_total
+                if approach == "usual"
+                else holder["cb"].freezer.counters.allreduce_bytes_total
+            )
+            clock.end(total)
+
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(1)
+    data = torch.utils.data.TensorDataset(
+        torch.randn(4096, width, generator=g), torch.randint(0, 10, (4096,), generator=g)
+    )
+    if approach == "usual":
+        callbacks, strategy = [FreezeAfterWrap(), Time()], "ddp_find_unused_parameters_true"
+    else:
+        holder["cb"] = FreezerCallback(f"static:k={k}", blocks=names)
+        callbacks, strategy = [holder["cb"], Time()], "ddp"
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy=strategy,
+        max_steps=warmup + steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=callbacks,
+    )
+    trainer.fit(Net(), torch.utils.data.DataLoader(data, batch_size=BATCH))
+    return clock
+
+
+# ---------------------------------------------------------------------- Accelerate and timm (own loops)
+def _resnet():
+    import timm
+
+    torch.manual_seed(0)
+    return timm.create_model("resnet18", num_classes=10)
+
+
+def _loop(model, forward, optimizer, clock, total, bytes_total, after_backward=None):
+    import torch.nn.functional as F
+
+    g = torch.Generator().manual_seed(1)
+    for _ in range(total):
+        x, y = torch.randn(BATCH, 3, 64, 64, generator=g), torch.randint(0, 10, (BATCH,), generator=g)
+        clock.begin()
+        F.cross_entropy(forward(x), y).backward()
+        if after_backward is not None:
+            after_backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        clock.end(bytes_total())
+
+
+def _accelerate_run(approach, k, steps, warmup, workdir):
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+    from accelerate.utils import DistributedDataParallelKwargs
+
+    from freeze import Freezer, make_policy, split_blocks
+
+    model = _resnet()
+    blocks = split_blocks(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    clock = _Clock(warmup)
+    AcceleratorState._reset_state(True)
+    if approach == "usual":
+        accelerator = Accelerator(
+            cpu=True, kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)]
+        )
+        ddp, optimizer = accelerator.prepare(model, optimizer)
+        counter = _count(ddp)
+        for p in (p for b in blocks[:k] for p in b.params):
+            p.requires_grad_(False)
+        _loop(ddp, ddp, optimizer, clock, warmup + steps, lambda: counter.allreduce_bytes_total)
+    else:
+        accelerator = Accelerator(cpu=True)
+        model = accelerator.prepare_model(model, evaluation_mode=True)
+        optimizer = accelerator.prepare(optimizer)
+        freezer = Freezer(model, blocks, make_policy(f"static:k={k}"))
+        freezer.attach_optimizer(optimizer)
+        _loop(
+            model,
+            freezer.module,
+            optimizer,
+            clock,
+            warmup + steps,
+            lambda: freezer.counters.allreduce_bytes_total,
+            freezer.after_backward,
+        )
+        freezer.close()
+    return clock
+
+
+def _timm_run(approach, k, steps, warmup, workdir):
+    from torch.nn.parallel import DistributedDataParallel
+
+    from freeze import Freezer, make_policy
+    from freeze.integrations.timm import blocks_from_timm
+
+    model = _resnet()
+    blocks = blocks_from_timm(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    clock = _Clock(warmup)
+    if approach == "usual":
+        ddp = DistributedDataParallel(model, find_unused_parameters=True)
+        counter = _count(ddp)
+        for p in (p for b in blocks[:k] for p in b.params):
+            p.requires_grad_(False)
+        _loop(ddp, ddp, optimizer, clock, warmup + steps, lambda: counter.allreduce_bytes_total)
+    else:
+        freezer = Freezer(model, blocks, make_policy(f"static:k={k}"), optimizer=optimizer)
+        _loop(
+            model,
+            freezer.module,
+            optimizer,
+            clock,
+            warmup + steps,
+            lambda: freezer.counters.allreduce_bytes_total,
+            freezer.after_backward,
+        )
+        freezer.close()
+    return clock
+
+
+RUNS = {"hf": _hf_run, "lightning": _lightning_run, "accelerate": _accelerate_run, "timm": _timm_run}
+BOUNDARY = {"hf": 3, "lightning": 4, "accelerate": 8, "timm": 8}  # from a third to two thirds of the bytes frozen
+
+
+def _worker(rank, world, trainer, rounds, steps, warmup, workdir):
+    _env(rank, world)
+    out = []
+    for r in range(rounds):
+        order = ("usual", "ours") if r % 2 == 0 else ("ours", "usual")
+        for approach in order:
+            clock = RUNS[trainer](approach, BOUNDARY[trainer], steps, warmup, f"{workdir}/{trainer}-{r}-{approach}")
+            out.append({"round": r, "approach": approach, "times": clock.times, "bytes": clock.bytes})
+            torch.distributed.barrier()
+    return out
+
+
+def _spawned(rank, world, workdir, *args):
+    torch.set_num_threads(1)
+    run_gloo_rank(rank, world, workdir, 300.0, lambda: _worker(rank, world, *args, workdir))
+
+
+def measure(trainer: str, rounds: int, steps: int, warmup: int) -> list[dict]:
+    with tempfile.TemporaryDirectory() as workdir:
+        payloads = spawn_and_collect(_spawned, (2, workdir, trainer, rounds, steps, warmup), 2, workdir, 3600)
+    for r, p in enumerate(payloads):
+        if not p["ok"]:
+            raise RuntimeError(f"{trainer}: rank {r} failed:\n{p['error']}")
+    return payloads[0]["result"]
+
+
+def _bootstrap_ratio(usual: np.ndarray, ours: np.ndarray, n: int = 10000) -> tuple[float, float, float]:
+    ratios = ours / usual
+    rng = np.random.default_rng(0)
+    boots = np.median(rng.choice(ratios, (n, len(ratios))), axis=1)
+    return float(np.median(ratios)), float(np.percentile(boots, 2.5)), float(np.percentile(boots, 97.5))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trainers", default=",".join(TRAINERS))
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--steps", type=int, default=15)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--out-dir", default="report")
+    ap.add_argument("--allow-busy", action="store_true", help="measure even when the 1-minute load is >= 1.5")
+    a = ap.parse_args(argv)
+    trainers = [t.strip() for t in a.trainers.split(",") if t.strip()]
+    unknown = [t for t in trainers if t not in TRAINERS]
+    if unknown:
+        print(f"bench_integrations: unknown trainer {unknown[0]}; accepted: {', '.join(TRAINERS)}", file=sys.stderr)
+        return 2
+    load_before = os.getloadavg()[0]
+    if load_before >= 1.5 and not a.allow_busy:
+        print(
+            f"bench_integrations: the machine is busy (1-minute load {load_before:.2f} >= 1.5); rerun when quiet, "
+            "or pass --allow-busy (the step times are then not representative)",
+            file=sys.stderr,
+        )
+        return 3
+    rows = []
+    for t in trainers:
+        for res in measure(t, a.rounds, a.steps, a.warmup):
+            rows.append({"trainer": t, "k": BOUNDARY[t], **res})
+    load_after = os.getloadavg()[0]
+    out = Path(a.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(["trainer", "k", "round", "approach", "step", "step_s", "bytes"])
+    for row in rows:
+        for i, (s, b) in enumerate(zip(row["times"], row["bytes"])):
+            w.writerow([row["trainer"], row["k"], row["round"], row["approach"], i, f"{s:.6f}", b])
+    atomic_write_text(out / "bench_integrations.csv", buf.getvalue())
+    lines = [
+        "# Freezing inside trainers: the usual way against freeze, same boundary",
+        "",
+        "Generated by `.venv/bin/python -m experiments.bench_integrations "
+        + " ".join(argv if argv is not None else sys.argv[1:])
+        + "`; do not edit by hand.",
+        f"2 gloo ranks on one machine ({cpu_name()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
+        f"Python {platform.python_version()}), 1 thread per rank; 1-minute load {load_before:.2f} before, "
+        f"{load_after:.2f} after{' (BUSY: step times not representative)' if max(load_before, load_after) >= 1.5 else ''}.",
+        f"{a.rounds} rounds, approaches alternating within each round; {a.warmup} untimed + {a.steps} timed "
+        "optimizer steps per run; step time = rank 0's median per run.",
+        "",
+        "| trainer | k | usual way | bytes/step usual | bytes/step freeze | step ms usual | step ms freeze "
+        "| ratio freeze/usual (95% CI) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for t in trainers:
+        per = {ap_: [r for r in rows if r["trainer"] == t and r["approach"] == ap_] for ap_ in ("usual", "ours")}
+        med = {
+            ap_: np.array([np.median(r["times"]) for r in sorted(v, key=lambda r: r["round"])])
+            for ap_, v in per.items()
+        }
+        bytes_ = {ap_: sorted({b for r in v for b in r["bytes"]}) for ap_, v in per.items()}
+        ratio, lo, hi = _bootstrap_ratio(med["usual"], med["ours"])
+        lines.append(
+            f"| {t} | {BOUNDARY[t]} | {USUAL[t]} | {', '.join(map(str, bytes_['usual']))} | "
+            f"{', '.join(map(str, bytes_['ours']))} | {1000 * np.median(med['usual']):.1f} | "
+            f"{1000 * np.median(med['ours']):.1f} | {ratio:.3f} ({lo:.3f}-{hi:.3f}) |"
+        )
+    lines += [
+        "",
+        "Ours: " + "; ".join(f"{t}: {OURS[t]}" for t in trainers) + ".",
+        "Bytes are counted by the same DDP comm hook in both approaches (gradient buckets only; "
+        "DDP's used-parameter map under find_unused_parameters=True is not in it).",
+    ]
+    atomic_write_text(out / "BENCH_INTEGRATIONS.md", "\n".join(lines) + "\n")
+    print(f"wrote {out / 'BENCH_INTEGRATIONS.md'} and {out / 'bench_integrations.csv'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

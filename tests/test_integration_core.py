@@ -1,0 +1,192 @@
+"""What the trainer integrations need from the core: overflow detection without a host sync, the
+loss scale, an optimizer attached later (and unwrapped), load order, one-line refusals."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from freeze import Freezer, GradNormMonitor, make_policy, split_blocks
+from tests.tiny_models import TinyNet, global_batch
+
+
+def _model():
+    return nn.Sequential(nn.Linear(3, 2, bias=False), nn.Linear(2, 2, bias=False), nn.Linear(2, 1, bias=False))
+
+
+def _set_grads(model, values, dtype=torch.float32):
+    for p, v in zip(model.parameters(), values):
+        p.grad = torch.full(p.shape, v, dtype=dtype)
+
+
+@pytest.fixture
+def no_host_sync(monkeypatch):
+    """Any read of a tensor's value on the host raises inside the block."""
+
+    def refuse(*a, **k):
+        raise AssertionError("host sync in the per-step path")
+
+    for name in ("item", "tolist", "cpu", "__bool__", "__float__", "__int__", "numpy"):
+        monkeypatch.setattr(torch.Tensor, name, refuse)
+    yield
+    monkeypatch.undo()
+
+
+def test_an_overflowed_step_is_masked_and_counted_without_a_host_sync(monkeypatch):
+    model, clean = _model(), _model()
+    mon, ref = GradNormMonitor(split_blocks(model)), GradNormMonitor(split_blocks(clean))
+    steps = [[1.0, 2.0, 3.0], [math.inf, 2.0, 3.0], [-1.0, math.nan, 1.0], [0.5, 0.5, 0.5]]
+    for values in steps:
+        _set_grads(model, values)
+        with monkeypatch.context() as m:
+            for name in ("item", "tolist", "cpu", "__bool__", "__float__", "__int__"):
+                m.setattr(torch.Tensor, name, lambda *a, **k: (_ for _ in ()).throw(AssertionError("host sync")))
+            mon.observe()
+        if all(math.isfinite(v) for v in values):
+            _set_grads(clean, values)
+            ref.observe()
+    s, r = mon.close_interval(0, 0), ref.close_interval(0, 0)
+    assert s.summed_grad_norm == r.summed_grad_norm and s.summed_grad_l1_norm == r.summed_grad_l1_norm
+    assert s.mean_step_grad_norm == r.mean_step_grad_norm
+    assert all(math.isfinite(v) for v in s.summed_grad_norm + s.mean_step_grad_norm)
+    assert (s.steps, s.skipped_steps) == (4, 2) and mon.overflow_steps_total == 2
+    # the next interval starts clean
+    _set_grads(model, [1.0, 1.0, 1.0])
+    mon.observe()
+    assert mon.close_interval(1, 0).skipped_steps == 0
+
+
+def test_an_interval_of_overflowed_steps_only_has_no_statistic():
+    model = _model()
+    mon = GradNormMonitor(split_blocks(model))
+    _set_grads(model, [math.inf, 1.0, 1.0])
+    mon.observe()
+    s = mon.close_interval(0, 0)
+    assert s.summed_grad_norm == (None, None, None) and s.mean_step_grad_norm == (None, None, None)
+
+
+@pytest.mark.parametrize("as_tensor", [False, True])
+def test_grad_scale_gives_the_statistics_of_the_unscaled_gradients(as_tensor):
+    model = _model()
+    mon, ref = GradNormMonitor(split_blocks(model)), GradNormMonitor(split_blocks(model))
+    scale = 2.0**16
+    for values in ([1.0, 2.0, 3.0], [0.25, -1.0, 4.0]):
+        _set_grads(model, [v * scale for v in values])
+        mon.observe(grad_scale=torch.tensor(scale) if as_tensor else scale)
+        _set_grads(model, values)
+        ref.observe()
+    s, r = mon.close_interval(0, 0), ref.close_interval(0, 0)
+    for a, b in zip(s.summed_grad_norm + s.mean_step_grad_norm, r.summed_grad_norm + r.mean_step_grad_norm):
+        assert math.isclose(a, b, rel_tol=1e-6)
+
+
+def test_a_finite_fp16_block_whose_norm_exceeds_the_fp16_range_is_not_an_overflow():
+    model = nn.Sequential(nn.Linear(64, 64, bias=False), nn.Linear(64, 1, bias=False)).half()
+    mon = GradNormMonitor(split_blocks(model))
+    _set_grads(model, [30000.0, 1.0], dtype=torch.float16)  # norm 64 * 30000, beyond 65504
+    mon.observe()
+    s = mon.close_interval(0, 0)
+    assert s.skipped_steps == 0
+    assert math.isclose(s.mean_step_grad_norm[0], 64 * 30000.0, rel_tol=1e-3)
+
+
+def test_freezer_after_backward_takes_the_scale_and_keeps_skipped():
+    torch.manual_seed(0)
+    model = TinyNet()
+    freezer = Freezer(model, split_blocks(model), make_policy("none"))
+    x, y = global_batch(0, 4)
+    F.cross_entropy(freezer.module(x), y).backward()
+    freezer.after_backward(grad_scale=torch.tensor(4.0))
+    next(model.parameters()).grad[0] = math.inf
+    freezer.after_backward()
+    freezer.after_backward(skipped=True)
+    stats = freezer.monitor.close_interval(0, 0)
+    assert (stats.steps, stats.skipped_steps, freezer.counters.skipped_steps) == (3, 2, 1)
+    assert all(v is not None and math.isfinite(v) for v in stats.mean_step_grad_norm)
+
+
+def _accelerated(optimizer):
+    accelerate = pytest.importorskip("accelerate")
+    from accelerate.state import AcceleratorState
+
+    try:
+        return accelerate.Accelerator(cpu=True).prepare_optimizer(optimizer, device_placement=False)
+    finally:
+        AcceleratorState._reset_state(True)  # a process-wide singleton: leave none behind
+
+
+@pytest.mark.parametrize("wrap", ["plain", "accelerate", "lightning"])
+def test_attach_optimizer_unwraps_and_drops_the_state_of_frozen_blocks(wrap):
+    torch.manual_seed(0)
+    model = TinyNet()
+    blocks = split_blocks(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    x, y = global_batch(0, 4)
+    F.cross_entropy(model(x), y).backward()
+    optimizer.step()  # momentum buffers for every parameter
+    freezer = Freezer(model, blocks, make_policy("none"))
+    freezer.set_boundary(2)
+    if wrap == "lightning":
+        from lightning.pytorch.core.optimizer import LightningOptimizer
+
+        wrapped = LightningOptimizer(optimizer)
+    else:
+        wrapped = {"plain": lambda o: o, "accelerate": _accelerated}[wrap](optimizer)
+    freezer.attach_optimizer(wrapped)
+    assert freezer.optimizer is optimizer
+    frozen = [p for b in blocks[:2] for p in b.params]
+    assert all(p not in optimizer.state for p in frozen)
+    assert all(p in optimizer.state for b in blocks[2:] for p in b.params)
+    freezer.set_boundary(3)  # later freezes drop through the attached optimizer
+    assert all(p not in optimizer.state for b in blocks[:3] for p in b.params)
+
+
+def test_attach_optimizer_refuses_another_models_optimizer_in_one_line():
+    model = TinyNet()
+    freezer = Freezer(model, split_blocks(model))
+    with pytest.raises(ValueError, match="not the model's.*freezer.model.parameters") as e:
+        freezer.attach_optimizer(torch.optim.SGD(TinyNet().parameters(), lr=0.1))
+    assert "\n" not in str(e.value)
+    with pytest.raises(TypeError, match="not a torch.optim.Optimizer"):
+        freezer.attach_optimizer(object())
+
+
+def test_compiled_and_deepspeed_models_are_refused_in_one_line():
+    model = TinyNet()
+    with pytest.raises(ValueError, match="torch.compile.*uncompiled") as e:
+        Freezer(torch.compile(model), split_blocks(model))
+    assert "\n" not in str(e.value)
+    model.compile()  # in place: the modules stay the same, their calls go through dynamo
+    with pytest.raises(ValueError, match="torch.compile"):
+        Freezer(model, split_blocks(model))
+
+    class DeepSpeedEngine(nn.Module):  # the class deepspeed.initialize returns (deepspeed is not installed)
+        def __init__(self):
+            super().__init__()
+            self.module = TinyNet()
+
+    engine = DeepSpeedEngine()
+    with pytest.raises(ValueError, match="DeepSpeed.*DDP") as e:
+        Freezer(engine, split_blocks(engine))
+    assert "\n" not in str(e.value)
+
+
+def test_import_freeze_imports_no_trainer():
+    import subprocess
+    import sys
+
+    code = "import sys, freeze, freeze.integrations; print(sorted(m for m in ('transformers', 'accelerate', 'lightning', 'timm') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_a_trainers_communication_hook_is_refused_and_ddp_kwargs_are_filtered():
+    from freeze.integrations._common import ddp_kwargs_of
+
+    kwargs = {"find_unused_parameters": True, "bucket_cap_mb": 10, "comm_hook": "no", "comm_wrapper": "no"}
+    assert ddp_kwargs_of("T", kwargs) == {"find_unused_parameters": True, "bucket_cap_mb": 10}
+    with pytest.raises(ValueError, match="comm_hook='bf16'") as e:
+        ddp_kwargs_of("T", {"comm_hook": "fp16"})
+    assert "\n" not in str(e.value)
