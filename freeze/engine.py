@@ -110,6 +110,11 @@ class Engine:
         self._check_ranks = self.distributed
 
     def close(self) -> None:
+        """Release the DDP wrapper: a live wrapper holds the process group, and then destroying the
+        group leaves gloo's worker and transport threads running into interpreter shutdown (observed:
+        3 gloo threads still alive when the README example's interpreter began finalizing), where a
+        thread that needs the interpreter aborts the process ("terminate called without an active
+        exception"). The forward refuses to run afterwards."""
         if self.wrapper is not None:
             retire(self.wrapper)
             self.wrapper = None

@@ -171,9 +171,11 @@ class Freezer:
         return self.engine.forward(*args, sample_ids=sample_ids, **kwargs)
 
     def close(self) -> None:
-        """Release the DDP wrapper (see Engine.close); call it after training, before
-        ``torch.distributed.destroy_process_group()``."""
+        """Release the DDP wrapper (see Engine.close) and take the Freezer's hooks off the model;
+        call it after training, before ``torch.distributed.destroy_process_group()``. The model's
+        weights and requires_grad flags are left as they are."""
         self.engine.close()
+        self._steering.remove()
 
     def train(self, mode: bool = True) -> Freezer:
         """``model.train(mode)`` that keeps frozen blocks in eval (all their modules, or with

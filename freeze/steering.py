@@ -162,7 +162,7 @@ class Steering:
         self._handles: list = []
         self._order_handles: list = []
         self._train_forwards = 0
-        model.register_forward_pre_hook(ModuleHook(model, self._count_train_forward))
+        self._count_handle = model.register_forward_pre_hook(ModuleHook(model, self._count_train_forward))
 
     def apply(self, boundary: int) -> None:
         """Steer blocks ``0 .. boundary-1`` as frozen and the rest as trainable."""
@@ -219,6 +219,15 @@ class Steering:
                 self._order_handles.append(mod.register_forward_pre_hook(runs))
         done = ModuleHook(self.model, lambda m, a, out: self._disarm_order_check())
         self._order_handles.append(self.model.register_forward_hook(done))
+
+    def remove(self) -> None:
+        """Take every hook off the model (a closed Freezer steers nothing; a new one adds its own)."""
+        _remove(self._handles)
+        _remove(self._order_handles)
+        self._count_handle.remove()
+        for block in self.blocks:
+            for mod in block.modules:
+                checkpointing.disable_checkpointing(mod)
 
     def _disarm_order_check(self) -> None:
         self.order.disarm()

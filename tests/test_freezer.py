@@ -492,3 +492,18 @@ def test_every_accepted_name_has_its_implementation():
     from freeze.names import COMM_HOOKS, STORAGE_DTYPE_NAMES
 
     assert tuple(comm._HOOKS) == COMM_HOOKS and tuple(STORAGE_DTYPES) == STORAGE_DTYPE_NAMES
+
+
+def test_close_takes_the_freezers_hooks_off_the_model_so_a_second_freezer_steers_alone():
+    model = TinyNet()
+    first = Freezer(model, split_blocks(model), make_policy("static", k=2))
+    hooks = lambda: sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in model.modules())  # noqa: E731
+    assert hooks() > 0
+    first.close()
+    assert hooks() == 0
+    second = Freezer(model, split_blocks(model))
+    x, y = global_batch(0, 4)
+    F.cross_entropy(second.module(x), y).backward()  # boundary 0: nothing of the first Freezer runs
+    assert model.stem[0].weight.grad is None  # requires_grad as the first Freezer left it (frozen)
+    with pytest.raises(RuntimeError, match="closed"):
+        first.module(x)
