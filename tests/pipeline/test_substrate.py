@@ -1,0 +1,156 @@
+"""The FDSL-32 substrate: generator, data wiring, probes (tiny sizes; each test well under a few seconds)."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from freeze.pipeline.data import (
+    CIFAR10_FOLDER,
+    DATASET_NAMES,
+    SYNTHETIC_MARKER,
+    DataError,
+    load_dataset,
+    read_cifar10,
+    split_validation,
+    write_synthetic_cifar,
+)
+from freeze.pipeline.models import build_model
+from freeze.pipeline.substrate import fdsl
+from freeze.pipeline.substrate.probe import ProbeError, bn_shift, fit_logreg, linear_probe, pooled_features
+
+
+# ------------------------------------------------------------------------------------- generator
+def test_render_is_a_pure_function_of_its_arguments():
+    a = fdsl.render_fdsl_split("target", 24, seed=3, split="train")
+    b = fdsl.render_fdsl_split("target", 24, seed=3, split="train")
+    assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+    assert a[0].shape == (24, 3, 32, 32) and a[0].dtype == np.uint8 and a[1].dtype == np.int64
+    other_seed = fdsl.render_fdsl_split("target", 24, seed=4, split="train")[0]
+    other_split = fdsl.render_fdsl_split("target", 24, seed=3, split="test")[0]
+    assert not np.array_equal(a[0], other_seed) and not np.array_equal(a[0], other_split)
+
+
+def test_labels_are_balanced_over_all_classes():
+    _, y = fdsl.render_fdsl_split("source", 256, seed=0, split="train")
+    assert np.bincount(y, minlength=128).tolist() == [2] * 128
+    _, y = fdsl.render_fdsl_split("target", 35, seed=0, split="test")
+    counts = np.bincount(y, minlength=10)
+    assert counts.sum() == 35 and counts.max() - counts.min() <= 1
+
+
+def test_images_are_not_flat_and_use_the_range():
+    x, _ = fdsl.render_fdsl_split("source", 16, seed=0, split="train")
+    assert 40 < x.mean() < 215 and x.std() > 25
+    assert (x.reshape(16, -1).std(1) > 10).all()  # every image has structure
+
+
+def test_class_systems_are_contractive_and_the_target_is_held_out():
+    for task, count in (("source", 128), ("target", 10)):
+        params, active, hue = fdsl.class_systems(task)
+        assert params.shape == (count, 4, 7) and active.shape == (count, 4) and hue.shape == (count,)
+        assert ((active.sum(1) >= 2) & (active.sum(1) <= 4)).all()
+        maps = fdsl._maps(params).reshape(-1, 6)[:, :4].reshape(-1, 2, 2)
+        assert np.linalg.norm(maps, ord=2, axis=(1, 2)).max() < 1.0  # every map contracts
+        assert 0 < np.isnan(hue).sum() < count  # some shape-only classes, most with a class hue
+    source, target = fdsl.class_systems("source")[0], fdsl.class_systems("target")[0]
+    assert not any(np.allclose(t, s) for t in target for s in source)
+    assert len(set(fdsl.class_names("source"))) == 128 and len(fdsl.class_names("target")) == 10
+
+
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        (("validation", 4, 0, "train"), "task must be one of source, target"),
+        (("source", 4, 0, "val"), "split must be 'train' or 'test'"),
+        (("source", -1, 0, "train"), "n must be an integer >= 0"),
+        (("source", 4, -2, "train"), "seed must be an integer >= 0"),
+    ],
+)
+def test_bad_generator_input_is_one_clear_error(args, match):
+    with pytest.raises(ValueError, match=match):
+        fdsl.render_fdsl_split(*args)
+
+
+# ----------------------------------------------------------------------------------- data wiring
+def test_written_in_the_cifar_format_with_all_source_classes(tmp_path):
+    folder = write_synthetic_cifar(tmp_path, "source", 300, 20, seed=1, family="fdsl32")
+    arrays = read_cifar10(tmp_path, synthetic=True)
+    assert folder == tmp_path / CIFAR10_FOLDER
+    assert len(arrays.classes) == 128 and int(arrays.train_y.max()) == 127
+    x, y = fdsl.render_fdsl_split("source", 300, seed=1, split="train")
+    assert torch.equal(arrays.train_x, torch.from_numpy(x)) and torch.equal(arrays.train_y, torch.from_numpy(y))
+    marker = json.loads((folder / SYNTHETIC_MARKER).read_text())
+    assert marker["generator"] == "fdsl32" and marker["version"] == fdsl.FDSL_VERSION
+    split = split_validation(arrays, 128, seed=0)
+    assert split.num_classes == 128 and split.val_y.unique().numel() == 128  # stratified over all 128
+
+
+def test_both_pairs_are_reachable_by_name(tmp_path):
+    assert {"synthetic-source", "synthetic-target", "fdsl32-source", "fdsl32-target"} <= set(DATASET_NAMES)
+    new = load_dataset("fdsl32-target", tmp_path, synthetic_train_size=40, synthetic_test_size=10)
+    old = load_dataset("synthetic-target", tmp_path, synthetic_train_size=40, synthetic_test_size=10)
+    assert len(new.classes) == 10 and new.classes[0].startswith("ifs-t")
+    assert old.classes[0].endswith(("/warm", "/cool"))
+    assert (tmp_path / "fdsl32-target-n40-10-s0").is_dir() and (tmp_path / "synthetic-target-n40-10-s0").is_dir()
+    old_marker = json.loads((tmp_path / "synthetic-target-n40-10-s0" / CIFAR10_FOLDER / SYNTHETIC_MARKER).read_text())
+    assert "generator" not in old_marker  # the old pair's folders are unchanged
+
+
+def test_a_folder_of_an_older_generator_version_is_refused(tmp_path):
+    load_dataset("fdsl32-target", tmp_path, synthetic_train_size=20, synthetic_test_size=10)
+    marker = tmp_path / "fdsl32-target-n20-10-s0" / CIFAR10_FOLDER / SYNTHETIC_MARKER
+    marker.write_text(json.dumps({**json.loads(marker.read_text()), "version": 0}))
+    with pytest.raises(DataError, match="written by fdsl32 generator v0, this is v1: delete it"):
+        load_dataset("fdsl32-target", tmp_path, synthetic_train_size=20, synthetic_test_size=10)
+
+
+def test_unknown_generator_family_is_refused(tmp_path):
+    with pytest.raises(DataError, match="generator family must be one of synthetic, fdsl32"):
+        write_synthetic_cifar(tmp_path, "source", 10, 5, seed=0, family="fractal")
+
+
+# ---------------------------------------------------------------------------------------- probes
+def test_pooled_features_at_every_depth_of_resnet18():
+    model = build_model("resnet18", 10, "imagenet")
+    x = torch.randint(0, 256, (4, 3, 32, 32), dtype=torch.uint8)
+    feats = pooled_features(model, x, batch_size=3)
+    assert [f.shape for f in feats] == [(4, c) for c in (64, 64, 64, 128, 128, 256, 256, 512, 512)]
+    assert model.training  # restored
+
+
+def test_pooled_features_refuse_another_layout():
+    with pytest.raises(ProbeError, match="lacks 'maxpool'"):
+        pooled_features(nn.Sequential(nn.Conv2d(3, 4, 3)), torch.zeros(2, 3, 32, 32, dtype=torch.uint8))
+
+
+def test_bn_shift_is_zero_when_running_stats_come_from_the_same_data():
+    torch.manual_seed(0)
+    model = build_model("resnet18", 10, "imagenet")
+    x = torch.randint(0, 256, (16, 3, 32, 32), dtype=torch.uint8)
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.momentum = None  # cumulative average: after one batch, the running stats are that batch's
+            m.track_running_stats = True
+    # eval-mode inputs of each BN differ from train-mode ones after the first BN, so compare bn1 only
+    model.train()
+    with torch.no_grad():
+        from freeze.pipeline.data import normalize_uint8
+
+        model(normalize_uint8(x))
+    rows = {name: (shift, ratio) for name, shift, ratio in bn_shift(model, x)}
+    shift, ratio = rows["bn1"]
+    assert shift < 1e-3 and ratio < 0.1  # running var is unbiased (n/(n-1)), the data's biased
+
+
+def test_logistic_regression_fits_separable_data_and_c_is_chosen_on_validation():
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(8, 3, generator=g)
+    x = torch.randn(300, 8, generator=g)
+    y = (x @ w).argmax(1)
+    lin = fit_logreg(x, y, 3, c=10.0)
+    assert float((lin(x).argmax(1) == y).float().mean()) > 0.97
+    result = linear_probe((x[:200], y[:200]), (x[200:250], y[200:250]), (x[250:], y[250:]), 3, (1e-4, 10.0))
+    assert result.c == 10.0 and result.test_acc > 0.9 and result.val_by_c[1e-4] < result.val_by_c[10.0]
