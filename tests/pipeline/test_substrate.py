@@ -154,3 +154,69 @@ def test_logistic_regression_fits_separable_data_and_c_is_chosen_on_validation()
     assert float((lin(x).argmax(1) == y).float().mean()) > 0.97
     result = linear_probe((x[:200], y[:200]), (x[200:250], y[200:250]), (x[250:], y[250:]), 3, (1e-4, 10.0))
     assert result.c == 10.0 and result.test_acc > 0.9 and result.val_by_c[1e-4] < result.val_by_c[10.0]
+
+
+# ------------------------------------------------------------------------------ committed weights
+def test_fp16_export_round_trips_into_the_fp32_model(tmp_path):
+    from freeze.pipeline.substrate.weights import export_fp16, verify
+
+    torch.manual_seed(0)
+    source = build_model("resnet18", 128, "imagenet")
+    torch.save({"model": source.state_dict(), "epoch": 1}, tmp_path / "checkpoint.pt")
+    record = export_fp16(tmp_path / "checkpoint.pt", tmp_path / "w.pt", {"command": "test"})
+    assert verify(tmp_path / "w.pt") == record["sha256"] and record["command"] == "test"
+    assert record["max_rounding_error_relative_to_tensor_max"] < 1e-3
+    model = build_model("resnet18", 10, "imagenet", tmp_path / "w.pt")
+    for key, value in model.state_dict().items():
+        if key.startswith("fc."):
+            continue  # the head is always fresh
+        expected = source.state_dict()[key]
+        expected = expected.half().float() if expected.is_floating_point() else expected
+        assert value.dtype == source.state_dict()[key].dtype and torch.equal(value, expected), key
+
+
+def test_altered_or_missing_weights_are_refused_in_one_line(tmp_path):
+    from freeze.pipeline.substrate.weights import WeightsError, sidecar, verify
+
+    path = tmp_path / "w.pt"
+    with pytest.raises(WeightsError, match="is missing: it is committed"):
+        verify(path)
+    path.write_bytes(b"weights")
+    with pytest.raises(WeightsError, match="sha256 cannot be checked"):
+        verify(path)
+    sidecar(path).write_text("0" * 64 + "  w.pt\n")
+    with pytest.raises(WeightsError, match="the file was altered"):
+        verify(path)
+
+
+def test_a_study_takes_committed_weights_instead_of_pretraining(tmp_path):
+    from freeze.pipeline.study.cli import _pretrain
+    from freeze.pipeline.study.plan import read_study
+    from freeze.pipeline.substrate.weights import sha256_of, sidecar
+    from freeze.pipeline.sweep import SweepError
+
+    weights = tmp_path / "w.pt"
+    weights.write_bytes(b"weights")
+    body = '[study]\nname = "s"\nfinetune = "experiments/configs/fdsl32_finetune.toml"\nweights = "{w}"\n{extra}[arms]\nnone = []\n'
+    study_file = tmp_path / "s.toml"
+    study_file.write_text(body.format(w=weights, extra=""))
+    with pytest.raises(SweepError, match="sha256 cannot be checked"):
+        _pretrain(read_study(study_file), str(tmp_path))
+    sidecar(weights).write_text(f"{sha256_of(weights)}  w.pt\n")
+    assert _pretrain(read_study(study_file), str(tmp_path)) == ([], (f"model.weights={weights}",))
+    study_file.write_text(body.format(w=weights, extra='pretrain = "experiments/configs/offline_pretrain.toml"\n'))
+    with pytest.raises(SweepError, match="pretrain and weights both give the model's weights"):
+        read_study(study_file)
+
+
+# ----------------------------------------------------------------------------------------- gates
+def test_paired_interval_and_relative_weight_change():
+    from freeze.pipeline.substrate.gates import _relative_change, paired
+
+    p = paired([1.0, 2.0, 3.0])
+    assert p.mean == 2.0 and p.low == pytest.approx(2.0 - 4.302653 / 3**0.5) and p.high > 4
+    assert paired([5.0]).n == 1 and "n=1" in paired([5.0]).text()
+    initial = {"conv1.weight": torch.ones(4), "layer4.0.w": torch.ones(4), "bn1.running_mean": torch.zeros(4)}
+    final = {"conv1.weight": torch.ones(4) * 1.1, "layer4.0.w": torch.ones(4) * 2, "bn1.running_mean": torch.ones(4)}
+    assert _relative_change(initial, final, ("conv1.", "bn1.")) == pytest.approx(0.1)  # buffers are not weights
+    assert _relative_change(initial, final, ("layer4.",)) == pytest.approx(1.0)

@@ -1,6 +1,10 @@
 """``python -m experiments.substrate``: the substrate's commands (docs/substrate.md).
 
-python -m experiments.substrate diagnose --weights W --dataset synthetic-target   # section 1.2
+    python -m experiments.substrate diagnose --weights W --dataset synthetic-target   # section 1.2
+    python -m experiments.substrate pretrain      # once, resumable; exports the committed weights
+    python -m experiments.substrate gates --study experiments/configs/substrate_gates.toml   # resumable
+
+Every command lowers its own priority to nice 19 (--no-nice keeps it): the machine is shared.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from freeze.pipeline.config import ConfigError
 from freeze.pipeline.data import DataError
 from freeze.pipeline.models import ModelError
 from freeze.pipeline.runs import RunError
+from freeze.pipeline.substrate.gates import GateError
 from freeze.pipeline.substrate.probe import ProbeError
 from freeze.pipeline.substrate.weights import WeightsError
 
@@ -30,7 +35,11 @@ def _parser() -> argparse.ArgumentParser:
     pre = sub.add_parser("pretrain", help="pretrain the substrate once (resumable) and export fp16 weights + sha256")
     pre.add_argument("--config", default="experiments/configs/fdsl32_pretrain.toml")
     pre.add_argument("--out", default="experiments/weights/fdsl32_resnet18.pt")
-    for p in (diag, pre):
+    gates = sub.add_parser("gates", help="run a gate study (resumable) and write its gates table")
+    gates.add_argument("--study", default="experiments/configs/substrate_gates.toml")
+    gates.add_argument("--out-dir", default="report/substrate")
+    gates.add_argument("--no-run", action="store_true", help="only tabulate the runs complete so far")
+    for p in (diag, pre, gates):
         p.add_argument("--no-nice", action="store_true", help="keep this process's priority")
     return parser
 
@@ -40,16 +49,24 @@ def main(argv: list[str] | None = None) -> int:
     command = "python -m experiments.substrate " + shlex.join(sys.argv[1:] if argv is None else argv)
     if not args.no_nice:
         os.nice(max(0, 19 - os.nice(0)))
+    # Runs start workers from a script path, where `import freeze` finds whatever the environment's
+    # editable install points to (possibly another checkout): this checkout's code goes first.
+    repo = str(Path(__file__).resolve().parents[3])
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH", "")) if p)
     try:
         if args.command == "pretrain":
             from freeze.pipeline.substrate.pretrain import pretrain
 
             return pretrain(args.config, Path(args.out), command)
-        if args.command == "diagnose":
-            from freeze.pipeline.substrate.diagnose import run_diagnostics
+        if args.command == "gates":
+            from freeze.pipeline.substrate.gates import run_gates
 
-            print(run_diagnostics(args.weights, args.dataset, Path(args.out), args.data_root, command=command))
-    except (ConfigError, DataError, ModelError, ProbeError, RunError, WeightsError) as e:
+            print(run_gates(args.study, Path(args.out_dir), command, run=not args.no_run))
+            return 0
+        from freeze.pipeline.substrate.diagnose import run_diagnostics
+
+        print(run_diagnostics(args.weights, args.dataset, Path(args.out), args.data_root, command=command))
+    except (ConfigError, DataError, GateError, ModelError, ProbeError, RunError, WeightsError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0
