@@ -89,7 +89,16 @@ class RunConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    dataset: Literal["cifar10", "synthetic-source", "synthetic-target", "fdsl32-source", "fdsl32-target"] = "cifar10"
+    dataset: Literal[
+        "cifar10",
+        "synthetic-source",
+        "synthetic-target",
+        "fdsl32-source",
+        "fdsl32-target",
+        "planted-d3",
+        "planted-d5",
+        "planted-d7",
+    ] = "cifar10"
     root: str = "data"
     download: bool = False
     val_size: int = _f(5000, ge=0)  # images held out of the training set

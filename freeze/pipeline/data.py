@@ -34,7 +34,7 @@ from torchvision.datasets.utils import check_integrity, download_and_extract_arc
 
 from freeze.cache import CacheSource
 from freeze.pipeline.augment import PAD, FixedViews, crop_flip, parse_augment
-from freeze.pipeline.substrate import fdsl
+from freeze.pipeline.substrate import fdsl, planted
 from freeze.pipeline.substrate.fdsl import render_fdsl_split
 from freeze.pipeline.synthetic import SYNTHETIC_VERSION, render_synthetic_split, synthetic_class_names
 from freeze.pipeline.synthetic import TASKS as SYNTHETIC_TASKS
@@ -65,6 +65,13 @@ GENERATORS = {
         lambda *a, **k: render_synthetic_split(*a, **k), synthetic_class_names, SYNTHETIC_VERSION, SYNTHETIC_TASKS
     ),
     "fdsl32": Generator(lambda *a, **k: render_fdsl_split(*a, **k), fdsl.class_names, fdsl.FDSL_VERSION, fdsl.TASKS),
+    # labels planted in the committed FDSL-32 weights' depth-d features (optimal boundary d known)
+    "planted": Generator(
+        lambda *a, **k: planted.render_planted_split(*a, **k),
+        planted.planted_class_names,
+        planted.PLANTED_VERSION,
+        planted.TASKS,
+    ),
 }
 DATASET_NAMES = ("cifar10", *(f"{family}-{task}" for family, g in GENERATORS.items() for task in g.tasks))
 _TRAIN_FILES = tuple((name, md5) for name, md5 in CIFAR10.train_list)

@@ -220,3 +220,24 @@ def test_paired_interval_and_relative_weight_change():
     final = {"conv1.weight": torch.ones(4) * 1.1, "layer4.0.w": torch.ones(4) * 2, "bn1.running_mean": torch.ones(4)}
     assert _relative_change(initial, final, ("conv1.", "bn1.")) == pytest.approx(0.1)  # buffers are not weights
     assert _relative_change(initial, final, ("layer4.",)) == pytest.approx(1.0)
+
+
+# -------------------------------------------------------------------------------- planted tasks
+def test_planted_readout_is_a_linear_function_of_depth_d_features():
+    from freeze.pipeline.substrate.planted import depth_maps, depth_of, fit_readout
+
+    torch.manual_seed(0)
+    model = build_model("resnet18", 10, "imagenet")
+    x = torch.from_numpy(fdsl.render_fdsl_split("target", 120, seed=0, split="train")[0])
+    readout = fit_readout(model, x, 5)
+    z = depth_maps(model, x, [5])[5]
+    assert z.shape == (120, 128 * 2 * 2) and readout.basis.shape == (512, 16)
+    assert 0 < readout.residual_share <= 1
+    y, margin = readout.assign(z)
+    assert y.min() >= 0 and y.max() <= 9 and (margin >= 0).all()
+    # nearest centroid in u = U^T z_std is argmax_j (2 mu_j . u - |mu_j|^2): linear in z
+    u = ((z - readout.mean) / readout.std) @ readout.basis
+    scores = 2 * u @ readout.centroids.T - (readout.centroids**2).sum(1)
+    assert torch.equal(scores.argmax(1), y)
+    with pytest.raises(ValueError, match="planted task must be one of d3, d5, d7"):
+        depth_of("d4")

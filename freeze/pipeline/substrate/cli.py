@@ -3,6 +3,7 @@
     python -m experiments.substrate diagnose --weights W --dataset synthetic-target   # section 1.2
     python -m experiments.substrate pretrain      # once, resumable; exports the committed weights
     python -m experiments.substrate gates --study experiments/configs/substrate_gates.toml   # resumable
+    python -m experiments.substrate planted       # planted-boundary tasks + identifiability check
 
 Every command lowers its own priority to nice 19 (--no-nice keeps it): the machine is shared.
 """
@@ -39,7 +40,10 @@ def _parser() -> argparse.ArgumentParser:
     gates.add_argument("--study", default="experiments/configs/substrate_gates.toml")
     gates.add_argument("--out-dir", default="report/substrate")
     gates.add_argument("--no-run", action="store_true", help="only tabulate the runs complete so far")
-    for p in (diag, pre, gates):
+    plant = sub.add_parser("planted", help="build the planted-boundary tasks and check their identifiability")
+    plant.add_argument("--tasks", nargs="+", default=["d3", "d5", "d7"], choices=["d3", "d5", "d7"])
+    plant.add_argument("--out", default="report/substrate/planted.md")
+    for p in (diag, pre, gates, plant):
         p.add_argument("--no-nice", action="store_true", help="keep this process's priority")
     return parser
 
@@ -62,6 +66,11 @@ def main(argv: list[str] | None = None) -> int:
             from freeze.pipeline.substrate.gates import run_gates
 
             print(run_gates(args.study, Path(args.out_dir), command, run=not args.no_run))
+            return 0
+        if args.command == "planted":
+            from freeze.pipeline.substrate.planted import identifiability
+
+            print(identifiability(tuple(args.tasks), args.out, command))
             return 0
         from freeze.pipeline.substrate.diagnose import run_diagnostics
 
