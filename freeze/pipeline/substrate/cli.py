@@ -4,6 +4,7 @@
     python -m experiments.substrate pretrain      # once, resumable; exports the committed weights
     python -m experiments.substrate gates --study experiments/configs/substrate_gates.toml   # resumable
     python -m experiments.substrate planted       # planted-boundary tasks + identifiability check
+    python -m experiments.substrate planted-check --study experiments/configs/planted_d3.toml   # resumable
 
 Every command lowers its own priority to nice 19 (--no-nice keeps it): the machine is shared.
 """
@@ -43,7 +44,11 @@ def _parser() -> argparse.ArgumentParser:
     plant = sub.add_parser("planted", help="build the planted-boundary tasks and check their identifiability")
     plant.add_argument("--tasks", nargs="+", default=["d3", "d5", "d7"], choices=["d3", "d5", "d7"])
     plant.add_argument("--out", default="report/substrate/planted.md")
-    for p in (diag, pre, gates, plant):
+    check = sub.add_parser("planted-check", help="fine-tune a planted task's check arms (resumable) and tabulate")
+    check.add_argument("--study", required=True, help="experiments/configs/planted_d<d>.toml")
+    check.add_argument("--out-dir", default="report/substrate")
+    check.add_argument("--no-run", action="store_true", help="only tabulate the runs complete so far")
+    for p in (diag, pre, gates, plant, check):
         p.add_argument("--no-nice", action="store_true", help="keep this process's priority")
     return parser
 
@@ -66,6 +71,11 @@ def main(argv: list[str] | None = None) -> int:
             from freeze.pipeline.substrate.gates import run_gates
 
             print(run_gates(args.study, Path(args.out_dir), command, run=not args.no_run))
+            return 0
+        if args.command == "planted-check":
+            from freeze.pipeline.substrate.gates import planted_check
+
+            print(planted_check(args.study, Path(args.out_dir), command, run=not args.no_run))
             return 0
         if args.command == "planted":
             from freeze.pipeline.substrate.planted import identifiability
