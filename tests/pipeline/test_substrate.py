@@ -241,3 +241,49 @@ def test_planted_readout_is_a_linear_function_of_depth_d_features():
     assert torch.equal(scores.argmax(1), y)
     with pytest.raises(ValueError, match="planted task must be one of d3, d5, d7"):
         depth_of("d4")
+
+
+def test_gates_tabulate_complete_runs_without_running(tmp_path):
+    """The table and the JSON from run directories alone (made up here: this checks the arithmetic
+    and the plumbing, not any measurement)."""
+    from freeze.pipeline.substrate.gates import ARMS, run_gates
+    from freeze.pipeline.substrate.weights import export_fp16
+
+    torch.manual_seed(0)
+    model = build_model("resnet18", 128, "imagenet")
+    torch.save({"model": model.state_dict()}, tmp_path / "pre.pt")
+    export_fp16(tmp_path / "pre.pt", tmp_path / "w.pt", {})
+    study = tmp_path / "gates.toml"
+    arms = "\n".join(
+        f'{a} = ["freeze.policy=static:k={a[-1]}"]' if a.startswith("static") else f"{a} = []" for a in ARMS
+    )
+    study.write_text(
+        f'[study]\nname = "g"\nfinetune = "experiments/configs/fdsl32_finetune.toml"\nweights = "{tmp_path / "w.pt"}"\n'
+        f'seeds = [0, 1]\nout_dir = "{tmp_path / "runs"}"\noverrides = ["data.root={tmp_path / "data"}", '
+        '"data.synthetic_train_size=60", "data.synthetic_test_size=20", "data.val_size=20", "data.train_size=0", '
+        f'"data.test_size=0"]\n[arms]\n{arms}\n'
+    )
+    accs = {"none": 0.90, "scratch": 0.60, "static-k3": 0.895, "static-k5": 0.88, "static-k7": 0.85, "static-k8": 0.82}
+    accs["static-k9"] = 0.80
+    final = build_model("resnet18", 10, "imagenet", tmp_path / "w.pt").state_dict()
+    final["layer4.0.conv1.weight"] = final["layer4.0.conv1.weight"] * 1.5  # only layer4 moves
+    for arm, acc in accs.items():
+        for seed in (0, 1):
+            run = tmp_path / "runs" / "g" / f"{arm}_seed={seed}"
+            run.mkdir(parents=True)
+            times = {"start_time": "2026-01-01T00:00:00+00:00", "end_time": "2026-01-01T00:01:00+00:00"}
+            (run / "manifest.json").write_text(json.dumps({"status": "complete", "group": arm, "seed": seed, **times}))
+            records = [
+                {"test_acc": acc - 0.01, "val_acc": acc - 0.005},
+                {"test_acc": acc + seed / 1000, "val_acc": acc},
+            ]
+            (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+            if arm == "none":
+                torch.save({"model": final}, run / "checkpoint.pt")
+    text = run_gates(str(study), tmp_path / "report", "test", run=False)
+    record = json.loads((tmp_path / "report" / "gates-g.json").read_text())
+    assert record["seeds"] == [0, 1] and record["costs"]["3"][0] == pytest.approx(-0.5)
+    assert record["scratch_gain"][0] == pytest.approx(30.0)
+    assert record["gates"]["pretraining helps"] and record["gates"]["shallow freezing is cheap"]
+    assert record["gates"]["bottom-up stability"]  # stem + layer1 did not move
+    assert "| static-k7 | 85.05 |" in text and (tmp_path / "report" / "curves.md").is_file()
