@@ -95,6 +95,7 @@ class DataConfig:
         "synthetic-target",
         "fdsl32-source",
         "fdsl32-target",
+        "fdsl32-fine",
         "planted-d3",
         "planted-d5",
         "planted-d7",

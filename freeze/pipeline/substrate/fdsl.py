@@ -27,7 +27,7 @@ from functools import lru_cache
 import numpy as np
 
 FDSL_VERSION = 1  # bump whenever the images a (task, n, seed, split) produces change
-TASKS = ("source", "target")
+TASKS = ("source", "target", "fine")
 NUM_SOURCE_CLASSES = 128
 NUM_TARGET_CLASSES = 10
 _SYSTEM_SEEDS = {"source": 20261123, "target": 20261124}  # class definitions never depend on the data seed
@@ -47,6 +47,14 @@ _HUE_JITTER = 0.08
 def _check_task(task: str) -> None:
     if task not in TASKS:
         raise ValueError(f"FDSL-32 task must be one of {', '.join(TASKS)}, got {task!r}")
+
+
+# "fine": the target's systems 0-5 as six classes, and systems 6 and 7 each split into two classes
+# whose maps differ by +-delta from the system's: a fine distinction of the kind the source's
+# instance perturbations (std 0.08 rad, 0.03, 0.05) taught the top layers to ignore. delta is this
+# many instance-perturbation stds per parameter, drawn once per system.
+_FINE_DELTA = 1.5
+_FINE_SEED = 20261125
 
 
 def num_classes(task: str) -> int:
@@ -130,11 +138,31 @@ def _sample_systems(rng: np.random.Generator, count: int) -> tuple[np.ndarray, n
     return params, active
 
 
-@lru_cache(maxsize=2)
+def _fine_systems() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    params, active, hue = class_systems("target")
+    rng = np.random.default_rng(_FINE_SEED)
+    delta = np.zeros((2, 4, 7))
+    delta[..., 0:2] = rng.normal(0, 0.08, (2, 4, 2))
+    delta[..., 2:4] = rng.normal(0, 0.03, (2, 4, 2))
+    delta[..., 5:7] = rng.normal(0, 0.05, (2, 4, 2))
+    delta *= _FINE_DELTA
+    base = params[6:8]
+    split = np.stack([base[0] + delta[0], base[0] - delta[0], base[1] + delta[1], base[1] - delta[1]])
+    split[..., 2:4] = np.clip(split[..., 2:4], 0.05, 0.95)
+    return (
+        np.concatenate([params[:6], split]),
+        np.concatenate([active[:6], np.repeat(active[6:8], 2, axis=0)]),
+        np.concatenate([hue[:6], np.repeat(hue[6:8], 2)]),  # a split system's two classes share its hue
+    )
+
+
+@lru_cache(maxsize=3)
 def class_systems(task: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The task's classes: params [C, 4, 7], active-map mask [C, 4], hue [C] (NaN = shape-only).
     Candidates are drawn in batches and kept when their attractor covers 5-60 % of a 32 px canvas."""
     _check_task(task)
+    if task == "fine":
+        return _fine_systems()
     rng = np.random.default_rng(_SYSTEM_SEEDS[task])
     want = num_classes(task)
     kept_p, kept_a = [], []
@@ -155,10 +183,11 @@ def class_systems(task: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def class_names(task: str) -> tuple[str, ...]:
     """E.g. "ifs017-3maps-h0.62" or "ifs101-2maps-anyhue": the system index, map count and hue."""
     params, active, hue = class_systems(task)
-    prefix = "ifs" if task == "source" else "ifs-t"
+    prefix = {"source": "ifs", "target": "ifs-t", "fine": "ifs-f"}[task]
+    suffix = ("",) * 6 + ("+d", "-d", "+d", "-d") if task == "fine" else ("",) * len(hue)
     return tuple(
-        f"{prefix}{i:03d}-{int(a.sum())}maps-" + ("anyhue" if np.isnan(h) else f"h{h:.2f}")
-        for i, (a, h) in enumerate(zip(active, hue))
+        f"{prefix}{i:03d}-{int(a.sum())}maps-" + ("anyhue" if np.isnan(h) else f"h{h:.2f}") + x
+        for i, (a, h, x) in enumerate(zip(active, hue, suffix))
     )
 
 
