@@ -24,6 +24,7 @@ from freeze.pipeline.runs import RunError
 from freeze.pipeline.substrate.gates import GateError
 from freeze.pipeline.substrate.probe import ProbeError
 from freeze.pipeline.substrate.weights import WeightsError
+from freeze.pipeline.sweep import INTERRUPTED_EXIT_CODE
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -54,6 +55,14 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # Ctrl-C, SIGTERM, or an interrupted run: everything complete is kept
+        print("interrupted: re-run the same command to continue where it stopped", file=sys.stderr)
+        return INTERRUPTED_EXIT_CODE
+
+
+def _main(argv: list[str] | None) -> int:
     args = _parser().parse_args(argv)
     command = "python -m experiments.substrate " + shlex.join(sys.argv[1:] if argv is None else argv)
     if not args.no_nice:
