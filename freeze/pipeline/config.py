@@ -96,6 +96,7 @@ class DataConfig:
         "fdsl32-source",
         "fdsl32-target",
         "fdsl32-fine",
+        "fdsl32-pale",
         "planted-d3",
         "planted-d5",
         "planted-d7",

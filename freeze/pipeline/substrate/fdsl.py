@@ -27,7 +27,7 @@ from functools import lru_cache
 import numpy as np
 
 FDSL_VERSION = 1  # bump whenever the images a (task, n, seed, split) produces change
-TASKS = ("source", "target", "fine")
+TASKS = ("source", "target", "fine", "pale")
 NUM_SOURCE_CLASSES = 128
 NUM_TARGET_CLASSES = 10
 _SYSTEM_SEEDS = {"source": 20261123, "target": 20261124}  # class definitions never depend on the data seed
@@ -55,6 +55,10 @@ def _check_task(task: str) -> None:
 # many instance-perturbation stds per parameter, drawn once per system.
 _FINE_DELTA = 1.5
 _FINE_SEED = 20261125
+# "pale": the target's systems 0-4, each in two classes told apart only by the object's colour
+# saturation, vivid (0.8-1.0) or pale (0.1-0.3): a cue that is a nuisance in every source class
+# (saturation 0.5-1.0 at random), simple for early layers, which the source's top may discard.
+_PALE_SATURATION = ((0.8, 1.0), (0.1, 0.3))  # class 2i, class 2i + 1
 
 
 def num_classes(task: str) -> int:
@@ -163,6 +167,9 @@ def class_systems(task: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     _check_task(task)
     if task == "fine":
         return _fine_systems()
+    if task == "pale":
+        params, active, hue = class_systems("target")
+        return np.repeat(params[:5], 2, axis=0), np.repeat(active[:5], 2, axis=0), np.repeat(hue[:5], 2)
     rng = np.random.default_rng(_SYSTEM_SEEDS[task])
     want = num_classes(task)
     kept_p, kept_a = [], []
@@ -183,8 +190,8 @@ def class_systems(task: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def class_names(task: str) -> tuple[str, ...]:
     """E.g. "ifs017-3maps-h0.62" or "ifs101-2maps-anyhue": the system index, map count and hue."""
     params, active, hue = class_systems(task)
-    prefix = {"source": "ifs", "target": "ifs-t", "fine": "ifs-f"}[task]
-    suffix = ("",) * 6 + ("+d", "-d", "+d", "-d") if task == "fine" else ("",) * len(hue)
+    prefix = {"source": "ifs", "target": "ifs-t", "fine": "ifs-f", "pale": "ifs-p"}[task]
+    suffix = {"fine": ("",) * 6 + ("+d", "-d", "+d", "-d"), "pale": ("/vivid", "/pale") * 5}.get(task, ("",) * len(hue))
     return tuple(
         f"{prefix}{i:03d}-{int(a.sum())}maps-" + ("anyhue" if np.isnan(h) else f"h{h:.2f}") + x
         for i, (a, h, x) in enumerate(zip(active, hue, suffix))
@@ -230,11 +237,16 @@ def _downsample(counts: np.ndarray) -> np.ndarray:
     return counts.reshape(m, _SIZE, r // _SIZE, _SIZE, r // _SIZE).sum((2, 4))
 
 
-def _colour(rng: np.random.Generator, hue_mean: np.ndarray) -> np.ndarray:
-    """[m, 3] object colours: the class hue (+-0.08) or any hue where the class has none (NaN)."""
+def _colour(rng: np.random.Generator, hue_mean: np.ndarray, saturation=None) -> np.ndarray:
+    """[m, 3] object colours: the class hue (+-0.08) or any hue where the class has none (NaN);
+    saturation 0.5-1.0, or mapped into per-image (low, high) ranges ``saturation`` [m, 2] (the same
+    random numbers either way, so tasks without it render the same bytes)."""
     m = hue_mean.shape[0]
     hue = np.where(np.isnan(hue_mean), rng.uniform(0, 1, m), hue_mean + rng.normal(0, _HUE_JITTER, m)) % 1.0
-    return _hsv_to_rgb(hue, rng.uniform(0.5, 1.0, m), rng.uniform(0.6, 1.0, m))
+    sat = rng.uniform(0.5, 1.0, m)
+    if saturation is not None:
+        sat = saturation[:, 0] + (sat - 0.5) / 0.5 * (saturation[:, 1] - saturation[:, 0])
+    return _hsv_to_rgb(hue, sat, rng.uniform(0.6, 1.0, m))
 
 
 def _dead_leaves(rng: np.random.Generator, m: int) -> np.ndarray:
@@ -305,7 +317,8 @@ def render_fdsl_split(task: str, n: int, seed: int, split: str) -> tuple[np.ndar
             )
             _composite(canvas, counts, _colour(rng, hue[other]), rng.uniform(0.2, 0.5, m) * present)
         counts = _downsample(_instances(rng, params[y], active[y], _POINTS, rng.uniform(0.55, 0.95, m), _RENDER))
-        _composite(canvas, counts, _colour(rng, hue[y]), rng.uniform(0.85, 1.0, m))
+        sat = np.array(_PALE_SATURATION)[y % 2] if task == "pale" else None
+        _composite(canvas, counts, _colour(rng, hue[y], sat), rng.uniform(0.85, 1.0, m))
         canvas += _NOISE_STD * rng.standard_normal(canvas.shape, dtype=np.float32)
         images[begin : begin + m] = np.clip(np.rint(canvas * 255.0), 0, 255).astype(np.uint8)
     return images, labels
