@@ -97,6 +97,7 @@ class DataConfig:
         "fdsl32-target",
         "fdsl32-fine",
         "fdsl32-pale",
+        "fdsl32-muted",
         "planted-d3",
         "planted-d5",
         "planted-d7",

@@ -27,7 +27,7 @@ from functools import lru_cache
 import numpy as np
 
 FDSL_VERSION = 1  # bump whenever the images a (task, n, seed, split) produces change
-TASKS = ("source", "target", "fine", "pale")
+TASKS = ("source", "target", "fine", "pale", "muted")
 NUM_SOURCE_CLASSES = 128
 NUM_TARGET_CLASSES = 10
 _SYSTEM_SEEDS = {"source": 20261123, "target": 20261124}  # class definitions never depend on the data seed
@@ -59,6 +59,9 @@ _FINE_SEED = 20261125
 # saturation, vivid (0.8-1.0) or pale (0.1-0.3): a cue that is a nuisance in every source class
 # (saturation 0.5-1.0 at random), simple for early layers, which the source's top may discard.
 _PALE_SATURATION = ((0.8, 1.0), (0.1, 0.3))  # class 2i, class 2i + 1
+# "muted": as "pale", with both saturation ranges inside the source's 0.5-1.0 (no pixel-level shift:
+# the cue is only a nuisance of the source, not out of its distribution).
+_SATURATION = {"pale": _PALE_SATURATION, "muted": ((0.85, 1.0), (0.5, 0.65))}
 
 
 def num_classes(task: str) -> int:
@@ -167,7 +170,7 @@ def class_systems(task: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     _check_task(task)
     if task == "fine":
         return _fine_systems()
-    if task == "pale":
+    if task in _SATURATION:
         params, active, hue = class_systems("target")
         return np.repeat(params[:5], 2, axis=0), np.repeat(active[:5], 2, axis=0), np.repeat(hue[:5], 2)
     rng = np.random.default_rng(_SYSTEM_SEEDS[task])
@@ -190,8 +193,12 @@ def class_systems(task: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def class_names(task: str) -> tuple[str, ...]:
     """E.g. "ifs017-3maps-h0.62" or "ifs101-2maps-anyhue": the system index, map count and hue."""
     params, active, hue = class_systems(task)
-    prefix = {"source": "ifs", "target": "ifs-t", "fine": "ifs-f", "pale": "ifs-p"}[task]
-    suffix = {"fine": ("",) * 6 + ("+d", "-d", "+d", "-d"), "pale": ("/vivid", "/pale") * 5}.get(task, ("",) * len(hue))
+    prefix = {"source": "ifs", "target": "ifs-t", "fine": "ifs-f", "pale": "ifs-p", "muted": "ifs-m"}[task]
+    suffix = {
+        "fine": ("",) * 6 + ("+d", "-d", "+d", "-d"),
+        "pale": ("/vivid", "/pale") * 5,
+        "muted": ("/vivid", "/muted") * 5,
+    }.get(task, ("",) * len(hue))
     return tuple(
         f"{prefix}{i:03d}-{int(a.sum())}maps-" + ("anyhue" if np.isnan(h) else f"h{h:.2f}") + x
         for i, (a, h, x) in enumerate(zip(active, hue, suffix))
@@ -317,7 +324,7 @@ def render_fdsl_split(task: str, n: int, seed: int, split: str) -> tuple[np.ndar
             )
             _composite(canvas, counts, _colour(rng, hue[other]), rng.uniform(0.2, 0.5, m) * present)
         counts = _downsample(_instances(rng, params[y], active[y], _POINTS, rng.uniform(0.55, 0.95, m), _RENDER))
-        sat = np.array(_PALE_SATURATION)[y % 2] if task == "pale" else None
+        sat = np.array(_SATURATION[task])[y % 2] if task in _SATURATION else None
         _composite(canvas, counts, _colour(rng, hue[y], sat), rng.uniform(0.85, 1.0, m))
         canvas += _NOISE_STD * rng.standard_normal(canvas.shape, dtype=np.float32)
         images[begin : begin + m] = np.clip(np.rint(canvas * 255.0), 0, 255).astype(np.uint8)
