@@ -98,6 +98,7 @@ class DataConfig:
         "fdsl32-fine",
         "fdsl32-pale",
         "fdsl32-muted",
+        "fdsl32-mix",
         "planted-d3",
         "planted-d5",
         "planted-d7",

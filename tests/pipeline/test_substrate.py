@@ -63,7 +63,7 @@ def test_class_systems_are_contractive_and_the_target_is_held_out():
 @pytest.mark.parametrize(
     "args, match",
     [
-        (("validation", 4, 0, "train"), "task must be one of source, target, fine, pale, muted"),
+        (("validation", 4, 0, "train"), "task must be one of source, target, fine, pale, muted, mix"),
         (("source", 4, 0, "val"), "split must be 'train' or 'test'"),
         (("source", -1, 0, "train"), "n must be an integer >= 0"),
         (("source", 4, -2, "train"), "seed must be an integer >= 0"),

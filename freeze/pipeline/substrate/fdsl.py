@@ -27,7 +27,7 @@ from functools import lru_cache
 import numpy as np
 
 FDSL_VERSION = 1  # bump whenever the images a (task, n, seed, split) produces change
-TASKS = ("source", "target", "fine", "pale", "muted")
+TASKS = ("source", "target", "fine", "pale", "muted", "mix")
 NUM_SOURCE_CLASSES = 128
 NUM_TARGET_CLASSES = 10
 _SYSTEM_SEEDS = {"source": 20261123, "target": 20261124}  # class definitions never depend on the data seed
@@ -62,6 +62,10 @@ _PALE_SATURATION = ((0.8, 1.0), (0.1, 0.3))  # class 2i, class 2i + 1
 # "muted": as "pale", with both saturation ranges inside the source's 0.5-1.0 (no pixel-level shift:
 # the cue is only a nuisance of the source, not out of its distribution).
 _SATURATION = {"pale": _PALE_SATURATION, "muted": ((0.85, 1.0), (0.5, 0.65))}
+# "mix": six held-out systems as six classes (saturation as in the source), and two more each in a
+# vivid and a muted class: the share of classes that hinge on the source nuisance (4 of 10) sets how
+# much the frozen top can lose, the knob that scales the deep-freezing cost.
+_MIX_SATURATION = ((0.5, 1.0),) * 6 + ((0.85, 1.0), (0.5, 0.65)) * 2
 
 
 def num_classes(task: str) -> int:
@@ -170,6 +174,13 @@ def class_systems(task: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     _check_task(task)
     if task == "fine":
         return _fine_systems()
+    if task == "mix":
+        params, active, hue = class_systems("target")
+        return (
+            np.concatenate([params[:6], np.repeat(params[6:8], 2, axis=0)]),
+            np.concatenate([active[:6], np.repeat(active[6:8], 2, axis=0)]),
+            np.concatenate([hue[:6], np.repeat(hue[6:8], 2)]),
+        )
     if task in _SATURATION:
         params, active, hue = class_systems("target")
         return np.repeat(params[:5], 2, axis=0), np.repeat(active[:5], 2, axis=0), np.repeat(hue[:5], 2)
@@ -193,11 +204,14 @@ def class_systems(task: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def class_names(task: str) -> tuple[str, ...]:
     """E.g. "ifs017-3maps-h0.62" or "ifs101-2maps-anyhue": the system index, map count and hue."""
     params, active, hue = class_systems(task)
-    prefix = {"source": "ifs", "target": "ifs-t", "fine": "ifs-f", "pale": "ifs-p", "muted": "ifs-m"}[task]
+    prefix = {"source": "ifs", "target": "ifs-t", "fine": "ifs-f", "pale": "ifs-p", "muted": "ifs-m", "mix": "ifs-x"}[
+        task
+    ]
     suffix = {
         "fine": ("",) * 6 + ("+d", "-d", "+d", "-d"),
         "pale": ("/vivid", "/pale") * 5,
         "muted": ("/vivid", "/muted") * 5,
+        "mix": ("",) * 6 + ("/vivid", "/muted") * 2,
     }.get(task, ("",) * len(hue))
     return tuple(
         f"{prefix}{i:03d}-{int(a.sum())}maps-" + ("anyhue" if np.isnan(h) else f"h{h:.2f}") + x
@@ -325,6 +339,8 @@ def render_fdsl_split(task: str, n: int, seed: int, split: str) -> tuple[np.ndar
             _composite(canvas, counts, _colour(rng, hue[other]), rng.uniform(0.2, 0.5, m) * present)
         counts = _downsample(_instances(rng, params[y], active[y], _POINTS, rng.uniform(0.55, 0.95, m), _RENDER))
         sat = np.array(_SATURATION[task])[y % 2] if task in _SATURATION else None
+        if task == "mix":
+            sat = np.array(_MIX_SATURATION)[y]
         _composite(canvas, counts, _colour(rng, hue[y], sat), rng.uniform(0.85, 1.0, m))
         canvas += _NOISE_STD * rng.standard_normal(canvas.shape, dtype=np.float32)
         images[begin : begin + m] = np.clip(np.rint(canvas * 255.0), 0, 255).astype(np.uint8)
