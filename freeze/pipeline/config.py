@@ -93,7 +93,20 @@ class RunConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    dataset: Literal["cifar10", "synthetic-source", "synthetic-target"] = "cifar10"
+    dataset: Literal[
+        "cifar10",
+        "synthetic-source",
+        "synthetic-target",
+        "fdsl32-source",
+        "fdsl32-target",
+        "fdsl32-fine",
+        "fdsl32-pale",
+        "fdsl32-muted",
+        "fdsl32-mix",
+        "planted-d3",
+        "planted-d5",
+        "planted-d7",
+    ] = "cifar10"
     root: str = "data"
     download: bool = False
     val_size: int = _f(5000, ge=0)  # images held out of the training set

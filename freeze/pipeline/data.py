@@ -34,16 +34,46 @@ from torchvision.datasets.utils import check_integrity, download_and_extract_arc
 
 from freeze.cache import CacheSource
 from freeze.pipeline.augment import PAD, FixedViews, crop_flip, parse_augment
+from freeze.pipeline.substrate import fdsl, planted
+from freeze.pipeline.substrate.fdsl import render_fdsl_split
 from freeze.pipeline.synthetic import SYNTHETIC_VERSION, render_synthetic_split, synthetic_class_names
 from freeze.pipeline.synthetic import TASKS as SYNTHETIC_TASKS
 
 CIFAR10_FOLDER = CIFAR10.base_folder
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)  # per-channel mean of the 50k training images, [0, 1] scale
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)  # per-channel (population) std of the same images
-NUM_CLASSES = 10
+NUM_CLASSES = 10  # of the official CIFAR-10; generated data may hold more (FDSL-32's source: 128)
 IMAGE_BYTES = 3 * 32 * 32
 SYNTHETIC_MARKER = "SYNTHETIC.json"
-DATASET_NAMES = ("cifar10", "synthetic-source", "synthetic-target")
+
+
+@dataclass(frozen=True)
+class Generator:
+    """A family of generated tasks: ``render(task, n, seed, split)`` -> (uint8 images, labels)."""
+
+    render: object
+    class_names: object
+    version: int
+    tasks: tuple[str, ...]
+
+
+# data.dataset = "<family>-<task>". "synthetic" is the original pair (freeze.pipeline.synthetic),
+# kept by name for comparison; "fdsl32" is the formula-driven substrate (freeze.pipeline.substrate.fdsl).
+# The renderers are looked up when called (through this module's globals), so a test can replace one.
+GENERATORS = {
+    "synthetic": Generator(
+        lambda *a, **k: render_synthetic_split(*a, **k), synthetic_class_names, SYNTHETIC_VERSION, SYNTHETIC_TASKS
+    ),
+    "fdsl32": Generator(lambda *a, **k: render_fdsl_split(*a, **k), fdsl.class_names, fdsl.FDSL_VERSION, fdsl.TASKS),
+    # labels planted in the committed FDSL-32 weights' depth-d features (optimal boundary d known)
+    "planted": Generator(
+        lambda *a, **k: planted.render_planted_split(*a, **k),
+        planted.planted_class_names,
+        planted.PLANTED_VERSION,
+        planted.TASKS,
+    ),
+}
+DATASET_NAMES = ("cifar10", *(f"{family}-{task}" for family, g in GENERATORS.items() for task in g.tasks))
 _TRAIN_FILES = tuple((name, md5) for name, md5 in CIFAR10.train_list)
 _TEST_FILES = tuple((name, md5) for name, md5 in CIFAR10.test_list)
 _META_FILE = (CIFAR10.meta["filename"], CIFAR10.meta["md5"])
@@ -144,7 +174,7 @@ def _load_pickle(path: Path, synthetic: bool) -> dict:
     return obj
 
 
-def _read_batch(path: Path, synthetic: bool) -> tuple[np.ndarray, np.ndarray]:
+def _read_batch(path: Path, synthetic: bool, num_classes: int = NUM_CLASSES) -> tuple[np.ndarray, np.ndarray]:
     batch = _load_pickle(path, synthetic)
     missing = [k.decode() for k in (b"data", b"labels") if k not in batch]
     if missing:
@@ -161,17 +191,20 @@ def _read_batch(path: Path, synthetic: bool) -> tuple[np.ndarray, np.ndarray]:
         raise DataError(f"{path}: b'labels' must be a list of integers 0..9: {_redo(path, synthetic)}") from None
     if labels.shape != (data.shape[0],):
         raise DataError(f"{path}: {labels.size} labels for {data.shape[0]} images: {_redo(path, synthetic)}")
-    bad = labels[(labels < 0) | (labels >= NUM_CLASSES)]
+    bad = labels[(labels < 0) | (labels >= num_classes)]
     if bad.size:
-        raise DataError(f"{path}: label {int(bad[0])} is outside 0..9: {_redo(path, synthetic)}")
+        raise DataError(f"{path}: label {int(bad[0])} is outside 0..{num_classes - 1}: {_redo(path, synthetic)}")
     return data, labels
 
 
 def _read_classes(path: Path, synthetic: bool) -> tuple[str, ...]:
+    """The class names; official data has exactly 10, generated data 2 or more (the labels' range)."""
     meta = _load_pickle(path, synthetic)
     names = meta.get(b"label_names")
-    if not isinstance(names, list) or len(names) != NUM_CLASSES:
+    if not synthetic and (not isinstance(names, list) or len(names) != NUM_CLASSES):
         raise DataError(f"{path}: b'label_names' must be a list of {NUM_CLASSES} class names")
+    if synthetic and (not isinstance(names, list) or len(names) < 2):
+        raise DataError(f"{path}: b'label_names' must be a list of at least 2 class names: {_redo(path, synthetic)}")
     return tuple(n.decode() if isinstance(n, bytes) else str(n) for n in names)
 
 
@@ -197,11 +230,13 @@ def read_cifar10(root: str | Path, synthetic: bool = False) -> CifarArrays:
         if not synthetic and not check_integrity(str(path), md5):
             hint = ""
             if (folder / SYNTHETIC_MARKER).is_file():
-                hint = " (this folder holds generated data: set data.dataset to synthetic-source or synthetic-target)"
+                hint = (
+                    " (this folder holds generated data: set data.dataset to the generator's name, e.g. fdsl32-target)"
+                )
             raise DataError(f"{path} fails the official md5 checksum ({md5}): delete it and download again{hint}")
-    train_x, train_y = _to_tensors([_read_batch(folder / n, synthetic) for n, _ in _TRAIN_FILES])
-    test_x, test_y = _to_tensors([_read_batch(folder / n, synthetic) for n, _ in _TEST_FILES])
     classes = _read_classes(folder / _META_FILE[0], synthetic)
+    train_x, train_y = _to_tensors([_read_batch(folder / n, synthetic, len(classes)) for n, _ in _TRAIN_FILES])
+    test_x, test_y = _to_tensors([_read_batch(folder / n, synthetic, len(classes)) for n, _ in _TEST_FILES])
     return CifarArrays(train_x, train_y, test_x, test_y, classes, synthetic)
 
 
@@ -245,19 +280,26 @@ def _dump(path: Path, obj: dict) -> None:
         _Py2StrPickler(f, protocol=2).dump(obj)
 
 
-def write_synthetic_cifar(root: str | Path, task: str, n_train: int, n_test: int, seed: int) -> Path:
-    """Write a synthetic task in the official layout under ``<root>/cifar-10-batches-py``; returns
-    that folder. ``task``: "source" or "target" (different classes built from the same primitives)."""
+def write_synthetic_cifar(
+    root: str | Path, task: str, n_train: int, n_test: int, seed: int, family: str = "synthetic"
+) -> Path:
+    """Write a generated task in the official layout under ``<root>/cifar-10-batches-py``; returns
+    that folder. ``family``: a key of :data:`GENERATORS` ("synthetic": the original pair, "fdsl32":
+    the formula-driven substrate); ``task``: "source" or "target" (different classes of one generator).
+    Labels run over all the task's classes (FDSL-32's source has 128; b'label_names' lists them)."""
     for field, value, low in (("n_train", n_train, 5), ("n_test", n_test, 1), ("seed", seed, 0)):
         if not isinstance(value, int) or value < low:
             raise DataError(f"synthetic {field} must be an integer >= {low}, got {value!r}")
-    if task not in SYNTHETIC_TASKS:
-        raise DataError(f"synthetic task must be one of {', '.join(SYNTHETIC_TASKS)}, got {task!r}")
-    names = synthetic_class_names(task)
+    if family not in GENERATORS:
+        raise DataError(f"generator family must be one of {', '.join(GENERATORS)}, got {family!r}")
+    generator = GENERATORS[family]
+    if task not in generator.tasks:
+        raise DataError(f"{family} task must be one of {', '.join(generator.tasks)}, got {task!r}")
+    names = generator.class_names(task)
     folder = Path(root) / CIFAR10_FOLDER
     folder.mkdir(parents=True, exist_ok=True)
-    train_x, train_y = render_synthetic_split(task, n_train, seed, split="train")
-    test_x, test_y = render_synthetic_split(task, n_test, seed, split="test")
+    train_x, train_y = generator.render(task, n_train, seed, split="train")
+    test_x, test_y = generator.render(task, n_test, seed, split="test")
     flat = train_x.reshape(n_train, IMAGE_BYTES)
     for i, idx in enumerate(np.array_split(np.arange(n_train), len(_TRAIN_FILES))):
         _dump(
@@ -266,7 +308,7 @@ def write_synthetic_cifar(root: str | Path, task: str, n_train: int, n_test: int
                 b"batch_label": f"training batch {i + 1} of {len(_TRAIN_FILES)}".encode(),
                 b"labels": train_y[idx].tolist(),
                 b"data": flat[idx],
-                b"filenames": [f"synthetic_{task}_{j:06d}.png".encode() for j in idx],
+                b"filenames": [f"{family}_{task}_{j:06d}.png".encode() for j in idx],
             },
         )
     _dump(
@@ -275,7 +317,7 @@ def write_synthetic_cifar(root: str | Path, task: str, n_train: int, n_test: int
             b"batch_label": b"testing batch 1 of 1",
             b"labels": test_y.tolist(),
             b"data": test_x.reshape(n_test, IMAGE_BYTES),
-            b"filenames": [f"synthetic_{task}_test_{j:06d}.png".encode() for j in range(n_test)],
+            b"filenames": [f"{family}_{task}_test_{j:06d}.png".encode() for j in range(n_test)],
         },
     )
     _dump(
@@ -287,13 +329,16 @@ def write_synthetic_cifar(root: str | Path, task: str, n_train: int, n_test: int
             b"synthetic": True,
         },
     )
-    marker = {"task": task, "n_train": n_train, "n_test": n_test, "seed": seed, "version": SYNTHETIC_VERSION}
+    marker = {"task": task, "n_train": n_train, "n_test": n_test, "seed": seed, "version": generator.version}
+    if family != "synthetic":  # the original pair's marker stays as it was, so its folders stay valid
+        marker["generator"] = family
     (folder / SYNTHETIC_MARKER).write_text(json.dumps(marker, indent=1) + "\n")
     return folder
 
 
-def _synthetic_root(root: Path, task: str, n_train: int, n_test: int, seed: int) -> Path:
-    target = root / f"synthetic-{task}-n{n_train}-{n_test}-s{seed}"
+def _synthetic_root(root: Path, task: str, n_train: int, n_test: int, seed: int, family: str = "synthetic") -> Path:
+    target = root / f"{family}-{task}-n{n_train}-{n_test}-s{seed}"
+    version_now = GENERATORS[family].version
     if not (target / CIFAR10_FOLDER).is_dir():
         # Written in a temp dir and renamed, so a crash never leaves a half-written dataset and
         # concurrent ranks race harmlessly: the first rename wins, the others discard their copy.
@@ -304,7 +349,7 @@ def _synthetic_root(root: Path, task: str, n_train: int, n_test: int, seed: int)
             reason = exc.strerror or type(exc).__name__
             raise DataError(f"cannot write a synthetic dataset under {root} ({reason}): choose another root") from None
         try:
-            write_synthetic_cifar(tmp, task, n_train, n_test, seed)
+            write_synthetic_cifar(tmp, task, n_train, n_test, seed, family)
             tmp.chmod(0o755)  # mkdtemp makes it private; the dataset is not
             os.rename(tmp, target)
         except OSError as exc:
@@ -317,10 +362,8 @@ def _synthetic_root(root: Path, task: str, n_train: int, n_test: int, seed: int)
         version = json.loads(marker.read_text()).get("version")
     except (OSError, ValueError):
         raise DataError(f"{marker} is missing or unreadable: delete {target} and it is regenerated") from None
-    if version != SYNTHETIC_VERSION:
-        raise DataError(
-            f"{target} was written by synthetic generator v{version}, this is v{SYNTHETIC_VERSION}: delete it"
-        )
+    if version != version_now:
+        raise DataError(f"{target} was written by {family} generator v{version}, this is v{version_now}: delete it")
     return target
 
 
@@ -332,24 +375,25 @@ def load_dataset(
     synthetic_test_size: int = 4000,
     synthetic_seed: int = 0,
 ) -> CifarArrays:
-    """``name``: "cifar10" (official files under ``root``) or "synthetic-source"/"synthetic-target"
-    (generated once under ``root``, then read by the same reader)."""
+    """``name``: "cifar10" (official files under ``root``) or "<family>-<task>" of a generator
+    (:data:`GENERATORS`: "fdsl32-source"/"fdsl32-target", the original "synthetic-source"/
+    "synthetic-target"), generated once under ``root``, then read by the same reader."""
     root = Path(root)
     if name == "cifar10":
         if download:
             download_cifar10(root)
         return read_cifar10(root)
-    if name in ("synthetic-source", "synthetic-target"):
-        task = name.removeprefix("synthetic-")
-        folder = _synthetic_root(root, task, synthetic_train_size, synthetic_test_size, synthetic_seed)
+    if name in DATASET_NAMES:
+        family, task = name.rsplit("-", 1)
+        folder = _synthetic_root(root, task, synthetic_train_size, synthetic_test_size, synthetic_seed, family)
         return read_cifar10(folder, synthetic=True)
     raise DataError(f"unknown data.name {name!r}: accepted {', '.join(DATASET_NAMES)}")
 
 
 # ------------------------------------------------------------------------------------- splitting
-def _stratified_counts(labels: torch.Tensor, total: int) -> torch.Tensor:
+def _stratified_counts(labels: torch.Tensor, total: int, num_classes: int = NUM_CLASSES) -> torch.Tensor:
     """Per-class counts summing to ``total``, proportional to class frequency (largest remainder)."""
-    freq = torch.bincount(labels, minlength=NUM_CLASSES).double()
+    freq = torch.bincount(labels, minlength=num_classes).double()
     exact = freq * total / freq.sum()
     counts = exact.floor().long()
     remainder_order = torch.argsort(exact - counts, descending=True, stable=True)
@@ -367,11 +411,12 @@ def split_validation(
         raise DataError(f"data.val_size must be in 0..{n_train - 1} (training images available), got {val_size}")
     gen = torch.Generator().manual_seed(seed)
     order = torch.randperm(n_train, generator=gen)
-    counts = _stratified_counts(arrays.train_y, val_size)
+    num_classes = max(len(arrays.classes), int(arrays.train_y.max()) + 1)
+    counts = _stratified_counts(arrays.train_y, val_size, num_classes)
     shuffled_y = arrays.train_y[order]
     # rank of each shuffled image within its own class: the first counts[c] of class c go to val
     rank_in_class = torch.zeros(n_train, dtype=torch.long)
-    for c in range(NUM_CLASSES):
+    for c in range(num_classes):
         in_c = shuffled_y == c
         rank_in_class[in_c] = torch.arange(int(in_c.sum()))
     is_val = rank_in_class < counts[shuffled_y]

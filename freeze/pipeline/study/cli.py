@@ -122,7 +122,16 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _pretrain(study: StudyFile, out_dir: str) -> tuple[list[RunSpec], tuple[str, ...]]:
-    """The pretraining run (if any) and the override that makes its checkpoint the model weights."""
+    """The pretraining run (if any) and the override that makes its checkpoint the model weights;
+    with ``weights`` (committed weights), no run: the file's sha256 is checked and it is the weights."""
+    if study.weights:
+        from freeze.pipeline.substrate.weights import WeightsError, verify
+
+        try:
+            verify(study.weights)
+        except WeightsError as e:
+            raise SweepError(f"study file {study.path}: weights: {e}") from None
+        return [], (f"model.weights={study.weights}",)
     if not study.pretrain:
         return [], ()
     specs = expand(study.pretrain, f"{study.name}-pretrain", {}, [], out_dir)

@@ -4,6 +4,7 @@
     name = "offline"                                        # runs/<name>/<run>/, runs/<name>-search/, -pretrain/
     finetune = "experiments/configs/offline_finetune.toml"  # the run config every run starts from
     pretrain = "experiments/configs/offline_pretrain.toml"  # optional: its checkpoint becomes model.weights
+    weights = "experiments/weights/fdsl32_resnet18.pt"      # or: committed weights (sha256 checked), no pretraining
     overrides = []                                          # applied to every run (search runs too)
     seeds = [0, 1, 2, 3, 4]                                 # paired: every arm runs every seed
     order_seed = 0                                          # shuffles the arms within each seed's block
@@ -55,6 +56,7 @@ _STUDY_KEYS = {
     "name",
     "finetune",
     "pretrain",
+    "weights",
     "overrides",
     "seeds",
     "order_seed",
@@ -106,6 +108,7 @@ class StudyFile:
     arms: dict[str, Arm]
     search: Search | None = None
     predict: bool = False  # the cost-model stage after the runs (freeze.pipeline.study.predict)
+    weights: str | None = None  # committed pretrained weights (freeze.pipeline.substrate.weights), instead of pretrain
 
     def cells(self) -> list[tuple[str, str]]:
         """(setting, arm) pairs the study runs for every seed."""
@@ -170,6 +173,11 @@ def read_study(path: str | Path) -> StudyFile:
     if not isinstance(study.get("predict", False), bool):
         raise _error(path, f"predict must be true or false, got {study['predict']!r}")
     search = _read_search(path, data.get("search"), arms, settings, seeds)
+    weights = study.get("weights")
+    if weights is not None and (not isinstance(weights, str) or not weights):
+        raise _error(path, f"weights must be a path to a committed weights file, got {weights!r}")
+    if weights is not None and study.get("pretrain"):
+        raise _error(path, "pretrain and weights both give the model's weights; keep one")
     return StudyFile(
         path=Path(path),
         name=str(study["name"]),
@@ -186,6 +194,7 @@ def read_study(path: str | Path) -> StudyFile:
         arms=arms,
         search=search,
         predict=study.get("predict", False),
+        weights=weights,
     )
 
 

@@ -1,0 +1,373 @@
+"""``python -m experiments.substrate gates --study S``: every gate of issue 23 in one command.
+
+Runs the gate study S (a study file: arms none, scratch, static-k3/5/7/8/9; the pretraining or the
+committed weights it names), skipping complete runs, so re-running continues an interrupted
+measurement. Then, from the run directories alone:
+
+- per arm, the final-epoch test accuracy and its paired difference to full fine-tuning (none), mean
+  and 95 % t-interval over the seeds;
+- the converged linear probe (Ericsson et al.'s protocol: L-BFGS logistic regression on the
+  pretrained model's cached penultimate features of the same train / val / test split as the
+  fine-tuning runs, C chosen on the validation split), per seed, paired with full fine-tuning;
+- bottom-up stability: ||W_T - W_0|| / ||W_0|| of stem + layer1 and of layer4 during full
+  fine-tuning (W_0 the pretrained weights, W_T the final checkpoint), per seed;
+
+and writes ``report/substrate/gates-<study>.md`` (the table REPORT.md can splice, with the bands
+beside the measurements) and ``.json``, then ``report/substrate/curves.md``: the cost curve of every
+gate study measured so far, side by side with the research note's faithful band.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from freeze.pipeline.config import ConfigError, load_config
+from freeze.pipeline.data import load_dataset, split_validation
+from freeze.pipeline.runs import load_torch_file
+from freeze.pipeline.study.plan import main_specs, read_study, runs_root
+from freeze.pipeline.sweep import SweepError, check_runnable_here
+
+ARMS = ("none", "scratch", "static-k3", "static-k5", "static-k7", "static-k8", "static-k9")
+K_ARMS = {3: "static-k3", 5: "static-k5", 7: "static-k7", 8: "static-k8", 9: "static-k9"}
+# The research note's faithful band per boundary (section 2.3), in points vs full fine-tuning.
+BANDS = {3: (-1.5, 0.0), 5: (-3.0, -0.5), 7: (-8.0, -2.0), 8: (-12.0, -4.0)}
+BOTTOM = ("conv1.", "bn1.", "layer1.")
+TOP = ("layer4.",)
+
+
+class GateError(Exception):
+    """A gate study that cannot be measured, as one line."""
+
+
+@dataclass(frozen=True)
+class Paired:
+    n: int
+    mean: float
+    low: float
+    high: float
+
+    def text(self, unit: str = "") -> str:
+        if self.n < 2:
+            return f"{self.mean:+.2f}{unit} (n={self.n})"
+        return f"{self.mean:+.2f}{unit} [{self.low:+.2f}, {self.high:+.2f}] (n={self.n})"
+
+
+def paired(values: list[float]) -> Paired:
+    """Mean and 95 % Student-t interval of per-seed values."""
+    n = len(values)
+    if n == 0:
+        return Paired(0, math.nan, math.nan, math.nan)
+    mean = sum(values) / n
+    if n < 2:
+        return Paired(n, mean, math.nan, math.nan)
+    from scipy.stats import t
+
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    half = t.ppf(0.975, n - 1) * sd / math.sqrt(n)
+    return Paired(n, mean, mean - half, mean + half)
+
+
+def _final_records(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+
+
+def _complete_runs(root: Path) -> dict[tuple[str, int], Path]:
+    """(arm, seed) -> run directory, complete runs only."""
+    out = {}
+    for manifest in sorted(root.glob("*/manifest.json")):
+        m = json.loads(manifest.read_text())
+        if m.get("status") == "complete":
+            out[(m["group"], int(m["seed"]))] = manifest.parent
+    return out
+
+
+def _relative_change(initial: dict, final: dict, prefixes: tuple[str, ...]) -> float:
+    keys = [k for k in final if k.startswith(prefixes) and final[k].is_floating_point() and "running_" not in k]
+    num = sum(float(((final[k].float() - initial[k].float()) ** 2).sum()) for k in keys)
+    den = sum(float((initial[k].float() ** 2).sum()) for k in keys)
+    return math.sqrt(num / den)
+
+
+def _probe_per_seed(study, weights_path: str, seeds: list[int]) -> dict[int, tuple[float, float]]:
+    """seed -> (converged linear-probe test accuracy %, chosen C) on that seed's fine-tuning split."""
+    from freeze.pipeline.models import build_model
+    from freeze.pipeline.substrate.probe import linear_probe, pooled_features
+
+    cfg = load_config(study.finetune, list(study.overrides), check_files=False)
+    d = cfg.data
+    arrays = load_dataset(d.dataset, d.root, False, d.synthetic_train_size, d.synthetic_test_size, d.synthetic_seed)
+    model = build_model(cfg.model.arch, len(arrays.classes), cfg.model.stem, weights_path)
+    out = {}
+    for seed in seeds:
+        split = split_validation(arrays, d.val_size, seed, d.train_size, d.test_size)
+        feats = [pooled_features(model, x)[-1] for x in (split.train_x, split.val_x, split.test_x)]
+        r = linear_probe(
+            (feats[0], split.train_y), (feats[1], split.val_y), (feats[2], split.test_y), split.num_classes
+        )
+        out[seed] = (100 * r.test_acc, r.c)
+    return out
+
+
+def _run_study(study_path: str, arms: tuple[str, ...], run: bool):
+    """Run (unless ``run`` is False) the study's pretraining and grid, skipping complete runs; returns
+    (study, weights path, complete runs by (arm, seed), seeds with every arm complete)."""
+    try:
+        study = read_study(study_path)
+    except SweepError as e:
+        raise GateError(str(e)) from None
+    missing = [a for a in arms if a not in study.arms]
+    if missing:
+        raise GateError(f"study {study_path} lacks the arm(s) {', '.join(missing)}; it needs {', '.join(arms)}")
+    from freeze.pipeline.study.cli import _pretrain, _run_stage
+
+    root = runs_root(study, None)
+    try:
+        pretrain, weights = _pretrain(study, str(root))
+        grid = main_specs(study, {}, str(root), weights)
+        check_runnable_here(pretrain + grid)
+    except (SweepError, ConfigError) as e:
+        raise GateError(str(e)) from None
+    if run:
+        if pretrain and not _run_stage(f"pretraining ({study.pretrain})", pretrain):
+            raise GateError("the pretraining run failed; re-run this command to continue it")
+        _run_stage("gate runs (interleaved per seed)", grid)
+    weights_path = weights[0].split("=", 1)[1]
+    runs = _complete_runs(root / study.name)
+    seeds = [s for s in study.seeds if all((a, s) in runs for a in arms)]
+    if not seeds:
+        raise GateError(f"no seed of {study_path} has all of its arms complete yet: re-run to continue")
+    return study, weights_path, runs, seeds
+
+
+def _when(runs: dict, seeds: list[int]) -> tuple[str, str]:
+    manifests = [json.loads((p / "manifest.json").read_text()) for k, p in runs.items() if k[1] in seeds]
+    return min(m["start_time"] for m in manifests), max(m["end_time"] for m in manifests)
+
+
+def run_gates(study_path: str, out_dir: Path, command: str, run: bool = True) -> str:
+    start_s, load_start = time.perf_counter(), os.getloadavg()
+    study, weights_path, runs, seeds = _run_study(study_path, ARMS, run)
+    final = {key: _final_records(path)[-1] for key, path in runs.items()}
+    acc = {key: 100 * rec["test_acc"] for key, rec in final.items()}
+    full = {s: acc[("none", s)] for s in seeds}
+
+    def cost(arm: str) -> Paired:
+        return paired([acc[(arm, s)] - full[s] for s in seeds])
+
+    costs = {k: cost(arm) for k, arm in K_ARMS.items()}
+    gain = paired([full[s] - acc[("scratch", s)] for s in seeds])
+    val_last_change = [
+        100 * (_final_records(runs[("none", s)])[-1]["val_acc"] - _final_records(runs[("none", s)])[-2]["val_acc"])
+        for s in seeds
+    ]
+    probe = _probe_per_seed(study, weights_path, seeds)
+    probe_gap = paired([probe[s][0] - full[s] for s in seeds])
+    k9_vs_k8 = paired([acc[("static-k9", s)] - acc[("static-k8", s)] for s in seeds])
+    steps = [paired([acc[(K_ARMS[b], s)] - acc[(K_ARMS[a], s)] for s in seeds]) for a, b in ((3, 5), (5, 7), (7, 8))]
+    initial = load_torch_file(Path(weights_path))
+    initial = initial.get("model", initial)
+    ratios, bottoms, tops = [], [], []
+    for s in seeds:
+        final_state = load_torch_file(runs[("none", s)] / "checkpoint.pt")["model"]
+        bottoms.append(_relative_change(initial, final_state, BOTTOM))
+        tops.append(_relative_change(initial, final_state, TOP))
+        ratios.append(bottoms[-1] / tops[-1])
+
+    def ok(flag: bool) -> str:
+        return "**met**" if flag else "**not met**"
+
+    c3, c5, c7, c8 = (costs[k] for k in (3, 5, 7, 8))
+    gates = [
+        (
+            "pretraining helps",
+            "full FT >= 15 points above from scratch; FT plateaued (last-epoch val change <= 1 point)",
+            f"{gain.text()} points; last-epoch val change {', '.join(f'{v:+.2f}' for v in val_last_change)}",
+            gain.mean >= 15 and all(abs(v) <= 1 + 1e-9 for v in val_last_change),  # 1 point = 10 of 1000 images
+        ),
+        (
+            "shallow freezing is cheap",
+            "cost(k=3) >= -1.5; cost(k=5) within [-3, +0.5]",
+            f"k=3 {c3.text()}; k=5 {c5.text()}",
+            c3.mean >= -1.5 and -3 <= c5.mean <= 0.5,
+        ),
+        (
+            "deep freezing costs",
+            "cost(k=7) within [-8, -2]; cost(k=8) within [-12, -4]",
+            f"k=7 {c7.text()}; k=8 {c8.text()}",
+            -8 <= c7.mean <= -2 and -12 <= c8.mean <= -4,
+        ),
+        (
+            "shape",
+            "cost(k) non-decreasing within noise (no deeper boundary significantly better); "
+            "cost(3) <= half of cost(7) in magnitude",
+            "acc(k=5)-acc(k=3) "
+            + steps[0].text()
+            + "; acc(k=7)-acc(k=5) "
+            + steps[1].text()
+            + "; acc(k=8)-acc(k=7) "
+            + steps[2].text()
+            + f"; cost(3)/cost(7) = {c3.mean / c7.mean if c7.mean else math.nan:.2f}",
+            all(not (st.n >= 2 and st.low > 0) for st in steps) and abs(c3.mean) <= 0.5 * abs(c7.mean),
+        ),
+        (
+            "linear probe",
+            "converged L-BFGS probe on cached penultimate features (C on val) 5-25 points below full FT; "
+            "study-protocol probe (k=9) no better than k=8",
+            f"probe - full FT {probe_gap.text()} points (probe {sum(p[0] for p in probe.values()) / len(probe):.1f} %, "
+            f"C {sorted({p[1] for p in probe.values()})}); acc(k=9)-acc(k=8) {k9_vs_k8.text()}",
+            -25 <= probe_gap.mean <= -5 and not (k9_vs_k8.n >= 2 and k9_vs_k8.low > 0),
+        ),
+        (
+            "bottom-up stability",
+            "during full FT, ||dW||/||W0|| of stem+layer1 <= 0.3x that of layer4",
+            f"ratio {', '.join(f'{r:.2f}' for r in ratios)} (stem+layer1 "
+            f"{', '.join(f'{b:.3f}' for b in bottoms)}; layer4 {', '.join(f'{t:.3f}' for t in tops)})",
+            max(ratios) <= 0.3,
+        ),
+    ]
+    first, last = _when(runs, seeds)
+    lines = [
+        f"Gates of study `{study.name}` ({study_path}), generated by `{command}`: "
+        f"{len(seeds)} paired seeds ({', '.join(map(str, seeds))}) x {len(ARMS)} arms = {len(seeds) * len(ARMS)} "
+        f"fine-tuning runs, final-epoch test accuracy, 95 % t-intervals over seeds; runs between {first} and "
+        f"{last} on {os.cpu_count()} CPU cores, no GPU ({platform.machine()}), niced; load average "
+        f"{load_start[0]:.1f} when this command started, {os.getloadavg()[0]:.1f} when it ended "
+        "(other engineers' work shares the machine). Costs are points vs full fine-tuning of the same seed.",
+        "",
+        "| gate | requirement | measured | |",
+        "|---|---|---|---|",
+        *(f"| {name} | {req} | {meas} | {ok(flag)} |" for name, req, meas, flag in gates),
+        "",
+        "| arm | final test acc % (mean over seeds) | cost vs full FT, points [95 % CI] | faithful band (note 2.3) |",
+        "|---|---:|---:|---|",
+    ]
+    for arm in ARMS:
+        mean_acc = sum(acc[(arm, s)] for s in seeds) / len(seeds)
+        k = next((k for k, a in K_ARMS.items() if a == arm), None)
+        band = f"[{BANDS[k][0]:+.1f}, {BANDS[k][1]:+.1f}]" if k in BANDS else ""
+        c = "" if arm == "none" else cost(arm).text()
+        lines.append(f"| {arm} | {mean_acc:.2f} | {c} | {band} |")
+    lines.append(
+        f"| linear probe (converged L-BFGS) | {sum(p[0] for p in probe.values()) / len(probe):.2f} | "
+        f"{probe_gap.text()} | [-25, -5] (issue) |"
+    )
+    text = "\n".join(lines) + "\n"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"gates-{study.name}.md").write_text(text, encoding="utf-8")
+    record = {
+        "study": study.name,
+        "study_file": study_path,
+        "seeds": seeds,
+        "full_ft_acc": sum(full.values()) / len(seeds),
+        "costs": {str(k): [c.mean, c.low, c.high] for k, c in costs.items()},
+        "scratch_gain": [gain.mean, gain.low, gain.high],
+        "probe_gap": [probe_gap.mean, probe_gap.low, probe_gap.high],
+        "gates": {name: bool(flag) for name, _, _, flag in gates},
+        "elapsed_s": time.perf_counter() - start_s,
+    }
+    (out_dir / f"gates-{study.name}.json").write_text(json.dumps(record, indent=1) + "\n")
+    write_curves(out_dir)
+    return text
+
+
+def _cell(mean: float, low: float, high: float, n: int) -> str:
+    return f"{mean:+.2f} (n=1)" if n < 2 else f"{mean:+.2f} [{low:+.2f}, {high:+.2f}]"
+
+
+def write_curves(out_dir: Path) -> None:
+    """curves.md: every gate study's cost per boundary, side by side, with the faithful band."""
+    records = [json.loads(p.read_text()) for p in sorted(out_dir.glob("gates-*.json"))]
+    if not records:
+        return
+    head = "| boundary k | " + " | ".join(f"`{r['study']}` ({len(r['seeds'])} seeds)" for r in records)
+    lines = [
+        "Cost of static freezing at boundary k vs full fine-tuning (points, mean [95 % CI]), per gate study; "
+        "generated by `python -m experiments.substrate gates` from report/substrate/gates-*.json.",
+        "",
+        head + " | faithful band (note 2.3) |",
+        "|---|" + "---:|" * len(records) + "---|",
+    ]
+    for k in (3, 5, 7, 8, 9):
+        cells = []
+        for r in records:
+            m, lo, hi = r["costs"][str(k)]
+            cells.append(_cell(m, lo, hi, len(r["seeds"])))
+        band = f"[{BANDS[k][0]:+.1f}, {BANDS[k][1]:+.1f}]" if k in BANDS else "k=9: no better than k=8"
+        lines.append(f"| {k} | " + " | ".join(cells) + f" | {band} |")
+    cells = [_cell(*r["probe_gap"], len(r["seeds"])) for r in records]
+    lines.append("| converged linear probe | " + " | ".join(cells) + " | [-25, -5] |")
+    cells = [f"{r['scratch_gain'][0]:+.2f}" for r in records]
+    lines.append("| full FT minus scratch | " + " | ".join(cells) + " | >= +15 |")
+    (out_dir / "curves.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def planted_check(study_path: str, out_dir: Path, command: str, run: bool = True) -> str:
+    """The functional check of a planted task (note section 7.1): |cost(k=d)| <= 0.5 with its
+    interval including 0, cost(k=d+2) <= -3, full fine-tuning >= 95 %. Writes
+    ``planted-check-<study>.json`` and regenerates ``planted-checks.md`` from every such file."""
+    import re
+
+    name = Path(study_path).stem
+    found = re.fullmatch(r"planted_d(\d)", name)
+    if not found:
+        raise GateError(f"{study_path}: a planted check study is named planted_d<d>.toml")
+    d = int(found.group(1))
+    arms = ("none", f"static-k{d}", f"static-k{d + 2}")
+    study, _, runs, seeds = _run_study(study_path, arms, run)
+    acc = {key: 100 * _final_records(path)[-1]["test_acc"] for key, path in runs.items()}
+    full = paired([acc[("none", s)] for s in seeds])
+    at_d = paired([acc[(arms[1], s)] - acc[("none", s)] for s in seeds])
+    deeper = paired([acc[(arms[2], s)] - acc[("none", s)] for s in seeds])
+    probe9 = None
+    if all(("static-k9", s) in runs for s in seeds) and d + 2 != 9:
+        probe9 = paired([acc[("static-k9", s)] - acc[("none", s)] for s in seeds])
+    passes = {
+        "cost(k=d) within 0.5, interval includes 0": abs(at_d.mean) <= 0.5
+        and (at_d.n < 2 or at_d.low <= 0 <= at_d.high),
+        "cost(k=d+2) <= -3": deeper.mean <= -3,
+        "full FT >= 95 %": full.mean >= 95,
+    }
+    first, last = _when(runs, seeds)
+    record = {
+        "study": study.name,
+        "d": d,
+        "seeds": seeds,
+        "full_ft": [full.mean, full.low, full.high],
+        "cost_d": [at_d.mean, at_d.low, at_d.high],
+        "cost_d2": [deeper.mean, deeper.low, deeper.high],
+        "cost_9": None if probe9 is None else [probe9.mean, probe9.low, probe9.high],
+        "checks": passes,
+        "runs": f"{first} .. {last}",
+        "command": command,
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"planted-check-{study.name}.json").write_text(json.dumps(record, indent=1) + "\n")
+    records = [json.loads(p.read_text()) for p in sorted(out_dir.glob("planted-check-*.json"))]
+    lines = [
+        "Functional checks of the planted-boundary tasks, generated by `python -m experiments.substrate "
+        "planted-check --study experiments/configs/planted_d<d>.toml` (one per task; study protocol without "
+        f"augmentation; final-epoch test accuracy, paired seeds, 95 % t-intervals; {os.cpu_count()} CPU cores, "
+        "no GPU, niced, machine shared with other engineers' work).",
+        "",
+        "| task | seeds | full FT acc % | cost(k=d) | cost(k=d+2) | cost(k=9) | runs | checks |",
+        "|---|---|---:|---:|---:|---:|---|---|",
+    ]
+    for r in records:
+        n = len(r["seeds"])
+        fmt = lambda v, n=n: "" if v is None else Paired(n, *v).text()  # noqa: E731
+
+        verdict = "; ".join(f"{k}: {'met' if v else '**not met**'}" for k, v in r["checks"].items())
+        lines.append(
+            f"| planted-d{r['d']} | {len(r['seeds'])} | {r['full_ft'][0]:.2f} | {fmt(r['cost_d'])} | "
+            f"{fmt(r['cost_d2'])} | {fmt(r['cost_9'])} | {r['runs']} | {verdict} |"
+        )
+    text = "\n".join(lines) + "\n"
+    (out_dir / "planted-checks.md").write_text(text, encoding="utf-8")
+    return text

@@ -1,0 +1,228 @@
+"""Planted-boundary tasks (research note substrate.md, section 7.1, "P1: residual-subspace readout"):
+target tasks whose optimal static freeze boundary d is known by construction, d in {3, 5, 7}.
+
+Images are FDSL-32 target images; labels are a LINEAR readout of the pretrained network's own depth-d
+features z_d (h_d, the output of blocks 0..d-1, average-pooled to 2x2 and flattened), restricted to
+the directions that its next two blocks discard: ridge-regress z_d on z_{d+2}, take the top 16
+principal directions U of the residual, k-means (K = 10) on u = U^T z_d, label = nearest centroid
+(linear in z_d). Samples near a cluster boundary (margin below the calibration pool's 40th
+percentile) are dropped and the classes balanced. Freezing k <= d then keeps every bit the label
+needs; freezing k > d freezes blocks that discard it.
+
+The readout (standardisation, ridge, U, centroids, margin threshold) is fitted once per d on a
+fixed calibration pool of 6,000 target images and then applied to any (n, seed, split): the task is
+a pure function of (d, n, seed, split) and of the committed weights (their sha256 is checked).
+
+Fine-tune planted tasks with ``data.augment = "none"``: a crop or flip moves the 2x2 pooling cells,
+so a view's label would differ from its image's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from freeze.pipeline.substrate import fdsl
+
+# freeze.pipeline.data registers this module's tasks, so data and probe are imported where used.
+
+PLANTED_VERSION = 1  # bump whenever the labels change: the generator's or the committed weights'
+TASKS = ("d3", "d5", "d7")
+NUM_CLASSES = 10
+_SUBSPACE = 16
+_RIDGE = 10.0
+_MARGIN_QUANTILE = 0.4
+_CALIBRATION = (6000, 990001)  # (images, seed) of the calibration pool: fdsl32 target, split "test"
+_MAX_ROUNDS = 12
+
+
+def depth_of(task: str) -> int:
+    if task not in TASKS:
+        raise ValueError(f"planted task must be one of {', '.join(TASKS)}, got {task!r}")
+    return int(task[1:])
+
+
+@torch.no_grad()
+def depth_maps(model: torch.nn.Module, x_uint8: torch.Tensor, depths: list[int], batch_size: int = 500) -> dict:
+    """depth -> [N, D] features: the output of blocks 0..d-1 average-pooled to 2x2 (1x1 maps stay
+    1x1), flattened. Eval mode, no gradients."""
+    from freeze.pipeline.data import normalize_uint8
+    from freeze.pipeline.substrate.probe import DEPTH_MODULES
+
+    modules = dict(model.named_modules())
+    current: dict[int, torch.Tensor] = {}
+    hooks = [
+        modules[DEPTH_MODULES[d - 1]].register_forward_hook(
+            lambda _m, _i, o, d=d: current.__setitem__(d, F.adaptive_avg_pool2d(o, min(2, o.shape[-1])).flatten(1))
+        )
+        for d in depths
+    ]
+    out: dict[int, list[torch.Tensor]] = {d: [] for d in depths}
+    was_training = model.training
+    model.eval()
+    try:
+        for begin in range(0, x_uint8.shape[0], batch_size):
+            model(normalize_uint8(x_uint8[begin : begin + batch_size]))
+            for d in depths:
+                out[d].append(current[d])
+    finally:
+        for h in hooks:
+            h.remove()
+        model.train(was_training)
+    return {d: torch.cat(v).double() for d, v in out.items()}
+
+
+@dataclass(frozen=True)
+class Readout:
+    d: int
+    mean: torch.Tensor
+    std: torch.Tensor
+    basis: torch.Tensor  # [D, m]
+    centroids: torch.Tensor  # [K, m]
+    threshold: float  # margin (2nd - 1st nearest distance) below which a sample is dropped
+    residual_share: float  # share of z_d's variance the next two blocks do not carry linearly
+
+    def assign(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        u = ((z - self.mean) / self.std) @ self.basis
+        dist = torch.cdist(u, self.centroids)
+        two = dist.topk(2, largest=False).values
+        return dist.argmin(1), two[:, 1] - two[:, 0]
+
+
+def _kmeans(u: torch.Tensor, k: int, seed: int, iters: int = 60, restarts: int = 4) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    best, best_inertia = None, float("inf")
+    for _ in range(restarts):
+        centres = [u[torch.randint(0, u.shape[0], (1,), generator=gen)]]
+        for _ in range(1, k):  # k-means++
+            d2 = torch.cdist(u, torch.cat(centres)).min(1).values ** 2
+            centres.append(u[torch.multinomial(d2 / d2.sum(), 1, generator=gen)])
+        c = torch.cat(centres)
+        for _ in range(iters):
+            a = torch.cdist(u, c).argmin(1)
+            c = torch.stack([u[a == j].mean(0) if (a == j).any() else c[j] for j in range(k)])
+        inertia = float((torch.cdist(u, c).min(1).values ** 2).sum())
+        if inertia < best_inertia:
+            best, best_inertia = c, inertia
+    return best
+
+
+def fit_readout(model: torch.nn.Module, x_uint8: torch.Tensor, d: int, seed: int = 0) -> Readout:
+    """The planted readout of depth ``d`` fitted on ``x_uint8`` (the calibration pool)."""
+    deeper = min(d + 2, 9)
+    z = depth_maps(model, x_uint8, [d, deeper])
+    zd, zn = z[d], z[deeper]
+    mean, std = zd.mean(0), zd.std(0).clamp_min(1e-6)
+    a = (zn - zn.mean(0)) / zn.std(0).clamp_min(1e-6)
+    b = (zd - mean) / std
+    w = torch.linalg.solve(a.T @ a + _RIDGE * torch.eye(a.shape[1], dtype=a.dtype), a.T @ b)
+    resid = b - a @ w
+    residual_share = float(resid.var(0).sum() / b.var(0).sum())
+    _, _, vh = torch.linalg.svd(resid - resid.mean(0), full_matrices=False)
+    basis = vh[:_SUBSPACE].T.contiguous()
+    u = b @ basis
+    centroids = _kmeans(u, NUM_CLASSES, seed)
+    dist = torch.cdist(u, centroids).topk(2, largest=False).values
+    margin = dist[:, 1] - dist[:, 0]
+    threshold = float(torch.quantile(margin, _MARGIN_QUANTILE))
+    return Readout(d, mean, std, basis, centroids, threshold, residual_share)
+
+
+@lru_cache(maxsize=4)
+def _model_and_readout(task: str):
+    from freeze.pipeline.models import build_model
+    from freeze.pipeline.substrate.weights import WEIGHTS_FILE, verify
+
+    verify(WEIGHTS_FILE)
+    torch.manual_seed(0)
+    model = build_model("resnet18", NUM_CLASSES, "imagenet", WEIGHTS_FILE)
+    n, seed = _CALIBRATION
+    x, _ = fdsl.render_fdsl_split("target", n, seed, "test")
+    return model, fit_readout(model, torch.from_numpy(x), depth_of(task))
+
+
+def render_planted_split(task: str, n: int, seed: int, split: str) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` class-balanced FDSL-32 target images with planted depth-d labels (see module doc)."""
+    d = depth_of(task)
+    model, readout = _model_and_readout(task)
+    per_class = [n // NUM_CLASSES + (c < n % NUM_CLASSES) for c in range(NUM_CLASSES)]
+    kept_x: list[list[np.ndarray]] = [[] for _ in range(NUM_CLASSES)]
+    have = [0] * NUM_CLASSES
+    for round_ in range(_MAX_ROUNDS):
+        x, _ = fdsl.render_fdsl_split("target", max(2 * n, 200), seed * 1000 + round_, split)
+        y, margin = readout.assign(depth_maps(model, torch.from_numpy(x), [d])[d])
+        for c in range(NUM_CLASSES):
+            idx = torch.nonzero((y == c) & (margin >= readout.threshold)).flatten().numpy()
+            take = idx[: per_class[c] - have[c]]
+            kept_x[c].append(x[take])
+            have[c] += take.size
+        if have == per_class:
+            break
+    else:
+        short = [c for c in range(NUM_CLASSES) if have[c] < per_class[c]]
+        raise ValueError(f"planted task {task}: class {short[0]} has {have[short[0]]} of {per_class[short[0]]} images")
+    images = np.concatenate([np.concatenate(k) for k in kept_x])
+    labels = np.concatenate([np.full(per_class[c], c, np.int64) for c in range(NUM_CLASSES)])
+    order = np.random.default_rng([seed, d, ("train", "test").index(split)]).permutation(n)
+    return images[order], labels[order]
+
+
+def planted_class_names(task: str) -> tuple[str, ...]:
+    return tuple(f"{task}-cluster{c}" for c in range(NUM_CLASSES))
+
+
+def identifiability(tasks: tuple[str, ...], out_md, command: str, data_root: str = "data") -> str:
+    """The cheap check of section 7.1 per planted task: linear probes of the planted label on the
+    2x2-pooled features at every depth k = d..9 of the pretrained network (no fine-tuning). Passes
+    when probe(d) >= 97 %, probe(d+1) <= probe(d) - 10 and probe(9) <= 80 %."""
+    import os
+    import platform
+    import time
+    from pathlib import Path
+
+    from freeze.pipeline.data import load_dataset, split_validation
+    from freeze.pipeline.substrate.probe import linear_probe
+
+    start = time.perf_counter()
+    lines = [
+        f"Identifiability of the planted-boundary tasks, generated by `{command}` (one run per task; "
+        f"{os.cpu_count()} CPU cores, no GPU, {platform.machine()}, niced). Task = 5,400 train (1,000 of them "
+        "validation) / 5,000 test FDSL-32 target images with planted depth-d labels (10 balanced classes); "
+        "probe = L-BFGS logistic regression on the pretrained network's 2x2-pooled depth-k features, C on "
+        "validation; test accuracy %. Requirement: probe(d) >= 97, probe(d+1) <= probe(d) - 10, probe(9) <= 80.",
+        "",
+        "| task | residual share of z_d | " + " | ".join(f"k={k}" for k in range(3, 10)) + " | check |",
+        "|---|---:|" + "---:|" * 7 + "---|",
+    ]
+    for task in tasks:
+        d = depth_of(task)
+        model, readout = _model_and_readout(task)
+        arrays = load_dataset(f"planted-{task}", data_root, synthetic_train_size=5400, synthetic_test_size=5000)
+        split = split_validation(arrays, 1000, 0)
+        depths = list(range(d, 10))
+        feats = [depth_maps(model, x, depths) for x in (split.train_x, split.val_x, split.test_x)]
+        acc = {}
+        for k in depths:
+            r = linear_probe(
+                (feats[0][k].float(), split.train_y),
+                (feats[1][k].float(), split.val_y),
+                (feats[2][k].float(), split.test_y),
+                NUM_CLASSES,
+            )
+            acc[k] = 100 * r.test_acc
+        ok = acc[d] >= 97 and acc[d + 1] <= acc[d] - 10 and acc[9] <= 80
+        cells = [f"{acc[k]:.1f}" if k in acc else "" for k in range(3, 10)]
+        lines.append(
+            f"| planted-{task} | {readout.residual_share:.2f} | "
+            + " | ".join(cells)
+            + f" | {'**passes**' if ok else '**fails**'} |"
+        )
+    lines += ["", f"Elapsed {time.perf_counter() - start:.0f} s."]
+    text = "\n".join(lines) + "\n"
+    Path(out_md).parent.mkdir(parents=True, exist_ok=True)
+    Path(out_md).write_text(text, encoding="utf-8")
+    return text
