@@ -65,6 +65,7 @@ def worker_main(cfg_path: str, workdir: str) -> int:
     import torch
     import torch.distributed as dist
 
+    from freeze.comm import end_process_group
     from freeze.pipeline.log import get_logger
     from freeze.testing import write_payload
 
@@ -80,7 +81,12 @@ def worker_main(cfg_path: str, workdir: str) -> int:
         if rank == 0:
             write_payload(workdir, 0, {"ok": True, "result": gathered})
     finally:
-        dist.destroy_process_group()
+        # Not dist.destroy_process_group(): the runners' DDP wrappers sit in reference cycles
+        # (a Freezer and its module) until a collection, and a wrapper alive at destroy leaves gloo
+        # threads running into interpreter shutdown, where one aborts the rank ("terminate called
+        # without an active exception": seen once in five fresh-clone suites, and its peer then
+        # waited out the job's deadline).
+        end_process_group()
     return 0
 
 

@@ -233,6 +233,7 @@ def _profile_rank(rank: int, spec: ProfileSpec, layout: Sequence[NodeCores], wor
     import torch
     import torch.distributed as dist
 
+    from freeze import comm
     from freeze.testing import write_payload
 
     try:
@@ -252,8 +253,7 @@ def _profile_rank(rank: int, spec: ProfileSpec, layout: Sequence[NodeCores], wor
     except BaseException:
         payload = {"ok": False, "error": traceback.format_exc()}
     finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        comm.end_process_group()  # collects the profiled DDP wrappers first: none alive at destroy
     write_payload(workdir, rank, payload)
 
 
