@@ -3,6 +3,7 @@ kept and added) is what a user runs with freeze, "before" (kept and removed) the
 
 from __future__ import annotations
 
+import os
 import re
 import runpy
 from pathlib import Path
@@ -23,7 +24,10 @@ def script(doc: str, version: str = "after", index: int = 0) -> str:
 
 
 def load(doc: str, version: str, workdir: str, index: int = 0) -> dict:
-    """Write the script under ``workdir`` and run it as a module (not as __main__): its namespace."""
-    path = Path(workdir) / f"{Path(doc).stem}_{version}_{index}.py"
+    """Write the script under ``workdir`` and run it as a module (not as __main__): its namespace.
+
+    The file is the calling process's own: ranks of one spawn share ``workdir``, and one rank's
+    ``write_text`` (which truncates first) once left the other rank running an empty script."""
+    path = Path(workdir) / f"{Path(doc).stem}_{version}_{index}_pid{os.getpid()}.py"
     path.write_text(script(doc, version, index))
     return runpy.run_path(str(path), run_name=f"doc_{Path(doc).stem}")
