@@ -91,6 +91,10 @@ class Engine:
         if not self.distributed:
             return 0.0
         start = time.perf_counter()
+        if self.ddp_kwargs.get("gradient_as_bucket_view"):
+            # Gradients may be views into the old wrapper's buckets, which are about to go away.
+            for p in self.model.parameters():
+                p.grad = None
         if self.wrapper is not None:
             retire(self.wrapper)  # a script that kept it gets a clear error, not DDP's misleading one
         self.wrapper = None  # each live wrapper holds its own gradient buckets: drop the old one first
@@ -100,6 +104,17 @@ class Engine:
         for listener in self._listeners:
             listener(self.wrapper)
         return elapsed_s
+
+    def restore_cache(self, state: dict | None, boundary: int, epochs_completed: int) -> None:
+        """After a checkpoint's boundary is applied: the cache's saved lineage (replayed from the
+        loaded weights at the next training forward), or, saved without one, a fresh plan."""
+        if self.cache is None:
+            return
+        if state is not None:
+            self.cache.load_state_dict(state)
+        else:
+            self.cache.drop("resuming from a checkpoint without a cache")
+            self.cache.commit(self.cache.plan(boundary, epochs_completed))
 
     def add_rebuild_listener(self, listener: Callable[[nn.Module | None], None]) -> None:
         """Call ``listener(new_wrapper)`` after every rebuild (for a trainer that holds the wrapper)."""

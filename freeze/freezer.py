@@ -19,7 +19,6 @@ Without an initialised process group the same object drives a plain model in one
 from __future__ import annotations
 
 import logging
-import warnings
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -30,12 +29,14 @@ from torch import nn
 from freeze import comm, steering
 from freeze.blocks import Block, check_partition
 from freeze.cache import ActivationCache, CacheConfig, CacheSource, make_cache
+from freeze.clock import RunClock
 from freeze.dispatch import FreezerModule
 from freeze.engine import Engine, refuse_wrapped
 from freeze.monitor import GradNormMonitor, IntervalStats
-from freeze.names import FROZEN_MODES, CommHook
-from freeze.policies import Policy, Progress, make_policy
-from freeze.records import Decision, Evaluation, FreezerCounters
+from freeze.names import CommHook
+from freeze.optimizer import check_steps_model, drop_state, unwrap_optimizer
+from freeze.policies import Policy, make_policy
+from freeze.records import Decision, Evaluation, FreezerCounters, check_saved_freezer, check_saved_training_state
 
 _log = logging.getLogger("freeze")
 
@@ -93,56 +94,34 @@ class Freezer:
         refuse_wrapped(model)
         if not blocks:
             raise ValueError("Freezer: blocks is empty; build them with split_blocks(model)")
-        if interval_steps < 0:
-            raise ValueError(f"Freezer: interval_steps must be >= 0 (0 = once per epoch), got {interval_steps}")
-        if frozen_mode not in FROZEN_MODES:
-            raise ValueError(
-                f"Freezer: frozen_mode '{frozen_mode}' is not accepted; accepted: {', '.join(FROZEN_MODES)}"
-            )
         check_partition(model, blocks)
         self.model = model
         self.blocks = list(blocks)
         self.policy = policy if policy is not None else make_policy("none")
-        if self.policy.needs_run_length and not epochs:
-            raise ValueError(f"Freezer: policy '{self.policy.name}' needs the run length: pass epochs=N")
-        if self.policy.needs_run_length and interval_steps and not steps_per_epoch:
-            # Between epoch ends only steps say how far training is; an epoch count would put the
-            # whole running epoch in the past or in the future.
-            raise ValueError(
-                f"Freezer: policy '{self.policy.name}' evaluated every interval_steps={interval_steps} steps "
-                "needs the run length in steps: pass steps_per_epoch=N"
-            )
+        self.clock = RunClock(epochs, steps_per_epoch, interval_steps)
+        self.clock.check_policy(self.policy)
         self.optimizer = optimizer
-        self.epochs = epochs
-        self.steps_per_epoch = steps_per_epoch
-        self.interval_steps = interval_steps
         self.frozen_mode = frozen_mode
         self.process_group = process_group
         # Summing gradients over an interval reads and writes every trainable gradient each step
         # (measured: ~2.6% of a 2-rank ResNet-18 CPU step), so by default only policies that read
         # the sums pay for it; True records them anyway (eta heatmaps for every policy).
-        if track_summed_grads is None:
-            track_summed_grads = self.policy.uses_gradients
-        self.monitor = GradNormMonitor(self.blocks, track_summed=track_summed_grads or self.policy.uses_gradients)
+        self.monitor = GradNormMonitor(self.blocks, track_summed=bool(track_summed_grads) or self.policy.uses_gradients)
         self.counters = FreezerCounters()
         self.decisions: list[Decision] = []
         self.evaluations: deque[Evaluation] = deque(maxlen=64)  # the last policy evaluations, changed or not
         self._steering = steering.Steering(model, self.blocks, grad_checkpointing, frozen_mode)
-        self._epochs_completed = 0
-        # counters.steps when the running epoch began: a loop that forgets after_backward leaves the
-        # policy without gradients, silently unless end_epoch compares steps with training forwards.
-        self._epoch_start_step = 0
-        self._total_param_bytes = sum(b.param_bytes for b in self.blocks)
         self.boundary = 0
         if comm.is_distributed():
             # What DDP's constructor would do: start every replica from rank 0's weights and buffers.
             comm.broadcast_from_rank0(list(model.parameters()) + list(model.buffers()), process_group)
+        activation_cache = make_cache(
+            model, self.blocks, cache, cache_source, epochs, process_group, frozen_mode, self.policy.may_unfreeze
+        )
         self.engine = Engine(
             model,
             self.blocks,
-            make_cache(
-                model, self.blocks, cache, cache_source, epochs, process_group, frozen_mode, self.policy.may_unfreeze
-            ),
+            activation_cache,
             comm_hook=comm_hook,
             ddp_kwargs=ddp_kwargs,
             process_group=process_group,
@@ -237,28 +216,10 @@ class Freezer:
             optimizer: a ``torch.optim.Optimizer`` over the model's parameters, or a trainer's
                 wrapper around one.
         """
-        inner = optimizer
-        for _ in range(4):  # wrappers nest at most a couple of levels
-            unwrapped = getattr(inner, "_optimizer", None)  # LightningOptimizer
-            if unwrapped is None and type(inner).__name__ == "AcceleratedOptimizer":
-                unwrapped = inner.optimizer
-            if unwrapped is None:
-                break
-            inner = unwrapped
-        if not isinstance(inner, torch.optim.Optimizer):
-            raise TypeError(
-                f"Freezer.attach_optimizer: got a {type(optimizer).__name__}, not a torch.optim.Optimizer nor a "
-                "trainer's wrapper of one; pass the optimizer that steps this model's parameters"
-            )
-        mine = {id(p) for p in self.model.parameters()}
-        foreign = sum(1 for g in inner.param_groups for p in g["params"] if id(p) not in mine)
-        if foreign:
-            raise ValueError(
-                f"Freezer.attach_optimizer: the optimizer steps {foreign} parameters that are not the model's; "
-                "build it over freezer.model.parameters()"
-            )
+        inner = unwrap_optimizer(optimizer)
+        check_steps_model(inner, self.model)
         self.optimizer = inner
-        self._drop_optimizer_state(range(self.boundary))
+        drop_state(inner, (p for b in self.blocks[: self.boundary] for p in b.params))
 
     def after_step(self) -> bool:
         """Call after ``optimizer.step()`` when evaluating every ``interval_steps`` steps: the
@@ -267,8 +228,8 @@ class Freezer:
         Returns:
             whether the boundary changed.
         """
-        if self.interval_steps and self.monitor.interval_steps >= self.interval_steps:
-            return self._evaluate(epoch=self._epochs_completed)  # the running epoch
+        if self.clock.interval_steps and self.monitor.interval_steps >= self.clock.interval_steps:
+            return self._evaluate(epoch=self.clock.epochs_completed)  # the running epoch
         return False
 
     def end_epoch(self, epoch: int) -> bool:
@@ -281,34 +242,13 @@ class Freezer:
         Returns:
             whether the boundary changed.
         """
-        if epoch != self._epochs_completed:
-            raise ValueError(
-                f"Freezer.end_epoch({epoch}): the epoch that just ended is {self._epochs_completed}; call end_epoch "
-                "once per epoch, after its last step, with 0-based epoch numbers (a repeated or skipped call feeds "
-                "the policy empty or missing intervals)"
-            )
-        self._warn_if_no_steps(epoch)
-        self._epochs_completed = epoch + 1
-        self._epoch_start_step = self.counters.steps
+        steps_taken = self.clock.end_epoch(epoch, self.counters.steps)
+        self._steering.warn_if_no_steps(epoch, steps_taken)
         if self.cache is not None:
-            self.cache.check_weights(self.boundary, self._epochs_completed)
-        if self.interval_steps:
+            self.cache.check_weights(self.boundary, self.clock.epochs_completed)
+        if self.clock.interval_steps:
             return False
         return self._evaluate(epoch)
-
-    def _warn_if_no_steps(self, epoch: int) -> None:
-        forwards = self._steering.take_train_forwards()
-        if self.counters.steps > self._epoch_start_step:
-            return
-        if forwards:
-            message = (
-                f"epoch {epoch} ran {forwards} training forward passes but after_backward() was never called, so the "
-                "policy saw no gradients and no bytes were counted; call freezer.after_backward() after "
-                "loss.backward(), once per optimizer step"
-            )
-        else:
-            message = f"epoch {epoch} ended without a training step; the policy decides on an empty interval"
-        warnings.warn(f"Freezer: {message}", RuntimeWarning, stacklevel=3)
 
     def set_boundary(self, k: int) -> None:
         """Freeze blocks 0..k-1 now (between optimizer steps), bypassing the policy.
@@ -334,18 +274,13 @@ class Freezer:
     @property
     def frozen_param_fraction(self) -> float:
         """Share of the model's parameter bytes that is frozen."""
-        frozen = sum(b.param_bytes for b in self.blocks[: self.boundary])
-        return frozen / self._total_param_bytes if self._total_param_bytes else 0.0
+        total = sum(b.param_bytes for b in self.blocks)
+        return sum(b.param_bytes for b in self.blocks[: self.boundary]) / total if total else 0.0
 
     @property
     def trainable_grad_bytes(self) -> int:
         """Gradient bytes a step must all-reduce at the current boundary (uncompressed)."""
-        return sum(
-            p.numel() * p.element_size()
-            for b in self.blocks[self.boundary :]
-            for p in b.params
-            if id(p) not in self._steering.user_frozen
-        )
+        return self._steering.trainable_grad_bytes(self.boundary)
 
     @property
     def history(self) -> list[IntervalStats]:
@@ -364,7 +299,7 @@ class Freezer:
         strings and tensors only, so ``torch.load(..., weights_only=True)`` reads it back."""
         return {
             "boundary": self.boundary,
-            "epochs_completed": self._epochs_completed,
+            "epochs_completed": self.clock.epochs_completed,
             "block_names": [b.name for b in self.blocks],
             "policy_spec": self.policy.spec(),
             "monitor": self.monitor.state_dict(),
@@ -380,31 +315,17 @@ class Freezer:
         Args:
             state: what :meth:`state_dict` returned, for the same blocks and policy.
         """
-        names = [b.name for b in self.blocks]
-        if state["block_names"] != names:
-            raise ValueError(
-                f"Freezer.load_state_dict: checkpoint blocks {state['block_names']} differ from this model's {names}"
-            )
-        # A policy's parameters are its whole state (decisions are pure): equal specs, equal policies.
-        if state["policy_spec"] != self.policy.spec():
-            raise ValueError(
-                f"Freezer.load_state_dict: checkpoint policy '{state['policy_spec']}' differs from '{self.policy.spec()}'"
-            )
+        check_saved_freezer(state, [b.name for b in self.blocks], self.policy.spec())
         self.monitor.load_state_dict(state["monitor"])
         self.decisions = [Decision(**d) for d in state["decisions"]]
         self.counters = FreezerCounters(**state["counters"])
         self.engine.comm.allreduce_bytes_total = self.counters.allreduce_bytes_total
-        self._epochs_completed = int(state["epochs_completed"])
-        self._epoch_start_step = self.counters.steps
+        self.clock.epochs_completed = int(state["epochs_completed"])
+        self.clock.epoch_start_step = self.counters.steps
         k = int(state["boundary"])
         if k != self.boundary:
-            self._apply(k, count_rewrap=False, update_cache=False)
-        if self.cache is not None:
-            if state.get("cache") is not None:
-                self.cache.load_state_dict(state["cache"])  # repeated from the loaded weights at the next step
-            else:
-                self.cache.drop("resuming from a checkpoint without a cache")
-                self.cache.commit(self.cache.plan(k, self._epochs_completed))
+            self._apply(k, restoring=True)
+        self.engine.restore_cache(state.get("cache"), k, self.clock.epochs_completed)
         self.engine.expect_rank_check()
 
     def training_state_dict(self) -> dict:
@@ -426,12 +347,7 @@ class Freezer:
             state: a dict with "model" and "freezer" entries, and "optimizer" when this Freezer
                 has one (e.g. ``torch.load(path, weights_only=True)``).
         """
-        saved, here = "optimizer" in state, self.optimizer is not None
-        if saved != here:
-            raise ValueError(
-                f"Freezer.load_training_state_dict: the state {'has' if saved else 'lacks'} an 'optimizer' entry "
-                f"and this Freezer {'has no' if saved else 'has an'} optimizer; build it as the saving run did"
-            )
+        check_saved_training_state(state, has_optimizer=self.optimizer is not None)
         self.model.load_state_dict(state["model"])
         self.load_state_dict(state["freezer"])
         if self.optimizer is not None:
@@ -441,19 +357,10 @@ class Freezer:
     def _clamp(self, k: int) -> int:
         return max(0, min(int(k), len(self.blocks) - 1))
 
-    def _progress(self) -> Progress:
-        steps_total = self.epochs * self.steps_per_epoch if (self.epochs and self.steps_per_epoch) else 0
-        return Progress(
-            epochs_completed=self._epochs_completed,
-            epochs_total=self.epochs or max(self._epochs_completed, 1),
-            steps_completed=self.counters.steps,
-            steps_total=steps_total,
-        )
-
     def _evaluate(self, epoch: int) -> bool:
         """``epoch``: the 0-based epoch the closing interval is recorded under."""
         stats = self.monitor.close_interval(epoch, self.boundary)
-        args = (self.boundary, self.monitor.history, self._progress(), len(self.blocks))
+        args = (self.boundary, self.monitor.history, self.clock.progress(self.counters.steps), len(self.blocks))
         proposed = self.policy.decide(*args)
         # Statistics come from all-reduced gradients, so ranks agree already; the broadcast makes
         # a disagreement (e.g. a non-deterministic reduction order) impossible rather than unlikely.
@@ -467,19 +374,7 @@ class Freezer:
         self.decisions.append(Decision(stats.index, epoch, evaluation.step, evaluation.boundary_before, k))
         return True
 
-    def _drop_optimizer_state(self, block_indices) -> None:
-        if self.optimizer is None:
-            return
-        for i in block_indices:
-            for p in self.blocks[i].params:
-                self.optimizer.state.pop(p, None)
-
-    def _epoch_done_fraction(self) -> float:
-        if not self.steps_per_epoch:
-            return 0.0
-        return (self.counters.steps - self._epoch_start_step) / self.steps_per_epoch
-
-    def _apply(self, k: int, first: bool = False, count_rewrap: bool = True, update_cache: bool = True) -> None:
+    def _apply(self, k: int, first: bool = False, restoring: bool = False) -> None:
         """Make ``k`` the boundary: requires_grad and grads, optimizer state, frozen buffers,
         hooks, norm-layer modes, the monitor's active blocks, the activation cache and the DDP wrapper.
 
@@ -487,21 +382,16 @@ class Freezer:
             k: the boundary to apply (already clamped and agreed on by every rank).
             first: the constructor's call: every block below ``k`` counts as newly frozen, and no
                 buffer broadcast is needed (the constructor has just broadcast every tensor).
-            count_rewrap: count the DDP construction in ``counters.rewraps``; False when
-                restoring a checkpoint, so a resumed run's counters match the run that wrote it.
-            update_cache: plan the activation cache for ``k``; False when a checkpoint's cache
-                lineage is restored instead.
+            restoring: a checkpoint's boundary: its cache lineage is restored instead of planned,
+                and the DDP construction is not counted (a resumed run's counters match the saver's).
         """
         # A cache that cannot be built at k refuses here, before anything changes.
-        plan = self.engine.plan(k, self._epochs_completed, self._epoch_done_fraction()) if update_cache else None
+        done = self.clock.epoch_done_fraction(self.counters.steps)
+        plan = None if restoring else self.engine.plan(k, self.clock.epochs_completed, done)
         old = self.boundary
         newly_frozen = range(0, k) if first else range(old, max(old, k))
         self._steering.apply(k)  # requires_grad, grads and the hooks of every block
-        if self.engine.ddp_kwargs.get("gradient_as_bucket_view"):
-            # Gradients may be views into the old wrapper's buckets, which are about to go away.
-            for p in self.model.parameters():
-                p.grad = None
-        self._drop_optimizer_state(newly_frozen)
+        drop_state(self.optimizer, (p for i in newly_frozen for p in self.blocks[i].params))
         if not first:  # the constructor has just broadcast every tensor
             # Each rank updated its running statistics with its own data: without this one
             # broadcast, newly frozen BN buffers would stay different across ranks forever.
@@ -511,7 +401,7 @@ class Freezer:
         self.monitor.set_first_active(k)
         self.train(self.model.training)
         elapsed_s = self.engine.apply(k, plan)
-        if not first and count_rewrap and self.engine.distributed:
+        if not first and not restoring and self.engine.distributed:
             self.counters.rewraps += 1
             self.counters.rewrap_s_total += elapsed_s
             self.counters.rewrap_s_last = elapsed_s

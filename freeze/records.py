@@ -1,4 +1,5 @@
-"""What a Freezer counts and records: plain dataclasses, saved in its state_dict."""
+"""What a Freezer counts and records: plain dataclasses, saved in its state_dict; and the checks a
+saved state passes before a Freezer loads it."""
 
 from __future__ import annotations
 
@@ -38,3 +39,26 @@ class Evaluation(Decision):
             else (f"stays {self.boundary_after}")
         )
         return f"interval {self.interval} (epoch {self.epoch}, step {self.step}): {self.signal}; boundary {moved}"
+
+
+def check_saved_freezer(state: dict, block_names: list[str], policy_spec: str) -> None:
+    """Refuse a Freezer state saved for other blocks or another policy."""
+    if state["block_names"] != block_names:
+        raise ValueError(
+            f"Freezer.load_state_dict: checkpoint blocks {state['block_names']} differ from this model's {block_names}"
+        )
+    # A policy's parameters are its whole state (decisions are pure): equal specs, equal policies.
+    if state["policy_spec"] != policy_spec:
+        raise ValueError(
+            f"Freezer.load_state_dict: checkpoint policy '{state['policy_spec']}' differs from '{policy_spec}'"
+        )
+
+
+def check_saved_training_state(state: dict, has_optimizer: bool) -> None:
+    """Refuse a training state with an optimizer entry for a Freezer without one, or the reverse."""
+    saved = "optimizer" in state
+    if saved != has_optimizer:
+        raise ValueError(
+            f"Freezer.load_training_state_dict: the state {'has' if saved else 'lacks'} an 'optimizer' entry "
+            f"and this Freezer {'has no' if saved else 'has an'} optimizer; build it as the saving run did"
+        )

@@ -23,6 +23,7 @@ never steered by the original's Freezer.
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -32,6 +33,7 @@ from torch import nn
 
 from freeze import checkpointing
 from freeze.blocks import Block, held_in_eval
+from freeze.names import FROZEN_MODES
 
 
 class BlockOrderError(RuntimeError):
@@ -152,6 +154,10 @@ class Steering:
     check until the first complete forward after each change, and a count of training forwards."""
 
     def __init__(self, model: nn.Module, blocks: Sequence[Block], grad_checkpointing: bool, frozen_mode: str = "eval"):
+        if frozen_mode not in FROZEN_MODES:
+            raise ValueError(
+                f"Freezer: frozen_mode '{frozen_mode}' is not accepted; accepted: {', '.join(FROZEN_MODES)}"
+            )
         self.model = model
         self.blocks = list(blocks)
         self.grad_checkpointing = grad_checkpointing
@@ -196,10 +202,30 @@ class Steering:
         for m in held_in_eval(self.blocks[:boundary], self.frozen_mode):
             m.training = False
 
-    def take_train_forwards(self) -> int:
-        """Training forwards (train mode, grad enabled) since the last call."""
-        count, self._train_forwards = self._train_forwards, 0
-        return count
+    def trainable_grad_bytes(self, boundary: int) -> int:
+        """Gradient bytes of the parameters that train at ``boundary`` (the user's frozen ones excluded)."""
+        return sum(
+            p.numel() * p.element_size()
+            for b in self.blocks[boundary:]
+            for p in b.params
+            if id(p) not in self.user_frozen
+        )
+
+    def warn_if_no_steps(self, epoch: int, steps_taken: int) -> None:
+        """At the end of ``epoch``: a loop that forgot ``after_backward`` left the policy without
+        gradients, silently unless the training forwards since the last epoch end say so."""
+        forwards, self._train_forwards = self._train_forwards, 0
+        if steps_taken:
+            return
+        if forwards:
+            message = (
+                f"epoch {epoch} ran {forwards} training forward passes but after_backward() was never called, so the "
+                "policy saw no gradients and no bytes were counted; call freezer.after_backward() after "
+                "loss.backward(), once per optimizer step"
+            )
+        else:
+            message = f"epoch {epoch} ended without a training step; the policy decides on an empty interval"
+        warnings.warn(f"Freezer: {message}", RuntimeWarning, stacklevel=4)
 
     def _count_train_forward(self, module: nn.Module, args: tuple) -> None:
         if module.training and torch.is_grad_enabled():

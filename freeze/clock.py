@@ -1,0 +1,64 @@
+"""How far a Freezer's training is (epochs and optimizer steps), and when its policy is asked."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from freeze.policies import Policy, Progress
+
+
+@dataclass
+class RunClock:
+    """``epochs``/``steps_per_epoch``: the planned run (None: not given); ``interval_steps``: ask
+    the policy every N optimizer steps, 0: once per epoch. The optimizer-step count itself is the
+    Freezer's ``counters.steps``; this clock keeps the epoch it belongs to."""
+
+    epochs: int | None
+    steps_per_epoch: int | None
+    interval_steps: int
+    epochs_completed: int = 0
+    epoch_start_step: int = 0  # counters.steps when the running epoch began
+
+    def __post_init__(self) -> None:
+        if self.interval_steps < 0:
+            raise ValueError(f"Freezer: interval_steps must be >= 0 (0 = once per epoch), got {self.interval_steps}")
+
+    def check_policy(self, policy: Policy) -> None:
+        """Refuse a run-length policy the run length was not given for."""
+        if policy.needs_run_length and not self.epochs:
+            raise ValueError(f"Freezer: policy '{policy.name}' needs the run length: pass epochs=N")
+        if policy.needs_run_length and self.interval_steps and not self.steps_per_epoch:
+            # Between epoch ends only steps say how far training is; an epoch count would put the
+            # whole running epoch in the past or in the future.
+            raise ValueError(
+                f"Freezer: policy '{policy.name}' evaluated every interval_steps={self.interval_steps} steps "
+                "needs the run length in steps: pass steps_per_epoch=N"
+            )
+
+    def end_epoch(self, epoch: int, steps: int) -> int:
+        """Close ``epoch`` at optimizer step ``steps``; returns the steps it took."""
+        if epoch != self.epochs_completed:
+            raise ValueError(
+                f"Freezer.end_epoch({epoch}): the epoch that just ended is {self.epochs_completed}; call end_epoch "
+                "once per epoch, after its last step, with 0-based epoch numbers (a repeated or skipped call feeds "
+                "the policy empty or missing intervals)"
+            )
+        taken = steps - self.epoch_start_step
+        self.epochs_completed = epoch + 1
+        self.epoch_start_step = steps
+        return taken
+
+    def progress(self, steps: int) -> Progress:
+        steps_total = self.epochs * self.steps_per_epoch if (self.epochs and self.steps_per_epoch) else 0
+        return Progress(
+            epochs_completed=self.epochs_completed,
+            epochs_total=self.epochs or max(self.epochs_completed, 1),
+            steps_completed=steps,
+            steps_total=steps_total,
+        )
+
+    def epoch_done_fraction(self, steps: int) -> float:
+        """Share of the running epoch done at optimizer step ``steps`` (0 when its length is unknown)."""
+        if not self.steps_per_epoch:
+            return 0.0
+        return (steps - self.epoch_start_step) / self.steps_per_epoch
