@@ -14,7 +14,7 @@ directory; never overwritten), and the profile it measured as ``profile.json`` t
 
 The link: alpha (per ring step) and gamma (CPU s per byte) are fitted from an uncapped probe, the
 payload share of a cap from a capped probe, both at one node count (``python -m experiments.cluster
-probe``; freeze.costmodel.link). They are taken to hold at every node count and cap: on a real
+probe``; freeze.pipeline.costmodel.link). They are taken to hold at every node count and cap: on a real
 cluster with its own NICs gamma is smaller than on an emulated one, whose forwarding shares the
 training cores. Default probes: the cost model's validation's (report/costmodel/probe-2xuncapped.json
 and probe-2x1gbit.json); default comm_cpu_share: its fit (report/costmodel/calibration.json), as the
@@ -33,7 +33,7 @@ import sys
 import tomllib
 from pathlib import Path
 
-from freeze.costmodel import (
+from freeze.pipeline.costmodel import (
     CALIBRATION_FILE,
     ClusterModel,
     Link,
@@ -90,7 +90,7 @@ def make_profile(model: str, batch_size: int, image_size: int, steps: int, layou
         layout: NodeCores per profiled process (None: one process, all cores).
     """
     from experiments import bench_workers as bw
-    from freeze.costmodel.profiler import NodeCores, ProfileSpec, profile_model
+    from freeze.pipeline.costmodel.profiler import NodeCores, ProfileSpec, profile_model
 
     if layout is None:
         cores = tuple(sorted(os.sched_getaffinity(0)))

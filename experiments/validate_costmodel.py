@@ -10,13 +10,13 @@
 For every node count N it (1) profiles the model with one process per node pinned to that node's
 cores (freeze.pipeline.cluster.plan_cpus: where nodes share a core the profile measures the sharing),
 (2) probes the links at every cap and uncapped (``python -m experiments.cluster probe``'s code, a few
-sizes), fits the link per cap (freeze.costmodel.link.fit_link), and (3) measures the engine's median
+sizes), fits the link per cap (freeze.pipeline.costmodel.link.fit_link), and (3) measures the engine's median
 step at each k on the cluster (experiments.bench_cluster's step loop). With ``--cache on`` the same
 loop also runs experiments.bench's "engine + cache" at every k >= 1, in the same rotation as the
 engine: the Freezer with a memory activation cache (``Freezer(cache=...)``, built at each k over
 ``cache_keys`` fixed images, as training builds it) whose forward reads the batch's keys and runs only
 the tail; it is predicted with ``predict_step(..., cache=True)``, whose cache read is the profile's
-``cache_read_ms`` (the store's own read, timed by freeze.costmodel.profiler). The frozen prefix's
+``cache_read_ms`` (the store's own read, timed by freeze.pipeline.costmodel.profiler). The frozen prefix's
 no-grad forward alone is measured in the same rotation (``measured_prefix_ms``): what the cache can
 save at most.
 
@@ -27,7 +27,7 @@ are reported for cache off, cache on and all points.
 
 Writes to ``--out-dir`` (default report/costmodel, files never overwritten): validation.md (table,
 errors, load average, command), validation.csv, validation.png (predicted vs measured, diagonal
-drawn, cache on hollow), calibration.json (the fitted comm_cpu_share, freeze.costmodel.calibration:
+drawn, cache on hollow), calibration.json (the fitted comm_cpu_share, freeze.pipeline.costmodel.calibration:
 the study's prediction stage reads it), profile-N<n>.json and probe-<n>x<cap>.json (both reused when present);
 with ``--bench-md`` also the table and a link to the figure between the costmodel-validation markers
 of that file. Exit 2 with one line on bad input or where no cluster can be built.
@@ -47,7 +47,7 @@ from experiments import bench_workers as bw
 from experiments.predict import InputError, make_profile, write_csv
 from experiments.validate_costmodel_report import PHASES, figure, summary, write_bench_section
 from freeze._atomic import atomic_write_text
-from freeze.costmodel import (
+from freeze.pipeline.costmodel import (
     CALIBRATION_FILE,
     Calibration,
     ClusterModel,
@@ -89,7 +89,7 @@ def _probe(nodes: int, bandwidth: str, out_dir: Path, repeats: int) -> dict:
 
 
 def _profile(nodes: int, cfg: bc.ClusterBenchConfig, steps: int, out_dir: Path):
-    from freeze.costmodel import save_profile
+    from freeze.pipeline.costmodel import save_profile
     from freeze.pipeline.study.predict import one_process_per_node
 
     path = out_dir / f"profile-N{nodes}.json"
@@ -237,8 +237,8 @@ def _check_reused(args: argparse.Namespace) -> None:
     (another model or batch, another node count or cap) instead of predicting from it silently."""
     import json
 
-    from freeze.costmodel import ProfileError
     from freeze.pipeline.cluster.spec import parse_rate
+    from freeze.pipeline.costmodel import ProfileError
 
     for n in args.nodes:
         path = args.out_dir / f"profile-N{n}.json"

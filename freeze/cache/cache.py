@@ -401,6 +401,7 @@ class ActivationCache:
                 reads_remaining_per_rank=plan.reads_remaining,
                 compute_s_per_row=partial.compute_s / fill_plan.chunk,
                 exchange_s=partial.exchange_s * fill_plan.chunks,
+                saved_s_per_read=partial.compute_s / fill_plan.chunk,  # see pays()
             )
             verdict = (self.config.rule or pays)(estimate)
             return bool(_from_rank0(int(verdict), self.process_group))  # ranks must agree

@@ -28,7 +28,8 @@ class CacheSource:
 
 @dataclass(frozen=True)
 class CacheEstimate:
-    """What a build or an advance would cost and save, on this rank, measured on its first chunk."""
+    """What a build or an advance would cost and save, on this rank: measured on its first chunk by
+    the cache, or predicted from a profile by the application's cost model (``cache_pays``)."""
 
     boundary: int
     level: int  # the cut the cache would hold
@@ -37,21 +38,27 @@ class CacheEstimate:
     store_bytes: int
     forwards_per_rank: int  # rows this rank computes (padding included)
     reads_remaining_per_rank: float  # activations this rank would read from the cache until the end
-    compute_s_per_row: float  # measured on the first chunk
-    exchange_s: float  # the first chunk's exchange time x chunks
+    compute_s_per_row: float  # the segment's forward per row
+    exchange_s: float  # moving the computed rows to the ranks that read them
+    saved_s_per_read: float  # what one read saves the training step
 
 
 def pays(e: CacheEstimate) -> bool:
-    """The default ``auto`` rule: cache iff the forwards saved exceed the forwards spent,
+    """THE rule of ``cache = "auto"``: cache iff the time the reads save exceeds the time the
+    build costs,
 
-        reads_remaining_per_rank * t_row  >  forwards_per_rank * t_row + exchange_s
+        reads_remaining_per_rank * saved_s_per_read  >  forwards_per_rank * compute_s_per_row + exchange_s
 
-    (t_row: seconds per row of the segment, measured on the first chunk). Building from the inputs
-    saves the prefix forward of every later read; advancing saves the forward of the newly frozen
-    blocks, which the tail would otherwise recompute at every read. With V fixed views and E epochs
-    left, a build computes at most min(V, E) views per sample while E epochs read one each, so it
-    pays from the second epoch on whenever views repeat; with one epoch left it never does."""
-    return e.reads_remaining_per_rank * e.compute_s_per_row > e.forwards_per_rank * e.compute_s_per_row + e.exchange_s
+    The cache measures ``compute_s_per_row`` on the first chunk and takes ``saved_s_per_read`` to be
+    the same forward (a read is a copy of the row, next to nothing beside the segment's forward, and
+    the rest of the step does not change); the cost model predicts both from a profile instead,
+    where ``saved_s_per_read`` is the whole step's predicted saving per sample (reads, and what
+    overlap with communication leaves of the saving). Building from the inputs saves the prefix
+    forward of every later read; advancing saves the forward of the newly frozen blocks, which the
+    tail would otherwise recompute at every read. With V fixed views and E epochs left, a build
+    computes at most min(V, E) views per sample while E epochs read one each, so it pays from the
+    second epoch on whenever views repeat; with one epoch left it never does."""
+    return e.reads_remaining_per_rank * e.saved_s_per_read > e.forwards_per_rank * e.compute_s_per_row + e.exchange_s
 
 
 def default_budget_bytes() -> int:

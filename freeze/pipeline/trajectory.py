@@ -1,5 +1,5 @@
 """A run directory's boundary trajectory: (optimizer steps, boundary k) per epoch, the input of the
-cost model's :func:`freeze.costmodel.predict_run`, and the training time the run measured.
+cost model's :func:`freeze.pipeline.costmodel.predict_run`, and the training time the run measured.
 
     from freeze.pipeline.trajectory import read_trajectory
     t = read_trajectory("runs/offline-full/cluster-1gbit_autofreeze_seed=0")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from experiments import predict
-from tests.test_costmodel import _probe, write_profile
+from tests.pipeline.test_costmodel import _probe, write_profile
 
 FIXTURE_RUN = Path(__file__).resolve().parents[1] / "fixtures" / "runs" / "fixture_study" / "autofreeze-s0"
 

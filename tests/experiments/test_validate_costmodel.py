@@ -12,8 +12,8 @@ from experiments import bench_cluster as bc
 from experiments import bench_workers as bw
 from experiments import validate_costmodel as vc
 from experiments import validate_costmodel_report as vr
-from freeze.costmodel import PROFILE_FORMAT, Link, load_profile, save_profile
-from tests.test_costmodel import _block, _probe, write_profile
+from freeze.pipeline.costmodel import PROFILE_FORMAT, Link, load_profile, save_profile
+from tests.pipeline.test_costmodel import _block, _probe, write_profile
 
 
 def _profile(tmp_path):

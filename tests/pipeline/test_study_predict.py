@@ -10,7 +10,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from freeze.costmodel import (
+from freeze.pipeline.config import config_to_toml, load_config
+from freeze.pipeline.costmodel import (
     CALIBRATION_FILE,
     CALIBRATION_FORMAT,
     Calibration,
@@ -20,17 +21,16 @@ from freeze.costmodel import (
     save_calibration,
     save_profile,
 )
-from freeze.pipeline.config import config_to_toml, load_config
 from freeze.pipeline.study import cli
 from freeze.pipeline.study import predict as stage
 from freeze.pipeline.sweep import SweepSummary
 from freeze.pipeline.trajectory import TrajectoryError, read_trajectory
+from tests.pipeline.test_costmodel import _probe, write_profile
 from tests.pipeline.test_study import complete_manifest
-from tests.test_costmodel import _probe, write_profile
 
 REPO = Path(__file__).resolve().parents[2]
 SMOKE = REPO / "experiments" / "configs" / "smoke.toml"
-BATCH = 8  # the test profile's batch size (tests/test_costmodel.write_profile)
+BATCH = 8  # the test profile's batch size (tests/pipeline/test_costmodel.write_profile)
 
 
 def _config(study_dir: Path, group: str, seed: int, setting: str, *extra: str):
@@ -77,7 +77,7 @@ def _write_run(config, epochs: list[tuple[int, int, float]]) -> Path:
 
 
 def _profile_for(tmp_path: Path, config):
-    """The test's two-block profile (tests/test_costmodel.py), named as the run's model and batch."""
+    """The test's two-block profile (tests/pipeline/test_costmodel.py), named as the run's model and batch."""
     return write_profile(tmp_path, model=config.model.arch, batch_size=config.train.batch_size)
 
 
@@ -153,7 +153,7 @@ def test_cluster_run_uses_the_capped_probe_and_predict_run(tmp_path):
             _place_profile(tmp_path, study_dir, c)
     table = stage.predict_study(study_dir, _probes(tmp_path), measure=_no_measuring)
     profile = _profile_for(tmp_path, config)
-    # The probes' fit (tests/test_costmodel.py, test_link_fitted_from_probes): alpha 1 ms per ring
+    # The probes' fit (tests/pipeline/test_costmodel.py, test_link_fitted_from_probes): alpha 1 ms per ring
     # step, gamma 1.2e-8 s/B, payload 1 / 9e-9 B/s on the 1 Gbit/s cap (89 % of it, so scaling the
     # fit to the same cap gives it back); loopback takes the uncapped fit (no payload cap).
     capped = Link(alpha_s=0.001, bandwidth_bytes_per_s=1 / 9e-9, gamma_s_per_byte=1.2e-8)

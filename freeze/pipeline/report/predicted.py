@@ -40,7 +40,7 @@ WHAT_IS_TIMED = (
     "measured = the runs' training wall time as in the main table (the sum of every epoch's epoch_wall_s: "
     "data loading, forward, backward with DDP's all-reduces, optimizer step, and the freezer phase, which "
     "holds the policy's decisions, DDP re-wraps and activation-cache builds; evaluation excluded); "
-    "predicted = freeze.costmodel.predict_run over the run's boundary at the start of each epoch (forward, "
+    "predicted = freeze.pipeline.costmodel.predict_run over the run's boundary at the start of each epoch (forward, "
     "backward, all-reduces and their overlap, monitor and optimizer step, one single-bucket step after each "
     "boundary change); data loading, policy decisions, the re-wrap itself and cache builds are not modelled"
 )

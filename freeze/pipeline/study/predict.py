@@ -1,5 +1,5 @@
 """The study's prediction stage (``[study] predict = true``): after the grid and before the report,
-the cost model (:mod:`freeze.costmodel`) predicts every complete study run's training time, and the
+the cost model (:mod:`freeze.pipeline.costmodel`) predicts every complete study run's training time, and the
 report lays it beside the measured time (``predicted.md``/``.csv``, :mod:`freeze.pipeline.report.predicted`).
 
 Per run, from its directory alone:
@@ -22,7 +22,7 @@ Assumptions, and why:
 
 1. **Cluster link**: alpha, gamma and the payload share of a cap are fitted from the probes the cost
    model's validation took (``report/costmodel/probe-<N>xuncapped.json`` and ``probe-<N>x<cap>.json`` at
-   the setting's node count N, freeze.costmodel.link_from_probes and scaled_link, which give the
+   the setting's node count N, freeze.pipeline.costmodel.link_from_probes and scaled_link, which give the
    validation's fit_link exactly), taken to hold on the day of the study. Probing inside the study
    would add minutes and its own noise. On the emulated cluster the forwarding shares the training
    cores, so gamma depends on the load the probe met.
@@ -53,7 +53,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from freeze.costmodel import (
+from freeze.pipeline.cluster import plan_cpus
+from freeze.pipeline.cluster.spec import parse_delay, parse_rate
+from freeze.pipeline.config import Config, ConfigError, load_config
+from freeze.pipeline.costmodel import (
     CALIBRATION_FILE,
     CalibrationError,
     ClusterModel,
@@ -68,10 +71,7 @@ from freeze.costmodel import (
     save_profile,
     scaled_link,
 )
-from freeze.costmodel.profiler import NodeCores
-from freeze.pipeline.cluster import plan_cpus
-from freeze.pipeline.cluster.spec import parse_delay, parse_rate
-from freeze.pipeline.config import Config, ConfigError, load_config
+from freeze.pipeline.costmodel.profiler import NodeCores
 from freeze.pipeline.report.load import Run, load_runs
 from freeze.pipeline.report.predicted import predicted_table
 from freeze.pipeline.report.tables import Table, complete_groups
@@ -207,7 +207,7 @@ def measure_profile(config: Config) -> Profile:
     Args:
         config: the run's resolved config.
     """
-    from freeze.costmodel.profiler import ProfileSpec, profile_model
+    from freeze.pipeline.costmodel.profiler import ProfileSpec, profile_model
     from freeze.pipeline.data import NUM_CLASSES
     from freeze.pipeline.models import build_model
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from freeze.costmodel import (
+from freeze.pipeline.costmodel import (
     CALIBRATION_FORMAT,
     PROBE_FORMAT,
     PROFILE_FORMAT,
@@ -220,24 +220,32 @@ def test_bad_probe_and_profile_name_the_field(tmp_path):
     assert math.isfinite(predict_step(write_profile(tmp_path), _cluster(WIRE_LINK), k=1).step_ms)
 
 
-def test_cache_pays_when_reads_outweigh_the_fill(tmp_path):
-    from freeze.costmodel import cache_pays
+def test_cache_pays_is_the_caches_own_rule_on_predicted_numbers(tmp_path):
+    from freeze.cache.config import pays
+    from freeze.pipeline.costmodel import cache_pays
 
     profile = write_profile(tmp_path)
     cluster = _cluster(WIRE_LINK)
-    # k = 1: the read (0.5 ms) replaces b0's forward (3 ms): 2.5 ms saved per step; each fill step
-    # pays 0.5 ms (a write costs a read). 10 fill steps cost 5 ms; 2 steps after them save 5 ms:
-    # break-even at 12 steps.
-    verdict = cache_pays(profile, cluster, k=1, remaining_steps=100, fill_steps=10)
+    # k = 1: the read (0.5 ms) replaces b0's frozen forward (3 ms): 2.5 ms saved per step of 8
+    # samples. The build of 80 keys on 2 nodes: 40 rows per rank x 3/8 ms = 15 ms, and an all-gather
+    # of 80 x 64 bytes: 1/2 x 5120 B / 1e5 B/s = 25.6 ms. 40.6 ms / 2.5 ms: break-even at 16.24 steps.
+    verdict = cache_pays(profile, cluster, k=1, remaining_steps=100, samples=80)
     assert verdict.pays and verdict.saved_ms_per_step == pytest.approx(2.5)
-    assert verdict.break_even_steps == pytest.approx(12.0)
-    assert not cache_pays(profile, cluster, k=1, remaining_steps=12, fill_steps=10).pays
-    assert not cache_pays(profile, cluster, k=0, remaining_steps=100, fill_steps=10).pays
+    assert verdict.build_ms == pytest.approx(40.6)
+    assert verdict.break_even_steps == pytest.approx(16.24)
+    assert verdict.estimate.forwards_per_rank == 40 and verdict.store_bytes == 5120
+    assert not cache_pays(profile, cluster, k=1, remaining_steps=16, samples=80).pays
+    assert cache_pays(profile, cluster, k=1, remaining_steps=17, samples=80).pays
+    # one rule: the verdict is what the cache's own auto rule says of the predicted estimate
+    for steps in (1, 16, 17, 100):
+        v = cache_pays(profile, cluster, k=1, remaining_steps=steps, samples=80)
+        assert v.pays == pays(v.estimate)
+    assert not cache_pays(profile, cluster, k=0, remaining_steps=100, samples=80).pays
     # 1000 samples x 64 bytes = 64000 bytes: over a 1000-byte budget
-    tight = cache_pays(
-        profile, cluster, k=1, remaining_steps=100, fill_steps=10, samples=1000, memory_budget_bytes=1000
-    )
+    tight = cache_pays(profile, cluster, k=1, remaining_steps=100, samples=1000, memory_budget_bytes=1000)
     assert not tight.pays and tight.store_bytes == 64000 and "budget" in tight.reason
+    with pytest.raises(ValueError, match="samples=-1 is not accepted; accepted: an integer >= 0"):
+        cache_pays(profile, cluster, k=1, remaining_steps=100, samples=-1)
 
 
 def test_calibration_round_trips_and_is_never_overwritten(tmp_path):

@@ -1,20 +1,20 @@
 """A cost model of data-parallel training with a frozen prefix: predicted step and run time for any
 node count, link, boundary and cache setting, from a profile measured once on one node and a link
-fitted from a probe. The model is pure (:mod:`freeze.costmodel.model`, every assumption in its
-docstring); :mod:`freeze.costmodel.profiler` measures the profile.
+fitted from a probe. The model is pure (:mod:`freeze.pipeline.costmodel.model`, every assumption in its
+docstring); :mod:`freeze.pipeline.costmodel.profiler` measures the profile.
 
-    from freeze.costmodel import ClusterModel, Link, cache_pays, load_profile, predict_step
+    from freeze.pipeline.costmodel import ClusterModel, Link, cache_pays, load_profile, predict_step
     profile = load_profile("profile.json")
     link = Link(alpha_s=50e-6, bandwidth_bytes_per_s=1e9 / 8 * 0.87, gamma_s_per_byte=6e-9)
     step = predict_step(profile, ClusterModel(nodes=16, link=link), k=5)
     print(step.step_ms, step.compute_ms, step.exposed_comm_ms, step.optimizer_ms)
     # cache = "auto": does a cache at k pay for the steps left at k?
-    verdict = cache_pays(profile, ClusterModel(nodes=16, link=link), k=5, remaining_steps=3000, fill_steps=780)
+    verdict = cache_pays(profile, ClusterModel(nodes=16, link=link), k=5, remaining_steps=3000, samples=50000)
     print(verdict.pays, verdict.reason)
 """
 
-from freeze.costmodel.cache import CacheVerdict, cache_pays
-from freeze.costmodel.calibration import (
+from freeze.pipeline.costmodel.cache import CacheVerdict, cache_pays
+from freeze.pipeline.costmodel.calibration import (
     CALIBRATION_FILE,
     CALIBRATION_FORMAT,
     Calibration,
@@ -22,11 +22,12 @@ from freeze.costmodel.calibration import (
     load_calibration,
     save_calibration,
 )
-from freeze.costmodel.link import (
+from freeze.pipeline.costmodel.link import (
     PROBE_FORMAT,
     Link,
     LinkError,
     ProbeFit,
+    allgather_s,
     broadcast_s,
     fit_link,
     link_from_probes,
@@ -34,7 +35,7 @@ from freeze.costmodel.link import (
     ring_allreduce_s,
     scaled_link,
 )
-from freeze.costmodel.model import (
+from freeze.pipeline.costmodel.model import (
     BucketTiming,
     ClusterModel,
     RunPrediction,
@@ -44,7 +45,7 @@ from freeze.costmodel.model import (
     predict_run,
     predict_step,
 )
-from freeze.costmodel.profile import (
+from freeze.pipeline.costmodel.profile import (
     PROFILE_FORMAT,
     BlockCost,
     Profile,
@@ -75,6 +76,7 @@ __all__ = [
     "ProfileError",
     "RunPrediction",
     "StepPrediction",
+    "allgather_s",
     "broadcast_s",
     "bucket_sizes",
     "cache_pays",

@@ -4,8 +4,8 @@ asserted beyond being a finite number >= 0 (Profile checks that itself)."""
 
 import pytest
 
-from freeze.costmodel import load_profile, save_profile
-from freeze.costmodel.profiler import NodeCores, ProfileSpec, profile_model
+from freeze.pipeline.costmodel import load_profile, save_profile
+from freeze.pipeline.costmodel.profiler import NodeCores, ProfileSpec, profile_model
 from tests.tiny_models import TinyNet
 
 
@@ -36,7 +36,7 @@ def test_cache_read_is_timed_on_the_caches_own_store(monkeypatch):
     import torch
 
     from freeze.cache.store import ActivationStore
-    from freeze.costmodel.profiler import _time_cache_read
+    from freeze.pipeline.costmodel.profiler import _time_cache_read
 
     shapes = []
     real_read = ActivationStore.read

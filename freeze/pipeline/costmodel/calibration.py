@@ -1,8 +1,8 @@
 """The cost model's one fitted factor, kept where its predictions can find it.
 
-``comm_cpu_share`` (:class:`freeze.costmodel.ClusterModel`) is the share of a node's CPU that gloo's
+``comm_cpu_share`` (:class:`freeze.pipeline.costmodel.ClusterModel`) is the share of a node's CPU that gloo's
 ring takes from the backward while both run. It is fitted at one measured point
-(:func:`freeze.costmodel.fit_comm_cpu_share`) by ``python -m experiments.validate_costmodel``, which
+(:func:`freeze.pipeline.costmodel.fit_comm_cpu_share`) by ``python -m experiments.validate_costmodel``, which
 writes it beside its profiles and probes as ``calibration.json`` (``format:
 freeze-costmodel-calibration/1``)::
 

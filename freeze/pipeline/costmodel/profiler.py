@@ -1,4 +1,4 @@
-"""Measure a :class:`~freeze.costmodel.profile.Profile`: per-block forward and backward ms at every
+"""Measure a :class:`~freeze.pipeline.costmodel.profile.Profile`: per-block forward and backward ms at every
 boundary, what runs after the backward, and cache read ms, on this machine.
 
 Each profiled process runs the real training step the cost model predicts: the Freezer at boundary
@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from freeze.costmodel.profile import BlockCost, Profile, median
+from freeze.pipeline.costmodel.profile import BlockCost, Profile, median
 
 
 @dataclass(frozen=True)

@@ -95,6 +95,15 @@ def ring_allreduce_s(nbytes: float, nodes: int, link: Link) -> float:
     return latency + (wire + cpu if link.form == "additive" else max(wire, cpu))
 
 
+def allgather_s(nbytes: float, nodes: int, link: Link) -> float:
+    """Seconds for a ring all-gather that leaves every node with all ``nbytes`` (each node starts
+    with 1/N of them): (N-1) x alpha + (N-1)/N x S / B; no reduction, so no CPU term. One node: 0."""
+    if nodes < 2 or nbytes <= 0:
+        return 0.0
+    wire = 0.0 if link.bandwidth_bytes_per_s is None else (nodes - 1) / nodes * nbytes / link.bandwidth_bytes_per_s
+    return (nodes - 1) * link.alpha_s + wire
+
+
 def broadcast_s(nbytes: float, nodes: int, link: Link) -> float:
     """Seconds for DDP's per-forward buffer broadcast from rank 0, taken as rank 0 sending the
     buffers to each of the N-1 others over its own link: alpha + (N-1) x S/B (an upper bound for a

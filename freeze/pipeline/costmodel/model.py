@@ -1,11 +1,11 @@
 """Predicted step and run time of data-parallel training with a frozen prefix: a pure function of a
-measured :class:`~freeze.costmodel.profile.Profile` and a :class:`~freeze.costmodel.link.Link`,
+measured :class:`~freeze.pipeline.costmodel.profile.Profile` and a :class:`~freeze.pipeline.costmodel.link.Link`,
 for any node count N, link, boundary k and cache setting. No torch, no timing.
 
 One step at boundary k (blocks 0..k-1 frozen), as the Freezer runs it under DDP:
 
 1. **Forward**: DDP first broadcasts the trainable blocks' buffers from rank 0 (blocking; the
-   Freezer keeps frozen buffers out) -- :func:`~freeze.costmodel.link.broadcast_s`. Then
+   Freezer keeps frozen buffers out) -- :func:`~freeze.pipeline.costmodel.link.broadcast_s`. Then
    ``forward_overhead_ms`` + the frozen blocks' no-grad forward + the trainable blocks' forward.
    With the cache on (k >= 1) the frozen prefix is not run: reading the batch's cached
    activations at block k (``cache_read_ms``) replaces it. At k = 0 the cache changes nothing.
@@ -25,7 +25,7 @@ One step at boundary k (blocks 0..k-1 frozen), as the Freezer runs it under DDP:
 5. **Communication**: buckets are all-reduced one at a time in bucket order, each starting when it
    is ready and the previous one is done (gloo's two worker threads could run two at once; on one
    link that changes which finishes first, not when the last does). Each takes
-   :func:`~freeze.costmodel.link.ring_allreduce_s` alone.
+   :func:`~freeze.pipeline.costmodel.link.ring_allreduce_s` alone.
 6. **CPU interference**: a bucket in flight needs the CPU for a share u = reduce_cpu_s / its time
    (u = 1 when the CPU, not the wire, sets the rate). While the backward also runs, the two share
    the node's CPU: communication takes min(u, ``comm_cpu_share``) and runs at that over u of its
@@ -54,8 +54,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from freeze.costmodel.link import Link, broadcast_s, reduce_cpu_s, ring_allreduce_s
-from freeze.costmodel.profile import Profile
+from freeze.pipeline.costmodel.link import Link, broadcast_s, reduce_cpu_s, ring_allreduce_s
+from freeze.pipeline.costmodel.profile import Profile
 
 MIB = 1 << 20
 DEFAULT_BUCKET_CAP_BYTES = 25 * MIB  # DDP's bucket_cap_mb default

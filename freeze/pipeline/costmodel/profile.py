@@ -1,6 +1,6 @@
 """A measured compute profile of one model on one node: per-block forward and backward ms, gradient
 and activation bytes, cache read ms, and what runs after the backward, at one batch size and thread
-count. :mod:`freeze.costmodel.profiler` measures it; this module holds it and reads/writes it as
+count. :mod:`freeze.pipeline.costmodel.profiler` measures it; this module holds it and reads/writes it as
 JSON (``format: freeze-costmodel-profile/1``)::
 
     format, model, batch_size, threads        the node's batch and torch thread count
