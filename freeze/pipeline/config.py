@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from freeze.checks import is_int, is_number
 from freeze.names import CacheMode, CommHook, StorageDtype
 from freeze.pipeline.cluster.spec import DEFAULT_SUBNET, ClusterSpecError, parse_delay, parse_rate, parse_subnet
 
@@ -302,7 +303,7 @@ def _check_number(dotted: str, value: Any, kind: type, bounds: Range | None) -> 
     rng = bounds.describe() if bounds else ""
     expected = f"expected {desc}{' ' + rng if rng else ''}, got {_show(value)}"
     # bool is a subclass of int: `epochs = true` must not silently mean 1.
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
+    if not (is_int(value) if kind is int else is_number(value)):
         raise ConfigError(f"{dotted}: {expected}")
     if kind is float:
         value = float(value)

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from freeze.checks import is_int, is_number
 from freeze.pipeline.jsonl import JsonLinesError, read_json_lines
 from freeze.pipeline.schema import BOUNDARY_AT_EPOCH_START, LEGACY_METRIC_KEYS
 
@@ -60,7 +61,7 @@ def read_trajectory(run_dir: str | Path) -> Trajectory:
     for line_no, record in records:
         k = record.get(BOUNDARY_AT_EPOCH_START, record.get(legacy))
         step = record.get("step")
-        if not _is_int(k) or not _is_int(step) or step < previous_step:
+        if not is_int(k) or not is_int(step) or step < previous_step:
             raise TrajectoryError(
                 f"{path}:{line_no}: keys 'step' (a count that never decreases) and "
                 f"'{BOUNDARY_AT_EPOCH_START}' (an integer) are needed"
@@ -68,9 +69,5 @@ def read_trajectory(run_dir: str | Path) -> Trajectory:
         segments.append((step - previous_step, k))
         previous_step = step
         wall_s = record.get("epoch_wall_s")
-        train_s += wall_s if isinstance(wall_s, (int, float)) and not isinstance(wall_s, bool) else 0.0
+        train_s += wall_s if is_number(wall_s) else 0.0
     return Trajectory(tuple(segments), train_s)
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from freeze.checks import is_int
 from freeze.monitor import IntervalStats, relative_change, summed_norms
 
 # Schedule arithmetic in floats lands a hair off exact values (0.8 + 0.2 * 1/4 = 0.8500000000000001);
@@ -48,7 +49,7 @@ class Progress:
     def __post_init__(self) -> None:
         for name, low in (("epochs_completed", 0), ("epochs_total", 1), ("steps_completed", 0), ("steps_total", 0)):
             value = getattr(self, name)
-            if not _is_int(value) or value < low:
+            if not is_int(value) or value < low:
                 raise ValueError(f"Progress: {name} = {value!r}; accepted: int >= {low}")
 
     @property
@@ -163,12 +164,12 @@ class Policy(ABC):
 
     # ---------------------------------------------------------------- shared checks
     def _check_blocks(self, num_blocks: int) -> None:
-        if not _is_int(num_blocks) or num_blocks < 1:
+        if not is_int(num_blocks) or num_blocks < 1:
             raise PolicyError(f"policy '{self.name}': num_blocks = {num_blocks!r}; accepted: int >= 1")
 
     def _check_call(self, boundary: int, num_blocks: int) -> None:
         self._check_blocks(num_blocks)
-        if not _is_int(boundary) or not 0 <= boundary < num_blocks:
+        if not is_int(boundary) or not 0 <= boundary < num_blocks:
             raise PolicyError(
                 f"policy '{self.name}': boundary = {boundary!r} with {num_blocks} blocks; accepted: 0..{num_blocks - 1}"
             )
@@ -301,10 +302,6 @@ def _did_you_mean(word: Any, names: Sequence[str] | dict) -> str:
     """`` (did you mean 'x'?)`` for the closest name, as config keys get; empty when none is close."""
     close = difflib.get_close_matches(str(word), list(names), n=1)
     return f" (did you mean '{close[0]}'?)" if close else ""
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def _fields(policy: Policy | type[Policy]) -> tuple[dataclasses.Field, ...]:

@@ -11,6 +11,8 @@ import os
 import re
 from dataclasses import dataclass
 
+from freeze.checks import is_int
+
 # tc(8) units: decimal multiples of bits per second ("1gbit" = 1e9 bit/s).
 _RATE_UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "tbit": 10**12}
 _TIME_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
@@ -83,7 +85,7 @@ class ClusterSpec:
 
     @classmethod
     def parse(cls, nodes: int, bandwidth: str, latency: str = "0", subnet: str = DEFAULT_SUBNET) -> ClusterSpec:
-        if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 2:
+        if not is_int(nodes) or nodes < 2:
             raise ClusterSpecError(f"cluster.nodes: expected an integer >= 2 for a cluster, got {nodes!r}")
         return cls(
             nodes,

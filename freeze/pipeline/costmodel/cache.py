@@ -25,6 +25,7 @@ import math
 from dataclasses import dataclass
 
 from freeze.cache.config import CacheEstimate, pays
+from freeze.checks import is_int
 from freeze.pipeline.costmodel.link import allgather_s
 from freeze.pipeline.costmodel.model import ClusterModel, predict_step
 from freeze.pipeline.costmodel.profile import Profile
@@ -65,10 +66,10 @@ def cache_pays(
         samples: keys the cache holds (the training set, times its fixed views).
         memory_budget_bytes: host memory the store may use; None: no check.
     """
-    if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k < profile.num_blocks:
+    if not is_int(k) or not 0 <= k < profile.num_blocks:
         raise ValueError(f"cache_pays: k={k!r} is not accepted; accepted: 0..{profile.num_blocks - 1}")
     for name, value in (("remaining_steps", remaining_steps), ("samples", samples)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        if not is_int(value) or value < 0:
             raise ValueError(f"cache_pays: {name}={value!r} is not accepted; accepted: an integer >= 0")
     without = predict_step(profile, cluster, k, cache=False).step_ms
     store = samples * profile.blocks[k].activation_bytes_per_sample

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from freeze._atomic import atomic_write_json
+from freeze.checks import is_number
 
 CALIBRATION_FORMAT = "freeze-costmodel-calibration/1"
 CALIBRATION_FILE = "calibration.json"  # its name beside the validation's profiles and probes
@@ -70,12 +71,7 @@ def load_calibration(path: str | Path) -> Calibration:
         got = d.get("format") if isinstance(d, dict) else type(d).__name__
         raise CalibrationError(f"{path}: format {got!r}, expected {CALIBRATION_FORMAT!r}")
     share = d.get("comm_cpu_share")
-    if (
-        isinstance(share, bool)
-        or not isinstance(share, (int, float))
-        or not math.isfinite(share)
-        or not 0 <= share <= 1
-    ):
+    if not is_number(share) or not math.isfinite(share) or not 0 <= share <= 1:
         raise CalibrationError(f"{path}: comm_cpu_share {share!r}: expected a number in [0, 1]")
     fitted_at, source = d.get("fitted_at", {}), d.get("source", "")
     if not isinstance(fitted_at, dict) or not isinstance(source, str):

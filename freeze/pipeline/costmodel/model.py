@@ -54,6 +54,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from freeze.checks import is_int
 from freeze.pipeline.costmodel.link import Link, broadcast_s, reduce_cpu_s, ring_allreduce_s
 from freeze.pipeline.costmodel.profile import Profile
 
@@ -74,7 +75,7 @@ class ClusterModel:
     first_bucket_bytes: int = DEFAULT_FIRST_BUCKET_BYTES
 
     def __post_init__(self) -> None:
-        if isinstance(self.nodes, bool) or not isinstance(self.nodes, int) or self.nodes < 1:
+        if not is_int(self.nodes) or self.nodes < 1:
             raise ValueError(f"ClusterModel nodes: expected an integer >= 1, got {self.nodes!r}")
         if not 0.0 <= self.comm_cpu_share <= 1.0:
             raise ValueError(f"ClusterModel comm_cpu_share: expected a number in [0, 1], got {self.comm_cpu_share!r}")
@@ -208,7 +209,7 @@ def predict_step(
         cache: the frozen prefix's output is read from the activation cache (k >= 1).
         first_after_rewrap: the first step after a DDP construction (one bucket of everything).
     """
-    if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k < profile.num_blocks:
+    if not is_int(k) or not 0 <= k < profile.num_blocks:
         raise ValueError(f"predict_step: k={k!r} is not accepted; accepted: 0..{profile.num_blocks - 1}")
     blocks = profile.blocks
     use_cache = cache and k >= 1

@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from freeze._atomic import atomic_write_json
+from freeze.checks import is_int, is_number
 
 PROFILE_FORMAT = "freeze-costmodel-profile/1"
 
@@ -88,14 +89,14 @@ class Profile:
 def _number(value, where: str, minimum: float = 0.0, none_ok: bool = False) -> None:
     if value is None and none_ok:
         return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < minimum:
+    if not is_number(value) or not math.isfinite(value) or value < minimum:
         raise ProfileError(f"profile {where}: expected a finite number >= {minimum:g}, got {value!r}")
 
 
 def _check_profile(p: Profile) -> None:
     for name in ("batch_size", "threads", "nodes_per_core"):
         value = getattr(p, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        if not is_int(value) or value < 1:
             raise ProfileError(f"profile {name}: expected an integer >= 1, got {value!r}")
     if len(p.blocks) < 1:
         raise ProfileError("profile blocks: expected at least one block")
@@ -109,7 +110,7 @@ def _check_profile(p: Profile) -> None:
     last = len(p.blocks) - 1
     for i, b in enumerate(p.blocks):
         where = f"blocks[{i}] ({b.name})"
-        if not b.param_bytes or any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in b.param_bytes):
+        if not b.param_bytes or any(not is_int(n) or n < 0 for n in b.param_bytes):
             raise ProfileError(f"profile {where}.param_bytes: expected a non-empty list of integers >= 0")
         for key in ("forward_ms", "backward_first_ms"):
             _number(getattr(b, key), f"{where}.{key}")

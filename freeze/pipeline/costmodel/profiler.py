@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from freeze.checks import is_int
 from freeze.pipeline.costmodel.profile import BlockCost, Profile, median
 
 
@@ -67,7 +68,7 @@ class ProfileSpec:
         for name in ("batch_size", "steps", "warmup", "cache_keys", "cache_reads", "num_classes"):
             value = getattr(self, name)
             minimum = 0 if name == "warmup" else 1
-            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            if not is_int(value) or value < minimum:
                 raise ValueError(f"ProfileSpec {name}: expected an integer >= {minimum}, got {value!r}")
 
 

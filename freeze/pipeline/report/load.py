@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from freeze.checks import is_int, is_number
 from freeze.pipeline.jsonl import JsonLinesError, read_json_lines
 from freeze.pipeline.schema import BOUNDARY_AT_EPOCH_START, EVAL_PHASE, LEGACY_METRIC_KEYS, PHASES
 
@@ -160,7 +161,7 @@ def read_manifest(path: Path) -> dict:
     for key, kind in _MANIFEST_KEYS.items():
         value = manifest.get(key)
         # bool is an int subclass; a seed of true is still a broken manifest.
-        if not isinstance(value, kind) or isinstance(value, bool):
+        if not (is_int(value) if kind is int else isinstance(value, kind)):
             raise ReportInputError(f"{path}: key '{key}' must be {kind.__name__}, got {value!r}")
     for key, low in _MANIFEST_MINIMUMS.items():
         if manifest[key] < low:
@@ -238,7 +239,7 @@ def _parse_metrics_record(record: dict, where: str, n_blocks: int) -> tuple[dict
 def _number(value, key: str, where: str, nullable: bool) -> float:
     if value is None and nullable:
         return math.nan
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if not is_number(value):
         accepted = "a number or null" if nullable else "a number"
         raise ReportInputError(f"{where}: malformed metrics line ({key} must be {accepted}, got {value!r})")
     return float(value)

@@ -49,6 +49,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from freeze.checks import is_int
 from freeze.pipeline.config import ConfigError, load_config
 from freeze.pipeline.sweep import RunSpec, SweepError, read_toml
 
@@ -131,7 +132,7 @@ def _string_list(path, where: str, value) -> tuple[str, ...]:
 
 
 def _int_list(path, where: str, value) -> tuple[int, ...]:
-    ok = isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    ok = isinstance(value, list) and value and all(is_int(v) for v in value)
     if not ok or any(v < 0 for v in value) or len(set(value)) != len(value):
         raise _error(path, f"{where} must be a non-empty list of distinct non-negative integers")
     return tuple(value)
@@ -167,7 +168,7 @@ def read_study(path: str | Path) -> StudyFile:
     if not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
         raise _error(path, f"target_fraction must be in (0, 1], got {fraction!r}")
     order_seed = study.get("order_seed", 0)
-    if not isinstance(order_seed, int) or isinstance(order_seed, bool):
+    if not is_int(order_seed):
         raise _error(path, f"order_seed must be an integer, got {order_seed!r}")
     seeds = _int_list(path, "seeds", study.get("seeds", [0]))
     if not isinstance(study.get("predict", False), bool):
