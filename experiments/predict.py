@@ -47,6 +47,7 @@ from freeze.pipeline.costmodel import (
     save_profile,
     scaled_link,
 )
+from freeze.pipeline.schema import CONFIG_FILE
 from freeze.pipeline.study.predict import PROBE_DIR, comm_cpu_share
 
 DEFAULT_PROBES = (PROBE_DIR / "probe-2xuncapped.json", PROBE_DIR / "probe-2x1gbit.json")
@@ -120,7 +121,7 @@ def run_segments(run_dir: Path) -> tuple[list[tuple[int, int]], dict]:
     except TrajectoryError as e:
         raise InputError(f"--run {e}") from None
     info = {"measured_wall_s": trajectory.train_s, "steps": trajectory.steps}
-    config = run_dir / "config.toml"
+    config = run_dir / CONFIG_FILE
     if config.is_file():
         c = tomllib.loads(config.read_text(encoding="utf-8"))
         info["arch"] = c.get("model", {}).get("arch")

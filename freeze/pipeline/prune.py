@@ -23,10 +23,11 @@ import sys
 from pathlib import Path
 
 from freeze.pipeline.runs import RunDir, RunError, load_checkpoint
+from freeze.pipeline.schema import MANIFEST_FILE
 
 
 def _runs_below(folder: Path) -> list[Path]:
-    return sorted(p.parent for p in folder.rglob("manifest.json") if p.is_file())
+    return sorted(p.parent for p in folder.rglob(MANIFEST_FILE) if p.is_file())
 
 
 def prune_run(run_dir: Path, dry_run: bool = False) -> tuple[int, int] | None:

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from freeze._atomic import remove_stale_temp_files
 from freeze.pipeline.runs import RunError, now_iso
+from freeze.pipeline.schema import MANIFEST_FILE
 
 LOCK_FILE = ".lock"
 TOKEN_ENV = "FREEZE_RUN_LOCK_TOKEN"
@@ -153,7 +154,7 @@ class RunLock:
         """Remove the run directory when this lock created it and no run started in it (no
         manifest), and the parents it created if they are empty: a refused run leaves nothing
         behind. Returns whether it did."""
-        if self.delegated or not self.created or (self.run_dir / "manifest.json").exists():
+        if self.delegated or not self.created or (self.run_dir / MANIFEST_FILE).exists():
             return False
         shutil.rmtree(self.run_dir, ignore_errors=True)
         for parent in self.created[1:]:

@@ -31,6 +31,15 @@ import torch
 
 from freeze._atomic import atomic_write, atomic_write_json, atomic_write_text
 from freeze.pipeline.jsonl import JsonLinesError, read_json_lines
+from freeze.pipeline.schema import (
+    CHECKPOINT_FILE,
+    CONFIG_FILE,
+    LOG_FILE,
+    MANIFEST_FILE,
+    METRICS_FILE,
+    MODEL_FILE,
+    RUN_STATUSES,
+)
 
 # Set (to "1") by a sweep or a study for the runs it starts: the sweep says what comes next, so a run
 # leaves out its closing "report: python -m report ..." hint (the study makes the report itself; ten
@@ -45,7 +54,6 @@ def in_sweep() -> bool:
 
 
 RunStatus = Literal["absent", "running", "complete", "interrupted", "failed"]
-_MANIFEST_STATUSES = ("running", "complete", "interrupted", "failed")
 
 
 class RunError(RuntimeError):
@@ -155,12 +163,12 @@ class RunDir:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        self.config_path = self.path / "config.toml"
-        self.manifest_path = self.path / "manifest.json"
-        self.metrics_path = self.path / "metrics.jsonl"
-        self.checkpoint_path = self.path / "checkpoint.pt"
-        self.model_path = self.path / "model.pt"  # a complete run's final weights (a plain state dict)
-        self.log_path = self.path / "log.txt"
+        self.config_path = self.path / CONFIG_FILE
+        self.manifest_path = self.path / MANIFEST_FILE
+        self.metrics_path = self.path / METRICS_FILE
+        self.checkpoint_path = self.path / CHECKPOINT_FILE
+        self.model_path = self.path / MODEL_FILE
+        self.log_path = self.path / LOG_FILE
 
     def __repr__(self) -> str:
         return f"RunDir({str(self.path)!r})"
@@ -180,8 +188,8 @@ class RunDir:
         if not self.manifest_path.exists():
             return "absent"
         status = self.read_manifest().get("status")
-        if status not in _MANIFEST_STATUSES:
-            raise RunError(f"{self.manifest_path}: status {status!r} is not one of {', '.join(_MANIFEST_STATUSES)}")
+        if status not in RUN_STATUSES:
+            raise RunError(f"{self.manifest_path}: status {status!r} is not one of {', '.join(RUN_STATUSES)}")
         return status
 
     def ensure_not_complete(self) -> RunStatus:

@@ -17,3 +17,52 @@ PHASES: tuple[str, ...] = (*TRAIN_PHASES, EVAL_PHASE)
 BOUNDARY_AT_EPOCH_START = "boundary_at_epoch_start"
 # Keys older run directories used for the same value: new name -> old name.
 LEGACY_METRIC_KEYS: dict[str, str] = {BOUNDARY_AT_EPOCH_START: "boundary_during"}
+
+# The files of a run directory.
+CONFIG_FILE = "config.toml"
+MANIFEST_FILE = "manifest.json"
+METRICS_FILE = "metrics.jsonl"
+CHECKPOINT_FILE = "checkpoint.pt"  # what a resume needs; a complete run drops it for MODEL_FILE
+MODEL_FILE = "model.pt"  # a complete run's final weights (a plain state dict)
+LOG_FILE = "log.txt"
+
+# manifest.json: a run's status ("running" also describes a run whose process was killed).
+RUN_STATUSES: tuple[str, ...] = ("running", "complete", "interrupted", "failed")
+# Keys every manifest has, and their JSON types, as the report checks them.
+MANIFEST_KEYS: dict[str, type] = {
+    "group": str,
+    "policy": str,
+    "seed": int,
+    "world_size": int,
+    "status": str,
+    "epochs_planned": int,
+    "epochs_done": int,
+    "block_names": list,
+}
+
+# metrics.jsonl: keys every line has (the report requires them) ...
+METRIC_KEYS: tuple[str, ...] = (
+    "epoch",
+    "boundary",
+    "frozen_param_fraction",
+    "val_acc",
+    "test_acc",
+    "epoch_wall_s",
+    "cumulative_wall_s",
+    "phase_s",
+    "allreduce_bytes",
+    "grad_norm",
+)
+# ... and numbers the report carries along when present (older run directories lack some).
+METRIC_SCALARS_OPTIONAL: tuple[str, ...] = (
+    "step",
+    "lr",
+    BOUNDARY_AT_EPOCH_START,
+    "train_loss",
+    "train_acc",
+    "val_loss",
+    "test_loss",
+    "allreduce_bytes_per_step",
+    "rewraps",
+    "rewrap_s",
+)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from freeze.checks import is_int, is_number
 from freeze.pipeline.jsonl import JsonLinesError, read_json_lines
-from freeze.pipeline.schema import BOUNDARY_AT_EPOCH_START, LEGACY_METRIC_KEYS
+from freeze.pipeline.schema import BOUNDARY_AT_EPOCH_START, LEGACY_METRIC_KEYS, METRICS_FILE
 
 
 class TrajectoryError(ValueError):
@@ -47,7 +47,7 @@ def read_trajectory(run_dir: str | Path) -> Trajectory:
     Raises:
         TrajectoryError: no metrics.jsonl, a malformed line, or a line without step or boundary.
     """
-    path = Path(run_dir) / "metrics.jsonl"
+    path = Path(run_dir) / METRICS_FILE
     try:
         records, _ = read_json_lines(path.read_bytes())
     except FileNotFoundError:

@@ -20,47 +20,21 @@ import pandas as pd
 
 from freeze.checks import is_int, is_number
 from freeze.pipeline.jsonl import JsonLinesError, read_json_lines
-from freeze.pipeline.schema import BOUNDARY_AT_EPOCH_START, EVAL_PHASE, LEGACY_METRIC_KEYS, PHASES
+from freeze.pipeline.schema import (
+    CONFIG_FILE,
+    EVAL_PHASE,
+    LEGACY_METRIC_KEYS,
+    MANIFEST_FILE,
+    MANIFEST_KEYS,
+    METRIC_KEYS,
+    METRIC_SCALARS_OPTIONAL,
+    METRICS_FILE,
+    PHASES,
+    RUN_STATUSES,
+)
 
-STATUSES = ("running", "complete", "interrupted", "failed")
-
-_MANIFEST_KEYS = {
-    "group": str,
-    "policy": str,
-    "seed": int,
-    "world_size": int,
-    "status": str,
-    "epochs_planned": int,
-    "epochs_done": int,
-    "block_names": list,
-}
 # A world of 0 workers or -5 planned epochs would divide by zero or count a run as complete.
 _MANIFEST_MINIMUMS = {"seed": 0, "world_size": 1, "epochs_planned": 1, "epochs_done": 0}
-# Metric keys the report reads; the other contract keys are carried along when present.
-_METRIC_KEYS = (
-    "epoch",
-    "boundary",
-    "frozen_param_fraction",
-    "val_acc",
-    "test_acc",
-    "epoch_wall_s",
-    "cumulative_wall_s",
-    "phase_s",
-    "allreduce_bytes",
-    "grad_norm",
-)
-_OPTIONAL_SCALARS = (
-    "step",
-    "lr",
-    BOUNDARY_AT_EPOCH_START,
-    "train_loss",
-    "train_acc",
-    "val_loss",
-    "test_loss",
-    "allreduce_bytes_per_step",
-    "rewraps",
-    "rewrap_s",
-)
 
 
 class ReportInputError(ValueError):
@@ -130,7 +104,7 @@ class Run:
 
 def find_run_dirs(runs_dir: Path) -> list[Path]:
     """Every directory below ``runs_dir`` (itself included) holding a manifest.json, sorted."""
-    return sorted(p.parent for p in Path(runs_dir).rglob("manifest.json") if p.is_file())
+    return sorted(p.parent for p in Path(runs_dir).rglob(MANIFEST_FILE) if p.is_file())
 
 
 def load_runs(runs_dir: str | Path) -> list[Run]:
@@ -144,9 +118,9 @@ def load_runs(runs_dir: str | Path) -> list[Run]:
 
 
 def load_run(run_dir: Path) -> Run:
-    manifest = read_manifest(run_dir / "manifest.json")
-    metrics, eta = read_metrics(run_dir / "metrics.jsonl", n_blocks=len(manifest["block_names"]))
-    return Run(run_dir, manifest, read_config(run_dir / "config.toml"), metrics, eta)
+    manifest = read_manifest(run_dir / MANIFEST_FILE)
+    metrics, eta = read_metrics(run_dir / METRICS_FILE, n_blocks=len(manifest["block_names"]))
+    return Run(run_dir, manifest, read_config(run_dir / CONFIG_FILE), metrics, eta)
 
 
 def read_manifest(path: Path) -> dict:
@@ -158,7 +132,7 @@ def read_manifest(path: Path) -> dict:
         raise ReportInputError(f"{path}: cannot read ({exc})") from None
     if not isinstance(manifest, dict):
         raise ReportInputError(f"{path}: expected a JSON object, got {type(manifest).__name__}")
-    for key, kind in _MANIFEST_KEYS.items():
+    for key, kind in MANIFEST_KEYS.items():
         value = manifest.get(key)
         # bool is an int subclass; a seed of true is still a broken manifest.
         if not (is_int(value) if kind is int else isinstance(value, kind)):
@@ -166,8 +140,8 @@ def read_manifest(path: Path) -> dict:
     for key, low in _MANIFEST_MINIMUMS.items():
         if manifest[key] < low:
             raise ReportInputError(f"{path}: key '{key}' must be an integer >= {low}, got {manifest[key]!r}")
-    if manifest["status"] not in STATUSES:
-        raise ReportInputError(f"{path}: status {manifest['status']!r} is not one of {', '.join(STATUSES)}")
+    if manifest["status"] not in RUN_STATUSES:
+        raise ReportInputError(f"{path}: status {manifest['status']!r} is not one of {', '.join(RUN_STATUSES)}")
     return manifest
 
 
@@ -204,7 +178,11 @@ def read_metrics(path: Path, n_blocks: int) -> tuple[pd.DataFrame, np.ndarray]:
                 )
             rows.append(row)
             eta_rows.append(eta)
-    columns = ["epoch", *_OPTIONAL_SCALARS, *[k for k in _METRIC_KEYS if k not in ("epoch", "phase_s", "grad_norm")]]
+    columns = [
+        "epoch",
+        *METRIC_SCALARS_OPTIONAL,
+        *[k for k in METRIC_KEYS if k not in ("epoch", "phase_s", "grad_norm")],
+    ]
     columns += [f"phase_{name}_s" for name in PHASES]
     frame = pd.DataFrame(rows, columns=columns).astype(float).astype({"epoch": int})
     eta = np.array(eta_rows, dtype=float).reshape(len(eta_rows), n_blocks)
@@ -212,14 +190,14 @@ def read_metrics(path: Path, n_blocks: int) -> tuple[pd.DataFrame, np.ndarray]:
 
 
 def _parse_metrics_record(record: dict, where: str, n_blocks: int) -> tuple[dict, list[float]]:
-    missing = [k for k in _METRIC_KEYS if k not in record]
+    missing = [k for k in METRIC_KEYS if k not in record]
     if missing:
         raise ReportInputError(f"{where}: malformed metrics line (missing keys: {', '.join(missing)})")
     row = {"epoch": _number(record["epoch"], "epoch", where, nullable=False)}
-    for key in _METRIC_KEYS:
+    for key in METRIC_KEYS:
         if key not in ("epoch", "phase_s", "grad_norm"):
             row[key] = _number(record[key], key, where, nullable=key in ("val_acc", "test_acc"))
-    for key in _OPTIONAL_SCALARS:
+    for key in METRIC_SCALARS_OPTIONAL:
         key_in_file = key if key in record else LEGACY_METRIC_KEYS.get(key, key)  # older run directories
         row[key] = _number(record.get(key_in_file), key_in_file, where, nullable=True)
     phase_s = record["phase_s"]

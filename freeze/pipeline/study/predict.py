@@ -75,6 +75,7 @@ from freeze.pipeline.costmodel.profiler import NodeCores
 from freeze.pipeline.report.load import Run, load_runs
 from freeze.pipeline.report.predicted import predicted_table
 from freeze.pipeline.report.tables import Table, complete_groups
+from freeze.pipeline.schema import CONFIG_FILE
 from freeze.pipeline.trajectory import Trajectory, TrajectoryError, read_trajectory
 
 # The cost model's validation (python -m experiments.validate_costmodel): its probes at 2-4 nodes and
@@ -171,7 +172,7 @@ def unmodelled(config: Config) -> str | None:
 
 def _plan(run: Run, study_dir: Path, probe_dir: Path) -> _Planned:
     try:
-        config = load_config(run.run_dir / "config.toml", check_files=False)
+        config = load_config(run.run_dir / CONFIG_FILE, check_files=False)
         trajectory = read_trajectory(run.run_dir)
     except (ConfigError, TrajectoryError) as e:
         raise _LeftOut(f"unreadable run directory ({e})") from None
