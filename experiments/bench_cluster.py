@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import io
 import json
 import os
 import shlex
@@ -233,13 +234,12 @@ def run(cfg: ClusterBenchConfig, out_dir: Path, deadline_s: float, command: str)
 def _write_csv(rows: list[dict], path: Path) -> None:
     import csv
 
-    tmp = path.with_suffix(".csv.tmp")
-    with open(tmp, "w", newline="", encoding="utf-8") as f:
-        writer = csv.writer(f)
-        writer.writerow(CSV_COLUMNS)
-        for row in rows:
-            writer.writerow([bench_main._fmt(row[c]) for c in CSV_COLUMNS])
-    os.replace(tmp, path)
+    text = io.StringIO(newline="")
+    writer = csv.writer(text)
+    writer.writerow(CSV_COLUMNS)
+    for row in rows:
+        writer.writerow([bench_main._fmt(row[c]) for c in CSV_COLUMNS])
+    atomic_write_text(path, text.getvalue())
 
 
 def _ints(text: str) -> tuple[int, ...]:

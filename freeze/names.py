@@ -24,3 +24,17 @@ COMM_HOOKS: tuple[str, ...] = get_args(CommHook)
 CACHE_MODES: tuple[str, ...] = get_args(CacheMode)
 STORAGE_DTYPE_NAMES: tuple[str, ...] = get_args(StorageDtype)
 FROZEN_MODES: tuple[str, ...] = get_args(FrozenMode)
+
+
+def split_policy_spec(spec: str) -> tuple[str, list[tuple[str, str | None]]]:
+    """The grammar of a policy spec, ``"name"`` or ``"name:param=value,param=value"``:
+    ``(name, [(param, value), ...])``, stripped, with value None for an item without '='. Checking
+    names and values is :func:`freeze.policies.parse_policy`'s; the report reads specs with this
+    alone, without torch."""
+    name, colon, rest = spec.strip().partition(":")
+    items: list[tuple[str, str | None]] = []
+    if colon:
+        for item in rest.split(","):
+            key, eq, value = item.partition("=")
+            items.append((key.strip(), value if eq else None))
+    return name.strip(), items

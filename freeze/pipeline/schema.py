@@ -6,6 +6,8 @@ names from here instead, so the two cannot drift apart. Imports nothing.
 
 from __future__ import annotations
 
+import re
+
 # Phases timed in every epoch, in the order a step visits them. Their sum is epoch_wall_s.
 TRAIN_PHASES: tuple[str, ...] = ("data", "forward", "backward", "optimizer", "freezer")
 # Evaluation is timed too (metrics.jsonl phase_s.eval) but is not training time: not in epoch_wall_s.
@@ -66,3 +68,9 @@ METRIC_SCALARS_OPTIONAL: tuple[str, ...] = (
     "rewraps",
     "rewrap_s",
 )
+
+
+def run_name_part(text: str) -> str:
+    """``text`` as part of a run directory's name (sweeps and studies name runs with it): each run
+    of characters other than letters, digits and ``. = _ + -`` becomes one '-'."""
+    return re.sub(r"[^A-Za-z0-9.=_+-]+", "-", text)

@@ -33,7 +33,6 @@ import argparse
 import contextlib
 import itertools
 import os
-import re
 import subprocess
 import sys
 import time
@@ -47,6 +46,7 @@ from freeze.pipeline.lifetime import launcher_env, worker_argv
 from freeze.pipeline.run import INTERRUPTED_EXIT_CODE, exported, launch_cluster, launch_local, prepare_run_dir
 from freeze.pipeline.run_lock import RunBusyError, RunLock
 from freeze.pipeline.runs import IN_SWEEP_ENV, RunDir, RunError
+from freeze.pipeline.schema import run_name_part
 
 SEED_KEY = "run.seed"
 
@@ -98,9 +98,7 @@ class SweepSummary:
 def _slug(key: str, value) -> str:
     short = key.split(".")[-1]
     text = str(value)
-    if key == "freeze.policy":
-        return re.sub(r"[^A-Za-z0-9.=_-]+", "-", text)
-    return re.sub(r"[^A-Za-z0-9.=_-]+", "-", f"{short}={text}")
+    return run_name_part(text if key == "freeze.policy" else f"{short}={text}")
 
 
 def _override_value(value) -> str:

@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 
 from freeze.checks import is_int
 from freeze.monitor import IntervalStats, relative_change, summed_norms
+from freeze.names import split_policy_spec
 
 # Schedule arithmetic in floats lands a hair off exact values (0.8 + 0.2 * 1/4 = 0.8500000000000001);
 # without this slack a block due exactly at an evaluation would freeze one evaluation late.
@@ -264,26 +265,22 @@ def parse_policy(spec: str) -> Policy:
             f"empty policy spec {spec!r}; accepted: a policy name ({', '.join(POLICIES)}) "
             "optionally followed by ':param=value,...'"
         )
-    name, colon, rest = spec.strip().partition(":")
-    name = name.strip()
+    name, items = split_policy_spec(spec)
     cls = _policy_class(name)
     accepted = ", ".join(f.name for f in _fields(cls)) or "no parameters"
     params: dict[str, str] = {}
-    if colon:
-        for item in rest.split(","):
-            key, eq, value = item.partition("=")
-            key = key.strip()
-            if not eq or not key:
-                raise PolicyError(
-                    f"policy '{name}': malformed parameter {item!r} in {spec!r}; "
-                    f"accepted: param=value pairs separated by ',' with param in {accepted}"
-                )
-            if key in params:
-                raise PolicyError(
-                    f"policy '{name}': parameter '{key}' given twice in {spec!r}; "
-                    f"accepted: each of {accepted} at most once"
-                )
-            params[key] = value
+    for key, value in items:
+        if value is None or not key:
+            item = key if value is None else f"{key}={value}"
+            raise PolicyError(
+                f"policy '{name}': malformed parameter {item!r} in {spec!r}; "
+                f"accepted: param=value pairs separated by ',' with param in {accepted}"
+            )
+        if key in params:
+            raise PolicyError(
+                f"policy '{name}': parameter '{key}' given twice in {spec!r}; accepted: each of {accepted} at most once"
+            )
+        params[key] = value
     return make_policy(name, **params)
 
 

@@ -31,6 +31,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from freeze._atomic import atomic_write_text
 from freeze.pipeline.cluster.spec import ClusterSpec, NodeCpu
 
 PREFIX = "fzc"
@@ -256,9 +257,7 @@ class Cluster:
         # Before the first namespace exists: a namespace without a live owner is always stale.
         OWNER_DIR.mkdir(parents=True, exist_ok=True)
         record = {"pid": os.getpid(), "start_ticks": process_start_ticks(os.getpid()), "namespaces": self.namespaces}
-        tmp = self._record.with_suffix(".tmp")
-        tmp.write_text(json.dumps(record) + "\n")
-        os.replace(tmp, self._record)
+        atomic_write_text(self._record, json.dumps(record) + "\n")
 
     def up(self) -> Cluster:
         check_host()

@@ -38,6 +38,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from freeze._atomic import atomic_write_text
+
 FORMAT = "freeze-cluster-probe/1"
 DEFAULT_SIZES_MIB = (1, 2, 4, 8, 16, 32, 64)
 LATENCY_BYTES = 4
@@ -98,9 +100,7 @@ def worker_main(argv: list[str] | None = None) -> int:
         gathered = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
         dist.gather_object(measured, gathered, dst=0)
         if dist.get_rank() == 0:
-            tmp = Path(args.out).with_suffix(".tmp")
-            tmp.write_text(json.dumps(gathered))
-            os.replace(tmp, args.out)
+            atomic_write_text(args.out, json.dumps(gathered))
     finally:
         if busy is not None:
             busy.kill()
@@ -252,9 +252,7 @@ def run_probe(
     }
     summary = summarize(ranks, spec, load, host)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp_out = out.with_suffix(out.suffix + ".tmp")
-    tmp_out.write_text(json.dumps(summary, indent=1) + "\n")
-    os.replace(tmp_out, out)
+    atomic_write_text(out, json.dumps(summary, indent=1) + "\n")
     return summary
 
 

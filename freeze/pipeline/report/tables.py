@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from freeze.names import split_policy_spec
 from freeze.pipeline.report.load import ReportInputError, Run
 from freeze.pipeline.schema import TRAIN_PHASES
 
@@ -404,16 +405,12 @@ def _fmt_time_to_target(row: dict) -> str:
 
 def static_k(policy: str) -> int | None:
     """k of a "static:k=K" spec, 0 for "none", None for any other policy."""
-    if policy == "none":
+    name, params = split_policy_spec(policy)
+    if name == "none":
         return 0
-    name, _, params = policy.partition(":")
-    if name.strip() != "static":
+    if name != "static":
         return None
-    for item in params.split(","):
-        key, _, value = item.partition("=")
-        if key.strip() == "k" and value.strip().isdigit():
-            return int(value)
-    return None
+    return next((int(v) for key, v in params if key == "k" and v is not None and v.strip().isdigit()), None)
 
 
 def static_sweep_table(runs: list[Run], baseline: Baseline) -> Table:

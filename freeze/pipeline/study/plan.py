@@ -51,6 +51,7 @@ from pathlib import Path
 
 from freeze.checks import is_int
 from freeze.pipeline.config import ConfigError, load_config
+from freeze.pipeline.schema import run_name_part
 from freeze.pipeline.sweep import RunSpec, SweepError, read_toml
 
 _STUDY_KEYS = {
@@ -259,14 +260,10 @@ def _read_search(path, search, arms: dict, settings: dict, seeds: tuple[int, ...
     return Search(setting, search_seeds, candidates, dict(same_as))
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9.=_+-]+", "-", text)
-
-
 def _spec(
     study: StudyFile, folder: str, setting: str, group: str, seed: int, overrides: tuple[str, ...], out_dir
 ) -> RunSpec:
-    name = "_".join(p for p in (_slug(setting), _slug(group), f"seed={seed}") if p)
+    name = "_".join(p for p in (run_name_part(setting), run_name_part(group), f"seed={seed}") if p)
     run_overrides = [
         *study.overrides,
         *study.settings[setting],
