@@ -249,9 +249,8 @@ def resume_training(t: Training, checkpoint_path: Path, device: torch.device) ->
     for a checkpoint that cannot be loaded safely or belongs to another model or policy."""
     ckpt = load_checkpoint(checkpoint_path, map_location=device)
     _check_checkpoint(ckpt, t, checkpoint_path)
-    t.model.load_state_dict(ckpt["model"])
-    t.freezer.load_state_dict(ckpt["freezer"])  # after the model: re-syncs frozen BN buffers from it
-    t.optimizer.load_state_dict(ckpt["optimizer"])
+    # The library owns the order (model, Freezer, optimizer): see Freezer.load_training_state_dict.
+    t.freezer.load_training_state_dict({key: ckpt[key] for key in ("model", "freezer", "optimizer")})
     t.scheduler.load_state_dict(ckpt["scheduler"])
     t.scaler.load_state_dict(ckpt["scaler"])
     _set_rng_state(ckpt["rng"])

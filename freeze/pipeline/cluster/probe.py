@@ -39,8 +39,9 @@ import time
 from pathlib import Path
 
 from freeze._atomic import atomic_write_text
+from freeze.pipeline.costmodel.link import PROBE_FORMAT
 
-FORMAT = "freeze-cluster-probe/1"
+FORMAT = PROBE_FORMAT  # owned by the cost model, which reads these files
 DEFAULT_SIZES_MIB = (1, 2, 4, 8, 16, 32, 64)
 LATENCY_BYTES = 4
 LATENCY_REPEATS = 50
