@@ -835,13 +835,17 @@ def _int_list(text: str) -> tuple[int, ...]:
 def get_args_parser() -> argparse.ArgumentParser:
     d, t = BenchConfig(), TEXT_DEFAULTS
     p = argparse.ArgumentParser(prog="python -m experiments.bench", description=__doc__.split("\n")[0])
+
+    def per_model(flag: str, kind: type, what: str) -> None:
+        """A flag whose default depends on the model (BenchConfig.for_model fills it when not given)."""
+        name = flag.removeprefix("--").replace("-", "_")
+        p.add_argument(flag, type=kind, default=None, help=f"{what} (default {getattr(d, name)}, BERT {t[name]})")
+
     p.add_argument("--workers", type=int, default=d.workers, help="gloo ranks on this machine")
     p.add_argument(
         "--model", default=d.model, choices=BENCH_MODELS, help="bert-base / bert-tiny: the BERT rows (own section)"
     )
-    p.add_argument(
-        "--batch-size", type=int, default=None, help=f"per worker (default {d.batch_size}, BERT {t['batch_size']})"
-    )
+    per_model("--batch-size", int, "per worker")
     p.add_argument("--image-size", type=int, default=d.image_size)
     p.add_argument("--seq-len", type=int, default=d.seq_len, help="BERT: tokens per sequence")
     p.add_argument(
@@ -856,9 +860,7 @@ def get_args_parser() -> argparse.ArgumentParser:
         default=None,
         help=f"rounds over all blocks (default {d.rounds}, --quick {QUICK_ROUNDS}; BERT {t['rounds']}, {TEXT_QUICK_ROUNDS})",
     )
-    p.add_argument(
-        "--warmup", type=int, default=None, help=f"untimed steps per block (default {d.warmup}, BERT {t['warmup']})"
-    )
+    per_model("--warmup", int, "untimed steps per block")
     p.add_argument(
         "--ks",
         type=_int_list,
@@ -869,19 +871,9 @@ def get_args_parser() -> argparse.ArgumentParser:
         "--phase-ks", type=_int_list, default=None, help="boundaries with a no-comm run (default: 0, middle, last two)"
     )
     p.add_argument("--lr", type=float, default=d.lr)
-    p.add_argument("--momentum", type=float, default=None, help=f"SGD's (default {d.momentum}, BERT {t['momentum']})")
-    p.add_argument(
-        "--cache-keys",
-        type=int,
-        default=None,
-        help=f"inputs the cache runner keys into (default {d.cache_keys}, BERT {t['cache_keys']})",
-    )
-    p.add_argument(
-        "--cache-chunk",
-        type=int,
-        default=None,
-        help=f"rows per cache build chunk (default {d.cache_chunk}, BERT {t['cache_chunk']})",
-    )
+    per_model("--momentum", float, "SGD's")
+    per_model("--cache-keys", int, "inputs the cache runner keys into")
+    per_model("--cache-chunk", int, "rows per cache build chunk")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--quick", action="store_true", help="a ~1-2 minute run: fewer steps, one round")
     p.add_argument("--out-dir", type=Path, default=Path("report"))
