@@ -242,6 +242,25 @@ def test_no_static_arm_is_one_line_not_a_table_of_k0_rows(tmp_path):
     )
 
 
+def _pareto_title(tmp_path, monkeypatch, baseline: str | None = None) -> str:
+    from freeze.pipeline.report import build_tables, load_runs, plots
+
+    figures = {}
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figures.setdefault(path.name, fig) and path)
+    runs = load_runs(RUNS)
+    plots.write_plots(runs, tmp_path / "figs", build_tables(runs, baseline))
+    return figures["pareto.png"].axes[0].get_title()
+
+
+def test_pareto_title_names_the_baseline(tmp_path, monkeypatch):
+    """Every point of the Pareto figure is a comparison with one group, chosen by the report among
+    the policy-none groups or given by --baseline: the title says which."""
+    assert "against baseline 'none'" in _pareto_title(tmp_path, monkeypatch)
+    assert "against baseline 'static:k=2'" in _pareto_title(tmp_path, monkeypatch, baseline="static:k=2")
+    paired = pd.read_csv(build_report(RUNS, tmp_path / "out", formats=("csv",))["paired.csv"])
+    assert set(paired["baseline"]) == {"none"}
+
+
 def test_welch_when_no_shared_seeds(tmp_path):
     runs = _copy_study(tmp_path)
     _edit_manifest(runs, "autofreeze-s0", seed=5)
