@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import re
 import tomllib
 import typing
 from collections.abc import Sequence
@@ -248,16 +249,20 @@ def config_to_dict(config: Config) -> dict[str, dict[str, Any]]:
     }
 
 
+def did_you_mean(word: str, accepted, show=repr) -> str:
+    """ " (did you mean 'x'?)" for the accepted name closest to ``word``, or "" when none is close."""
+    close = difflib.get_close_matches(word, list(accepted), n=1)
+    return f" (did you mean {show(close[0])}?)" if close else ""
+
+
 def _unknown_key_error(section: str, key: str) -> ConfigError:
     keys = section_keys(section)
-    close = difflib.get_close_matches(key, keys, n=1)
-    hint = f" (did you mean '{section}.{close[0]}'?)" if close else ""
+    hint = did_you_mean(key, keys, lambda k: f"'{section}.{k}'")
     return ConfigError(f"config: unknown key '{section}.{key}'{hint}; keys in [{section}]: {', '.join(keys)}")
 
 
 def _unknown_section_error(section: str) -> ConfigError:
-    close = difflib.get_close_matches(section, SECTIONS, n=1)
-    hint = f" (did you mean [{close[0]}]?)" if close else ""
+    hint = did_you_mean(section, SECTIONS, lambda s: f"[{s}]")
     return ConfigError(f"config: unknown section [{section}]{hint}; sections: {', '.join(SECTIONS)}")
 
 
@@ -500,8 +505,31 @@ def apply_override(data: dict[str, dict[str, Any]], override: str) -> None:
     data.setdefault(section, {})[key] = value
 
 
+def _in_file(err: ConfigError, path: Path) -> ConfigError:
+    """The same one line, naming the config file the offending key was read from."""
+    return ConfigError(f"config {path}: {str(err).removeprefix('config: ')}")
+
+
+_LEADING_KEY = re.compile(r"^(?:config: )?'?([a-z_]+\.[a-z_]+)")
+
+
+def _check_file_keys(data: dict[str, Any]) -> None:
+    """Unknown sections and keys of a config file, before overrides mix keys of their own in."""
+    for section, values in data.items():
+        if section not in SECTIONS:
+            raise _unknown_section_error(section)
+        _check_table(section, values)
+        for key in values:
+            if key not in section_keys(section):
+                raise _unknown_key_error(section, key)
+
+
 def load_config(path: str | Path | None, overrides: Sequence[str] = (), check_files: bool = True) -> Config:
-    """Read a TOML file (None: all defaults), apply ``section.key=value`` overrides, validate."""
+    """Read a TOML file (None: all defaults), apply ``section.key=value`` overrides, validate.
+
+    An error about a key the file set names the file ("config experiments/configs/smoke.toml:
+    unknown key 'train.epoch' ..."); one about an override's key does not (its caller names where
+    the overrides came from: the command line, a sweep or a study file)."""
     data: dict[str, Any] = {}
     if path is not None:
         path = Path(path)
@@ -516,12 +544,21 @@ def load_config(path: str | Path | None, overrides: Sequence[str] = (), check_fi
         except tomllib.TOMLDecodeError as err:
             # The tomllib message ends with "(at line L, column C)".
             raise ConfigError(f"config: '{path}' is not valid TOML: {err}") from None
-    for section, values in data.items():
-        if section in SECTIONS:
-            _check_table(section, values)  # before overrides write keys into it
+        try:
+            _check_file_keys(data)
+        except ConfigError as err:
+            raise _in_file(err, path) from None
+    from_file = {f"{section}.{key}" for section, values in data.items() for key in values}
     for override in overrides:
         apply_override(data, override)
-    return validate(config_from_dict(data), check_files=check_files)
+        from_file.discard(override.partition("=")[0].strip())
+    try:
+        return validate(config_from_dict(data), check_files=check_files)
+    except ConfigError as err:
+        key = _LEADING_KEY.match(str(err))
+        if path is not None and key and key.group(1) in from_file:
+            raise _in_file(err, path) from None  # a value the file set (not one an override replaced)
+        raise
 
 
 _TOML_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}

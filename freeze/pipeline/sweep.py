@@ -311,7 +311,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         sweep = read_sweep(args.sweep)
-        specs = expand(sweep["base"], sweep["study"], sweep["grid"], sweep["overrides"], args.out_dir)
+        try:
+            specs = expand(sweep["base"], sweep["study"], sweep["grid"], sweep["overrides"], args.out_dir)
+        except SweepError as e:  # a grid or override key of the sweep file (the base file names itself)
+            raise SweepError(f"sweep file {args.sweep}: {e}") from None
         if not args.dry_run:  # a dry run lists names for other machines: this one's hardware is moot
             check_runnable_here(specs)
     except (SweepError, ConfigError) as e:

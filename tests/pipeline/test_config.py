@@ -1,4 +1,5 @@
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
@@ -139,12 +140,32 @@ BAD_FILES = [
 
 @pytest.mark.parametrize("text,expected", BAD_FILES, ids=[t.splitlines()[0] for t, _ in BAD_FILES])
 def test_bad_file_gives_one_clear_line(tmp_path, text, expected):
+    path = write(tmp_path, text)
     with pytest.raises(ConfigError) as info:
-        load_config(write(tmp_path, text))
+        load_config(path)
     message = str(info.value)
     assert len(message.splitlines()) == 1, message
+    assert message.startswith(f"config {path}: "), message  # the file the key was read from
     for part in expected:
         assert part in message, f"{part!r} not in {message!r}"
+
+
+def test_a_key_error_names_the_file_only_when_the_file_set_the_key(tmp_path):
+    """A typo inside a config file named the key and the accepted ones but not the file; an
+    override's error names no file (the command line, sweep or study that gave it says where)."""
+    path = write(tmp_path, "[train]\nepoch = 2\n", name="mine.toml")
+    with pytest.raises(ConfigError) as info:
+        load_config(path, ["train.epochs=3"])
+    assert str(info.value).startswith(f"config {path}: unknown key 'train.epoch' (did you mean 'train.epochs'?)")
+    assert "keys in [train]: epochs, batch_size" in str(info.value)
+    path = write(tmp_path, "[train]\nepochs = 0\n", name="zero.toml")
+    with pytest.raises(ConfigError, match=rf"^config {re.escape(str(path))}: train\.epochs: expected an integer >= 1"):
+        load_config(path)
+    assert load_config(path, ["train.epochs=2"]).train.epochs == 2  # the override replaced the bad value
+    with pytest.raises(ConfigError, match=r"^train\.epochs: expected an integer >= 1, got -1$"):
+        load_config(path, ["train.epochs=-1"])  # the bad value is the override's: no file named
+    with pytest.raises(ConfigError, match=r"^config: unknown key 'train.epoch'"):
+        load_config(write(tmp_path, "[train]\nepochs = 2\n"), ["train.epoch=3"])
 
 
 def test_missing_file_is_named(tmp_path):

@@ -219,6 +219,48 @@ def test_groups_that_draw_the_same_line_stay_visible(tmp_path, monkeypatch):
     assert list(control.get_ydata()) == list(none.get_ydata())  # the same numbers, drawn differently
 
 
+def test_no_static_arm_is_one_line_not_a_table_of_k0_rows(tmp_path):
+    """A study without a static:k=K arm printed a "Static-k sweep" of its k = 0 (policy none) rows
+    alone: one line now says there is nothing to sweep, in every format (and so does any table
+    without rows)."""
+    runs = _copy_study(tmp_path)
+    shutil.rmtree(runs / "fixture_study" / "static-k2-s0")
+    shutil.rmtree(runs / "fixture_study" / "autofreeze-s2")  # the one incomplete run
+    build_report(runs, tmp_path / "out", formats=("md", "tex", "csv"))
+    out = tmp_path / "out"
+    line = "No static arm in these runs (no complete group with policy static:k=K, K > 0): no static-k sweep to show."
+    assert (out / "static_sweep.md").read_text(encoding="utf-8") == line + "\n"
+    tex = (out / "static_sweep.tex").read_text(encoding="utf-8")
+    assert "tabular" not in tex and tex.count("\n") == 1 and "static:k=K" in tex
+    assert pd.read_csv(out / "static_sweep.csv").empty  # the header alone: the columns, no rows
+    tables_md = (out / "tables.md").read_text(encoding="utf-8")
+    assert f"## Static-k sweep\n\n{line}\n" in tables_md and tables_md.count(line) == 1
+    assert "| k |" not in tables_md
+    # Likewise no incomplete runs: one sentence, not a header over "Note: none".
+    assert (out / "incomplete.md").read_text(encoding="utf-8") == (
+        "No incomplete runs: every run finished the epochs it planned.\n"
+    )
+
+
+def _pareto_title(tmp_path, monkeypatch, baseline: str | None = None) -> str:
+    from freeze.pipeline.report import build_tables, load_runs, plots
+
+    figures = {}
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figures.setdefault(path.name, fig) and path)
+    runs = load_runs(RUNS)
+    plots.write_plots(runs, tmp_path / "figs", build_tables(runs, baseline))
+    return figures["pareto.png"].axes[0].get_title()
+
+
+def test_pareto_title_names_the_baseline(tmp_path, monkeypatch):
+    """Every point of the Pareto figure is a comparison with one group, chosen by the report among
+    the policy-none groups or given by --baseline: the title says which."""
+    assert "against baseline 'none'" in _pareto_title(tmp_path, monkeypatch)
+    assert "against baseline 'static:k=2'" in _pareto_title(tmp_path, monkeypatch, baseline="static:k=2")
+    paired = pd.read_csv(build_report(RUNS, tmp_path / "out", formats=("csv",))["paired.csv"])
+    assert set(paired["baseline"]) == {"none"}
+
+
 def test_welch_when_no_shared_seeds(tmp_path):
     runs = _copy_study(tmp_path)
     _edit_manifest(runs, "autofreeze-s0", seed=5)

@@ -104,6 +104,35 @@ def test_bad_study_files_are_one_line_errors(tmp_path, edit, message, capsys):
     assert message in err and err.count("\n") == 1
 
 
+def test_a_key_error_names_the_file_it_came_from(tmp_path, capsys):
+    """A typo in the finetune or pretrain config names that file and the study file; a typo in an
+    arm's table or in [search] names the key, not only the keys accepted."""
+    finetune = tmp_path / "finetune.toml"
+    finetune.write_text(SMOKE.read_text().replace("[optim]", "[optim]\nlrr = 0.1", 1))
+    cases = [
+        (STUDY.replace(str(SMOKE), str(finetune)), [f"config {finetune}: unknown key 'optim.lrr'", "keys in [optim]"]),
+        (
+            STUDY.replace("[study]\n", f'[study]\npretrain = "{finetune}"\n'),
+            ["pretrain: ", f"config {finetune}: unknown key 'optim.lrr' (did you mean 'optim.lr'?)"],
+        ),
+        (
+            STUDY.replace("autofreeze = []", 'autofreeze = { overides = ["freeze.cache=memory"] }'),
+            ["arms.autofreeze: unknown key(s) overides; accepted: overrides, settings"],
+        ),
+        (
+            STUDY.replace('setting = "single"', 'setting = "single"\nseed = [5]'),
+            ["[search]: unknown key(s) seed; accepted: candidates, same_as, seeds, setting"],
+        ),
+    ]
+    for text, parts in cases:
+        path = _study(tmp_path, text)
+        assert cli.main(["--config", str(path), "--dry-run"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: study file {path}: ") and err.count("\n") == 1, err
+        for part in parts:
+            assert part in err, (part, err)
+
+
 def test_dry_run_lists_runs_in_order(tmp_path, capsys):
     assert cli.main(["--config", str(_study(tmp_path)), "--dry-run", "--out-dir", str(tmp_path / "r")]) == 0
     out = capsys.readouterr().out.splitlines()

@@ -194,6 +194,26 @@ def test_bad_sweep_files_are_one_line_errors(tmp_path):
     assert "\n" not in str(e.value)
 
 
+def test_a_key_error_names_the_file_it_came_from(tmp_path, capsys):
+    """A grid or override key of the sweep file names the sweep file; a key of the base config
+    names the base file (and the sweep that uses it)."""
+    from freeze.pipeline.sweep import main
+
+    sweep = _write_sweep(tmp_path, '"freeze.polcy" = ["none"]')
+    assert main(["--sweep", str(sweep), "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith(f"error: sweep file {sweep}: run polcy=none: ")
+    assert "unknown key 'freeze.polcy' (did you mean 'freeze.policy'?); keys in [freeze]: policy" in err
+    base = tmp_path / "base.toml"
+    base.write_text(SMOKE.read_text().replace("[optim]", "[optim]\nlrr = 0.1", 1))
+    sweep = tmp_path / "base_typo.toml"
+    sweep.write_text(f'[sweep]\nbase = "{base}"\nstudy = "x"\n[grid]\n"run.seed" = [0]\n')
+    assert main(["--sweep", str(sweep), "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith(f"error: sweep file {sweep}: ")
+    assert f"config {base}: unknown key 'optim.lrr' (did you mean 'optim.lr'?); keys in [optim]: name, lr" in err
+
+
 def test_each_run_starts_from_its_resolved_config_file(tmp_path, monkeypatch):
     import freeze.pipeline.sweep as sweep_module
     from freeze.pipeline.config import config_to_toml, load_config

@@ -71,3 +71,25 @@ def test_a_measured_speedup_an_inferior_arm_a_drifting_control_and_a_converged_b
 
 def test_no_tables_no_sentences(tmp_path):
     assert verdict_lines(tmp_path, 0.5) == []
+
+
+def test_an_arm_that_froze_almost_nothing_says_so(tmp_path):
+    """The quick study's autofreeze froze only ResNet-18's stem, in two of three seeds (0.02 % of the
+    weights on average): "no measurable speedup" alone left out that it had nothing to skip."""
+    report = _write(
+        tmp_path,
+        [_paired_row("autofreeze", 0.88, 0.65, 1.19), _paired_row("static-k5", 1.30, 1.20, 1.40)],
+        [{"setting": "", "group": "none", "val_change_points": 14.8, "flat": False}],
+    )
+    pd.DataFrame(
+        [
+            {"setting": "", "group": "autofreeze", "frozen_fraction": 0.00018951698785483486},
+            {"setting": "", "group": "static-k5", "frozen_fraction": 0.2114},
+            {"setting": "", "group": "none", "frozen_fraction": 0.0},
+        ]
+    ).to_csv(tmp_path / "main.csv", index=False)
+    lines = verdict_lines(report, 0.5)
+    assert lines[0].endswith(
+        "points. It froze 0.019 % of the parameters (mean over epochs): almost nothing to skip."
+    ), lines[0]
+    assert lines[1].endswith("points. It froze 21 % of the parameters (mean over epochs)."), lines[1]

@@ -113,6 +113,7 @@ def paired_row(members: list[Run], base: list[Run], target_fraction: float, marg
     ttt, ttt_low, ttt_high = ratio_ci95(ttt_ratios)
     return {
         **group_fields(members[0]),
+        "baseline": base[0].group,  # named in the Pareto figure's title
         "n_pairs": len(pairs),
         "speedup": speedup,
         "speedup_low": speedup_low,

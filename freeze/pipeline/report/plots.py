@@ -180,6 +180,15 @@ def plot_phase_times(groups: dict[GroupKey, list[Run]], path: Path) -> Path:
     return _save(fig, path)
 
 
+def _against(paired: pd.DataFrame) -> str:
+    """The title's " against baseline 'none'": the group every point is compared with (the report may
+    have chosen it among several policy-none groups, or --baseline named it)."""
+    names = sorted(set(paired["baseline"])) if "baseline" in paired else []
+    if not names:
+        return ""
+    return f" against baseline {', '.join(repr(n) for n in names)}"
+
+
 def plot_pareto(paired: pd.DataFrame, margin_points: float | None, path: Path) -> Path:
     """Speedup against accuracy difference, one point per (setting, group), 95 % intervals both ways:
     the study's headline picture (up and to the right of the margin line is a win)."""
@@ -208,7 +217,9 @@ def plot_pareto(paired: pd.DataFrame, margin_points: float | None, path: Path) -
     ax.set_xlabel("final test accuracy - baseline's (points, paired over seeds, 95% CI)")
     ax.set_ylabel("speedup in train wall time (x, geometric mean, 95% CI)")
     ax.set_title(
-        "Speedup vs accuracy difference" + (f" (markers by setting: {', '.join(settings)})" if any(settings) else ""),
+        "Speedup vs accuracy difference"
+        + _against(paired)
+        + (f" (markers by setting: {', '.join(settings)})" if any(settings) else ""),
         fontsize="small",
     )
     ax.grid(alpha=0.3)

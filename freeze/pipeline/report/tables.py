@@ -413,9 +413,30 @@ def static_k(policy: str) -> int | None:
     return next((int(v) for key, v in params if key == "k" and v is not None and v.strip().isdigit()), None)
 
 
+STATIC_SWEEP_COLUMNS = [
+    "k",
+    "setting",
+    "group",
+    "world_size",
+    "n_runs",
+    "epoch_wall_s",
+    "test_acc_mean",
+    "test_acc_ci95",
+    "reference_group",
+    "speedup_per_epoch",
+]
+NO_STATIC_ARM = (
+    "No static arm in these runs (no complete group with policy static:k=K, K > 0): no static-k sweep to show."
+)
+
+
 def static_sweep_table(runs: list[Run], baseline: Baseline) -> Table:
     groups = {key: m for key, m in complete_groups(runs).items() if static_k(m[0].policy) is not None}
     k_of = {key: static_k(members[0].policy) for key, members in groups.items()}
+    if not any(k_of.values()):
+        # Only policy none (k = 0), or nothing: a table of k = 0 rows compares nothing with nothing.
+        empty = pd.DataFrame(columns=STATIC_SWEEP_COLUMNS)
+        return Table("static_sweep", "Static-k sweep", NO_STATIC_ARM, empty, empty, (), ())
     order = sorted(groups, key=lambda key: (key[0], key[2], k_of[key], key[1]))
     notes = []
     rows = []
@@ -445,8 +466,6 @@ def static_sweep_table(runs: list[Run], baseline: Baseline) -> Table:
         )
         if not zero:
             notes.append(f"no k = 0 group with world_size {key[2]}{' in ' + key[0] if key[0] else ''}: speedup n/a")
-    if not groups:
-        notes.append("no complete groups with policy 'static:k=K' or 'none'")
     columns: list[Column] = [("setting", "l", lambda r: r["setting"])] if any(k[0] for k in groups) else []
     columns += [
         ("k", "r", lambda r: str(r["k"])),
@@ -464,7 +483,13 @@ def static_sweep_table(runs: list[Run], baseline: Baseline) -> Table:
         "epoch (no eval); accuracy is the final-epoch test accuracy (mean ± 95% CI half-width)."
     )
     return Table(
-        "static_sweep", "Static-k sweep", caption, pd.DataFrame(rows), display, align, tuple(dict.fromkeys(notes))
+        "static_sweep",
+        "Static-k sweep",
+        caption,
+        pd.DataFrame(rows, columns=STATIC_SWEEP_COLUMNS),
+        display,
+        align,
+        tuple(dict.fromkeys(notes)),
     )
 
 
@@ -505,6 +530,9 @@ def phase_table(runs: list[Run], baseline: Baseline) -> Table:
     return Table("phases", "Phase times per epoch", caption, pd.DataFrame(rows), display, align, (baseline.note,))
 
 
+NO_INCOMPLETE = "No incomplete runs: every run finished the epochs it planned."
+
+
 def incomplete_table(runs: list[Run]) -> Table:
     members = sorted((r for r in runs if not r.is_complete), key=lambda r: (r.group, r.world_size, r.seed, r.name))
     rows = [
@@ -536,7 +564,7 @@ def incomplete_table(runs: list[Run]) -> Table:
     )
     frame_columns = ["run", "group", "world_size", "seed", "status", "epochs_done", "epochs_planned", "reason"]
     frame = pd.DataFrame(rows, columns=frame_columns)
-    return Table("incomplete", "Incomplete runs", caption, frame, display, align, () if rows else ("none",))
+    return Table("incomplete", "Incomplete runs", caption, frame, display, align, () if rows else (NO_INCOMPLETE,))
 
 
 _SETUP_KEYS = (
@@ -597,7 +625,17 @@ def _md_cell(text: str) -> str:
     return str(text).replace("|", r"\|").replace("\n", " ")
 
 
+def _without_rows(table: Table) -> list[str] | None:
+    """What a table with no rows says instead of a header over nothing: its notes (e.g. no baseline),
+    else its caption (e.g. no static arm); None when the table has rows."""
+    if len(table.display):
+        return None
+    return list(table.notes) or [table.caption]
+
+
 def to_markdown(table: Table) -> str:
+    if (instead := _without_rows(table)) is not None:
+        return "\n".join(instead) + "\n"
     lines = [
         "| " + " | ".join(map(_md_cell, table.display.columns)) + " |",
         "|" + "|".join("---:" if a == "r" else "---" for a in table.align) + "|",
@@ -610,7 +648,9 @@ def to_markdown(table: Table) -> str:
 
 
 def to_latex(table: Table) -> str:
-    """A booktabs table environment, ready for \\input."""
+    """A booktabs table environment, ready for \\input (a table with no rows: one sentence instead)."""
+    if (instead := _without_rows(table)) is not None:
+        return "\n".join(f"{latex_escape(line)}\\par" for line in instead) + "\n"
     lines = [
         r"\begin{table}[t]",
         r"\centering",
@@ -631,5 +671,8 @@ def to_latex(table: Table) -> str:
 def combined_markdown(tables: list[Table], runs: list[Run]) -> str:
     parts = ["# Tables", "", setup_line(runs), ""]
     for table in tables:
-        parts += [f"## {table.title}", "", table.caption, "", to_markdown(table)]
+        if _without_rows(table) == [table.caption]:  # the caption is the whole answer: once, not twice
+            parts += [f"## {table.title}", "", to_markdown(table)]
+        else:
+            parts += [f"## {table.title}", "", table.caption, "", to_markdown(table)]
     return "\n".join(parts)

@@ -134,7 +134,10 @@ def _pretrain(study: StudyFile, out_dir: str) -> tuple[list[RunSpec], tuple[str,
         return [], (f"model.weights={study.weights}",)
     if not study.pretrain:
         return [], ()
-    specs = expand(study.pretrain, f"{study.name}-pretrain", {}, [], out_dir)
+    try:
+        specs = expand(study.pretrain, f"{study.name}-pretrain", {}, [], out_dir)
+    except SweepError as e:  # its run config names itself; say which study pointed at it
+        raise SweepError(f"study file {study.path}: pretrain: {e}") from None
     return specs, (f"model.weights={RunDir(specs[0].config.run_dir()).model_path}",)  # its final weights
 
 

@@ -205,7 +205,8 @@ def _read_arms(path, data: dict, settings: dict) -> dict[str, Arm]:
     for name, value in data.items():
         if isinstance(value, dict):
             if set(value) - {"overrides", "settings"}:
-                raise _error(path, f"arms.{name} accepts the keys overrides, settings")
+                unknown = ", ".join(sorted(set(value) - {"overrides", "settings"}))
+                raise _error(path, f"arms.{name}: unknown key(s) {unknown}; accepted: overrides, settings")
             only = _string_list(path, f"arms.{name}.settings", value.get("settings", []))
             unknown = sorted(set(only) - set(settings))
             if unknown or not only:
@@ -227,8 +228,11 @@ def _read_arms(path, data: dict, settings: dict) -> dict[str, Arm]:
 def _read_search(path, search, arms: dict, settings: dict, seeds: tuple[int, ...]) -> Search | None:
     if search is None:
         return None
-    if not isinstance(search, dict) or set(search) - _SEARCH_KEYS:
-        raise _error(path, f"[search] accepts the keys {', '.join(sorted(_SEARCH_KEYS))}")
+    if not isinstance(search, dict):
+        raise _error(path, f"[search] must be a table with the keys {', '.join(sorted(_SEARCH_KEYS))}")
+    if set(search) - _SEARCH_KEYS:
+        unknown = ", ".join(sorted(set(search) - _SEARCH_KEYS))
+        raise _error(path, f"[search]: unknown key(s) {unknown}; accepted: {', '.join(sorted(_SEARCH_KEYS))}")
     setting = search.get("setting", next(iter(settings)))
     if setting not in settings:
         raise _error(path, f"search.setting {setting!r} is not a setting; settings: {', '.join(settings)}")
@@ -280,7 +284,7 @@ def _spec(
     try:
         return RunSpec(load_config(study.finetune, run_overrides, check_files=False))
     except ConfigError as e:
-        raise SweepError(f"study {study.path}: run {name}: {e}") from None
+        raise SweepError(f"study file {study.path}: run {name}: {e}") from None
 
 
 def interleaved(study: StudyFile, cells: list[tuple[str, str]], seed: int) -> list[tuple[str, str]]:
