@@ -73,6 +73,7 @@ class Engine:
         self._listeners: list[Callable[[nn.Module | None], None]] = []
         self._check_ranks = self.distributed  # at the next training forward: do the ranks hold the same weights?
         self._warned_no_keys = False
+        self._warned_train_no_grad = False
 
     # ------------------------------------------------------------------ boundary changes
     def plan(self, boundary: int, epoch: int, done_fraction: float) -> CachePlan | None:
@@ -143,6 +144,8 @@ class Engine:
             raise RuntimeError("Freezer: closed (its DDP wrapper is released); build a new Freezer to train again")
         target = self.wrapper if self.wrapper is not None else self.model
         if not (self.model.training and torch.is_grad_enabled()):
+            if self.model.training:
+                self._warn_train_mode_without_grad()
             return target(*args, **kwargs)
         if self._check_ranks:
             self._check_ranks = False
@@ -166,8 +169,24 @@ class Engine:
         rows = self.cache.read(keys, _device_of(self.model))
         if rows is None:  # exact fallback: the model computes the prefix, as without the cache
             return target(*args, **kwargs)
+        self.cache.check_inputs(keys, (args, kwargs))
         with self.cache.serving(rows):
             return target(*args, **kwargs)
+
+    def _warn_train_mode_without_grad(self) -> None:
+        """A forward under no_grad in train mode is an evaluation that forgot ``freezer.eval()``
+        (measured in a new user's trial: accuracy 0.17 instead of 0.55, and BatchNorm's running
+        statistics moved by the held-out data). Said once: a deliberate one (recalibrating BatchNorm
+        statistics) need not be refused."""
+        if not self._warned_train_no_grad:
+            self._warned_train_no_grad = True
+            warnings.warn(
+                "Freezer: a forward under torch.no_grad() with the model in train mode: batch statistics in "
+                "BatchNorm (its running statistics updated by this data) and dropout on; to evaluate, call "
+                "freezer.eval() before and freezer.train() after",
+                RuntimeWarning,
+                stacklevel=4,
+            )
 
     def _warn_no_keys(self) -> None:
         if not self._warned_no_keys:

@@ -195,6 +195,24 @@ def test_forward_without_sample_ids_runs_the_model_and_wrong_keys_are_refused_in
     assert "\n" not in str(err.value)
 
 
+def test_inputs_other_than_the_sources_are_refused_at_the_first_served_forward():
+    """Random augmentation outside cache_source.inputs (or keys that are not the source's numbering)
+    would make every served row the activation of another input: refused in one line, once per store."""
+    freezer = _freezer(TinyNet(), CacheConfig("memory"))
+    freezer.set_boundary(2)
+    keys = torch.arange(4)
+    augmented = freezer.cache.source.inputs(keys).flip(-1)  # what a RandomHorizontalFlip would hand over
+    freezer.train()
+    with pytest.raises(CacheError, match="not cache_source.inputs\\(sample_ids\\)") as err:
+        freezer.forward(augmented, sample_ids=keys)
+    assert "\n" not in str(err.value)
+    # the source's own inputs are served; and the next store is checked again
+    _step(freezer, keys)
+    freezer.set_boundary(3)
+    with pytest.raises(CacheError, match="not cache_source.inputs"):
+        freezer.forward(freezer.cache.source.inputs(keys + 1), sample_ids=keys)  # keys of other samples
+
+
 class _Branchy(nn.Module):
     def __init__(self):
         super().__init__()

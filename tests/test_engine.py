@@ -310,3 +310,24 @@ def test_budget_refusal_happens_at_construction_for_an_initial_boundary():
             cache=CacheConfig("memory", budget_bytes=100),
             cache_source=CacheSource(lambda k: x[k], N_KEYS),
         )
+
+
+def test_an_evaluation_that_forgot_eval_is_said_once_and_a_proper_one_is_silent():
+    import warnings
+
+    model = TinyNet()
+    freezer = Freezer(model, split_blocks(model))
+    x = torch.randn(2, 3, 8, 8)
+    freezer.eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with torch.no_grad():
+            freezer.module(x)  # eval mode under no_grad: an evaluation done right
+    freezer.train()
+    with pytest.warns(RuntimeWarning, match="call freezer.eval\\(\\) before and freezer.train\\(\\) after"):
+        with torch.no_grad():
+            freezer.module(x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with torch.no_grad():
+            freezer.module(x)  # said once

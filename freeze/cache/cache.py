@@ -34,6 +34,7 @@ deterministic chunking, so it serves the same bits as an uninterrupted one.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import time
 import uuid
 import warnings
@@ -45,6 +46,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.utils import _pytree as pytree
 
 from freeze import comm
 from freeze.blocks import Block
@@ -120,6 +122,7 @@ class ActivationCache:
         self.topology = Topology.detect(process_group)
         self.token = _shared_token(process_group)
         self.store: ActivationStore | None = None
+        self._inputs_checked: ActivationStore | None = None  # the store whose inputs were compared
         self.lineage: list[LineageStep] = []
         self.counters = CacheCounters()
         self.status = "off"  # one line: why the cache is (not) serving at the current boundary
@@ -284,6 +287,39 @@ class ActivationCache:
         self.status = state.get("status", self.status)
 
     # ------------------------------------------------------------------ internals
+    def check_inputs(self, keys: torch.Tensor, given: Any) -> None:
+        """At the first served forward of each store: the inputs the training forward got for
+        ``keys`` must be the ones the store's rows were computed from (``source.inputs(keys)``), or
+        every served row is the activation of another input. Random augmentation outside the
+        source, or keys that are not the source's numbering, show here, once per store: one batch
+        of the source's inputs and one comparison (a host sync) per build, none per step.
+
+        Args:
+            keys: the batch's sample_ids.
+            given: the forward's ``(args, kwargs)``. Both calls are bound to the model's forward
+                signature and their tensors compared argument by argument (non-tensor arguments,
+                such as flags, are not per-sample data and are not compared).
+        """
+        if self.store is None or self._inputs_checked is self.store:
+            return
+        self._inputs_checked = self.store
+        expected = _tensor_arguments(self.model, self._inputs(keys.cpu()))
+        actual = _tensor_arguments(self.model, given)
+        same = (
+            expected is None
+            or actual is None
+            or (
+                expected.keys() == actual.keys()
+                and all(torch.equal(expected[name].to(actual[name].device), actual[name]) for name in actual)
+            )
+        )
+        if not same:
+            raise CacheError(
+                "Freezer: the training forward's inputs for these sample_ids are not cache_source.inputs(sample_ids), "
+                "from which the cache computed its rows, so it would serve activations of other inputs; augment "
+                "inside cache_source.inputs (fixed views), pass the source's own keys, or turn the cache off"
+            )
+
     def _inputs(self, keys: torch.Tensor) -> Any:
         return to_device(self.source.inputs(keys), self._device())
 
@@ -509,3 +545,28 @@ def _map_shared(path: Path, rows: int, shape, storage_dtype: str, topo: Topology
     if topo.is_node_leader:
         unlink(path)
     return data
+
+
+def _tensor_arguments(model: nn.Module, call: Any) -> dict[str, Any] | None:
+    """The tensor leaves of a forward call, by argument name (``model.forward``'s signature):
+    ``call`` is ``(args, kwargs)`` or a CacheSource's inputs (dict: kwargs, tuple/list: args, else
+    one argument). None when the call does not bind (then nothing can be compared)."""
+    if isinstance(call, tuple) and len(call) == 2 and isinstance(call[1], dict) and isinstance(call[0], tuple):
+        args, kwargs = call
+    elif isinstance(call, dict):
+        args, kwargs = (), call
+    elif isinstance(call, (tuple, list)):
+        args, kwargs = tuple(call), {}
+    else:
+        args, kwargs = (call,), {}
+    try:
+        bound = inspect.signature(model.forward).bind(*args, **kwargs).arguments
+    except (TypeError, ValueError):
+        return None
+    out = {}
+    for name, value in bound.items():
+        leaves, _ = pytree.tree_flatten(value)
+        for i, leaf in enumerate(leaves):
+            if isinstance(leaf, torch.Tensor):
+                out[f"{name}[{i}]"] = leaf
+    return out
