@@ -25,6 +25,13 @@ class Block:
     param_names: tuple[str, ...]  # fully qualified, as in model.named_parameters()
     params: tuple[nn.Parameter, ...]
 
+    def __repr__(self) -> str:
+        # The generated repr printed every weight tensor (a new user's print(split_blocks(model))).
+        return (
+            f"Block({self.name!r}, modules={list(self.module_names)}, params={len(self.params)}, "
+            f"numel={self.num_params:,}, bytes={self.param_bytes:,})"
+        )
+
     @property
     def param_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.params)

@@ -465,3 +465,9 @@ def test_a_block_holding_a_parameter_of_another_model_is_a_one_line_error():
     with pytest.raises(BlockError, match="block 'stem' holds 'stem.0.weight', which is not a parameter of") as e:
         check_partition(model, split_blocks(other))
     assert "\n" not in str(e.value)
+
+
+def test_a_block_prints_as_its_name_modules_and_sizes_not_its_tensors():
+    model = TinyNet()
+    text = repr(split_blocks(model)[0])
+    assert text.startswith("Block('stem', modules=['stem']") and "tensor" not in text and "\n" not in text
