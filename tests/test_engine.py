@@ -324,9 +324,11 @@ def test_an_evaluation_that_forgot_eval_is_said_once_and_a_proper_one_is_silent(
         with torch.no_grad():
             freezer.module(x)  # eval mode under no_grad: an evaluation done right
     freezer.train()
-    with pytest.warns(RuntimeWarning, match="call freezer.eval\\(\\) before and freezer.train\\(\\) after"):
-        with torch.no_grad():
-            freezer.module(x)
+    with (
+        pytest.warns(RuntimeWarning, match="call freezer.eval\\(\\) before and freezer.train\\(\\) after"),
+        torch.no_grad(),
+    ):
+        freezer.module(x)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         with torch.no_grad():
