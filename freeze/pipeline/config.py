@@ -93,22 +93,28 @@ class RunConfig:
     keep_checkpoint: bool = False
 
 
+# The datasets a config may name: the official CIFAR-10, and the tasks of this pipeline's generators
+# (freeze.pipeline.data.GENERATORS; tests/pipeline/test_data.py holds the two lists equal).
+DatasetName = Literal[
+    "cifar10",
+    "synthetic-source",
+    "synthetic-target",
+    "fdsl32-source",
+    "fdsl32-target",
+    "fdsl32-fine",
+    "fdsl32-pale",
+    "fdsl32-muted",
+    "fdsl32-mix",
+    "planted-d3",
+    "planted-d5",
+    "planted-d7",
+]
+DATASET_NAMES: tuple[str, ...] = typing.get_args(DatasetName)
+
+
 @dataclass(frozen=True)
 class DataConfig:
-    dataset: Literal[
-        "cifar10",
-        "synthetic-source",
-        "synthetic-target",
-        "fdsl32-source",
-        "fdsl32-target",
-        "fdsl32-fine",
-        "fdsl32-pale",
-        "fdsl32-muted",
-        "fdsl32-mix",
-        "planted-d3",
-        "planted-d5",
-        "planted-d7",
-    ] = "cifar10"
+    dataset: DatasetName = "cifar10"
     root: str = "data"
     download: bool = False
     val_size: int = _f(5000, ge=0)  # images held out of the training set
@@ -122,10 +128,15 @@ class DataConfig:
     synthetic_seed: int = _f(0, ge=0)
 
 
+# The stem of a torchvision ResNet: ImageNet's (7x7 stride 2 + max-pool) or CIFAR's (3x3 stride 1).
+Stem = Literal["imagenet", "cifar"]
+STEMS: tuple[str, ...] = typing.get_args(Stem)
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     arch: str = "resnet18"  # a torchvision classification model name
-    stem: Literal["imagenet", "cifar"] = "imagenet"
+    stem: Stem = "imagenet"
     weights: str = "none"  # "none", "imagenet", or the path of an existing file
     # "children" = parameter-owning top-level children (the reference study's 7 groups of a ResNet)
     blocks: Literal["default", "children"] = "default"

@@ -18,11 +18,11 @@ import torch
 import torchvision
 from torch import nn
 
+from freeze.pipeline.config import STEMS
 from freeze.pipeline.runs import UnsafeFileError, load_torch_file
 
 _log = logging.getLogger(__name__)
 
-STEMS = ("imagenet", "cifar")
 _WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # added by DDP / DataParallel and by torch.compile
 
 

@@ -348,3 +348,9 @@ def test_keys_without_augmentation_are_the_samples_and_crop_flip_has_none():
     # the old boolean and the new name give the same batches
     old, new = TrainLoader(x, y, 16, 0, 1, seed=3, augment=True), TrainLoader(x, y, 16, 0, 1, seed=3)
     assert all(torch.equal(a[0], b[0]) for a, b in zip(_epoch(old, 2), _epoch(new, 2)))
+
+
+def test_the_config_accepts_exactly_the_datasets_the_data_module_can_make():
+    from freeze.pipeline import config, data
+
+    assert set(config.DATASET_NAMES) == set(data.DATASET_NAMES)
