@@ -1,6 +1,7 @@
 """Tiny models for engine tests: the structure that matters (conv + BN blocks, a head) at toy size."""
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -29,6 +30,17 @@ def global_batch(step: int, size: int, num_classes: int = 5, hw: int = 8) -> tup
     x = torch.randn(size, 3, hw, hw, generator=g)
     y = torch.randint(0, num_classes, (size,), generator=g)
     return x, y
+
+
+def freezer_step(freezer, optimizer, step, batch=8):
+    """One training step through ``freezer.module`` on ``global_batch(step, batch)``; returns the loss."""
+    x, y = global_batch(step, batch)
+    optimizer.zero_grad(set_to_none=True)
+    loss = F.cross_entropy(freezer.module(x), y)
+    loss.backward()
+    freezer.after_backward()
+    optimizer.step()
+    return loss
 
 
 class InstanceNormNet(nn.Sequential):
