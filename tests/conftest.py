@@ -14,6 +14,9 @@ import torch
 
 torch.set_num_threads(1)
 
+# Helper modules that assert on behalf of test files: pytest's rewriting explains their failures too.
+pytest.register_assert_rewrite("tests.policy_histories")
+
 FAST = os.environ.get("FREEZE_TEST_FAST") == "1"
 
 

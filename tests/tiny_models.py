@@ -1,6 +1,8 @@
-"""Tiny models for engine tests: the structure that matters (conv + BN blocks, a head) at toy size."""
+"""Tiny models for the tests: the structure that matters (conv + BN blocks, a head, stacks of layers, tied
+and parent-owned parameters) at toy size."""
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -29,6 +31,17 @@ def global_batch(step: int, size: int, num_classes: int = 5, hw: int = 8) -> tup
     x = torch.randn(size, 3, hw, hw, generator=g)
     y = torch.randint(0, num_classes, (size,), generator=g)
     return x, y
+
+
+def freezer_step(freezer, optimizer, step, batch=8):
+    """One training step through ``freezer.module`` on ``global_batch(step, batch)``; returns the loss."""
+    x, y = global_batch(step, batch)
+    optimizer.zero_grad(set_to_none=True)
+    loss = F.cross_entropy(freezer.module(x), y)
+    loss.backward()
+    freezer.after_backward()
+    optimizer.step()
+    return loss
 
 
 class InstanceNormNet(nn.Sequential):
@@ -60,3 +73,44 @@ class SharedLayerNet(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = torch.relu(self.mid(torch.relu(self.proj(x.flatten(1)))))
         return self.head(self.proj(h))
+
+
+class Stack(nn.Module):
+    def __init__(self, depth=12):
+        super().__init__()
+        self.embed = nn.Linear(3, 4)
+        self.layers = nn.ModuleList(nn.Sequential(nn.Linear(4, 4), nn.ReLU()) for _ in range(depth))
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x):
+        x = self.embed(x)
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+class TiedLM(Stack):
+    """Embedding, a ModuleList of layers, and an output projection tied to the embedding."""
+
+    def __init__(self, vocab=11, depth=3):
+        super().__init__(depth)
+        self.embed = nn.Embedding(vocab, 4)
+        self.head = nn.Linear(4, vocab, bias=False)
+        self.head.weight = self.embed.weight
+
+
+class Scaled(nn.Module):
+    """``scale`` is registered first but applied to the input of layers.2; ``temperature`` only
+    touches the output of the head."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(4))
+        self.temperature = nn.Parameter(torch.ones(1))
+        self.layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(3))
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x):
+        x = self.layers[1](self.layers[0](x))
+        x = self.layers[2](x * self.scale)
+        return self.head(x) / self.temperature

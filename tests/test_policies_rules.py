@@ -1,14 +1,15 @@
-"""Each policy rule (as its paper or library defines it) checked on hand-made monitor histories and schedules."""
+"""freeze.policies.rules: each policy rule (as its paper or library defines it) checked on hand-made
+monitor histories and schedules."""
 
 from __future__ import annotations
 
 import dataclasses
-import json
 
 import pytest
+import torch
 
-from freeze.monitor import IntervalStats
-from freeze.policies import POLICIES, PolicyError, Progress, make_policy, parse_policy
+from freeze import Freezer, split_blocks
+from freeze.policies import POLICIES, PolicyError, Progress, make_policy
 from freeze.policies.rules import (
     AutoFreeze,
     CS744Freeze,
@@ -18,69 +19,7 @@ from freeze.policies.rules import (
     LinearFreeze,
     StaticFreeze,
 )
-
-PROGRESS = Progress(epochs_completed=4, epochs_total=10, steps_completed=400, steps_total=1000)
-
-
-def interval(index: int, norms: list[float | None], boundary: int = 0) -> IntervalStats:
-    return IntervalStats(
-        index=index,
-        epoch=index,
-        end_step=10 * (index + 1),
-        steps=10,
-        skipped_steps=0,
-        boundary=boundary,
-        summed_grad_norm=tuple(norms),
-        summed_grad_l1_norm=tuple(norms),
-        mean_step_grad_norm=tuple(norms),
-    )
-
-
-def eta_history(etas: list[float | None], boundary: int = 0) -> list[IntervalStats]:
-    """Two intervals whose relative change per block is exactly ``etas`` (None: block not observed).
-
-    G_prev = 10 and G_cur = 10 * (1 - eta): |10 - 10 (1 - eta)| / 10 is exact for one-decimal etas."""
-    prev = [None if e is None else 10.0 for e in etas]
-    cur = [None if e is None else 10.0 - 10.0 * e for e in etas]
-    return [interval(0, prev, boundary), interval(1, cur, boundary)]
-
-
-def at_fraction(f: float) -> Progress:
-    return Progress(epochs_completed=0, epochs_total=1, steps_completed=round(f * 1000), steps_total=1000)
-
-
-def after_epochs(epochs_completed: int, epochs_total: int = 50) -> Progress:
-    return Progress(epochs_completed=epochs_completed, epochs_total=epochs_total, steps_completed=0, steps_total=0)
-
-
-def one_line_error(fn, *args, **kwargs) -> str:
-    with pytest.raises(PolicyError) as info:
-        fn(*args, **kwargs)
-    message = str(info.value)
-    assert "\n" not in message and "accepted:" in message
-    return message
-
-
-def test_a_misspelt_policy_or_parameter_name_gets_a_did_you_mean():
-    """As config keys do: the closest accepted name, in the one line that lists them all."""
-    for call in (lambda: make_policy("autofreez"), lambda: parse_policy("autofreez:percentile=50")):
-        message = one_line_error(call)
-        assert "unknown policy 'autofreez' (did you mean 'autofreeze'?)" in message
-        assert "accepted: none, static," in message
-    message = one_line_error(parse_policy, "freezeout:t=0.5")
-    assert "unknown parameter 't' (did you mean 't0'?)" in message
-    assert "did you mean" not in one_line_error(make_policy, "qqqqqq")  # nothing close: no guess
-
-
-# ------------------------------------------------------------------------------------ progress
-def test_progress_fraction_by_steps_then_epochs_clipped():
-    assert Progress(epochs_completed=0, epochs_total=4, steps_completed=250, steps_total=1000).fraction == 0.25
-    assert Progress(epochs_completed=5, epochs_total=10, steps_completed=7, steps_total=0).fraction == 0.5
-    # Mid-way through the first epoch without a step total: nothing is completed yet.
-    assert Progress(epochs_completed=0, epochs_total=10, steps_completed=7, steps_total=0).fraction == 0.0
-    assert Progress(epochs_completed=0, epochs_total=2, steps_completed=1500, steps_total=1000).fraction == 1.0
-    with pytest.raises(ValueError, match="epochs_total"):
-        Progress(epochs_completed=0, epochs_total=0, steps_completed=0, steps_total=0)
+from tests.policy_histories import PROGRESS, after_epochs, at_fraction, eta_history, interval, one_line_error
 
 
 # ------------------------------------------------------------------------------------ autofreeze
@@ -307,82 +246,6 @@ def test_flags():
     }
 
 
-NON_DEFAULT = {
-    "none": {},
-    "static": {"k": 3},
-    "freezeout": {"t0": 0.5, "scale": "squared"},
-    "linear": {"freeze_start": 0.25, "freeze_level": 0.75},
-    "geometric": {"alpha": 0.2},
-    "autofreeze": {"percentile": 30.0, "min_intervals": 4, "norm": "l2"},
-    "cs744": {},
-    "gradual-unfreeze": {"every_epochs": 3},
-}
-
-
-@pytest.mark.parametrize("name", sorted(POLICIES))
-def test_spec_round_trip(name):
-    for params in ({}, NON_DEFAULT[name]):
-        policy = make_policy(name, **params)
-        assert parse_policy(policy.spec()) == policy
-        assert parse_policy(policy.spec()).spec() == policy.spec()
-
-
-def test_spec_strings():
-    assert make_policy("autofreeze", percentile=50).spec() == "autofreeze:percentile=50.0,min_intervals=2,norm=l1"
-    assert parse_policy("none").spec() == "none"
-    assert parse_policy(" static : k = 4 ") == StaticFreeze(k=4)
-    assert parse_policy("freezeout:t0=0.8,scale=cubic") == FreezeOut()
-    assert parse_policy("geometric").alpha == 1.0 / 3.0
-    # Strings and typed values give the same policy; an int for a float parameter becomes a float.
-    assert parse_policy("autofreeze:percentile=50") == make_policy("autofreeze", percentile="50")
-    assert isinstance(make_policy("autofreeze", percentile=50).percentile, float)
-
-
-def test_make_policy_takes_a_spec_string_or_a_name_with_parameters():
-    assert make_policy("static:k=2") == make_policy("static", k=2) == parse_policy("static:k=2")
-    assert make_policy("freezeout:t0=0.5,scale=linear") == FreezeOut(t0=0.5, scale="linear")
-    assert "not both" in one_line_error(make_policy, "static:k=2", k=3)
-    # a misspelled name says that both calls take a name or a spec string
-    assert "for make_policy and parse_policy" in one_line_error(make_policy, "statik:k=2")
-    assert "for make_policy and parse_policy" in one_line_error(make_policy, "statik", k=2)
-
-
-@pytest.mark.parametrize(
-    "spec, needle",
-    [
-        ("frezeout", "accepted: none, static, freezeout"),
-        ("", "none, static, freezeout"),
-        ("autofreeze:pct=50", "accepted: percentile, min_intervals, norm"),
-        ("autofreeze:norm=l3", "accepted: one of l1, l2"),
-        ("none:k=1", "accepted: no parameters"),
-        ("autofreeze:percentile=abc", "accepted: float in [0, 100]"),
-        ("autofreeze:percentile=150", "accepted: float in [0, 100]"),
-        ("autofreeze:percentile=nan", "accepted: float in [0, 100]"),
-        ("autofreeze:min_intervals=1", "accepted: int >= 2"),
-        ("autofreeze:min_intervals=2.5", "accepted: int >= 2"),
-        ("freezeout:scale=quartic", "accepted: one of linear, squared, cubic"),
-        ("freezeout:t0=1.5", "accepted: float in [0, 1]"),
-        ("linear:freeze_start=1", "accepted: float in [0, 1)"),
-        ("geometric:alpha=0", "accepted: float in (0, 1]"),
-        ("gradual-unfreeze:every_epochs=0", "accepted: int >= 1"),
-        ("static:k", "accepted: param=value pairs"),
-        ("static:k=1,k=2", "at most once"),
-    ],
-)
-def test_parse_errors_are_one_line_naming_accepted_values(spec, needle):
-    assert needle in one_line_error(parse_policy, spec)
-
-
-def test_other_error_paths():
-    assert "accepted: float in [0, 100]" in one_line_error(AutoFreeze, percentile=True)
-    assert "'pct'" in one_line_error(make_policy, "autofreeze", pct=50)
-    assert "accepted: 0..3" in one_line_error(AutoFreeze().decide, 4, [], PROGRESS, 4)
-    assert "num_blocks" in one_line_error(FreezeOut().freeze_fractions, 0)
-    assert "accepted: a state_dict written by policy 'static'" in one_line_error(
-        StaticFreeze().load_state_dict, AutoFreeze().state_dict()
-    )
-
-
 # ------------------------------------------------------------------------------------ purity / state
 def test_decisions_are_pure():
     history = eta_history([0.1, 0.2, 0.5, 0.05, 0.4, 0.3])
@@ -395,12 +258,19 @@ def test_decisions_are_pure():
     assert [s.to_dict() for s in history] == snapshot
 
 
-@pytest.mark.parametrize("name", sorted(POLICIES))
-def test_state_dict_round_trip(name):
-    original = make_policy(name, **NON_DEFAULT[name])
-    state = json.loads(json.dumps(original.state_dict()))  # checkpoint-safe plain data
-    restored = make_policy(name)
-    restored.load_state_dict(state)
-    assert restored == original and restored.spec() == original.spec()
-    history = eta_history([0.1, 0.2, 0.5, 0.05, 0.4, 0.3])
-    assert restored.decide(1, history, PROGRESS, 6) == original.decide(1, history, PROGRESS, 6)
+# ------------------------------------------------------------------------- static:k beyond the model
+def test_static_k_beyond_the_last_freezable_block_is_refused_not_clamped():
+    policy = make_policy("static", k=99)
+    with pytest.raises(PolicyError) as err:
+        policy.initial_boundary(10)  # was 9: a run that said k=99 froze 9 blocks
+    message = str(err.value)
+    assert "\n" not in message and "k = 99 with 10 blocks" in message and "accepted: 0..9" in message
+    with pytest.raises(PolicyError):
+        policy.decide(0, [], None, 10)
+    assert make_policy("static", k=9).initial_boundary(10) == 9  # every block but the head: accepted
+
+
+def test_a_freezer_refuses_a_static_k_its_model_cannot_take():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    with pytest.raises(PolicyError, match="k = 5 with 3 blocks"):
+        Freezer(model, split_blocks(model), make_policy("static", k=5))
