@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from freeze.checks import is_int
 from freeze.policies import Policy, Progress
 
 
@@ -20,8 +21,18 @@ class RunClock:
     epoch_start_step: int = 0  # counters.steps when the running epoch began
 
     def __post_init__(self) -> None:
-        if self.interval_steps < 0:
-            raise ValueError(f"Freezer: interval_steps must be >= 0 (0 = once per epoch), got {self.interval_steps}")
+        # Refused when the Freezer is built, not at the first end_epoch (epochs=-3 failed there).
+        if not is_int(self.interval_steps) or self.interval_steps < 0:
+            raise ValueError(
+                f"Freezer: interval_steps must be >= 0 (0 = once per epoch), got {self.interval_steps!r}; "
+                "accepted: an integer"
+            )
+        for name in ("epochs", "steps_per_epoch"):
+            value = getattr(self, name)
+            if value is not None and (not is_int(value) or value < 0):
+                raise ValueError(
+                    f"Freezer: {name} must be >= 0 (0 or None: not given), got {value!r}; accepted: an integer"
+                )
 
     def check_policy(self, policy: Policy) -> None:
         """Refuse a run-length policy the run length was not given for."""

@@ -54,6 +54,7 @@ def _estimate(**kwargs) -> CacheEstimate:
         "reads_remaining_per_rank": 100.0,
         "compute_s_per_row": 0.01,
         "exchange_s": 0.0,
+        "saved_s_per_read": 0.01,  # the cache's own estimate: a read saves the segment's forward
     }
     return CacheEstimate(**(fields | kwargs))
 
@@ -63,4 +64,8 @@ def test_the_default_rule_caches_iff_the_forwards_saved_exceed_those_spent_and_t
     assert pays(_estimate(reads_remaining_per_rank=101.0))
     assert not pays(_estimate(reads_remaining_per_rank=200.0, exchange_s=1.0))  # 2 s saved, 1 s + 1 s spent
     assert pays(_estimate(reads_remaining_per_rank=200.0, exchange_s=0.99))
-    assert not pays(dataclasses.replace(_estimate(reads_remaining_per_rank=1e6), compute_s_per_row=0.0))
+    free = dataclasses.replace(_estimate(reads_remaining_per_rank=1e6), compute_s_per_row=0.0, saved_s_per_read=0.0)
+    assert not pays(free)
+    # the cost model's estimate: a read saves less than the forward (its read cost, the overlap)
+    assert not pays(_estimate(reads_remaining_per_rank=150.0, saved_s_per_read=0.005))  # 0.75 s < 1 s
+    assert pays(_estimate(reads_remaining_per_rank=250.0, saved_s_per_read=0.005))

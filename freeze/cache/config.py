@@ -12,6 +12,7 @@ import torch
 
 from freeze.cache.cuts import CacheError
 from freeze.cache.store import STORAGE_DTYPES
+from freeze.checks import is_int
 from freeze.names import CACHE_MODES
 
 
@@ -98,11 +99,11 @@ class CacheConfig:
             raise CacheError(
                 f"cache: storage_dtype '{self.storage_dtype}' is not accepted; accepted: {', '.join(STORAGE_DTYPES)}"
             )
-        if not isinstance(self.budget_bytes, int) or self.budget_bytes < 0:
+        if not is_int(self.budget_bytes) or self.budget_bytes < 0:
             raise CacheError(
                 f"cache: budget_bytes must be an integer >= 0 (0 = a quarter of RAM), got {self.budget_bytes!r}"
             )
-        if not isinstance(self.chunk_samples, int) or self.chunk_samples < 2:
+        if not is_int(self.chunk_samples) or self.chunk_samples < 2:
             raise CacheError(f"cache: chunk_samples must be an integer >= 2, got {self.chunk_samples!r}")
 
     @property
