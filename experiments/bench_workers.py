@@ -437,7 +437,9 @@ def measure(cfg: dict, rank: int, log) -> dict:
     }
     gen = torch.Generator().manual_seed(cfg["seed"] + rank)
     text = cfg["model"] in TEXT_MODELS
-    inputs = source_inputs(cfg) if text else None
+    # Every approach runs the fixed training set the cache keys into (a batch of random keys): the
+    # cache refuses a forward whose inputs are not its source's inputs of those keys.
+    inputs = source_inputs(cfg) if (text or "cache_keys" in cfg) else None
     shape = (cfg["batch_size"], 3, cfg["image_size"], cfg["image_size"])
     samples: list[Sample] = []
     plan = schedule(
@@ -456,10 +458,10 @@ def measure(cfg: dict, rank: int, log) -> dict:
         for cycle in range(cfg["warmup"] + cfg["steps"]):
             shift = (cycle + r) % len(names)
             for name in names[shift:] + names[:shift]:
-                # Fresh random data every step (outside the clock): a fixed batch would be
-                # memorised and drive gradients towards denormals. Text: random keys of the fixed
-                # sequences, so that every approach (the cache's included) runs the batch it keys.
-                if text:
+                # A fresh batch every step (outside the clock): a fixed batch would be memorised
+                # and drive gradients towards denormals. Random keys of the fixed inputs, so that
+                # every approach (the cache's included) runs the batch it keys.
+                if inputs is not None:
                     keys = torch.randint(0, cfg["cache_keys"], (cfg["batch_size"],), generator=gen)
                     x = inputs(keys)
                     y = torch.randint(0, NUM_CLASSES, (cfg["batch_size"],), generator=gen)
