@@ -3,6 +3,7 @@ generated (or read) span of a hand-written file."""
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -87,3 +88,22 @@ def test_the_module_imports_nothing_heavy():
     code = "import sys, freeze.pipeline.markdown; print(sorted(m for m in ('torch', 'numpy', 'pandas') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_every_committed_span_is_well_formed_and_every_splicer_finds_its_own():
+    from experiments import bench, bench_cluster, block_table, validate_costmodel_report
+
+    for path in [REPO / "README.md", *REPO.glob("report/*.md"), *REPO.glob("docs/*.md")]:
+        markdown.spans(path.read_text(encoding="utf-8"), path)  # raises on a missing or doubled marker
+    owners = {
+        "report/BENCH.md": (bench.TEXT_SECTION, bench_cluster.SECTION, validate_costmodel_report.SECTION),
+        "docs/blocks.md": (block_table.SPAN,),
+        "README.md": ("example", "sweep-example"),  # experiments.repeat_readme_example, tests/test_readme.py
+    }
+    for name, spans in owners.items():
+        text = (REPO / name).read_text(encoding="utf-8")
+        assert all(markdown.has(text, span, name) for span in spans), name
+    assert len(markdown.spans((REPO / "report" / "REPORT.md").read_text(encoding="utf-8"))) >= 6
