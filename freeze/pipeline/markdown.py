@@ -109,38 +109,25 @@ def has(text: str, name: str, where: str | PathLike = "<text>") -> bool:
     return _locate(text, name, where) is not None
 
 
-def read(text: str, name: str, where: str | PathLike = "<text>") -> str:
-    """The lines between span ``name``'s markers (no leading or trailing newline).
-
-    Args:
-        text: the file's text.
-        name: the span.
-        where: the file, for the error.
-
-    Raises:
-        MarkerError: the span is missing, or its markers doubled or out of order.
-    """
+def _required(text: str, name: str, where: str | PathLike) -> tuple[int, int]:
+    """:func:`_locate`, and a MarkerError when neither marker is there either."""
     found = _locate(text, name, where)
     if found is None:
         raise MarkerError(f"{where}: no {markers(name)[0]} line")
+    return found
+
+
+def read(text: str, name: str, where: str | PathLike = "<text>") -> str:
+    """The lines between span ``name``'s markers (no leading or trailing newline); ``where`` names
+    the file in the :class:`MarkerError` raised when the span is missing, doubled or out of order."""
+    first, last = _required(text, name, where)
     start, end = markers(name)
-    inner = text[found[0] + len(start) : found[1] - len(end)]
+    inner = text[first + len(start) : last - len(end)]
     return "" if inner == "\n" else inner.removeprefix("\n").removesuffix("\n")
 
 
 def splice(text: str, name: str, body: str, where: str | PathLike = "<text>") -> str:
-    """``text`` with the lines between span ``name``'s markers replaced by ``body``.
-
-    Args:
-        text: the file's text.
-        name: the span.
-        body: the new lines (no leading or trailing newline).
-        where: the file, for the error.
-
-    Raises:
-        MarkerError: the span is missing, or its markers doubled or out of order.
-    """
-    found = _locate(text, name, where)
-    if found is None:
-        raise MarkerError(f"{where}: no {markers(name)[0]} line")
-    return text[: found[0]] + span(name, body) + text[found[1] :]
+    """``text`` with the lines between span ``name``'s markers replaced by ``body`` (no leading or
+    trailing newline); a :class:`MarkerError` naming ``where`` as :func:`read` raises it."""
+    first, last = _required(text, name, where)
+    return text[:first] + span(name, body) + text[last:]
