@@ -24,7 +24,6 @@ import csv
 import io
 import os
 import platform
-import re
 import shlex
 import sys
 import tempfile
@@ -39,6 +38,7 @@ import torchvision
 
 from experiments import bench_workers as bw
 from freeze._atomic import atomic_write_text
+from freeze.pipeline import markdown
 from freeze.pipeline.runs import cpu_name
 
 CSV_COLUMNS = (
@@ -287,6 +287,9 @@ def _verdict(ok: bool, beyond_noise: bool = True) -> str:
     return "**MISSED**" if beyond_noise else "**MISSED** (within noise)"
 
 
+TARGET_HEADER = ("target", "verdict", "measured")  # a targets table's columns: Target without its key
+
+
 class Target(NamedTuple):
     key: str  # what the other parts of the report look a target up by
     target: str
@@ -443,12 +446,11 @@ def cache_section(cfg: BenchConfig, rows: list[dict], cells: dict) -> list[str]:
         f"{cfg.cache_keys} images = {steps_per_epoch:g} steps of {cfg.workers} x {cfg.batch_size}; its prefix "
         "forward = steps x prefix.",
         "",
-        "| k | engine | engine + cache | prefix | limit | recovered (95% CI) | build s | advance s "
-        "| epoch's prefix fwd s | build / epoch prefix | cache MB per rank |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    header = ["k", "engine", "engine + cache", "prefix", "limit", "recovered (95% CI)", "build s", "advance s"]
+    header += ["epoch's prefix fwd s", "build / epoch prefix", "cache MB per rank"]
     steps = {key: cell["step_ms"] for key, cell in cells.items()}
-    missed_recovery, missed_build = [], []
+    missed_recovery, missed_build, table = [], [], []
     for k in ks:
         eng, cached = _get(rows, bw.ENGINE, k), _get(rows, bw.ENGINE_CACHE, k)
         prefix = _get(rows, bw.PREFIX_FORWARD, k)["median_ms"]
@@ -466,22 +468,34 @@ def cache_section(cfg: BenchConfig, rows: list[dict], cells: dict) -> list[str]:
             missed_recovery.append(f"k={k}: {recovered:.0%} (95% CI {lo:.0%}..{hi:.0%})")
         if ratio is not None and ratio > 1.0:
             missed_build.append(f"k={k}: {ratio:.2f}x")
-        lines.append(
-            f"| {k} | {eng['median_ms']:.1f} | {cached['median_ms']:.1f} | {prefix:.1f} | "
-            f"{eng['median_ms'] - prefix:.1f} | {recovered:.0%} ({lo:.0%}..{hi:.0%}) | {_fmt(build)} | {_fmt(advance)} | "
-            f"{epoch_prefix_s:.3f} | {_fmt(ratio)} | {(cached['cache_bytes'] or 0) / 1e6:.2f} |"
+        table.append(
+            [
+                k,
+                f"{eng['median_ms']:.1f}",
+                f"{cached['median_ms']:.1f}",
+                f"{prefix:.1f}",
+                f"{eng['median_ms'] - prefix:.1f}",
+                f"{recovered:.0%} ({lo:.0%}..{hi:.0%})",
+                _fmt(build),
+                _fmt(advance),
+                f"{epoch_prefix_s:.3f}",
+                _fmt(ratio),
+                f"{(cached['cache_bytes'] or 0) / 1e6:.2f}",
+            ]
         )
-    lines += [
-        "",
-        "| target | verdict | measured |",
-        "|---|---|---|",
-        f"| the cache recovers >= {TARGET_CACHE_RECOVERED:.0%} of the prefix forward at every k >= {TARGET_CACHE_FROM_K} "
-        f"| {_verdict(not missed_recovery)} | {'; '.join(missed_recovery) or 'every k'} |",
-        f"| a build costs <= one epoch's prefix forward ({cfg.cache_keys} images) | {_verdict(not missed_build)} "
-        f"| {'; '.join(missed_build) or 'every k'} |",
-        "",
+    targets = [
+        (
+            f"the cache recovers >= {TARGET_CACHE_RECOVERED:.0%} of the prefix forward at every k >= {TARGET_CACHE_FROM_K}",
+            _verdict(not missed_recovery),
+            "; ".join(missed_recovery) or "every k",
+        ),
+        (
+            f"a build costs <= one epoch's prefix forward ({cfg.cache_keys} images)",
+            _verdict(not missed_build),
+            "; ".join(missed_build) or "every k",
+        ),
     ]
-    return lines
+    return [*lines, *markdown.table(header, table), "", *markdown.table(TARGET_HEADER, targets), ""]
 
 
 def evaluate_targets(cfg: BenchConfig, rows: list[dict], cells: dict, rewrap_ms: list[float]) -> list[Target]:
@@ -538,22 +552,28 @@ def write_markdown(
         "",
         "## Main table (ms per step)",
         "",
-        "| k | frozen params | trainable grads | freeze engine | static limit | find-unused | per-parameter | engine / static "
-        "| same, 10th pct. | engine bytes/step | find-unused bytes/step |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    header = ["k", "frozen params", "trainable grads", *(NAMES[n] for n in main), "engine / static"]
+    header += ["same, 10th pct.", "engine bytes/step", "find-unused bytes/step"]
+    table = []
     for k in ks:
         r = {n: _get(rows, n, k) for n in main}
         e = r[bw.ENGINE]
-        lines.append(
-            f"| {k} | {e['frozen_param_fraction']:.1%} | {_size(e['trainable_grad_bytes'])} | "
-            + " | ".join(f"{r[n]['median_ms']:.1f} +-{r[n]['iqr_ms'] / 2:.1f}" for n in main)
-            + f" | {e['ratio_to_static']:.3f} | {e['p10_ms'] / r[bw.STATIC]['p10_ms']:.3f} | {_size(e['allreduce_bytes_per_step'])} | "
-            f"{_size(r[bw.FIND_UNUSED]['allreduce_bytes_per_step'])} |"
+        table.append(
+            [
+                k,
+                f"{e['frozen_param_fraction']:.1%}",
+                _size(e["trainable_grad_bytes"]),
+                *(f"{r[n]['median_ms']:.1f} +-{r[n]['iqr_ms'] / 2:.1f}" for n in main),
+                f"{e['ratio_to_static']:.3f}",
+                f"{e['p10_ms'] / r[bw.STATIC]['p10_ms']:.3f}",
+                _size(e["allreduce_bytes_per_step"]),
+                _size(r[bw.FIND_UNUSED]["allreduce_bytes_per_step"]),
+            ]
         )
-    lines += ["", "## Targets", "", "| target | verdict | measured |", "|---|---|---|"]
+    lines += markdown.table(header, table)
     targets = evaluate_targets(cfg, rows, cells, rewrap_ms)
-    lines += [f"| {t.target} | {t.verdict} | {t.measured} |" for t in targets]
+    lines += ["", "## Targets", "", *markdown.table(TARGET_HEADER, [t[1:] for t in targets])]
     measured = {t.key: t.measured for t in targets}
     lines += [
         "",
@@ -576,18 +596,25 @@ def write_markdown(
         "comm est. = backward of the approach minus backward of the no-comm run at the same k "
         "(communication not hidden behind the backward pass).",
         "",
-        "| approach | k | step | forward | backward (incl. comm) | after_backward | optimizer | comm est. |",
-        "|---|---|---|---|---|---|---|---|",
     ]
+    header = ["approach", "k", "step", "forward", "backward (incl. comm)", "after_backward", "optimizer", "comm est."]
+    table = []
     for k in cfg.phase_ks:
         for n in main + (bw.NO_COMM,):
             r = _get(rows, n, k)
-            est = "-" if r["comm_est_ms"] is None else f"{r['comm_est_ms']:.1f}"
-            lines.append(
-                f"| {NAMES[n]} | {k} | {r['median_ms']:.1f} | {r['forward_ms']:.1f} | {r['backward_ms']:.1f} | "
-                f"{r['monitor_ms']:.2f} | {r['optimizer_ms']:.1f} | {est} |"
+            table.append(
+                [
+                    NAMES[n],
+                    k,
+                    f"{r['median_ms']:.1f}",
+                    f"{r['forward_ms']:.1f}",
+                    f"{r['backward_ms']:.1f}",
+                    f"{r['monitor_ms']:.2f}",
+                    f"{r['optimizer_ms']:.1f}",
+                    "-" if r["comm_est_ms"] is None else f"{r['comm_est_ms']:.1f}",
+                ]
             )
-    lines.append("")
+    lines += [*markdown.table(header, table), ""]
     lines += cache_section(cfg, rows, cells)
     path.parent.mkdir(parents=True, exist_ok=True)
     text = "\n".join(lines)
@@ -596,33 +623,45 @@ def write_markdown(
 
 
 # Sections other commands splice into BENCH.md (the BERT rows, the cluster benchmark, the cost
-# model's validation) start with such a marker; the main table owns only what comes before the first.
-SECTION_START = re.compile(r"^<!-- [\w-]+:start -->$", re.M)
-TEXT_SECTION = ("<!-- bert-bench:start -->", "<!-- bert-bench:end -->")
+# model's validation) are spans (freeze.pipeline.markdown); the main table owns only what comes before the first.
+TEXT_SECTION = "bert-bench"
 
 
 def spliced_sections(path: Path) -> str:
-    """Everything of ``path`` from its first section marker on ("" when none or no file): what the
-    main table's rewrite keeps."""
+    """Everything of ``path`` from its first span on ("" when none or no file): what the main
+    table's rewrite keeps.
+
+    Raises:
+        markdown.MarkerError: a span's marker is missing or doubled.
+    """
     if not path.exists():
         return ""
     old = path.read_text(encoding="utf-8")
-    found = SECTION_START.search(old)
-    return "" if found is None else old[found.start() :]
+    found = markdown.spans(old, path)
+    return old[found[0][1] :] if found else ""
 
 
-def splice_section(path: Path, text: str, markers: tuple[str, str]) -> None:
-    """Replace the section between ``markers`` (``text`` carries them), or insert it before the
-    first other section (right after the main table), or append it; the rest stays as it was."""
-    start, end = markers
+def splice_section(path: Path, name: str, body: str, *, before_others: bool) -> None:
+    """Replace span ``name`` of ``path`` by ``body``; a file without it gets it before its first
+    other span (``before_others``: right after the main table) or at its end. The rest stays as it was.
+
+    Args:
+        path: the markdown file (created with the main table's title when missing).
+        name: the span (markers as freeze.pipeline.markdown writes them).
+        body: the section's lines, without the markers.
+        before_others: where a new span goes: before the other spans, else at the end.
+
+    Raises:
+        markdown.MarkerError: the span's start or end marker is missing or doubled.
+    """
     old = path.read_text(encoding="utf-8") if path.exists() else "# Freezing under DDP: where a step's time goes\n"
-    if start in old and end in old:
-        head, rest = old.split(start, 1)
-        new = head + text + rest.split(end, 1)[1]
-    elif (found := SECTION_START.search(old)) is not None:
-        new = old[: found.start()] + text + "\n\n" + old[found.start() :]
+    others = markdown.spans(old, path)
+    if markdown.has(old, name, path):
+        new = markdown.splice(old, name, body, path)
+    elif before_others and others:
+        new = old[: others[0][1]] + markdown.span(name, body) + "\n\n" + old[others[0][1] :]
     else:
-        new = old.rstrip("\n") + "\n\n" + text + "\n"
+        new = old.rstrip("\n") + "\n\n" + markdown.span(name, body) + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, new)
 
@@ -639,8 +678,8 @@ def _ratio_ci(a: np.ndarray, b: np.ndarray) -> tuple[float, float, float]:
 
 
 def text_section(cfg: BenchConfig, rows: list[dict], cells: dict, run: dict) -> str:
-    """The BERT rows: engine with and without the cache, static limit and control at each k, as
-    one section of BENCH.md between TEXT_SECTION's markers."""
+    """The BERT rows: engine with and without the cache, static limit and control at each k: the
+    body of BENCH.md's span TEXT_SECTION."""
     import transformers
 
     ks, names = list(cfg.ks), run["block_names"]
@@ -651,7 +690,6 @@ def text_section(cfg: BenchConfig, rows: list[dict], cells: dict, run: dict) -> 
     epoch_steps = cfg.cache_keys / (cfg.workers * cfg.batch_size)
     gpu = "no GPU" if not torch.cuda.is_available() else f"{torch.cuda.device_count()} GPU(s), unused"
     lines = [
-        TEXT_SECTION[0],
         f"## {cfg.model}: a Hugging Face encoder with and without the activation cache",
         "",
         f"Generated by `{run['command']}` in {run['wall_s']:.0f} s wall time. Every number comes from that run "
@@ -689,11 +727,10 @@ def text_section(cfg: BenchConfig, rows: list[dict], cells: dict, run: dict) -> 
         "ratio's interval resamples both cells. vs. k=0 = the engine at k=0 (every block trained, no cache) over "
         "engine + cache at k: the per-step speedup over full fine-tuning (cells measured at different times).",
         "",
-        "| k | frozen | trainable grads | bytes/step = trainable | engine ms | engine + cache ms | static ms "
-        "| control ms | engine / static | control / static | engine / (engine + cache) | vs. k=0 |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    bad_bytes, control_off = [], []
+    header = ["k", "frozen", "trainable grads", "bytes/step = trainable", "engine ms", "engine + cache ms"]
+    header += ["static ms", "control ms", "engine / static", "control / static", "engine / (engine + cache)", "vs. k=0"]
+    bad_bytes, control_off, table = [], [], []
     for k in ks:
         r = {n: _get(rows, n, k) for n in step_approaches}
         exact = [n for n in step_approaches if not r[n]["bytes_match_trainable"]]
@@ -708,25 +745,29 @@ def text_section(cfg: BenchConfig, rows: list[dict], cells: dict, run: dict) -> 
         if not ratios["cs"][1] <= 1.0 <= ratios["cs"][2]:
             control_off.append(k)
         shown = {key: "-" if v is None else f"{v[0]:.2f} ({v[1]:.2f}..{v[2]:.2f})" for key, v in ratios.items()}
-        lines.append(
-            f"| {k} | {frozen} ({r[bw.ENGINE]['frozen_param_fraction']:.0%}) | {_size(r[bw.ENGINE]['trainable_grad_bytes'])} "
-            f"| {'every step' if not exact else 'NO: ' + ', '.join(NAMES[n] for n in exact)} | "
-            + " | ".join(_median_ci(steps[(n, k)]) for n in step_approaches)
-            + f" | {shown['es']} | {shown['cs']} | {shown['ec']} | {shown['e0']} |"
+        table.append(
+            [
+                k,
+                f"{frozen} ({r[bw.ENGINE]['frozen_param_fraction']:.0%})",
+                _size(r[bw.ENGINE]["trainable_grad_bytes"]),
+                "every step" if not exact else "NO: " + ", ".join(NAMES[n] for n in exact),
+                *(_median_ci(steps[(n, k)]) for n in step_approaches),
+                *(shown[key] for key in ("es", "cs", "ec", "e0")),
+            ]
         )
     cache_ks = [k for k in ks if k >= 1]
     lines += [
+        *markdown.table(header, table),
         "",
         f"The cache at each k: the cut it serves (the stored tensor enters block `cut`), keys served from the store "
         "and keys computed because a batch missed (all ranks, warm-up included), the build from the inputs and the "
         f"advance from the previous k (slowest rank, median over rounds); recovered = (engine - engine + cache) / "
         f"prefix; one epoch = {cfg.cache_keys} sequences = {epoch_steps:g} steps.",
         "",
-        "| k | cut | keys served / computed | prefix ms | recovered (95% CI) | build s | advance s "
-        "| build / epoch's prefix fwd | cache MB per rank |",
-        "|---|---|---|---|---|---|---|---|---|",
     ]
-    not_served = []
+    header = ["k", "cut", "keys served / computed", "prefix ms", "recovered (95% CI)", "build s", "advance s"]
+    header += ["build / epoch's prefix fwd", "cache MB per rank"]
+    not_served, table = [], []
     for k in cache_ks:
         c = _get(rows, bw.ENGINE_CACHE, k)
         prefix = _get(rows, bw.PREFIX_FORWARD, k)
@@ -745,31 +786,40 @@ def text_section(cfg: BenchConfig, rows: list[dict], cells: dict, run: dict) -> 
             recovered = f"{rec:.0%} ({lo:.0%}..{hi:.0%})"
             if c["cache_build_s"] is not None:
                 build_ratio = f"{c['cache_build_s'] / (epoch_steps * prefix['median_ms'] / 1e3):.2f}"
-        lines.append(
-            f"| {k} | {'-' if c['cache_cut'] is None else c['cache_cut']} | {c['cache_hit_keys'] or 0} / "
-            f"{c['cache_miss_keys'] or 0} | {prefix_ms} | {recovered} "
-            f"| {_fmt(c['cache_build_s']) or '-'} | {_fmt(c['cache_advance_s']) or '-'} | {build_ratio} "
-            f"| {(c['cache_bytes'] or 0) / 1e6:.2f} |"
+        table.append(
+            [
+                k,
+                "-" if c["cache_cut"] is None else c["cache_cut"],
+                f"{c['cache_hit_keys'] or 0} / {c['cache_miss_keys'] or 0}",
+                prefix_ms,
+                recovered,
+                _fmt(c["cache_build_s"]) or "-",
+                _fmt(c["cache_advance_s"]) or "-",
+                build_ratio,
+                f"{(c['cache_bytes'] or 0) / 1e6:.2f}",
+            ]
         )
-    lines += [
-        "",
-        "| check | verdict | measured |",
-        "|---|---|---|",
-        "| bytes all-reduced per step = trainable gradient bytes (every step, every rank, all four approaches) "
-        f"| {_verdict(not bad_bytes)} | {'; '.join(bad_bytes) or 'every k'} |",
-        f"| the control holds 1.00 (its 95% CI contains 1.00) at every k | {'holds' if not control_off else '**DOES NOT HOLD**'} "
-        "| "
-        + (
+    checks = [
+        (
+            "bytes all-reduced per step = trainable gradient bytes (every step, every rank, all four approaches)",
+            _verdict(not bad_bytes),
+            "; ".join(bad_bytes) or "every k",
+        ),
+        (
+            "the control holds 1.00 (its 95% CI contains 1.00) at every k",
+            "holds" if not control_off else "**DOES NOT HOLD**",
             "every k"
             if not control_off
             else f"k={control_off}: the intervals understate the machine's noise there; read the other ratios at "
-            "those k as no more precise than the control's distance from 1.00"
-        )
-        + " |",
-        f"| the cache serves every key at the cut k, at every k >= 1 | {_verdict(not not_served)} "
-        f"| {f'not at k={not_served}' if not_served else 'every k'} |",
-        TEXT_SECTION[1],
+            "those k as no more precise than the control's distance from 1.00",
+        ),
+        (
+            "the cache serves every key at the cut k, at every k >= 1",
+            _verdict(not not_served),
+            f"not at k={not_served}" if not_served else "every k",
+        ),
     ]
+    lines += [*markdown.table(header, table), "", *markdown.table(("check", "verdict", "measured"), checks)]
     return "\n".join(lines)
 
 
@@ -809,7 +859,7 @@ def run_benchmark(
             "block_names": ranks[0]["block_names"],
             "block_param_bytes": ranks[0]["block_param_bytes"],
         }
-        splice_section(out_dir / "BENCH.md", text_section(cfg, rows, cells, run), TEXT_SECTION)
+        splice_section(out_dir / "BENCH.md", TEXT_SECTION, text_section(cfg, rows, cells, run), before_others=True)
         return rows
     write_csv(rows, out_dir / "bench.csv")
     # Each re-wrap happened on every rank; the slowest rank's time is the one training waits for.
@@ -914,6 +964,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = config_from_args(args)
     try:
         cfg.validate()
+        spliced_sections(args.out_dir / "BENCH.md")  # a broken span (markdown.MarkerError) now, not after the run
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

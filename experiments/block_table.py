@@ -21,8 +21,9 @@ import torchvision
 from torch import nn
 
 from freeze import split_blocks
+from freeze.pipeline import markdown as md
 
-START, END = "<!-- block-table:start -->", "<!-- block-table:end -->"
+SPAN = "block-table"  # the span of docs/blocks.md that holds the table (freeze.pipeline.markdown)
 
 
 @dataclass(frozen=True)
@@ -104,22 +105,22 @@ def _count(n: int) -> str:
 
 
 def markdown(rows: list[Row]) -> str:
-    lines = [
-        "| family | model | blocks | parameters per block (min - max) | head (last block) |",
-        "|---|---|---:|---|---|",
+    header = ("family", "model", "blocks", "parameters per block (min - max)", "head (last block)")
+    cells = [
+        (r.family, r.model, r.blocks, f"{_count(r.min_params)} - {_count(r.max_params)}", f"`{r.head}`") for r in rows
     ]
-    lines += [
-        f"| {r.family} | {r.model} | {r.blocks} | {_count(r.min_params)} - {_count(r.max_params)} | `{r.head}` |"
-        for r in rows
-    ]
-    return "\n".join(lines) + "\n"
+    return "\n".join(md.table(header, cells, align="llrll")) + "\n"
 
 
-def embedded_table(readme: str) -> str | None:
-    """The table between the block-table markers of a README, or None when the markers are missing."""
-    if START not in readme or END not in readme:
+def embedded_table(readme: str, where: str | Path = "<text>") -> str | None:
+    """The table in the block-table span of a README, or None when it has no such span.
+
+    Raises:
+        md.MarkerError: one of the span's markers is missing or doubled.
+    """
+    if not md.has(readme, SPAN, where):
         return None
-    return readme.split(START, 1)[1].split(END, 1)[0].strip("\n") + "\n"
+    return md.read(readme, SPAN, where).strip("\n") + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -130,9 +131,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.check is None:
         print(table, end="")
         return 0
-    embedded = embedded_table(args.check.read_text(encoding="utf-8"))
+    try:
+        embedded = embedded_table(args.check.read_text(encoding="utf-8"), args.check)
+    except md.MarkerError as e:
+        print(f"block_table: {e}")
+        return 1
     if embedded != table:
-        print(f"block_table: the table in {args.check} differs from this output; paste it between {START} and {END}")
+        start, end = md.markers(SPAN)
+        print(f"block_table: the table in {args.check} differs from this output; paste it between {start} and {end}")
         print(table, end="")
         return 1
     return 0

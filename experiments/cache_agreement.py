@@ -19,6 +19,7 @@ import torch
 
 from freeze import Freezer, split_blocks
 from freeze.cache import CacheConfig, CacheSource
+from freeze.pipeline import markdown
 from freeze.pipeline.models import build_model
 
 BATCH_SIZES = (1, 7, 64)
@@ -64,10 +65,9 @@ def main(argv: list[str] | None = None) -> None:
         f"resnet18, {args.stem} stem, {args.image_size}x{args.image_size}, {args.threads} thread(s), {args.keys} keys"
     )
     sizes = [*BATCH_SIZES, args.keys]
-    print("| boundary | cut | " + " | ".join(f"max abs diff, batch {b}" for b in sizes) + " |")
-    print("|---" * (2 + len(sizes)) + "|")
-    for k, level, worst in max_differences(args.stem, args.keys, args.chunk, args.image_size, args.seed):
-        print(f"| {k} | {level} | " + " | ".join(f"{w:.3g}" for w in worst) + " |")
+    header = ["boundary", "cut", *(f"max abs diff, batch {b}" for b in sizes)]
+    found = max_differences(args.stem, args.keys, args.chunk, args.image_size, args.seed)
+    print("\n".join(markdown.table(header, ([k, level, *(f"{w:.3g}" for w in worst)] for k, level, worst in found))))
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ import sys
 import tomllib
 from pathlib import Path
 
+from freeze.pipeline import markdown as md
 from freeze.pipeline.costmodel import (
     CALIBRATION_FILE,
     ClusterModel,
@@ -169,19 +170,21 @@ def prediction_rows(
 
 
 def markdown(rows: list[dict], header: str) -> str:
-    lines = [
-        header,
-        "",
-        "| workers | link | cache | k | compute ms | exposed comm ms | optimizer ms | step ms | x vs k=0 | MB/step |",
+    columns = ["workers", "link", "cache", "k", "compute ms", "exposed comm ms", "optimizer ms", "step ms"]
+    columns += ["x vs k=0", "MB/step"]
+    cells = [
+        [
+            r["workers"],
+            r["bandwidth"],
+            "on" if r["cache"] else "off",
+            r["k"],
+            *(f"{r[key]:.1f}" for key in ("compute_ms", "exposed_comm_ms", "optimizer_ms", "step_ms")),
+            f"{r['speedup_vs_k0']:.2f}",
+            f"{r['allreduce_bytes'] / 1e6:.1f}",
+        ]
+        for r in rows
     ]
-    lines.append("|---|---|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        lines.append(
-            f"| {r['workers']} | {r['bandwidth']} | {'on' if r['cache'] else 'off'} | {r['k']} | {r['compute_ms']:.1f} | "
-            f"{r['exposed_comm_ms']:.1f} | {r['optimizer_ms']:.1f} | {r['step_ms']:.1f} | {r['speedup_vs_k0']:.2f} | "
-            f"{r['allreduce_bytes'] / 1e6:.1f} |"
-        )
-    return "\n".join(lines)
+    return "\n".join([header, "", *md.table(columns, cells)])
 
 
 def write_csv(rows: list[dict], path: Path, columns=CSV_COLUMNS) -> None:
@@ -243,16 +246,16 @@ def run_report(
         f"{steps} optimizer steps in {len(segments)} epochs; boundaries per epoch: {[k for _, k in segments]}; "
         f"measured training time where it ran: {info['measured_wall_s']:.1f} s.",
         "",
-        "| workers | link | predicted s (this trajectory) | predicted s (k=0 throughout) | saving |",
-        "|---|---|---|---|---|",
     ]
+    cells = []
     for n in workers:
         for name, link in links.items():
             cluster = ClusterModel(nodes=n, link=link, comm_cpu_share=share)
             run = predict_run(profile, cluster, segments, cache=cache)
             base = predict_run(profile, cluster, [(steps, 0)])
-            lines.append(f"| {n} | {name} | {run.wall_s:.1f} | {base.wall_s:.1f} | {base.wall_s / run.wall_s:.2f}x |")
-    return "\n".join(lines)
+            cells.append([n, name, f"{run.wall_s:.1f}", f"{base.wall_s:.1f}", f"{base.wall_s / run.wall_s:.2f}x"])
+    header = ("workers", "link", "predicted s (this trajectory)", "predicted s (k=0 throughout)", "saving")
+    return "\n".join(lines + md.table(header, cells))
 
 
 # ------------------------------------------------------------------------------------ the command

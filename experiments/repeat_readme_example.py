@@ -21,6 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from freeze.pipeline import markdown
 from freeze.testing import local_torchrun_command
 
 REPO = Path(__file__).resolve().parents[1]
@@ -28,10 +29,15 @@ ABORT_MARK = "terminate called"
 
 
 def readme_example() -> str:
-    text = (REPO / "README.md").read_text()
-    block = re.search(r"<!-- example:start -->\s*```python\n(.*?)```\s*<!-- example:end -->", text, re.S)
+    """The python block of the README's span ``example`` (freeze.pipeline.markdown)."""
+    path = REPO / "README.md"
+    try:
+        span = markdown.read(path.read_text(encoding="utf-8"), "example", path)
+    except markdown.MarkerError as e:
+        raise SystemExit(str(e)) from None
+    block = re.fullmatch(r"\s*```python\n(.*?)```\s*", span, re.S)
     if block is None:
-        raise SystemExit("README.md has no <!-- example:start --> python block")
+        raise SystemExit(f"{path}: the example span holds no single python block")
     return block.group(1)
 
 

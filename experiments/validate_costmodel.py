@@ -42,6 +42,7 @@ import sys
 import time
 from pathlib import Path
 
+from experiments import bench
 from experiments import bench_cluster as bc
 from experiments import bench_workers as bw
 from experiments.predict import InputError, make_profile, write_csv
@@ -58,6 +59,7 @@ from freeze.pipeline.costmodel import (
     read_probe,
     save_calibration,
 )
+from freeze.pipeline.markdown import MarkerError
 
 CACHES = ("off", "on")
 APPROACH_OF = {"off": bw.ENGINE, "on": bw.ENGINE_CACHE}
@@ -134,11 +136,9 @@ def measured_points(rows: list[dict], caches: tuple[str, ...]) -> list[dict]:
 def _measured(cfg: bc.ClusterBenchConfig, nodes: int, bandwidth: str, ks, deadline_s: float, caches) -> list[dict]:
     """One (N, cap) on the cluster: the engine, and with cache on the engine + cache and the prefix
     forward (experiments.bench_workers adds it beside the cache runner), in one rotation."""
-    from experiments import bench as bench_main
-
     approaches = (bw.ENGINE,) + ((bw.ENGINE_CACHE,) if "on" in caches else ())  # the worker needs the engine
     meta = bc.measure_cluster(cfg, nodes, bandwidth, ks, deadline_s, approaches=approaches)
-    rows = bench_main.summarize(bw.combine_ranks(meta["ranks"]), meta["ranks"][0]["block_param_bytes"])
+    rows = bench.summarize(bw.combine_ranks(meta["ranks"]), meta["ranks"][0]["block_param_bytes"])
     return measured_points(rows, caches)
 
 
@@ -226,6 +226,8 @@ def _check(args: argparse.Namespace, cfg: bc.ClusterBenchConfig) -> None:
         raise InputError(f"--fit-at {','.join(map(str, args.fit_at_used))}: cache on needs k >= 1")
     if args.bench_md is not None and not args.bench_md.parent.is_dir():
         raise InputError(f"--bench-md {args.bench_md}: its directory does not exist")
+    if args.bench_md is not None:  # a broken span (markdown.MarkerError) now, not after the measurement
+        bench.spliced_sections(args.bench_md)
     _check_reused(args)
     written = [args.out_dir / f"validation.{ext}" for ext in ("md", "csv", "png")] + [args.out_dir / CALIBRATION_FILE]
     if any(w.exists() for w in written):
@@ -288,9 +290,13 @@ def _splice_only(args: argparse.Namespace) -> int:
     elif not args.bench_md.parent.is_dir():
         problem = f"--bench-md {args.bench_md}: its directory does not exist"
     else:
-        write_bench_section(args.out_dir, args.bench_md)
-        print(f"validate_costmodel: wrote the costmodel-validation section of {args.bench_md}")
-        return 0
+        try:
+            write_bench_section(args.out_dir, args.bench_md)
+        except MarkerError as e:
+            problem = str(e)
+        else:
+            print(f"validate_costmodel: wrote the costmodel-validation section of {args.bench_md}")
+            return 0
     print(f"error: {problem}", file=sys.stderr)
     return 2
 

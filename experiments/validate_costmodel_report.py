@@ -10,11 +10,12 @@ import os
 import statistics
 from pathlib import Path
 
-from experiments import bench_cluster as bc
+from experiments import bench
+from freeze.pipeline import markdown
 
 PHASES = ("forward", "backward", "after")  # zero_grad+forward+loss | backward incl. DDP wait | monitor+optimizer
 TARGET_MEDIAN_ERROR, TARGET_WORST_ERROR = 0.10, 0.20  # the issue's targets for |error|
-SECTION = ("<!-- costmodel-validation:start -->", "<!-- costmodel-validation:end -->")
+SECTION = "costmodel-validation"  # the span of BENCH.md this report owns (freeze.pipeline.markdown)
 
 
 def error_summary(points: list[dict]) -> dict[str, tuple[int, float, float]]:
@@ -59,34 +60,41 @@ def summary(points: list[dict], args, run: dict) -> str:
         f"rank.{_cache_sentence(points, args)} comm_cpu_share fitted at N={n}, {bandwidth}, k={k}, cache {cache}: "
         f"{args.fitted_share:.2f}.",
         "",
-        f"| points | n | median \\|error\\| | worst \\|error\\| | target (median <= {TARGET_MEDIAN_ERROR:.0%}, "
-        f"worst <= {TARGET_WORST_ERROR:.0%}) |",
-        "|---|---|---|---|---|",
     ]
-    for name, (count, median, worst) in error_summary(points).items():
-        lines.append(f"| {name} | {count} | {median:.1%} | {worst:.1%} | {_verdict(median, worst)} |")
+    target = f"target (median <= {TARGET_MEDIAN_ERROR:.0%}, worst <= {TARGET_WORST_ERROR:.0%})"
+    errors = [
+        (name, count, f"{median:.1%}", f"{worst:.1%}", _verdict(median, worst))
+        for name, (count, median, worst) in error_summary(points).items()
+    ]
+    lines += markdown.table(("points", "n", "median |error|", "worst |error|", target), errors)
     lines += [
         "",
         "The fitted point is excluded from the errors. Phases (ms, measured / predicted): forward = zero_grad + "
         "forward + loss (with cache on: the cache read and the tail); backward = the backward with DDP's wait for "
         "its all-reduces; after = monitor + optimizer step.",
         "",
-        "| N | link | k | cache | measured ms | predicted ms | error | forward | backward | after | prefix ms |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    rows = []
     for p in points:
-        mark = " (fitted)" if p["fitted"] else ""
-        phases = " | ".join(
-            f"{p.get(f'measured_{ph}_ms', float('nan')):.0f} / {p.get(f'predicted_{ph}_ms', float('nan')):.0f}"
-            for ph in PHASES
-        )
         prefix = p.get("measured_prefix_ms")
-        lines.append(
-            f"| {p['nodes']} | {p['bandwidth']} | {p['k']} | {p['cache']} | {p['measured_ms']:.0f} | "
-            f"{p['predicted_ms']:.0f} | {p['error']:+.1%}{mark} | {phases} | "
-            f"{'-' if prefix is None else f'{prefix:.0f}'} |"
+        rows.append(
+            [
+                p["nodes"],
+                p["bandwidth"],
+                p["k"],
+                p["cache"],
+                f"{p['measured_ms']:.0f}",
+                f"{p['predicted_ms']:.0f}",
+                f"{p['error']:+.1%}" + (" (fitted)" if p["fitted"] else ""),
+                *(
+                    f"{p.get(f'measured_{ph}_ms', float('nan')):.0f} / {p.get(f'predicted_{ph}_ms', float('nan')):.0f}"
+                    for ph in PHASES
+                ),
+                "-" if prefix is None else f"{prefix:.0f}",
+            ]
         )
-    return "\n".join(lines)
+    header = ("N", "link", "k", "cache", "measured ms", "predicted ms", "error", *PHASES, "prefix ms")
+    return "\n".join(lines + markdown.table(header, rows))
 
 
 def figure(points: list[dict], path: Path, title: str) -> None:
@@ -128,8 +136,8 @@ def figure(points: list[dict], path: Path, title: str) -> None:
 
 
 def write_bench_section(out_dir: Path, bench_md: Path) -> None:
-    """Put ``out_dir``'s validation table and a link to its figure into ``bench_md`` between the
-    costmodel-validation markers, replacing only that section (appended when absent).
+    """Put ``out_dir``'s validation table and a link to its figure into ``bench_md``'s span
+    SECTION, replacing only that section (appended when absent).
 
     Args:
         out_dir: a finished validation's directory (validation.md, validation.png).
@@ -137,5 +145,5 @@ def write_bench_section(out_dir: Path, bench_md: Path) -> None:
     """
     table = (out_dir / "validation.md").read_text(encoding="utf-8").strip()
     link = Path(os.path.relpath(out_dir / "validation.png", bench_md.resolve().parent)).as_posix()
-    text = f"{SECTION[0]}\n{table}\n\n![predicted vs measured step time]({link})\n{SECTION[1]}"
-    bc.splice(bench_md, text, SECTION)
+    body = f"{table}\n\n![predicted vs measured step time]({link})"
+    bench.splice_section(bench_md, SECTION, body, before_others=False)

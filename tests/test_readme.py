@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from experiments.repeat_readme_example import readme_example
+from freeze.pipeline import markdown
 from freeze.testing import local_torchrun_command
 
 REPO = Path(__file__).resolve().parents[1]
@@ -98,7 +99,7 @@ def test_readme_example_follows_the_order_rules_it_states():
     """The rules listed under the example are the ones the example itself follows."""
     text = (REPO / "README.md").read_text()
     example = readme_example()
-    rules = text.split("<!-- example:end -->", 1)[1].split("\n## ", 1)[0]
+    rules = text.split(markdown.markers("example")[1], 1)[1].split("\n## ", 1)[0]
     assert "Build the Freezer last" in rules and "bare model" in rules
     assert example.index("init_process_group") < example.index("freezer = Freezer(")
     assert example.index("model.load_state_dict") < example.index("freezer = Freezer(")
@@ -166,7 +167,8 @@ def test_architecture_page_lists_the_library_and_the_application_apart():
 
 def test_readme_sweep_example_is_the_file_and_its_dry_run_prints_what_the_readme_shows():
     text = (REPO / "README.md").read_text()
-    block = re.search(r"<!-- sweep-example:start -->\s*```toml\n(.*?)```\s*```console\n\$ (.*?)\n(.*?)```", text, re.S)
+    span = markdown.read(text, "sweep-example", "README.md")
+    block = re.fullmatch(r"\s*```toml\n(.*?)```\s*```console\n\$ (.*?)\n(.*?)```\s*", span, re.S)
     assert block, "README.md lost its sweep example"
     toml_text, command, shown = block.groups()
     assert toml_text == (REPO / "experiments" / "configs" / "sweep_smoke.toml").read_text()

@@ -12,6 +12,7 @@ import pytest
 from experiments import bench
 from experiments import bench_workers as bw
 from freeze import split_blocks
+from freeze.pipeline import markdown
 
 TINY = bench.BenchConfig(
     workers=2,
@@ -253,7 +254,7 @@ def test_bert_control_is_a_second_static_limit(bert_run):
 
 def test_bert_section_is_spliced_before_the_other_sections(bert_run):
     _, md = bert_run
-    start, end = bench.TEXT_SECTION
+    start, end = markdown.markers(bench.TEXT_SECTION)
     assert md.startswith("# Freezing under DDP\n\nmain table\n\n" + start)
     assert md.index(end) < md.index("<!-- cluster-bench:start -->") and md.endswith("<!-- cluster-bench:end -->\n")
     section = md.split(start, 1)[1].split(end, 1)[0]
@@ -267,14 +268,26 @@ def test_bert_section_is_spliced_before_the_other_sections(bert_run):
 
 def test_splice_replaces_its_section_and_the_main_rewrite_keeps_the_others(tmp_path):
     path = tmp_path / "BENCH.md"
-    section = bench.TEXT_SECTION[0] + "\nbert v1\n" + bench.TEXT_SECTION[1]
-    bench.splice_section(path, section, bench.TEXT_SECTION)  # no file: created with a title
+    section = markdown.span(bench.TEXT_SECTION, "bert v1")
+    bench.splice_section(path, bench.TEXT_SECTION, "bert v1", before_others=True)  # no file: created with a title
     assert path.read_text(encoding="utf-8").endswith(section + "\n")
     path.write_text("# T\n\nmain\n\n" + section + "\n\n<!-- x:start -->\nx\n<!-- x:end -->\n", encoding="utf-8")
-    bench.splice_section(path, section.replace("v1", "v2"), bench.TEXT_SECTION)
+    bench.splice_section(path, bench.TEXT_SECTION, "bert v2", before_others=True)
     text = path.read_text(encoding="utf-8")
     assert "bert v1" not in text and text.count("bert v2") == 1 and text.endswith("<!-- x:end -->\n")
-    assert bench.spliced_sections(path) == text[text.index(bench.TEXT_SECTION[0]) :]
+    assert bench.spliced_sections(path) == text[text.index(markdown.markers(bench.TEXT_SECTION)[0]) :]
+
+
+def test_a_broken_span_of_bench_md_is_refused_before_anything_runs(tmp_path, capsys):
+    path = tmp_path / "BENCH.md"
+    start, end = markdown.markers("cluster-bench")
+    path.write_text(f"# T\n\n{start}\nx\n", encoding="utf-8")  # the end marker was deleted by hand
+    message = f"{path}: {end} is on 0 lines, expected on exactly one"
+    with pytest.raises(markdown.MarkerError, match=message):
+        bench.splice_section(path, "cluster-bench", "y", before_others=False)  # no second section appended
+    assert bench.main(["--out-dir", str(tmp_path), "--quick"]) == 2
+    assert capsys.readouterr().err == f"error: {message}\n"
+    assert path.read_text(encoding="utf-8") == f"# T\n\n{start}\nx\n"
 
 
 def test_bert_config_defaults_and_refusals():

@@ -83,3 +83,17 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, extra, message):
     assert predict.main([*args, *extra, "--out-dir", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and "\n" not in err
+
+
+def test_markdown_table_bytes():
+    """The table's text, pinned as it was when it was written by hand (before freeze.pipeline.markdown)."""
+    same = {"workers": 2, "bandwidth": "1gbit", "compute_ms": 12.34, "exposed_comm_ms": 5.0, "optimizer_ms": 0.44}
+    same |= {"step_ms": 17.78, "speedup_vs_k0": 1.5, "allreduce_bytes": 44.7e6}
+    rows = [{**same, "cache": cache, "k": k} for cache, k in ((False, 0), (True, 3))]
+    assert predict.markdown(rows, "## H") == (
+        "## H\n\n"
+        "| workers | link | cache | k | compute ms | exposed comm ms | optimizer ms | step ms | x vs k=0 | MB/step |\n"
+        "|---|---|---|---|---|---|---|---|---|---|\n"
+        "| 2 | 1gbit | off | 0 | 12.3 | 5.0 | 0.4 | 17.8 | 1.50 | 44.7 |\n"
+        "| 2 | 1gbit | on | 3 | 12.3 | 5.0 | 0.4 | 17.8 | 1.50 | 44.7 |"
+    )

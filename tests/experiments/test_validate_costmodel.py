@@ -12,6 +12,7 @@ from experiments import bench_cluster as bc
 from experiments import bench_workers as bw
 from experiments import validate_costmodel as vc
 from experiments import validate_costmodel_report as vr
+from freeze.pipeline import markdown
 from freeze.pipeline.costmodel import PROFILE_FORMAT, Link, load_profile, save_profile
 from tests.pipeline.test_costmodel import _block, _probe, write_profile
 
@@ -147,14 +148,15 @@ def test_bench_section_replaces_only_its_own(tmp_path):
     out.mkdir()
     (out / "validation.png").write_bytes(b"png")
     bench = tmp_path / "BENCH.md"
-    bench.write_text(f"# Engine\n\ntable\n\n{bc.SECTION_START}\ncluster rows\n{bc.SECTION_END}\n\ntail\n")
+    cluster = markdown.span(bc.SECTION, "cluster rows")
+    bench.write_text(f"# Engine\n\ntable\n\n{cluster}\n\ntail\n")
     (out / "validation.md").write_text("## Cost model\n\nfirst run\n")
     vr.write_bench_section(out, bench)
     (out / "validation.md").write_text("## Cost model\n\nsecond run\n")
     vr.write_bench_section(out, bench)
     text = bench.read_text()
-    assert text.startswith(f"# Engine\n\ntable\n\n{bc.SECTION_START}\ncluster rows\n{bc.SECTION_END}\n\ntail\n")
-    assert "second run" in text and "first run" not in text and text.count(vr.SECTION[0]) == 1
+    assert text.startswith(f"# Engine\n\ntable\n\n{cluster}\n\ntail\n")
+    assert "second run" in text and "first run" not in text and text.count(markdown.markers(vr.SECTION)[0]) == 1
     assert "![predicted vs measured step time](costmodel/validation.png)" in text
 
 
@@ -167,6 +169,12 @@ def test_splice_only_writes_an_earlier_run_into_bench_md(tmp_path, capsys):
     assert "## Cost model" in bench.read_text() and "](validation.png)" in bench.read_text()
     assert vc.main(["--splice-only", "--out-dir", str(tmp_path / "none"), "--bench-md", str(bench)]) == 2
     assert "no validation.md, validation.png" in capsys.readouterr().err
+    start = markdown.markers(vr.SECTION)[0]
+    bench.write_text(bench.read_text() + start + "\n")  # a second start marker: refused, file untouched
+    before = bench.read_text()
+    assert vc.main(argv) == 2
+    assert capsys.readouterr().err == f"error: {bench}: {start} is on 2 lines, expected on exactly one\n"
+    assert bench.read_text() == before
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from freeze.pipeline.cluster import net
+from freeze.pipeline.cluster import net, probe
 from freeze.pipeline.cluster.launch import agent_argv
 from freeze.pipeline.cluster.net import unavailable_reason
 from freeze.pipeline.cluster.spec import ClusterSpec, ClusterSpecError, parse_delay, parse_rate, plan_cpus
@@ -363,3 +363,22 @@ def test_stale_cleanup_touches_only_its_own_name_pattern():
         assert other in net.list_namespaces()
     finally:
         subprocess.run(["ip", "netns", "delete", other], check=True)
+
+
+def test_probe_tables_bytes():
+    """The probe's two tables, pinned as they were when written by hand (before freeze.pipeline.markdown)."""
+    size = {"bytes": 2**20, "median_s": 0.0123, "link_bits_per_s": 4.2e8, "ratio_to_cap": 0.42}
+    size |= {"iface_over_expected": 1.0123, "lo_tx_bytes_per_rank": [10, 20]}
+    result = {"nodes": 2, "bandwidth": "1gbit", "bandwidth_bits_per_s": 1e9, "latency": "0ms", "load": False}
+    result |= {"latency_probe": {"seconds": [1e-4, 3e-4, 2e-4], "median_s": 2e-4}, "host": {"load_avg_1min": [1.25]}}
+    result["sizes"] = [size]
+    assert probe.table(result).splitlines()[1:] == [
+        "| MiB | median s | link Mbit/s | of cap | iface bytes / ring bytes | loopback bytes |",
+        "|---|---|---|---|---|---|",
+        "| 1 | 0.0123 | 420 | 42.0% | 1.0123 | 20 |",
+    ]
+    assert probe.compare_table([result]) == (
+        "| nodes | cap | node cores | load avg | tiny all-reduce min / median | 1 MiB |\n"
+        "|---|---|---|---|---|---|\n"
+        "| 2 | 1gbit | idle | 1.2 | 100 / 200 us | 420 (42%) |"
+    )

@@ -204,7 +204,7 @@ def _fake_runner(specs, log=print):
 def test_study_chooses_on_validation_runs_interleaved_and_reports(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(cli, "run_specs", _fake_runner)
     report_md = tmp_path / "REPORT.md"
-    report_md.write_text("before\n<!-- generated:paired -->\nold\n<!-- /generated:paired -->\n")
+    report_md.write_text("before\n<!-- paired:start -->\nold\n<!-- paired:end -->\n")
     text = STUDY.replace("order_seed = 7", f'order_seed = 7\nreport_md = "{report_md}"')
     path = _study(tmp_path, text.replace('"dist.nproc=2"', '"dist.nproc=1"'))
     out_dir = tmp_path / "runs"
@@ -242,8 +242,8 @@ def test_a_study_without_prediction_or_search_leaves_no_stale_table(tmp_path, mo
     report_md = tmp_path / "REPORT.md"
     old = "| setting | group | predicted s |\n| old | table | 1.0 |"
     report_md.write_text(
-        f"a\n<!-- generated:predicted -->\n{old}\n<!-- /generated:predicted -->\nb\n"
-        f"<!-- generated:search -->\n{old}\n<!-- /generated:search -->\n"
+        f"a\n<!-- predicted:start -->\n{old}\n<!-- predicted:end -->\nb\n"
+        f"<!-- search:start -->\n{old}\n<!-- search:end -->\n"
     )
     report_dir = tmp_path / "runs" / "tiny-report"
     report_dir.mkdir(parents=True)
@@ -255,11 +255,11 @@ def test_a_study_without_prediction_or_search_leaves_no_stale_table(tmp_path, mo
     assert cli.main(["--config", str(path), "--out-dir", str(tmp_path / "runs"), "--update-report"]) == 0
     assert not list(report_dir.glob("predicted.*")) and not (report_dir / "search.md").exists()
     assert report_md.read_text() == (
-        "a\n<!-- generated:predicted -->\n"
+        "a\n<!-- predicted:start -->\n"
         f"The cost model's prediction was not run for study tiny (`[study] predict = false` in {path}).\n"
-        "<!-- /generated:predicted -->\nb\n"
-        f"<!-- generated:search -->\nNo parameter search in study tiny ({path} has no [search]).\n"
-        "<!-- /generated:search -->\n"
+        "<!-- predicted:end -->\nb\n"
+        f"<!-- search:start -->\nNo parameter search in study tiny ({path} has no [search]).\n"
+        "<!-- search:end -->\n"
     )
 
 
@@ -320,3 +320,15 @@ def test_a_study_whose_runs_all_refused_ends_with_one_line(tmp_path, monkeypatch
     assert cli.main(["--config", str(path), "--out-dir", str(tmp_path / "runs")]) == 1
     err = capsys.readouterr().err
     assert err.startswith("error: report: runs directory not found") and err.count("\n") == 1
+
+
+def test_update_report_with_a_broken_span_stops_before_any_run(tmp_path, monkeypatch, capsys):
+    """A REPORT.md span without its end marker is one line naming the file and the marker, up front,
+    not after the study's runs (nor a silent skip of that table)."""
+    monkeypatch.setattr(cli, "run_specs", lambda *a, **k: pytest.fail("ran before checking REPORT.md"))
+    report_md = tmp_path / "REPORT.md"
+    report_md.write_text("before\n<!-- paired:start -->\nold\n")
+    path = _study(tmp_path, STUDY.replace("order_seed = 7", f'order_seed = 7\nreport_md = "{report_md}"'))
+    assert cli.main(["--config", str(path), "--out-dir", str(tmp_path / "runs"), "--update-report"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: {report_md}: <!-- paired:end --> is on 0 lines, expected on exactly one\n"

@@ -285,7 +285,7 @@ def test_study_predicts_once_reuses_the_profile_and_splices_the_table(tmp_path, 
     monkeypatch.setattr(cli, "run_specs", _fake_runner)
     monkeypatch.setattr(stage, "measure_profile", measure)
     report_md = tmp_path / "REPORT.md"
-    report_md.write_text("<!-- generated:predicted -->\nold\n<!-- /generated:predicted -->\n")
+    report_md.write_text("<!-- predicted:start -->\nold\n<!-- predicted:end -->\n")
     path = tmp_path / "study.toml"
     path.write_text(STUDY.replace("predict = true", f'predict = true\nreport_md = "{report_md}"'))
     out_dir = tmp_path / "runs"

@@ -147,7 +147,7 @@ def test_report_main_table_matches_hand_computation(swept):
     assert frozen > 0.0
     # REPORT.md-style splicing of the generated table
     doc = tmp_path / "REPORT.md"
-    doc.write_text("intro\n<!-- generated:main -->\nold\n<!-- /generated:main -->\nend\n")
+    doc.write_text("intro\n<!-- main:start -->\nold\n<!-- main:end -->\nend\n")
     assert splice_tables(doc, tmp_path / "report") == ["main"]
     assert (tmp_path / "report" / "main.md").read_text().strip() in doc.read_text()
     assert "old" not in doc.read_text()

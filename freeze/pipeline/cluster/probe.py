@@ -39,6 +39,7 @@ import time
 from pathlib import Path
 
 from freeze._atomic import atomic_write_text
+from freeze.pipeline import markdown
 from freeze.pipeline.costmodel.link import PROBE_FORMAT
 
 FORMAT = PROBE_FORMAT  # owned by the cost model, which reads these files
@@ -166,25 +167,29 @@ def table(result: dict) -> str:
         f"{'with' if result['load'] else 'without'} CPU load on the nodes; tiny all-reduce "
         f"{result['latency_probe']['median_s'] * 1e6:.0f} us median, {min(result['latency_probe']['seconds']) * 1e6:.0f} "
         f"us min (of {len(result['latency_probe']['seconds'])}); load average {result['host']['load_avg_1min'][0]:.2f}",
-        "| MiB | median s | link Mbit/s | of cap | iface bytes / ring bytes | loopback bytes |",
-        "|---|---|---|---|---|---|",
     ]
-    for s in result["sizes"]:
-        ratio = "-" if cap is None else f"{s['ratio_to_cap']:.1%}"
-        lines.append(
-            f"| {s['bytes'] / 2**20:g} | {s['median_s']:.4f} | {s['link_bits_per_s'] / 1e6:.0f} | {ratio} | "
-            f"{s['iface_over_expected']:.4f} | {max(s['lo_tx_bytes_per_rank']):.0f} |"
+    header = ("MiB", "median s", "link Mbit/s", "of cap", "iface bytes / ring bytes", "loopback bytes")
+    rows = [
+        (
+            f"{s['bytes'] / 2**20:g}",
+            f"{s['median_s']:.4f}",
+            f"{s['link_bits_per_s'] / 1e6:.0f}",
+            "-" if cap is None else f"{s['ratio_to_cap']:.1%}",
+            f"{s['iface_over_expected']:.4f}",
+            f"{max(s['lo_tx_bytes_per_rank']):.0f}",
         )
-    return "\n".join(lines)
+        for s in result["sizes"]
+    ]
+    return "\n".join(lines + markdown.table(header, rows))
 
 
 def compare_table(results: list[dict]) -> str:
     """One markdown row per probe result: link rate per size (share of the cap) and the tiny
     all-reduce's minimum and median."""
     sizes = sorted({s["bytes"] for r in results for s in r["sizes"]})
-    head = "| nodes | cap | node cores | load avg | tiny all-reduce min / median | "
-    head += " | ".join(f"{b / 2**20:g} MiB" for b in sizes) + " |"
-    lines = [head, "|" + "---|" * (5 + len(sizes))]
+    header = ["nodes", "cap", "node cores", "load avg", "tiny all-reduce min / median"]
+    header += [f"{b / 2**20:g} MiB" for b in sizes]
+    rows = []
     for r in results:
         by_size = {s["bytes"]: s for s in r["sizes"]}
         cells = []
@@ -196,13 +201,17 @@ def compare_table(results: list[dict]) -> str:
             share = "" if s["ratio_to_cap"] is None else f" ({s['ratio_to_cap']:.0%})"
             cells.append(f"{s['link_bits_per_s'] / 1e6:.0f}{share}")
         tiny = r["latency_probe"]["seconds"]
-        lines.append(
-            f"| {r['nodes']} | {r['bandwidth']} | {'busy' if r['load'] else 'idle'} | "
-            f"{r['host']['load_avg_1min'][0]:.1f} | {min(tiny) * 1e6:.0f} / {_median(tiny) * 1e6:.0f} us | "
-            + " | ".join(cells)
-            + " |"
+        rows.append(
+            [
+                r["nodes"],
+                r["bandwidth"],
+                "busy" if r["load"] else "idle",
+                f"{r['host']['load_avg_1min'][0]:.1f}",
+                f"{min(tiny) * 1e6:.0f} / {_median(tiny) * 1e6:.0f} us",
+                *cells,
+            ]
         )
-    return "\n".join(lines)
+    return "\n".join(markdown.table(header, rows))
 
 
 def run_probe(

@@ -19,6 +19,7 @@ import pandas as pd
 from scipy import stats
 
 from freeze.names import split_policy_spec
+from freeze.pipeline import markdown
 from freeze.pipeline.report.load import ReportInputError, Run
 from freeze.pipeline.schema import TRAIN_PHASES
 
@@ -621,10 +622,6 @@ def latex_escape(text: str) -> str:
     return "".join(_LATEX_SPECIAL.get(c, c) for c in text)
 
 
-def _md_cell(text: str) -> str:
-    return str(text).replace("|", r"\|").replace("\n", " ")
-
-
 def _without_rows(table: Table) -> list[str] | None:
     """What a table with no rows says instead of a header over nothing: its notes (e.g. no baseline),
     else its caption (e.g. no static arm); None when the table has rows."""
@@ -636,12 +633,7 @@ def _without_rows(table: Table) -> list[str] | None:
 def to_markdown(table: Table) -> str:
     if (instead := _without_rows(table)) is not None:
         return "\n".join(instead) + "\n"
-    lines = [
-        "| " + " | ".join(map(_md_cell, table.display.columns)) + " |",
-        "|" + "|".join("---:" if a == "r" else "---" for a in table.align) + "|",
-    ]
-    for row in table.display.itertuples(index=False, name=None):
-        lines.append("| " + " | ".join(map(_md_cell, row)) + " |")
+    lines = markdown.table(table.display.columns, table.display.itertuples(index=False, name=None), table.align)
     if table.notes:
         lines += ["", *[f"Note: {note}" for note in table.notes]]
     return "\n".join(lines) + "\n"

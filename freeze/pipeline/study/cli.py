@@ -13,13 +13,13 @@ from its (complete, unchanged) runs, so it is the same choice.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from freeze._atomic import atomic_write_bytes, atomic_write_text
+from freeze.pipeline import markdown
 from freeze.pipeline.config import ConfigError
 from freeze.pipeline.runs import RunDir
 from freeze.pipeline.study.plan import StudyFile, main_specs, read_study, runs_root, search_specs
@@ -35,14 +35,14 @@ from freeze.pipeline.sweep import (
 )
 
 # The name of the cost model's table (freeze.pipeline.report.predicted, not imported: a dry run never
-# pays for pandas): predicted.md/.csv/.tex, spliced into REPORT.md's <!-- generated:predicted --> span.
+# pays for pandas): predicted.md/.csv/.tex, spliced into REPORT.md's span named predicted.
 PREDICTED_TABLE = "predicted"
 SEARCH_TABLE = "search"  # search.md, written by this module when the study file has a [search]
 
 
 def splice_tables(report_md: Path, tables_dir: Path, not_run: Mapping[str, str] | None = None) -> list[str]:
-    """Replace each ``<!-- generated:NAME -->...<!-- /generated:NAME -->`` span of ``report_md`` with
-    ``tables_dir/NAME.md``: REPORT.md's tables are generated, never typed.
+    """Replace each span ``<!-- NAME:start -->...<!-- NAME:end -->`` (freeze.pipeline.markdown) of
+    ``report_md`` with ``tables_dir/NAME.md``: REPORT.md's tables are generated, never typed.
 
     Args:
         report_md: the markdown file whose spans are regenerated (rewritten atomically).
@@ -52,24 +52,23 @@ def splice_tables(report_md: Path, tables_dir: Path, not_run: Mapping[str, str] 
 
     Returns:
         The names of the spans regenerated, in the order they appear.
+
+    Raises:
+        markdown.MarkerError: a span's start or end marker is missing or doubled (nothing written).
     """
     not_run = not_run or {}
     text = report_md.read_text(encoding="utf-8")
     replaced = []
-
-    def fill(match: re.Match) -> str:
-        name = match.group(1)
+    for name, _ in markdown.spans(text, report_md):
         source = tables_dir / f"{name}.md"
         if name in not_run:
             body = not_run[name]
         elif source.exists():
             body = source.read_text(encoding="utf-8").strip()
         else:
-            return match.group(0)
+            continue
+        text = markdown.splice(text, name, body, report_md)
         replaced.append(name)
-        return f"<!-- generated:{name} -->\n{body}\n<!-- /generated:{name} -->"
-
-    text = re.sub(r"<!-- generated:([\w-]+) -->.*?<!-- /generated:\1 -->", fill, text, flags=re.S)
     atomic_write_text(report_md, text)
     return replaced
 
@@ -188,6 +187,8 @@ def _main(argv: list[str] | None) -> int:
         study = read_study(args.config)
         if args.update_report and not (study.report_md and Path(study.report_md).is_file()):
             raise SweepError(f"study file {args.config}: --update-report needs report_md naming an existing file")
+        if args.update_report:  # a broken span is found now, not after the study's hours of runs
+            markdown.spans(Path(study.report_md).read_text(encoding="utf-8"), study.report_md)
         out_dir = str(runs_root(study, args.out_dir))
         pretrain, weights = _pretrain(study, out_dir)
         search = search_specs(study, out_dir, weights)
@@ -197,7 +198,7 @@ def _main(argv: list[str] | None) -> int:
         grid = main_specs(study, placeholder, out_dir, weights)  # validates every run's config up front
         if not args.dry_run:  # a dry run lists names for other machines: this one's hardware is moot
             check_runnable_here(pretrain + search + grid)
-    except (SweepError, ConfigError) as e:
+    except (SweepError, ConfigError, markdown.MarkerError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.dry_run:
@@ -257,7 +258,11 @@ def _main(argv: list[str] | None) -> int:
 
     meaning = verdict_lines(report_dir, study.margin_points)
     if args.update_report:
-        _publish(study, report_dir)
+        try:
+            _publish(study, report_dir)
+        except markdown.MarkerError as e:  # the file changed during the study
+            print(f"error: {e}", file=sys.stderr)
+            return 1
     elif study.report_md:
         print(f"== {study.report_md} left as it is (pass --update-report to regenerate its tables)")
         meaning.append(f"The full study's measured answer is in {study.report_md} (make study-full; docs/study.md).")

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from freeze.pipeline import markdown
 from freeze.pipeline.report.load import Run
 from freeze.pipeline.report.paired import ratio_ci95
 from freeze.pipeline.study.plan import BASELINE_ARM, Search
@@ -92,14 +93,23 @@ def search_markdown(candidates: list[Candidate], base_val: float, search: Search
         f"whose mean final val accuracy is at most {margin_points:g} points below the baseline's; else the most "
         "accurate. Test accuracy is not read.",
         "",
-        "| arm | candidate policy | seeds | val acc % (final) | vs baseline (points) | speedup | qualifies | chosen |",
-        "|---|---|---:|---:|---:|---:|---|---|",
     ]
-    for c in candidates:
-        lines.append(
-            f"| {c.arm} | {c.policy} | {c.n_seeds} | {100 * c.val_acc:.2f} | {100 * (c.val_acc - base_val):+.2f} | "
-            f"{c.speedup:.2f}x | {'yes' if c.qualifies else 'no'} | {'**chosen**' if c.chosen else ''} |"
+    header = ["arm", "candidate policy", "seeds", "val acc % (final)", "vs baseline (points)", "speedup"]
+    header += ["qualifies", "chosen"]
+    rows = [
+        (
+            c.arm,
+            c.policy,
+            c.n_seeds,
+            f"{100 * c.val_acc:.2f}",
+            f"{100 * (c.val_acc - base_val):+.2f}",
+            f"{c.speedup:.2f}x",
+            "yes" if c.qualifies else "no",
+            "**chosen**" if c.chosen else "",
         )
+        for c in candidates
+    ]
+    lines += markdown.table(header, rows, align="llrrrrll")
     if any(c.chosen and not c.qualifies for c in candidates):
         lines += ["", "Note: no candidate of some arm qualified; the most accurate one was taken (marked chosen)."]
     return "\n".join(lines) + "\n"

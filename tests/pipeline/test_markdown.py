@@ -1,0 +1,109 @@
+"""freeze.pipeline.markdown: the one owner of a markdown table's syntax and of the markers of a
+generated (or read) span of a hand-written file."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from freeze.pipeline import markdown
+
+
+def test_table_lines_escape_cells_and_align_columns():
+    lines = markdown.table(["a|b", "n", "mid"], [["x|y", 1, "two\nlines"], ["", 2.5, None]], align="lrc")
+    assert lines == [
+        r"| a\|b | n | mid |",
+        "|---|---:|:---:|",
+        r"| x\|y | 1 | two lines |",
+        "|  | 2.5 | None |",
+    ]
+    assert markdown.table(("a", "b"), [])[1] == "|---|---|"  # every column left by default
+    assert markdown.table(("a", "b"), [("1", "2")], align=("r", "l"))[1] == "|---:|---|"
+
+
+@pytest.mark.parametrize(
+    "align, rows, message",
+    [
+        ("l", [], r"align 'l' needs one of l/r/c per column \(2 columns\)"),
+        ("lx", [], "align 'lx' needs one of l/r/c"),
+        ("", [("1",)], "row 0 has 1 cells for 2 columns"),
+    ],
+)
+def test_table_refuses_a_row_or_alignment_of_another_width(align, rows, message):
+    with pytest.raises(ValueError, match=message):
+        markdown.table(("a", "b"), rows, align)
+
+
+TEXT = "# T\n\n<!-- one:start -->\nold\n<!-- one:end -->\n\nprose\n<!-- two:start -->\n<!-- two:end -->\n"
+
+
+def test_read_and_splice_a_span_keep_the_rest_byte_for_byte():
+    assert markdown.read(TEXT, "one") == "old"
+    assert markdown.read(TEXT, "two") == ""
+    new = markdown.splice(TEXT, "one", "a\nb")
+    assert new == TEXT.replace("\nold\n", "\na\nb\n")
+    assert markdown.splice(new, "one", "old") == TEXT
+    assert markdown.splice(TEXT, "two", "x") == TEXT.replace("<!-- two:start -->\n", "<!-- two:start -->\nx\n")
+    assert markdown.span("one", "old") == "<!-- one:start -->\nold\n<!-- one:end -->"
+    assert [name for name, _ in markdown.spans(TEXT)] == ["one", "two"]
+    assert markdown.spans(TEXT)[0][1] == TEXT.index("<!-- one:start -->")
+    assert markdown.has(TEXT, "one") and not markdown.has(TEXT, "three")
+
+
+def test_a_marker_mentioned_inside_a_line_is_not_a_marker():
+    text = "say `<!-- one:start -->` here\n" + TEXT
+    assert markdown.read(text, "one") == "old" and len(markdown.spans(text)) == 2
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("a\n", "REPORT.md: no <!-- one:start --> line"),
+        ("<!-- one:start -->\nx\n", "REPORT.md: <!-- one:end --> is on 0 lines, expected on exactly one"),
+        ("x\n<!-- one:end -->\n", "REPORT.md: <!-- one:start --> is on 0 lines, expected on exactly one"),
+        (TEXT + TEXT, "REPORT.md: <!-- one:start --> is on 2 lines, expected on exactly one"),
+        ("<!-- one:end -->\n<!-- one:start -->\n", "REPORT.md: <!-- one:end --> comes before <!-- one:start -->"),
+    ],
+)
+def test_a_span_missing_or_doubled_is_one_line_naming_the_file_and_the_marker(text, message):
+    for call in (
+        lambda: markdown.splice(text, "one", "new", "REPORT.md"),
+        lambda: markdown.read(text, "one", "REPORT.md"),
+    ):
+        with pytest.raises(markdown.MarkerError) as e:
+            call()
+        assert str(e.value) == message
+    if "no <!--" not in message:  # neither marker: not a span, nothing to check
+        with pytest.raises(markdown.MarkerError, match="REPORT.md: "):
+            markdown.spans(text, "REPORT.md")
+
+
+def test_span_names_are_plain_words():
+    with pytest.raises(ValueError, match="span name 'a b'"):
+        markdown.markers("a b")
+
+
+def test_the_module_imports_nothing_heavy():
+    code = "import sys, freeze.pipeline.markdown; print(sorted(m for m in ('torch', 'numpy', 'pandas') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_every_committed_span_is_well_formed_and_every_splicer_finds_its_own():
+    from experiments import bench, bench_cluster, block_table, validate_costmodel_report
+
+    for path in [REPO / "README.md", *REPO.glob("report/*.md"), *REPO.glob("docs/*.md")]:
+        markdown.spans(path.read_text(encoding="utf-8"), path)  # raises on a missing or doubled marker
+    owners = {
+        "report/BENCH.md": (bench.TEXT_SECTION, bench_cluster.SECTION, validate_costmodel_report.SECTION),
+        "docs/blocks.md": (block_table.SPAN,),
+        "README.md": ("example", "sweep-example"),  # experiments.repeat_readme_example, tests/test_readme.py
+    }
+    for name, spans in owners.items():
+        text = (REPO / name).read_text(encoding="utf-8")
+        assert all(markdown.has(text, span, name) for span in spans), name
+    assert len(markdown.spans((REPO / "report" / "REPORT.md").read_text(encoding="utf-8"))) >= 6
