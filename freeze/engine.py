@@ -15,6 +15,7 @@ new one.
 
 from __future__ import annotations
 
+import gc
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -134,6 +135,11 @@ class Engine:
         if self.wrapper is not None:
             retire(self.wrapper)
             self.wrapper = None
+            # DDP keeps reference cycles (its reducer's hooks point back at it): dropping the last
+            # reference does not free it, and a script that calls destroy_process_group() next
+            # (torchvision's reference does) would still abort at exit now and then (seen: one rank
+            # of the reference-style script under torchrun, with the machine loaded). Free it now.
+            gc.collect()
         self.closed = True
 
     # ------------------------------------------------------------------ the forward
