@@ -10,7 +10,8 @@ inputs: the cache only ever stands in for what the training forward of those exa
 The wrapper always wraps the bare model (the cache serves through the model's own forward), and it
 is rebuilt only when the frozen set changes; :attr:`Engine.wrapper` is the sanctioned handle on it
 and :meth:`Engine.add_rebuild_listener` tells a trainer that holds the wrapper itself about each
-new one.
+new one; such a trainer runs :meth:`Engine.check_ranks` before its training forward, which then
+bypasses :meth:`Engine.forward`.
 """
 
 from __future__ import annotations
@@ -126,6 +127,17 @@ class Engine:
         """Compare the ranks' weights at the next training forward (after a load)."""
         self._check_ranks = self.distributed
 
+    def check_ranks(self, fix: str | None = None) -> None:
+        """The rank check :meth:`forward` runs at the first training forward after construction or
+        :meth:`expect_rank_check`, run now if it is still pending (else nothing): one all-gather of
+        a fingerprint of the weights; raises :class:`RankMismatchError` on every rank when they
+        differ. Collective: every rank calls it at the same point. For a trainer that calls
+        :attr:`wrapper` itself (its training forward bypasses :meth:`forward`): call it before
+        that forward; ``fix`` replaces the error's advice with the trainer's own words."""
+        if self._check_ranks:
+            self._check_ranks = False
+            self._refuse_diverged_ranks(fix)
+
     def close(self) -> None:
         """Release the DDP wrapper: a live wrapper holds the process group, and then destroying the
         group leaves gloo's worker and transport threads running into interpreter shutdown (observed:
@@ -153,9 +165,7 @@ class Engine:
             if self.model.training:
                 self._warn_train_mode_without_grad()
             return target(*args, **kwargs)
-        if self._check_ranks:
-            self._check_ranks = False
-            self._refuse_diverged_ranks()
+        self.check_ranks()
         if self.cache is None:
             return target(*args, **kwargs)
         self.cache.before_training_forward()  # on every rank: builds are collective
@@ -204,7 +214,7 @@ class Engine:
                 stacklevel=4,
             )
 
-    def _refuse_diverged_ranks(self) -> None:
+    def _refuse_diverged_ranks(self, fix: str | None = None) -> None:
         """One all-gather of a 2-number fingerprint of every parameter and buffer, at the first
         training forward after the Freezer was built or loaded: the moment a weight load on some
         ranks only (after the Freezer's broadcast) shows."""
@@ -213,10 +223,12 @@ class Engine:
         dist.all_gather(every, mine, group=self.process_group)
         differ = [r for r, f in enumerate(every) if not torch.equal(f, every[0])]
         if differ:
+            fix = fix or (
+                "load weights on every rank BEFORE building the Freezer (it broadcasts rank 0's at construction), "
+                "or restore with freezer.load_training_state_dict() on every rank"
+            )
             raise RankMismatchError(
-                f"Freezer: rank {differ[0]} holds other weights than rank 0 at the first training step; load "
-                "weights on every rank BEFORE building the Freezer (it broadcasts rank 0's at construction), or "
-                "restore with freezer.load_training_state_dict() on every rank"
+                f"Freezer: rank {differ[0]} holds other weights than rank 0 at the first training step; {fix}"
             )
 
 

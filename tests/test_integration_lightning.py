@@ -158,13 +158,6 @@ def test_frozen_backbone_and_its_batchnorm_statistics_do_not_move_while_frozen(r
 
 
 def test_resume_from_a_lightning_checkpoint_reproduces_decisions_and_weights(runs):
-    print(
-        "DEBUG",
-        runs[0]["freezer"]["steps_seen"],
-        runs[0]["freezer"]["history"],
-        runs[0]["resumed_step"]["steps"],
-        runs[0]["resumed_step"]["history"],
-    )
     for r in runs:
         for resumed in ("resumed", "resumed_step"):  # from an epoch checkpoint; from a step one at an epoch's end
             assert r[resumed]["decisions"] == r["freezer"]["decisions"], resumed
@@ -172,6 +165,81 @@ def test_resume_from_a_lightning_checkpoint_reproduces_decisions_and_weights(run
         # every epoch closed once, with its own steps, as in the uninterrupted run
         assert r["resumed_step"]["history"] == r["freezer"]["history"]
         assert r["resumed_step"]["steps"] == r["freezer"]["steps_seen"]
+
+
+def diverged_worker(rank, world, workdir):
+    """Rank 1 loads other weights in on_train_start, after FreezerCallback broadcast rank 0's (the
+    LightningModule's hooks run after the callbacks'): Lightning then calls the Freezer's DDP wrapper
+    with replicas that differ. The stock run (no callback) shows what that trains."""
+    for k, v in {"LOCAL_RANK": rank, "NODE_RANK": 0, "WORLD_SIZE": world, "RANK": rank}.items():
+        os.environ[k] = str(v)
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29599")  # unused: the group exists already
+    import lightning.pytorch as pl
+    import torch.nn.functional as F
+    from torch import nn
+
+    from freeze.engine import RankMismatchError
+    from freeze.integrations.lightning import FreezerCallback
+
+    class Net(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.backbone = nn.Sequential(nn.Linear(8, 16), nn.ReLU())
+            self.head = nn.Linear(16, 3)
+            self.steps_run = 0
+
+        def forward(self, x):
+            return self.head(self.backbone(x))
+
+        def on_train_start(self):
+            if self.global_rank == 1:  # the mistake: a load on some ranks only, after on_fit_start
+                torch.manual_seed(99)
+                self.load_state_dict(Net().state_dict())
+
+        def training_step(self, batch, batch_idx):
+            self.steps_run += 1
+            return F.cross_entropy(self(batch[0]), batch[1])
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    g = torch.Generator().manual_seed(3)
+    data = torch.utils.data.TensorDataset(torch.randn(32, 8, generator=g), torch.randint(0, 3, (32,), generator=g))
+    settings = {"accelerator": "cpu", "devices": 2, "strategy": "ddp", "max_epochs": 1, "logger": False}
+    quiet = {"enable_checkpointing": False, "enable_progress_bar": False, "enable_model_summary": False}
+    out = {}
+    for name, callbacks in (("stock", []), ("freezer", [FreezerCallback("static:k=1", blocks=["backbone", "head"])])):
+        torch.manual_seed(0)
+        model = Net()
+        trainer = pl.Trainer(callbacks=callbacks, **settings, **quiet)
+        try:
+            trainer.fit(model, torch.utils.data.DataLoader(data, batch_size=4))
+            out[name] = {"error": None}
+        except RankMismatchError as e:
+            out[name] = {"error": str(e)}
+        released = [c.freezer.engine.closed for c in callbacks]
+        out[name].update(steps_run=model.steps_run, params=_flat(model), released=released)
+        torch.distributed.barrier()
+    return out
+
+
+def test_ranks_that_hold_different_weights_are_refused_at_the_first_training_forward(tmp_path):
+    """Lightning calls the Freezer's DDP wrapper itself (not freezer.module), so the Freezer's rank
+    check runs in a pre-hook on each wrapper it installs. Stock Lightning trains the diverged
+    replicas without a word; with FreezerCallback every rank refuses in one line, before any step,
+    and the wrapper is released."""
+    runs = run_distributed(diverged_worker, 2, tmp_path, str(tmp_path), deadline_s=240, collective_timeout_s=60)
+    stock0, stock1 = runs[0]["stock"], runs[1]["stock"]
+    assert stock0["error"] is None and stock0["steps_run"] > 0
+    assert not torch.equal(stock0["params"], stock1["params"])  # the wrong numbers the check prevents
+    for r in runs:
+        error = r["freezer"]["error"]
+        assert error is not None and "\n" not in error, error
+        assert error.startswith("Freezer: rank 1 holds other weights than rank 0 at the first training step")
+        assert "on_fit_start" in error and "setup()" in error
+        assert r["freezer"]["steps_run"] == 0  # refused as the wrapper is entered, before training_step runs
+        assert r["freezer"]["released"] == [True]
 
 
 def test_unsupported_strategies_are_refused_in_one_line():

@@ -8,8 +8,11 @@ Lightning reads ``trainer.strategy.model`` afresh at every step (``training_step
 ``on_fit_start`` (after Lightning wrapped the module and built the optimizer, after this callback's
 checkpoint state was restored, before the optimizer state is) it builds the Freezer over the
 LightningModule, retires Lightning's wrapper and installs the Freezer's; every rebuild installs the
-new one. ``after_backward`` runs in ``on_before_optimizer_step`` (gradients accumulated and unscaled,
-not yet clipped), decisions in ``on_train_batch_end`` once per optimizer step and in
+new one. Each installed wrapper runs the Freezer's rank check before its first training forward
+(Lightning calls the wrapper, not ``freezer.module``, whose forward runs it otherwise): ranks whose
+weights differ are refused in one line instead of training replicas that never agree.
+``after_backward`` runs in ``on_before_optimizer_step`` (gradients accumulated and unscaled, not yet
+clipped), decisions in ``on_train_batch_end`` once per optimizer step and in
 ``on_train_epoch_end``; the Freezer's state is the callback's checkpoint state.
 
 Lightning's ``BaseFinetuning`` changes ``requires_grad`` under a DDP wrapper built before the
@@ -26,6 +29,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 from torch import nn
@@ -33,7 +37,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from freeze.block_finder import default_block_names
 from freeze.blocks import Block, split_blocks
-from freeze.engine import retire
+from freeze.engine import Engine, retire
 from freeze.freezer import Freezer
 from freeze.integrations._common import ddp_kwargs_of, refuse_comm_hook, resolve_policy
 from freeze.policies import Policy
@@ -155,11 +159,12 @@ class FreezerCallback(Callback):
             if isinstance(strategy.model, DistributedDataParallel):
                 retire(strategy.model)  # Lightning's own wrapper reduces the wrong set from now on
             self._strategy = strategy
-            strategy.model = wrapper
+            self._install(wrapper)
             self.freezer.engine.add_rebuild_listener(self._install)
 
     def _install(self, wrapper: nn.Module | None) -> None:
         if self._strategy is not None and wrapper is not None:
+            wrapper.register_forward_pre_hook(_RankCheck(self.freezer.engine))
             self._strategy.model = wrapper
 
     # ------------------------------------------------------------------ the loop
@@ -195,6 +200,13 @@ class FreezerCallback(Callback):
             self._epochs_closed += 1
 
     def on_fit_end(self, trainer, pl_module) -> None:
+        self._release(pl_module)
+
+    def on_exception(self, trainer, pl_module, exception) -> None:
+        # Release the wrapper now: a live one at destroy_process_group can abort the process at exit.
+        self._release(pl_module)
+
+    def _release(self, pl_module) -> None:
         if self.freezer is not None:
             self.freezer.close()
             if self._strategy is not None:
@@ -207,3 +219,24 @@ class FreezerCallback(Callback):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._pending_state = state_dict.get("freezer")
+
+
+RANK_FIX = (
+    "under Lightning, load weights on every rank before fit() reaches the callbacks' on_fit_start (in the "
+    "LightningModule's __init__, setup() or configure_model(), or with fit(ckpt_path=...)), not in a hook that "
+    "runs later (the LightningModule's on_fit_start, on_train_start) or on some ranks only: FreezerCallback "
+    "broadcasts rank 0's weights in its on_fit_start"
+)
+
+
+class _RankCheck:
+    """A forward pre-hook on each installed wrapper: Lightning's training forward calls the wrapper,
+    not ``freezer.module``, so the Freezer's check that every rank holds the same weights (at the
+    first training forward after the Freezer was built or its state loaded) runs here."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+
+    def __call__(self, module: nn.Module, args: tuple) -> None:
+        if self.engine.model.training and torch.is_grad_enabled():
+            self.engine.check_ranks(RANK_FIX)
