@@ -1,8 +1,9 @@
 """Shared pytest setup: the CI machine has 2 cores shared by everything, so tests use one thread.
 
 The fast tier (``make test-fast``, FREEZE_TEST_FAST=1) skips every test at the moment it would start
-a process (a gloo rank, torchrun, a subprocess, the emulated cluster): what is left runs in one
-process, for the edit-test loop. ``make test`` and CI run everything.
+a process (a gloo rank, torchrun, a subprocess, the emulated cluster), and the single-process tests
+marked ``slow`` (several seconds each, e.g. every boundary of every torchvision family): what is left
+runs in one process, for the edit-test loop. ``make test`` and CI run everything.
 """
 
 import multiprocessing.process
@@ -37,6 +38,17 @@ def _fast_tier():
         yield
     finally:
         subprocess.Popen.__init__, multiprocessing.process.BaseProcess.start = saved
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: several seconds in one process; the fast tier skips it")
+
+
+def pytest_collection_modifyitems(config, items):
+    if FAST:
+        for item in items:
+            if item.get_closest_marker("slow"):
+                item.add_marker(pytest.mark.skip(reason="fast tier: slow (make test runs it)"))
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -67,7 +67,7 @@ def test_blocks_run_in_forward_order(name, built):
     assert set(calls) == set(range(len(blocks)))
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", [n if n == "resnet" else pytest.param(n, marks=pytest.mark.slow) for n in NAMES])
 def test_every_boundary_trains_exactly_the_unfrozen_blocks(name, built):
     """A parameter placed in a block after its first user would get no gradient once that user is
     frozen (it runs under no_grad): every boundary must leave every trainable parameter a gradient."""
