@@ -165,11 +165,11 @@ def test_architecture_page_lists_the_library_and_the_application_apart():
         assert not re.search(rf"\s{re.escape(name)}", library), f"{name} is listed as library"
 
 
-def test_readme_sweep_example_is_the_file_and_its_dry_run_prints_what_the_readme_shows():
-    text = (REPO / "README.md").read_text()
-    span = markdown.read(text, "sweep-example", "README.md")
+def test_the_sweep_example_is_the_file_and_its_dry_run_prints_what_the_page_shows():
+    text = (REPO / "docs" / "experiments.md").read_text()
+    span = markdown.read(text, "sweep-example", "docs/experiments.md")
     block = re.fullmatch(r"\s*```toml\n(.*?)```\s*```console\n\$ (.*?)\n(.*?)```\s*", span, re.S)
-    assert block, "README.md lost its sweep example"
+    assert block, "docs/experiments.md lost its sweep example"
     toml_text, command, shown = block.groups()
     assert toml_text == (REPO / "experiments" / "configs" / "sweep_smoke.toml").read_text()
     assert command.startswith("python -m experiments.sweep ")
