@@ -17,6 +17,8 @@ bypasses :meth:`Engine.forward`.
 from __future__ import annotations
 
 import gc
+import os
+import sys
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -201,7 +203,7 @@ class Engine:
                 "BatchNorm (its running statistics updated by this data) and dropout on; to evaluate, call "
                 "freezer.eval() before and freezer.train() after",
                 RuntimeWarning,
-                stacklevel=4,
+                stacklevel=_user_stacklevel(),
             )
 
     def _warn_no_keys(self) -> None:
@@ -211,7 +213,7 @@ class Engine:
                 "Freezer: the activation cache holds the frozen prefix but the training forward got no sample_ids, "
                 "so the prefix is computed as without the cache; pass freezer.module(x, sample_ids=keys)",
                 RuntimeWarning,
-                stacklevel=4,
+                stacklevel=_user_stacklevel(),
             )
 
     def _refuse_diverged_ranks(self, fix: str | None = None) -> None:
@@ -263,6 +265,17 @@ def refuse_wrapped(model: nn.Module) -> None:
             "Freezer: the model is compiled with torch.compile, whose graphs guard on requires_grad and go stale at "
             "every rebuild; pass the uncompiled model (torch_compile=False / drop --torchcompile)"
         )
+
+
+def _user_stacklevel() -> int:
+    """The ``stacklevel`` that points a warning at the user's line: the first frame, counting from
+    the caller of this function, outside freeze/ and torch/ (a forward reaches the engine through
+    freezer.module and nn.Module's call, or through freezer.forward: the depth differs)."""
+    roots = (os.path.dirname(__file__) + os.sep, os.path.dirname(torch.__file__) + os.sep)
+    level, frame = 1, sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(roots):
+        level, frame = level + 1, frame.f_back
+    return level
 
 
 def _device_of(model: nn.Module) -> torch.device:

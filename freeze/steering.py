@@ -225,7 +225,7 @@ class Steering:
             )
         else:
             message = f"epoch {epoch} ended without a training step; the policy decides on an empty interval"
-        warnings.warn(f"Freezer: {message}", RuntimeWarning, stacklevel=4)
+        warnings.warn(f"Freezer: {message}", RuntimeWarning, stacklevel=3)  # the user's end_epoch call
 
     def _count_train_forward(self, module: nn.Module, args: tuple) -> None:
         if module.training and torch.is_grad_enabled():

@@ -8,6 +8,7 @@ fresh forward of the current frozen prefix.
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from freeze import Freezer, split_blocks
 from freeze.cache import CacheConfig, CacheError, CacheSource
@@ -209,3 +210,29 @@ def test_auto_caches_only_where_it_pays():
     always.set_boundary(2)
     _step(always)
     assert always.cache.level == 2 and seen[0].keys == N_KEYS and seen[0].reads_remaining_per_rank == 3 * N_KEYS
+
+
+class _TwoExtras(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.head = nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 2)
+
+    def forward(self, x, labels=None, **extra):
+        return self.head(self.b(self.a(x) + extra["u"] - extra["v"]))
+
+
+def test_the_input_check_compares_what_the_source_supplies_by_name():
+    """Keyword arguments in another order than the source's, and a batch's labels the source does
+    not supply, are the same inputs: served, not refused (found in review)."""
+    x, u, v = torch.randn(16, 4), torch.randn(16, 4), torch.randn(16, 4)
+    model = _TwoExtras()
+    source = CacheSource(lambda k: {"x": x[k], "u": u[k], "v": v[k]}, 16)
+    freezer = Freezer(model, split_blocks(model), cache=CacheConfig("memory"), cache_source=source)
+    freezer.set_boundary(1)
+    freezer.train()
+    keys = torch.arange(4)
+    freezer.module(x[keys], v=v[keys], u=u[keys], labels=torch.zeros(4), sample_ids=keys)
+    assert freezer.cache.counters.hit_keys == 4
+    freezer.set_boundary(2)
+    with pytest.raises(CacheError, match="not cache_source.inputs"):
+        freezer.module(x[keys], v=u[keys], u=v[keys], sample_ids=keys)  # u and v swapped: other inputs

@@ -333,3 +333,12 @@ def test_an_evaluation_that_forgot_eval_is_said_once_and_a_proper_one_is_silent(
         warnings.simplefilter("error")
         with torch.no_grad():
             freezer.module(x)  # said once
+
+
+def test_the_engines_warnings_point_at_the_users_line():
+    model = TinyNet()
+    freezer = Freezer(model, split_blocks(model))
+    freezer.train()
+    with pytest.warns(RuntimeWarning, match="freezer.eval") as caught, torch.no_grad():
+        freezer.module(torch.randn(2, 3, 8, 8))
+    assert caught[0].filename == __file__  # not torch's module.py nor freeze/engine.py

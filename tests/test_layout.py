@@ -5,13 +5,13 @@ The names: ``freeze/<module>.py`` -> ``tests/test_<module>.py``; ``freeze/<packa
 ``tests/test_<package>_<module>.py``, and the module named after its package ->
 ``tests/test_<package>.py`` (``freeze/cache/cache.py`` -> ``tests/test_cache.py``); the trainer
 integrations -> ``tests/test_integration_<module>.py``. ``__init__.py`` files only re-export. The
-application (``freeze/pipeline``, ``freeze/costmodel``) keeps its own layout.
+application (``freeze/pipeline``, the cost model included) keeps its own layout.
 """
 
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-APPLICATION = {"pipeline", "costmodel"}
+APPLICATION = {"pipeline"}
 PACKAGE_PREFIX = {"integrations": "integration"}
 # A module whose tests carry another name, and why.
 NAMED_OTHERWISE = {

@@ -297,8 +297,9 @@ class ActivationCache:
         Args:
             keys: the batch's sample_ids.
             given: the forward's ``(args, kwargs)``. Both calls are bound to the model's forward
-                signature and their tensors compared argument by argument (non-tensor arguments,
-                such as flags, are not per-sample data and are not compared).
+                signature and the source's tensors compared with the call's of the same name
+                (arguments the source does not supply, such as a batch's labels, and non-tensor
+                arguments such as flags, are not compared).
         """
         if self.store is None or self._inputs_checked is self.store:
             return
@@ -308,9 +309,8 @@ class ActivationCache:
         same = (
             expected is None
             or actual is None
-            or (
-                expected.keys() == actual.keys()
-                and all(torch.equal(expected[name].to(actual[name].device), actual[name]) for name in actual)
+            or all(
+                name in actual and torch.equal(t.to(actual[name].device), actual[name]) for name, t in expected.items()
             )
         )
         if not same:
@@ -565,8 +565,8 @@ def _tensor_arguments(model: nn.Module, call: Any) -> dict[str, Any] | None:
         return None
     out = {}
     for name, value in bound.items():
-        leaves, _ = pytree.tree_flatten(value)
-        for i, leaf in enumerate(leaves):
+        # By key path, not position: a **kwargs argument's order is the call's, not the source's.
+        for path, leaf in pytree.tree_flatten_with_path(value)[0]:
             if isinstance(leaf, torch.Tensor):
-                out[f"{name}[{i}]"] = leaf
+                out[name + pytree.keystr(path)] = leaf
     return out

@@ -332,3 +332,10 @@ def test_update_report_with_a_broken_span_stops_before_any_run(tmp_path, monkeyp
     assert cli.main(["--config", str(path), "--out-dir", str(tmp_path / "runs"), "--update-report"]) == 2
     err = capsys.readouterr().err
     assert err == f"error: {report_md}: <!-- paired:end --> is on 0 lines, expected on exactly one\n"
+
+
+def test_a_bool_is_not_a_margin_nor_a_target_fraction(tmp_path):
+    for key in ("margin_points", "target_fraction"):
+        text = STUDY.replace("order_seed = 7", f"order_seed = 7\n{key} = true")
+        with pytest.raises(SweepError, match=f"{key} must be .*got True"):
+            read_study(_study(tmp_path, text))

@@ -49,7 +49,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from freeze.checks import is_int
+from freeze.checks import is_int, is_number
 from freeze.pipeline.config import ConfigError, load_config
 from freeze.pipeline.schema import run_name_part
 from freeze.pipeline.sweep import RunSpec, SweepError, read_toml
@@ -163,10 +163,10 @@ def read_study(path: str | Path) -> StudyFile:
     settings = _names(path, "settings", data.get("settings", {})) or {"": ()}
     arms = _read_arms(path, data.get("arms", {}), settings)
     margin = study.get("margin_points", 0.5)
-    if not isinstance(margin, (int, float)) or not margin > 0:
+    if not is_number(margin) or not margin > 0:
         raise _error(path, f"margin_points must be a number > 0, got {margin!r}")
     fraction = study.get("target_fraction", 0.95)
-    if not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
+    if not is_number(fraction) or not 0 < fraction <= 1:
         raise _error(path, f"target_fraction must be in (0, 1], got {fraction!r}")
     order_seed = study.get("order_seed", 0)
     if not is_int(order_seed):
