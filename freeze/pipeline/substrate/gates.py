@@ -202,7 +202,7 @@ def run_gates(
     initial = initial.get("model", initial)
     ratios, bottoms, tops = [], [], []
     for s in seeds:
-        final_state = load_torch_file(runs[("none", s)] / "checkpoint.pt")["model"]
+        final_state = _final_state(runs[("none", s)])
         bottoms.append(_relative_change(initial, final_state, BOTTOM))
         tops.append(_relative_change(initial, final_state, TOP))
         ratios.append(bottoms[-1] / tops[-1])
