@@ -332,7 +332,7 @@ def test_stability_table_per_stage(tmp_path):
     )
     (run / "metrics.jsonl").write_text(json.dumps({"val_acc": 0.9}) + "\n")
     text = stability_table(str(tmp_path / "w.pt"), [str(run)], tmp_path / "s.md", "cmd")
-    row = next(line for line in text.splitlines() if line.startswith("| r |"))
+    row = next(line for line in text.splitlines() if line.startswith(f"| {tmp_path.name}/r |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[1:6] == ["fdsl32-mix", "adamw", "0.001", "0.01", "90.0"]
     assert cells[6] == "0.000" and float(cells[7]) > 0 and float(cells[10]) > float(cells[7])

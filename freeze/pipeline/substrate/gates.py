@@ -455,7 +455,7 @@ def stability_table(weights_path: str, run_dirs: list[str], out_md: Path, comman
         conv_ratio = _relative_change(initial, conv, BOTTOM) / _relative_change(initial, conv, TOP)
         o = cfg["optim"]
         lines.append(
-            f"| {run_dir.name} | {cfg['data']['dataset']} | {o['name']} | {o['lr']:g} | {o['weight_decay']:g} | "
+            f"| {run_dir.parent.name}/{run_dir.name} | {cfg['data']['dataset']} | {o['name']} | {o['lr']:g} | {o['weight_decay']:g} | "
             f"{100 * records[-1]['val_acc']:.1f} | "
             + " | ".join(f"{v:.3f}" for v in per_stage)
             + f" | {ratio:.2f} | {conv_ratio:.2f} |"
