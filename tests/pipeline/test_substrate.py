@@ -339,3 +339,12 @@ def test_stability_table_per_stage(tmp_path):
     assert float(cells[11]) < 0.3  # stem + layer1 barely moved against layer4
     with pytest.raises(GateError, match="not a run directory"):
         stability_table(str(tmp_path / "w.pt"), [str(tmp_path)], tmp_path / "s.md", "cmd")
+
+
+def test_mix_diagnostic_merges_each_vivid_muted_pair_into_its_system():
+    from freeze.pipeline.substrate.diagnose import _label_sets
+
+    sets = _label_sets("fdsl32-mix")
+    fn, k = sets["system (vivid/muted merged)"]
+    assert k == 8 and fn(torch.arange(10)).tolist() == [0, 1, 2, 3, 4, 5, 6, 6, 7, 7]
+    assert fdsl.class_names("mix")[6].endswith("/vivid") and fdsl.class_names("mix")[7].endswith("/muted")
