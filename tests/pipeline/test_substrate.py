@@ -243,10 +243,10 @@ def test_planted_readout_is_a_linear_function_of_depth_d_features():
         depth_of("d4")
 
 
-def test_gates_tabulate_complete_runs_without_running(tmp_path):
-    """The table and the JSON from run directories alone (made up here: this checks the arithmetic
-    and the plumbing, not any measurement)."""
-    from freeze.pipeline.substrate.gates import ARMS, run_gates
+def _made_up_gate_study(tmp_path):
+    """A gate study whose runs are made up (complete manifests, metrics, a final checkpoint in which
+    only layer4 moved): checks arithmetic and plumbing, not any measurement."""
+    from freeze.pipeline.substrate.gates import ARMS
     from freeze.pipeline.substrate.weights import export_fp16
 
     torch.manual_seed(0)
@@ -280,6 +280,15 @@ def test_gates_tabulate_complete_runs_without_running(tmp_path):
             (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
             if arm == "none":
                 torch.save({"model": final}, run / "checkpoint.pt")
+    return study
+
+
+def test_gates_tabulate_complete_runs_without_running(tmp_path):
+    """The table and the JSON from run directories alone (made up here: this checks the arithmetic
+    and the plumbing, not any measurement)."""
+    from freeze.pipeline.substrate.gates import run_gates
+
+    study = _made_up_gate_study(tmp_path)
     text = run_gates(str(study), tmp_path / "report", "test", run=False)
     record = json.loads((tmp_path / "report" / "gates-g.json").read_text())
     assert record["seeds"] == [0, 1] and record["costs"]["3"][0] == pytest.approx(-0.5)
@@ -287,3 +296,55 @@ def test_gates_tabulate_complete_runs_without_running(tmp_path):
     assert record["gates"]["pretraining helps"] and record["gates"]["shallow freezing is cheap"]
     assert record["gates"]["bottom-up stability"]  # stem + layer1 did not move
     assert "| static-k7 | 85.05 |" in text and (tmp_path / "report" / "curves.md").is_file()
+
+
+def test_gates_on_validation_and_on_a_subset_of_seeds(tmp_path):
+    """--split val tabulates validation accuracy into selection/ (never beside the test tables);
+    --seeds takes a subset of the study's seeds and refuses others."""
+    from freeze.pipeline.substrate.gates import GateError, run_gates
+
+    study = _made_up_gate_study(tmp_path)
+    text = run_gates(str(study), tmp_path / "report", "test", run=False, seeds=(0,), split="val")
+    record = json.loads((tmp_path / "report" / "selection" / "gates-g.json").read_text())
+    assert record["split"] == "val" and record["seeds"] == [0]
+    assert record["costs"]["3"][0] == pytest.approx(-0.5)  # val 89.5 vs 90.0
+    assert "VALIDATION" in text and not (tmp_path / "report" / "gates-g.json").exists()
+    with pytest.raises(GateError, match="subset of the study's seeds"):
+        run_gates(str(study), tmp_path / "report", "test", run=False, seeds=(7,))
+    with pytest.raises(GateError, match="split must be one of"):
+        run_gates(str(study), tmp_path / "report", "test", run=False, split="train")
+
+
+def test_stability_table_per_stage(tmp_path):
+    from freeze.pipeline.substrate.gates import GateError, stability_table
+
+    torch.manual_seed(0)
+    initial = build_model("resnet18", 10, "imagenet").state_dict()
+    torch.save(initial, tmp_path / "w.pt")
+    final = {k: v.clone() for k, v in initial.items()}
+    final["layer4.0.conv1.weight"] *= 1.5
+    final["layer1.0.conv1.weight"] *= 1.01
+    run = tmp_path / "r"
+    run.mkdir()
+    torch.save(final, run / "model.pt")
+    (run / "config.toml").write_text(
+        '[data]\ndataset = "fdsl32-mix"\n[optim]\nname = "adamw"\nlr = 0.001\nweight_decay = 0.01\n'
+    )
+    (run / "metrics.jsonl").write_text(json.dumps({"val_acc": 0.9}) + "\n")
+    text = stability_table(str(tmp_path / "w.pt"), [str(run)], tmp_path / "s.md", "cmd")
+    row = next(line for line in text.splitlines() if line.startswith(f"| {tmp_path.name}/r |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1:6] == ["fdsl32-mix", "adamw", "0.001", "0.01", "90.0"]
+    assert cells[6] == "0.000" and float(cells[7]) > 0 and float(cells[10]) > float(cells[7])
+    assert float(cells[11]) < 0.3  # stem + layer1 barely moved against layer4
+    with pytest.raises(GateError, match="not a run directory"):
+        stability_table(str(tmp_path / "w.pt"), [str(tmp_path)], tmp_path / "s.md", "cmd")
+
+
+def test_mix_diagnostic_merges_each_vivid_muted_pair_into_its_system():
+    from freeze.pipeline.substrate.diagnose import _label_sets
+
+    sets = _label_sets("fdsl32-mix")
+    fn, k = sets["system (vivid/muted merged)"]
+    assert k == 8 and fn(torch.arange(10)).tolist() == [0, 1, 2, 3, 4, 5, 6, 6, 7, 7]
+    assert fdsl.class_names("mix")[6].endswith("/vivid") and fdsl.class_names("mix")[7].endswith("/muted")

@@ -3,6 +3,8 @@
     python -m experiments.substrate diagnose --weights W --dataset synthetic-target   # section 1.2
     python -m experiments.substrate pretrain      # once, resumable; exports the committed weights
     python -m experiments.substrate gates --study experiments/configs/substrate_gates.toml   # resumable
+    python -m experiments.substrate gates --study S --seeds 0 --split val   # a first look, for choosing
+    python -m experiments.substrate stability --runs RUN...   # per-stage weight change of full FT runs
     python -m experiments.substrate planted       # planted-boundary tasks + identifiability check
     python -m experiments.substrate planted-check --study experiments/configs/planted_d3.toml   # resumable
 
@@ -42,6 +44,22 @@ def _parser() -> argparse.ArgumentParser:
     gates.add_argument("--study", default="experiments/configs/substrate_gates.toml")
     gates.add_argument("--out-dir", default="report/substrate")
     gates.add_argument("--no-run", action="store_true", help="only tabulate the runs complete so far")
+    gates.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        help="only these of the study's seeds (a cheap first look; the full command reuses them)",
+    )
+    gates.add_argument(
+        "--split",
+        choices=["test", "val"],
+        default="test",
+        help="val: tabulate final-epoch validation accuracy into <out-dir>/selection/, for choosing between recipes",
+    )
+    stab = sub.add_parser("stability", help="per-stage relative weight change of full fine-tuning runs")
+    stab.add_argument("--weights", default="experiments/weights/fdsl32_resnet18.pt", help="the runs' initial weights")
+    stab.add_argument("--runs", nargs="+", required=True, help="run directories of full fine-tuning runs")
+    stab.add_argument("--out", default="report/substrate/stability.md")
     plant = sub.add_parser("planted", help="build the planted-boundary tasks and check their identifiability")
     plant.add_argument("--tasks", nargs="+", default=["d3", "d5", "d7"], choices=["d3", "d5", "d7"])
     plant.add_argument("--out", default="report/substrate/planted.md")
@@ -49,7 +67,7 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--study", required=True, help="experiments/configs/planted_d<d>.toml")
     check.add_argument("--out-dir", default="report/substrate")
     check.add_argument("--no-run", action="store_true", help="only tabulate the runs complete so far")
-    for p in (diag, pre, gates, plant, check):
+    for p in (diag, pre, gates, stab, plant, check):
         p.add_argument("--no-nice", action="store_true", help="keep this process's priority")
     return parser
 
@@ -79,7 +97,13 @@ def _main(argv: list[str] | None) -> int:
         if args.command == "gates":
             from freeze.pipeline.substrate.gates import run_gates
 
-            print(run_gates(args.study, Path(args.out_dir), command, run=not args.no_run))
+            seeds = None if args.seeds is None else tuple(args.seeds)
+            print(run_gates(args.study, Path(args.out_dir), command, not args.no_run, seeds, args.split))
+            return 0
+        if args.command == "stability":
+            from freeze.pipeline.substrate.gates import stability_table
+
+            print(stability_table(args.weights, args.runs, Path(args.out), command))
             return 0
         if args.command == "planted-check":
             from freeze.pipeline.substrate.gates import planted_check

@@ -19,6 +19,7 @@ gate study measured so far, side by side with the research note's faithful band.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -95,8 +96,8 @@ def _relative_change(initial: dict, final: dict, prefixes: tuple[str, ...]) -> f
     return math.sqrt(num / den)
 
 
-def _probe_per_seed(study, weights_path: str, seeds: list[int]) -> dict[int, tuple[float, float]]:
-    """seed -> (converged linear-probe test accuracy %, chosen C) on that seed's fine-tuning split."""
+def _probe_per_seed(study, weights_path: str, seeds: list[int], split: str = "test") -> dict[int, tuple[float, float]]:
+    """seed -> (converged linear-probe accuracy % on ``split``, chosen C) on that seed's fine-tuning split."""
     from freeze.pipeline.models import build_model
     from freeze.pipeline.substrate.probe import linear_probe, pooled_features
 
@@ -111,17 +112,26 @@ def _probe_per_seed(study, weights_path: str, seeds: list[int]) -> dict[int, tup
         r = linear_probe(
             (feats[0], split.train_y), (feats[1], split.val_y), (feats[2], split.test_y), split.num_classes
         )
-        out[seed] = (100 * r.test_acc, r.c)
+        out[seed] = (100 * (r.test_acc if split == "test" else r.val_acc), r.c)
     return out
 
 
-def _run_study(study_path: str, arms: tuple[str, ...], run: bool):
+def _run_study(study_path: str, arms: tuple[str, ...], run: bool, seeds: tuple[int, ...] | None = None):
     """Run (unless ``run`` is False) the study's pretraining and grid, skipping complete runs; returns
-    (study, weights path, complete runs by (arm, seed), seeds with every arm complete)."""
+    (study, weights path, complete runs by (arm, seed), seeds with every arm complete). ``seeds``, a
+    subset of the study's, restricts both the runs and the table to them (a cheap first look: the
+    runs are the study's own, so the full command later skips them)."""
     try:
         study = read_study(study_path)
     except SweepError as e:
         raise GateError(str(e)) from None
+    if seeds is not None:
+        extra = sorted(set(seeds) - set(study.seeds))
+        if extra or not seeds:
+            raise GateError(
+                f"--seeds must be a non-empty subset of the study's seeds {list(study.seeds)}; got {list(seeds)}"
+            )
+        study = dataclasses.replace(study, seeds=tuple(s for s in study.seeds if s in seeds))
     missing = [a for a in arms if a not in study.arms]
     if missing:
         raise GateError(f"study {study_path} lacks the arm(s) {', '.join(missing)}; it needs {', '.join(arms)}")
@@ -151,11 +161,28 @@ def _when(runs: dict, seeds: list[int]) -> tuple[str, str]:
     return min(m["start_time"] for m in manifests), max(m["end_time"] for m in manifests)
 
 
-def run_gates(study_path: str, out_dir: Path, command: str, run: bool = True) -> str:
+SPLITS = ("test", "val")
+
+
+def run_gates(
+    study_path: str,
+    out_dir: Path,
+    command: str,
+    run: bool = True,
+    seeds: tuple[int, ...] | None = None,
+    split: str = "test",
+) -> str:
+    """Run and tabulate the gate study (module doc). ``split="val"`` tabulates the final-epoch
+    VALIDATION accuracy instead, into ``out_dir/selection/``: what a choice between recipes may look
+    at (the test split is for the chosen one's report only)."""
+    if split not in SPLITS:
+        raise GateError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
+    if split == "val":
+        out_dir = out_dir / "selection"
     start_s, load_start = time.perf_counter(), os.getloadavg()
-    study, weights_path, runs, seeds = _run_study(study_path, ARMS, run)
+    study, weights_path, runs, seeds = _run_study(study_path, ARMS, run, seeds)
     final = {key: _final_records(path)[-1] for key, path in runs.items()}
-    acc = {key: 100 * rec["test_acc"] for key, rec in final.items()}
+    acc = {key: 100 * rec[f"{split}_acc"] for key, rec in final.items()}
     full = {s: acc[("none", s)] for s in seeds}
 
     def cost(arm: str) -> Paired:
@@ -167,7 +194,7 @@ def run_gates(study_path: str, out_dir: Path, command: str, run: bool = True) ->
         100 * (_final_records(runs[("none", s)])[-1]["val_acc"] - _final_records(runs[("none", s)])[-2]["val_acc"])
         for s in seeds
     ]
-    probe = _probe_per_seed(study, weights_path, seeds)
+    probe = _probe_per_seed(study, weights_path, seeds, split)
     probe_gap = paired([probe[s][0] - full[s] for s in seeds])
     k9_vs_k8 = paired([acc[("static-k9", s)] - acc[("static-k8", s)] for s in seeds])
     steps = [paired([acc[(K_ARMS[b], s)] - acc[(K_ARMS[a], s)] for s in seeds]) for a, b in ((3, 5), (5, 7), (7, 8))]
@@ -175,7 +202,7 @@ def run_gates(study_path: str, out_dir: Path, command: str, run: bool = True) ->
     initial = initial.get("model", initial)
     ratios, bottoms, tops = [], [], []
     for s in seeds:
-        final_state = load_torch_file(runs[("none", s)] / "checkpoint.pt")["model"]
+        final_state = _final_state(runs[("none", s)])
         bottoms.append(_relative_change(initial, final_state, BOTTOM))
         tops.append(_relative_change(initial, final_state, TOP))
         ratios.append(bottoms[-1] / tops[-1])
@@ -236,7 +263,8 @@ def run_gates(study_path: str, out_dir: Path, command: str, run: bool = True) ->
     lines = [
         f"Gates of study `{study.name}` ({study_path}), generated by `{command}`: "
         f"{len(seeds)} paired seeds ({', '.join(map(str, seeds))}) x {len(ARMS)} arms = {len(seeds) * len(ARMS)} "
-        f"fine-tuning runs, final-epoch test accuracy, 95 % t-intervals over seeds; runs between {first} and "
+        f"fine-tuning runs, final-epoch {'test' if split == 'test' else 'VALIDATION (selection only)'} accuracy, "
+        f"95 % t-intervals over seeds; runs between {first} and "
         f"{last} on {os.cpu_count()} CPU cores, no GPU ({platform.machine()}), niced; load average "
         f"{load_start[0]:.1f} when this command started, {os.getloadavg()[0]:.1f} when it ended "
         "(other engineers' work shares the machine). Costs are points vs full fine-tuning of the same seed.",
@@ -245,7 +273,7 @@ def run_gates(study_path: str, out_dir: Path, command: str, run: bool = True) ->
         "|---|---|---|---|",
         *(f"| {name} | {req} | {meas} | {ok(flag)} |" for name, req, meas, flag in gates),
         "",
-        "| arm | final test acc % (mean over seeds) | cost vs full FT, points [95 % CI] | faithful band (note 2.3) |",
+        f"| arm | final {split} acc % (mean over seeds) | cost vs full FT, points [95 % CI] | faithful band (note 2.3) |",
         "|---|---:|---:|---|",
     ]
     for arm in ARMS:
@@ -264,6 +292,7 @@ def run_gates(study_path: str, out_dir: Path, command: str, run: bool = True) ->
     record = {
         "study": study.name,
         "study_file": study_path,
+        "split": split,
         "seeds": seeds,
         "full_ft_acc": sum(full.values()) / len(seeds),
         "costs": {str(k): [c.mean, c.low, c.high] for k, c in costs.items()},
@@ -370,4 +399,68 @@ def planted_check(study_path: str, out_dir: Path, command: str, run: bool = True
         )
     text = "\n".join(lines) + "\n"
     (out_dir / "planted-checks.md").write_text(text, encoding="utf-8")
+    return text
+
+
+STAGES = (
+    ("stem", ("conv1.", "bn1.")),
+    ("layer1", ("layer1.",)),
+    ("layer2", ("layer2.",)),
+    ("layer3", ("layer3.",)),
+    ("layer4", ("layer4.",)),
+)
+
+
+def _final_state(run_dir: Path) -> dict:
+    if (run_dir / "model.pt").is_file():
+        state = load_torch_file(run_dir / "model.pt")
+    elif (run_dir / "checkpoint.pt").is_file():
+        state = load_torch_file(run_dir / "checkpoint.pt")
+    else:
+        raise GateError(f"{run_dir}: no model.pt or checkpoint.pt (is the run complete?)")
+    return state.get("model", state)
+
+
+def stability_table(weights_path: str, run_dirs: list[str], out_md: Path, command: str) -> str:
+    """Per stage, ||W_T - W_0|| / ||W_0|| of full fine-tuning runs (W_0 = ``weights_path``, W_T each
+    run's final weights; BN running statistics excluded, BN affine parameters included, as the gate),
+    beside the run's optimizer and final validation accuracy: where the stability ratio comes from."""
+    import tomllib
+
+    initial = load_torch_file(Path(weights_path))
+    initial = initial.get("model", initial)
+    lines = [
+        f"Relative weight change per stage during full fine-tuning, generated by `{command}`: ||W_T - W_0|| / "
+        f"||W_0|| (W_0 = {weights_path}; BN running statistics excluded). The stability gate asks "
+        "stem+layer1 <= 0.3x layer4. Final-epoch validation accuracy only (no test number here).",
+        "",
+        "| run | dataset | optimizer | lr | wd | val acc % | "
+        + " | ".join(name for name, _ in STAGES)
+        + " | stem+layer1 / layer4 | conv weights only |",
+        "|---|---|---|---:|---:|---:|" + "---:|" * len(STAGES) + "---:|---:|",
+    ]
+    for run in run_dirs:
+        run_dir = Path(run)
+        cfg_path = run_dir / "config.toml"
+        if not cfg_path.is_file():
+            raise GateError(f"{run_dir}: no config.toml (not a run directory)")
+        cfg = tomllib.loads(cfg_path.read_text())
+        final = _final_state(run_dir)
+        records = _final_records(run_dir)
+        if not records:
+            raise GateError(f"{run_dir}: no metrics.jsonl records")
+        per_stage = [_relative_change(initial, final, prefixes) for _, prefixes in STAGES]
+        ratio = _relative_change(initial, final, BOTTOM) / _relative_change(initial, final, TOP)
+        conv = {k: v for k, v in final.items() if v.dim() == 4}
+        conv_ratio = _relative_change(initial, conv, BOTTOM) / _relative_change(initial, conv, TOP)
+        o = cfg["optim"]
+        lines.append(
+            f"| {run_dir.parent.name}/{run_dir.name} | {cfg['data']['dataset']} | {o['name']} | {o['lr']:g} | {o['weight_decay']:g} | "
+            f"{100 * records[-1]['val_acc']:.1f} | "
+            + " | ".join(f"{v:.3f}" for v in per_stage)
+            + f" | {ratio:.2f} | {conv_ratio:.2f} |"
+        )
+    text = "\n".join(lines) + "\n"
+    out_md.parent.mkdir(parents=True, exist_ok=True)
+    out_md.write_text(text, encoding="utf-8")
     return text
