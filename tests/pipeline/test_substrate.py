@@ -348,3 +348,11 @@ def test_mix_diagnostic_merges_each_vivid_muted_pair_into_its_system():
     fn, k = sets["system (vivid/muted merged)"]
     assert k == 8 and fn(torch.arange(10)).tolist() == [0, 1, 2, 3, 4, 5, 6, 6, 7, 7]
     assert fdsl.class_names("mix")[6].endswith("/vivid") and fdsl.class_names("mix")[7].endswith("/muted")
+
+
+@pytest.mark.parametrize("name", ["planted.toml", "planted_dx.toml", "gates_d5.toml", "planted_d5_.toml"])
+def test_planted_check_study_names_carry_d(tmp_path, name):
+    from freeze.pipeline.substrate.gates import GateError, planted_check
+
+    with pytest.raises(GateError, match="named planted_d<d>"):
+        planted_check(str(tmp_path / name), tmp_path, "cmd", run=False)

@@ -344,9 +344,9 @@ def planted_check(study_path: str, out_dir: Path, command: str, run: bool = True
     import re
 
     name = Path(study_path).stem
-    found = re.fullmatch(r"planted_d(\d)", name)
+    found = re.fullmatch(r"planted_d(\d)(_[a-z0-9-]+)?", name)
     if not found:
-        raise GateError(f"{study_path}: a planted check study is named planted_d<d>.toml")
+        raise GateError(f"{study_path}: a planted check study is named planted_d<d>.toml or planted_d<d>_<recipe>.toml")
     d = int(found.group(1))
     arms = ("none", f"static-k{d}", f"static-k{d + 2}")
     study, _, runs, seeds = _run_study(study_path, arms, run)
@@ -394,7 +394,7 @@ def planted_check(study_path: str, out_dir: Path, command: str, run: bool = True
 
         verdict = "; ".join(f"{k}: {'met' if v else '**not met**'}" for k, v in r["checks"].items())
         lines.append(
-            f"| planted-d{r['d']} | {len(r['seeds'])} | {r['full_ft'][0]:.2f} | {fmt(r['cost_d'])} | "
+            f"| {r['study']} | {len(r['seeds'])} | {r['full_ft'][0]:.2f} | {fmt(r['cost_d'])} | "
             f"{fmt(r['cost_d2'])} | {fmt(r['cost_9'])} | {r['runs']} | {verdict} |"
         )
     text = "\n".join(lines) + "\n"
