@@ -30,7 +30,7 @@ from pathlib import Path
 
 from freeze.pipeline.config import ConfigError, load_config
 from freeze.pipeline.data import load_dataset, split_validation
-from freeze.pipeline.runs import load_torch_file
+from freeze.pipeline.runs import RunDir, load_torch_file
 from freeze.pipeline.study.plan import main_specs, read_study, runs_root
 from freeze.pipeline.sweep import SweepError, check_runnable_here
 
@@ -75,8 +75,8 @@ def paired(values: list[float]) -> Paired:
 
 
 def _final_records(run_dir: Path) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    # The run directory's own reader: a torn last line (a run killed mid-append) is dropped, as a resume drops it.
+    return RunDir(run_dir).read_metrics()
 
 
 def _complete_runs(root: Path) -> dict[tuple[str, int], Path]:

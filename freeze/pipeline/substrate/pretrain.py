@@ -44,7 +44,7 @@ def pretrain(config_path: str, out: Path, command: str) -> int:
             print(f"error: the pretraining run exited {code}; re-run this command to continue it", file=sys.stderr)
             return code
     manifest = run.read_manifest()
-    lines = [json.loads(line) for line in (run.path / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    lines = run.read_metrics()
     last = lines[-1]
     provenance = {
         "command": command,
