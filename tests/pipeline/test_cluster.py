@@ -156,6 +156,9 @@ def _launch(args: list[str], tmp_path: Path) -> subprocess.Popen:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            # As from a terminal: a suite started in the background of a shell without job control
+            # (make test &) inherits SIGINT ignored, and Python then installs no Ctrl-C handler.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
 
 
