@@ -115,22 +115,13 @@ class Freezer:
         if comm.is_distributed():
             # What DDP's constructor would do: start every replica from rank 0's weights and buffers.
             comm.broadcast_from_rank0(list(model.parameters()) + list(model.buffers()), process_group)
-        activation_cache = make_cache(
-            model, self.blocks, cache, cache_source, epochs, process_group, frozen_mode, self.policy.may_unfreeze
-        )
-        self.engine = Engine(
-            model,
-            self.blocks,
-            activation_cache,
-            comm_hook=comm_hook,
-            ddp_kwargs=ddp_kwargs,
-            process_group=process_group,
-        )
+        cache_args = (cache, cache_source, epochs, process_group, frozen_mode, self.policy.may_unfreeze)
+        ddp = {"comm_hook": comm_hook, "ddp_kwargs": ddp_kwargs, "process_group": process_group}
+        self.engine = Engine(model, self.blocks, make_cache(model, self.blocks, *cache_args), **ddp)
         self.module = FreezerModule(self, self.engine)
         self._apply(self._clamp(self.policy.initial_boundary(len(self.blocks))), first=True)
 
     # ------------------------------------------------------------------ the user-facing loop API
-    # self.module (set in __init__): the module to call for every forward pass, see FreezerModule.
     @property
     def ddp(self) -> nn.Module:
         raise AttributeError("Freezer.ddp was removed: it went stale at every re-wrap; call freezer.module")
