@@ -849,21 +849,6 @@ def run_benchmark(
     ]
     rows = summarize(cells, ranks[0]["block_param_bytes"], cache_events, combine_served(ranks))
     out_dir = Path(out_dir)
-    if cfg.text:
-        write_csv(rows, out_dir / f"bench_{cfg.model}.csv")
-        run = {
-            "command": command or "(called from Python)",
-            "wall_s": time.perf_counter() - start_s,
-            "load_avg": (load_before[0], os.getloadavg()[0]),
-            "threads": ranks[0]["threads"],
-            "block_names": ranks[0]["block_names"],
-            "block_param_bytes": ranks[0]["block_param_bytes"],
-        }
-        splice_section(out_dir / "BENCH.md", TEXT_SECTION, text_section(cfg, rows, cells, run), before_others=True)
-        return rows
-    write_csv(rows, out_dir / "bench.csv")
-    # Each re-wrap happened on every rank; the slowest rank's time is the one training waits for.
-    rewrap_ms = [max(ms) for ms in zip(*(r["rewrap_ms"] for r in ranks))]
     run = {
         "command": command or "(called from Python)",
         "wall_s": time.perf_counter() - start_s,
@@ -871,6 +856,14 @@ def run_benchmark(
         "threads": ranks[0]["threads"],
         "block_names": ranks[0]["block_names"],
     }
+    if cfg.text:
+        write_csv(rows, out_dir / f"bench_{cfg.model}.csv")
+        run["block_param_bytes"] = ranks[0]["block_param_bytes"]
+        splice_section(out_dir / "BENCH.md", TEXT_SECTION, text_section(cfg, rows, cells, run), before_others=True)
+        return rows
+    write_csv(rows, out_dir / "bench.csv")
+    # Each re-wrap happened on every rank; the slowest rank's time is the one training waits for.
+    rewrap_ms = [max(ms) for ms in zip(*(r["rewrap_ms"] for r in ranks))]
     write_markdown(out_dir / "BENCH.md", cfg, rows, cells, rewrap_ms, run)
     return rows
 
