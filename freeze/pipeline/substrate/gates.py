@@ -338,9 +338,12 @@ def write_curves(out_dir: Path) -> None:
 
 
 def planted_check(study_path: str, out_dir: Path, command: str, run: bool = True) -> str:
-    """The functional check of a planted task (note section 7.1): |cost(k=d)| <= 0.5 with its
-    interval including 0, cost(k=d+2) <= -3, full fine-tuning >= 95 %. Writes
-    ``planted-check-<study>.json`` and regenerates ``planted-checks.md`` from every such file."""
+    """The functional check of a planted task (issue 23): freezing at d costs at most 0.5 points
+    (cost(k=d) >= -0.5: a gain is allowed, the labels are read from the exact pretrained depth-d
+    features, which any training below d moves), freezing two blocks deeper costs at least 3, and full
+    fine-tuning learns the task within the budget (>= 90 %). Writes ``planted-check-<study>.json``
+    and regenerates ``planted-checks.md`` from every such file (each row with the checks it was
+    judged by)."""
     import re
 
     name = Path(study_path).stem
@@ -358,10 +361,9 @@ def planted_check(study_path: str, out_dir: Path, command: str, run: bool = True
     if all(("static-k9", s) in runs for s in seeds) and d + 2 != 9:
         probe9 = paired([acc[("static-k9", s)] - acc[("none", s)] for s in seeds])
     passes = {
-        "cost(k=d) within 0.5, interval includes 0": abs(at_d.mean) <= 0.5
-        and (at_d.n < 2 or at_d.low <= 0 <= at_d.high),
+        "cost(k=d) >= -0.5": at_d.mean >= -0.5,
         "cost(k=d+2) <= -3": deeper.mean <= -3,
-        "full FT >= 95 %": full.mean >= 95,
+        "full FT >= 90 %": full.mean >= 90,
     }
     first, last = _when(runs, seeds)
     record = {
