@@ -44,7 +44,7 @@ from freeze.pipeline.prepare import (
 )
 from freeze.pipeline.run_lock import RunLock
 from freeze.pipeline.runs import RunDir, RunError, in_sweep, save_checkpoint
-from freeze.pipeline.schema import BOUNDARY_AT_EPOCH_START, EVAL_PHASE, PHASES, TRAIN_PHASES
+from freeze.pipeline.schema import BOUNDARY_AT_EPOCH_START, BOUNDARY_STEPS, EVAL_PHASE, PHASES, TRAIN_PHASES
 
 
 @dataclass
@@ -281,6 +281,7 @@ def epoch_record(
         "grad_norm": _grad_norm_record(t.freezer, epoch),
         # Why the policy did (not) move the boundary: each evaluation of this epoch, in one line.
         "policy_evaluations": [e.line() for e in t.freezer.evaluations if e.epoch == epoch],
+        BOUNDARY_STEPS: [[e.step, e.boundary_after] for e in t.freezer.evaluations if e.epoch == epoch],
         "cache": train.cache,
     }
 

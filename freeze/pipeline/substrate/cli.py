@@ -7,6 +7,8 @@
     python -m experiments.substrate stability --runs RUN...   # per-stage weight change of full FT runs
     python -m experiments.substrate planted       # planted-boundary tasks + identifiability check
     python -m experiments.substrate planted-check --study experiments/configs/planted_d3.toml   # resumable
+    python -m experiments.substrate score --config experiments/configs/planted_score.toml   # resumable
+    python -m experiments.substrate report        # the tables above into report/REPORT.md
 
 Every command lowers its own priority to nice 19 (--no-nice keeps it): the machine is shared.
 """
@@ -21,6 +23,7 @@ from pathlib import Path
 
 from freeze.pipeline.config import ConfigError
 from freeze.pipeline.data import DataError
+from freeze.pipeline.markdown import MarkerError
 from freeze.pipeline.models import ModelError
 from freeze.pipeline.runs import RunError
 from freeze.pipeline.substrate.gates import GateError
@@ -67,7 +70,15 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--study", required=True, help="experiments/configs/planted_d<d>.toml")
     check.add_argument("--out-dir", default="report/substrate")
     check.add_argument("--no-run", action="store_true", help="only tabulate the runs complete so far")
-    for p in (diag, pre, gates, stab, plant, check):
+    score = sub.add_parser("score", help="score freeze policies on the planted tasks (resumable) and tabulate")
+    score.add_argument("--config", default="experiments/configs/planted_score.toml", help="a score file")
+    score.add_argument("--out-dir", default="report/substrate")
+    score.add_argument("--runs-dir", default="runs", help="where the run directories go")
+    score.add_argument("--no-run", action="store_true", help="only tabulate the runs complete so far")
+    rep = sub.add_parser("report", help="copy the substrate's tables (report/substrate/) into report/REPORT.md")
+    rep.add_argument("--report", default="report/REPORT.md")
+    rep.add_argument("--tables-dir", default="report/substrate")
+    for p in (diag, pre, gates, stab, plant, check, score, rep):
         p.add_argument("--no-nice", action="store_true", help="keep this process's priority")
     return parser
 
@@ -110,6 +121,20 @@ def _main(argv: list[str] | None) -> int:
 
             print(planted_check(args.study, Path(args.out_dir), command, run=not args.no_run))
             return 0
+        if args.command == "score":
+            from freeze.pipeline.substrate.score import run_score
+
+            print(run_score(args.config, Path(args.out_dir), args.runs_dir, command, run=not args.no_run))
+            return 0
+        if args.command == "report":
+            from freeze.pipeline.substrate.report import splice_tables
+
+            try:
+                written = splice_tables(Path(args.report), Path(args.tables_dir))
+            except FileNotFoundError as e:
+                raise GateError(f"{e.filename}: not written yet; run the command its span names first") from None
+            print(f"{args.report}: spliced {', '.join(written)}")
+            return 0
         if args.command == "planted":
             from freeze.pipeline.substrate.planted import identifiability
 
@@ -118,7 +143,7 @@ def _main(argv: list[str] | None) -> int:
         from freeze.pipeline.substrate.diagnose import run_diagnostics
 
         print(run_diagnostics(args.weights, args.dataset, Path(args.out), args.data_root, command=command))
-    except (ConfigError, DataError, GateError, ModelError, ProbeError, RunError, WeightsError) as e:
+    except (ConfigError, DataError, GateError, ModelError, ProbeError, RunError, WeightsError, MarkerError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0
