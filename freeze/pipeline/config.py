@@ -105,6 +105,8 @@ DatasetName = Literal[
     "fdsl32-pale",
     "fdsl32-muted",
     "fdsl32-mix",
+    "fdsl32-size",
+    "fdsl32-place",
     "planted-d3",
     "planted-d5",
     "planted-d7",

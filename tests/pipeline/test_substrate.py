@@ -341,13 +341,15 @@ def test_stability_table_per_stage(tmp_path):
         stability_table(str(tmp_path / "w.pt"), [str(tmp_path)], tmp_path / "s.md", "cmd")
 
 
-def test_mix_diagnostic_merges_each_vivid_muted_pair_into_its_system():
+@pytest.mark.parametrize("task", ["mix", "size", "place"])
+def test_split_diagnostic_merges_each_split_pair_into_its_system(task):
     from freeze.pipeline.substrate.diagnose import _label_sets
 
-    sets = _label_sets("fdsl32-mix")
-    fn, k = sets["system (vivid/muted merged)"]
+    sets = _label_sets(f"fdsl32-{task}")
+    fn, k = sets["system (split pairs merged)"]
     assert k == 8 and fn(torch.arange(10)).tolist() == [0, 1, 2, 3, 4, 5, 6, 6, 7, 7]
-    assert fdsl.class_names("mix")[6].endswith("/vivid") and fdsl.class_names("mix")[7].endswith("/muted")
+    names = fdsl.class_names(task)
+    assert names[6].split("/")[0][-12:] == names[7].split("/")[0][-12:] and names[6] != names[7]
 
 
 @pytest.mark.parametrize("name", ["planted.toml", "planted_dx.toml", "gates_d5.toml", "planted_d5_.toml"])
@@ -356,3 +358,27 @@ def test_planted_check_study_names_carry_d(tmp_path, name):
 
     with pytest.raises(GateError, match="named planted_d<d>"):
         planted_check(str(tmp_path / name), tmp_path, "cmd", run=False)
+
+
+def test_size_and_place_targets_split_two_systems_by_the_cue_their_names_say():
+    # the split classes (6-9) come in pairs of one system: the same maps, told apart by size or place
+    for task in ("size", "place"):
+        params, active, hue = fdsl.class_systems(task)
+        assert np.array_equal(params[6], params[7]) and np.array_equal(params[8], params[9])
+        assert [n.split("/")[-1] for n in fdsl.class_names(task)[6:]] == (
+            ["large", "small"] * 2 if task == "size" else ["top", "bottom"] * 2
+        )
+    params, active, _ = fdsl.class_systems("place")
+    rng = np.random.default_rng(0)
+    m = 64
+    rows = np.arange(64)[None, :, None]
+    for place, above in ((-1, True), (1, False)):
+        counts = fdsl._instances(
+            rng, np.repeat(params[6:7], m, 0), np.repeat(active[6:7], m, 0), 800, np.full(m, 0.6), 64, np.full(m, place)
+        )
+        centre = (counts * rows).sum((1, 2)) / counts.sum((1, 2))
+        assert (centre < 32).all() if above else (centre > 32).all()
+    # without a place, the same random numbers give the same counts (tasks without the cue unchanged)
+    args = (np.repeat(params[6:7], 4, 0), np.repeat(active[6:7], 4, 0), 800, np.full(4, 0.6), 64)
+    plain = fdsl._instances(np.random.default_rng(1), *args)
+    assert np.array_equal(plain, fdsl._instances(np.random.default_rng(1), *args, np.zeros(4)))

@@ -28,20 +28,22 @@ DEPTH_C_GRID = (1e-2, 1e-1, 1.0)  # per-depth probes: a coarser grid than the co
 DEPTH_MAX_ITER = 150  # L-BFGS iterations per depth probe (the converged probe of section 3: 500)
 
 
-# On fdsl32-mix (freeze.pipeline.substrate.fdsl): classes 0-5 are six systems, classes 6/7 and 8/9
-# one system each in a vivid and a muted class. "system" merges each vivid/muted pair: the gap between
-# the 10-class and the 8-system probe at a depth is what the saturation cue costs there.
-MIX_TARGET_LABELS = {
+# On fdsl32-mix, -size and -place (freeze.pipeline.substrate.fdsl): classes 0-5 are six systems,
+# classes 6/7 and 8/9 one system each split by the task's cue (saturation, size, place). "system"
+# merges each split pair: the gap between the 10-class and the 8-system probe at a depth is what the
+# cue costs a linear readout there.
+SPLIT_TARGET_LABELS = {
     "10 target classes": (lambda y: y, 10),
-    "system (vivid/muted merged)": (lambda y: torch.where(y < 6, y, 6 + (y - 6) // 2), 8),
+    "system (split pairs merged)": (lambda y: torch.where(y < 6, y, 6 + (y - 6) // 2), 8),
 }
+SPLIT_DATASETS = ("fdsl32-mix", "fdsl32-size", "fdsl32-place")
 
 
 def _label_sets(dataset: str) -> dict:
     if dataset == "synthetic-target":
         return OLD_TARGET_LABELS
-    if dataset == "fdsl32-mix":
-        return MIX_TARGET_LABELS
+    if dataset in SPLIT_DATASETS:
+        return SPLIT_TARGET_LABELS
     return {"target classes": (lambda y: y, None)}
 
 

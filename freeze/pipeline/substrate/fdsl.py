@@ -27,7 +27,7 @@ from functools import lru_cache
 import numpy as np
 
 FDSL_VERSION = 1  # bump whenever the images a (task, n, seed, split) produces change
-TASKS = ("source", "target", "fine", "pale", "muted", "mix")
+TASKS = ("source", "target", "fine", "pale", "muted", "mix", "size", "place")
 NUM_SOURCE_CLASSES = 128
 NUM_TARGET_CLASSES = 10
 _SYSTEM_SEEDS = {"source": 20261123, "target": 20261124}  # class definitions never depend on the data seed
@@ -66,6 +66,16 @@ _SATURATION = {"pale": _PALE_SATURATION, "muted": ((0.85, 1.0), (0.5, 0.65))}
 # vivid and a muted class: the share of classes that hinge on the source nuisance (4 of 10) sets how
 # much the frozen top can lose, the knob that scales the deep-freezing cost.
 _MIX_SATURATION = ((0.5, 1.0),) * 6 + ((0.85, 1.0), (0.5, 0.65)) * 2
+# "size" and "place": the "mix" layout (six held-out systems, two more each split in two classes) with
+# a cue that early layers keep spatially while the source's globally pooled top is trained to
+# discard it (the source draws scale and position at random): the object's size (large 0.8-0.95
+# of the canvas or small 0.55-0.7, both inside the source's 0.55-0.95) or its place (small, pushed to
+# the top or the bottom of the canvas; vertical, so the study's horizontal flips keep it).
+# Looked for: a probe gap that stays flat through layer2 and opens in layer3-4 (docs/substrate.md).
+_SIZE_SCALE = ((0.55, 0.95),) * 6 + ((0.8, 0.95), (0.55, 0.7)) * 2
+_PLACE = (0,) * 6 + (-1, 1) * 2  # -1 top, +1 bottom, 0 anywhere
+_PLACE_SCALE = (0.55, 0.7)
+_SPLIT_TASKS = ("mix", "size", "place")
 
 
 def num_classes(task: str) -> int:
@@ -174,7 +184,7 @@ def class_systems(task: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     _check_task(task)
     if task == "fine":
         return _fine_systems()
-    if task == "mix":
+    if task in _SPLIT_TASKS:
         params, active, hue = class_systems("target")
         return (
             np.concatenate([params[:6], np.repeat(params[6:8], 2, axis=0)]),
@@ -204,14 +214,23 @@ def class_systems(task: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def class_names(task: str) -> tuple[str, ...]:
     """E.g. "ifs017-3maps-h0.62" or "ifs101-2maps-anyhue": the system index, map count and hue."""
     params, active, hue = class_systems(task)
-    prefix = {"source": "ifs", "target": "ifs-t", "fine": "ifs-f", "pale": "ifs-p", "muted": "ifs-m", "mix": "ifs-x"}[
-        task
-    ]
+    prefix = {
+        "source": "ifs",
+        "target": "ifs-t",
+        "fine": "ifs-f",
+        "pale": "ifs-p",
+        "muted": "ifs-m",
+        "mix": "ifs-x",
+        "size": "ifs-s",
+        "place": "ifs-l",
+    }[task]
     suffix = {
         "fine": ("",) * 6 + ("+d", "-d", "+d", "-d"),
         "pale": ("/vivid", "/pale") * 5,
         "muted": ("/vivid", "/muted") * 5,
         "mix": ("",) * 6 + ("/vivid", "/muted") * 2,
+        "size": ("",) * 6 + ("/large", "/small") * 2,
+        "place": ("",) * 6 + ("/top", "/bottom") * 2,
     }.get(task, ("",) * len(hue))
     return tuple(
         f"{prefix}{i:03d}-{int(a.sum())}maps-" + ("anyhue" if np.isnan(h) else f"h{h:.2f}") + x
@@ -233,8 +252,12 @@ def _hsv_to_rgb(h: np.ndarray, s: np.ndarray, v: np.ndarray) -> np.ndarray:
     return out
 
 
-def _instances(rng: np.random.Generator, params: np.ndarray, active: np.ndarray, points: int, scale, res: int):
-    """Per-instance perturbed systems rendered at ``res``: [m, res, res] point counts."""
+def _instances(
+    rng: np.random.Generator, params: np.ndarray, active: np.ndarray, points: int, scale, res: int, place=None
+):
+    """Per-instance perturbed systems rendered at ``res``: [m, res, res] point counts. ``place`` [m]:
+    -1 / +1 pushes an object to the top / bottom of the canvas as far as it fits, 0 leaves it anywhere
+    (the same random numbers either way, so tasks without it render the same bytes)."""
     m = params.shape[0]
     p = params.copy()
     p[..., 0:2] += rng.normal(0, 0.08, (m, 4, 2))
@@ -248,7 +271,10 @@ def _instances(rng: np.random.Generator, params: np.ndarray, active: np.ndarray,
     rx, ry = ca * x - sa * y, sa * x + ca * y
     # a rotated unit box spans up to sqrt(2): keep the object inside the canvas
     span = scale / np.sqrt(2)
-    off = rng.uniform(-1, 1, (m, 2)) * (0.5 - span[:, None] / 2).clip(0, None) * 0.8
+    room = (0.5 - span[:, None] / 2).clip(0, None) * 0.8
+    off = rng.uniform(-1, 1, (m, 2)) * room
+    if place is not None:
+        off[:, 1] = np.where(place != 0, place * room[:, 0], off[:, 1])
     px = np.stack([rx * scale[:, None] + 0.5 + off[:, :1], ry * scale[:, None] + 0.5 + off[:, 1:]], -1) * res
     return _histogram(px, res)
 
@@ -337,7 +363,16 @@ def render_fdsl_split(task: str, n: int, seed: int, split: str) -> tuple[np.ndar
                 _instances(rng, params[other], active[other], _DISTRACTOR_POINTS, rng.uniform(0.3, 0.55, m), _RENDER)
             )
             _composite(canvas, counts, _colour(rng, hue[other]), rng.uniform(0.2, 0.5, m) * present)
-        counts = _downsample(_instances(rng, params[y], active[y], _POINTS, rng.uniform(0.55, 0.95, m), _RENDER))
+        scale = rng.uniform(0.55, 0.95, m)
+        place = None
+        if task == "size":
+            bounds = np.array(_SIZE_SCALE)[y]
+            scale = bounds[:, 0] + (scale - 0.55) / 0.4 * (bounds[:, 1] - bounds[:, 0])
+        if task == "place":
+            place = np.array(_PLACE)[y]
+            low, high = _PLACE_SCALE
+            scale = np.where(place != 0, low + (scale - 0.55) / 0.4 * (high - low), scale)
+        counts = _downsample(_instances(rng, params[y], active[y], _POINTS, scale, _RENDER, place))
         sat = np.array(_SATURATION[task])[y % 2] if task in _SATURATION else None
         if task == "mix":
             sat = np.array(_MIX_SATURATION)[y]
