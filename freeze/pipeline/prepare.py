@@ -9,6 +9,7 @@ behind; once it is written, the run either completes or is marked failed.
 
 from __future__ import annotations
 
+import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,6 +74,9 @@ def _manifest(cfg: Config, ctx: WorkerContext, blocks: list[Block], policy: Poli
         **environment_info(ctx.device.type),
         "start_time": now_iso(),
         "end_time": None,
+        # the machine's 1-minute load average as the run started (and, at its end, finished): what a
+        # report says a timing was measured under on a shared machine
+        "load_avg_1min_start": round(os.getloadavg()[0], 2),
     }
 
 

@@ -272,7 +272,10 @@ class RunDir:
         if status not in ("complete", "interrupted", "failed"):
             raise ValueError(f"finish: status {status!r} is not accepted; accepted: complete, interrupted, failed")
         return self.update_manifest(
-            status=status, end_time=now_iso(), error=None if error is None else _one_line(error)
+            status=status,
+            end_time=now_iso(),
+            load_avg_1min_end=round(os.getloadavg()[0], 2),
+            error=None if error is None else _one_line(error),
         )
 
     def write_final_weights(self, state_dict: dict) -> None:

@@ -141,6 +141,18 @@ def test_dry_run_lists_runs_in_order(tmp_path, capsys):
     assert "single_autofreeze_seed=0  (policy chosen by the search)" in "\n".join(out)
 
 
+def test_a_long_study_runs_in_parts_of_whole_seed_blocks(tmp_path, capsys):
+    path = _study(tmp_path)
+    assert cli.main(["--config", str(path), "--dry-run", "--out-dir", str(tmp_path / "r"), "--seeds", "1"]) == 0
+    study_lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("study ")]
+    assert study_lines and all(line.split()[1].endswith("_seed=1") for line in study_lines)
+    full = main_specs(read_study(path), {}, str(tmp_path / "r"))
+    assert len(study_lines) == sum(spec.config.run.seed == 1 for spec in full)  # the whole block of seed 1
+    assert cli.main(["--config", str(path), "--dry-run", "--seeds", "9"]) == 2
+    err = capsys.readouterr().err
+    assert "--seeds must be a non-empty subset of the study's seeds" in err and err.count("\n") == 1
+
+
 # --- the command end to end, with run directories written instead of trained ---------------------
 
 # search: percentile=50 is fast but loses 2 points of val accuracy (beyond the 0.5 margin);

@@ -22,7 +22,7 @@ from freeze._atomic import atomic_write_bytes, atomic_write_text
 from freeze.pipeline import markdown
 from freeze.pipeline.config import ConfigError
 from freeze.pipeline.runs import RunDir
-from freeze.pipeline.study.plan import StudyFile, main_specs, read_study, runs_root, search_specs
+from freeze.pipeline.study.plan import StudyFile, main_specs, only_seeds, read_study, runs_root, search_specs
 from freeze.pipeline.study.search import SearchError, choose, search_markdown
 from freeze.pipeline.sweep import (
     INTERRUPTED_EXIT_CODE,
@@ -113,6 +113,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--dry-run", action="store_true", help="list the runs in the order they would run and exit")
     parser.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        help="run only these of the study's seeds (whole interleaved blocks: a long study in parts); "
+        "the report covers every complete run",
+    )
+    parser.add_argument(
         "--update-report",
         action="store_true",
         help="splice the tables into the study's report_md (e.g. report/REPORT.md) and copy its figures",
@@ -185,6 +192,8 @@ def _main(argv: list[str] | None) -> int:
     start_s = time.perf_counter()
     try:
         study = read_study(args.config)
+        if args.seeds is not None:
+            study = only_seeds(study, tuple(args.seeds))
         if args.update_report and not (study.report_md and Path(study.report_md).is_file()):
             raise SweepError(f"study file {args.config}: --update-report needs report_md naming an existing file")
         if args.update_report:  # a broken span is found now, not after the study's hours of runs

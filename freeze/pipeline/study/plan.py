@@ -44,6 +44,7 @@ cancel in the per-seed ratios the report pairs (freeze.pipeline.report.paired).
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import re
 from dataclasses import dataclass
@@ -332,6 +333,18 @@ def search_specs(study: StudyFile, out_dir: str | None, extra_overrides: tuple[s
                 group = f"{arm}@{policy}"
             specs.append(_spec(study, f"{study.name}-search", setting, group, seed, overrides, out_dir))
     return specs
+
+
+def only_seeds(study: StudyFile, seeds: tuple[int, ...]) -> StudyFile:
+    """The study restricted to ``seeds``, a non-empty subset of its seeds (one part of a long study:
+    each seed's block stays whole, so its pairing and interleaving hold)."""
+    extra = sorted(set(seeds) - set(study.seeds))
+    if extra or not seeds:
+        raise _error(
+            study.path,
+            f"--seeds must be a non-empty subset of the study's seeds {list(study.seeds)}; got {list(seeds)}",
+        )
+    return dataclasses.replace(study, seeds=tuple(s for s in study.seeds if s in seeds))
 
 
 def runs_root(study: StudyFile, out_dir: str | None) -> Path:
