@@ -283,11 +283,19 @@ def test_search_refuses_incomplete_runs(tmp_path):
 
 
 def test_study_files_in_the_repo_dry_run():
-    for name in ("study_offline.toml", "study_offline_full.toml", "study_cifar10.toml", "study_views.toml"):
+    names = (
+        "study_offline.toml",
+        "study_offline_full.toml",
+        "study_cifar10.toml",
+        "study_views.toml",
+        "study_fdsl32.toml",
+    )
+    for name in names:
         study = read_study(REPO / "experiments" / "configs" / name)
         assert len(study.seeds) >= 3, name
+        chosen = {a: c[0] for a, c in (study.search.candidates if study.search else {}).items()}
         try:
-            main_specs(study, {a: c[0] for a, c in (study.search.candidates if study.search else {}).items()}, None)
+            main_specs(study, study.search.choices_for(chosen) if study.search else chosen, None)
         except SweepError as e:  # pragma: no cover - the message is the failure
             pytest.fail(f"{name}: {e}")
 
