@@ -141,6 +141,33 @@ def test_dry_run_lists_runs_in_order(tmp_path, capsys):
     assert "single_autofreeze_seed=0  (policy chosen by the search)" in "\n".join(out)
 
 
+def test_same_as_best_runs_the_fastest_qualifying_choice_of_every_searched_arm(tmp_path):
+    from freeze.pipeline.study.search import Candidate, best_arm
+
+    text = STUDY.replace("autofreeze = []\n", "autofreeze = []\nlinear = []\nbest-nocache = []\n").replace(
+        'autofreeze = ["autofreeze:percentile=50", "autofreeze:percentile=80"]\n',
+        'autofreeze = ["autofreeze:percentile=50"]\nlinear = ["linear", "linear:freeze_start=0.25"]\n'
+        '[search.same_as]\nbest-nocache = "best"\n',
+    )
+    search = read_study(_study(tmp_path, text)).search
+    chosen = {"autofreeze": "autofreeze:percentile=50", "linear": "linear:freeze_start=0.25"}
+    table = [
+        Candidate("autofreeze", "autofreeze:percentile=50", 1, 0.80, 1.3, True, True),
+        Candidate("linear", "linear", 1, 0.80, 1.9, False, False),  # fastest, but does not qualify
+        Candidate("linear", "linear:freeze_start=0.25", 1, 0.80, 1.5, True, True),
+    ]
+    assert best_arm(table) == "linear"
+    assert search.choices_for(chosen, best_arm(table))["best-nocache"] == "linear:freeze_start=0.25"
+    # none qualifies: the most accurate chosen one
+    table = [
+        Candidate("autofreeze", "a", 1, 0.70, 1.3, False, True),
+        Candidate("linear", "l", 1, 0.75, 1.1, False, True),
+    ]
+    assert best_arm(table) == "linear"
+    with pytest.raises(SweepError, match="or 'best'"):
+        read_study(_study(tmp_path, text.replace('best-nocache = "best"', 'best-nocache = "fastest"')))
+
+
 def test_a_long_study_runs_in_parts_of_whole_seed_blocks(tmp_path, capsys):
     path = _study(tmp_path)
     assert cli.main(["--config", str(path), "--dry-run", "--out-dir", str(tmp_path / "r"), "--seeds", "1"]) == 0

@@ -23,7 +23,7 @@ from freeze.pipeline import markdown
 from freeze.pipeline.config import ConfigError
 from freeze.pipeline.runs import RunDir
 from freeze.pipeline.study.plan import StudyFile, main_specs, only_seeds, read_study, runs_root, search_specs
-from freeze.pipeline.study.search import SearchError, choose, search_markdown
+from freeze.pipeline.study.search import SearchError, best_arm, choose, search_markdown
 from freeze.pipeline.sweep import (
     INTERRUPTED_EXIT_CODE,
     INTERRUPTED_MESSAGE,
@@ -233,7 +233,7 @@ def _main(argv: list[str] | None) -> int:
             return 1
         search_md = search_markdown(candidates, base_val, study.search, study.margin_points)
         print(search_md)
-        grid = main_specs(study, study.search.choices_for(chosen), out_dir, weights)
+        grid = main_specs(study, study.search.choices_for(chosen, best_arm(candidates)), out_dir, weights)
     ok = _run_stage("study grid (interleaved per seed)", grid)
 
     runs_dir = Path(out_dir) / study.name

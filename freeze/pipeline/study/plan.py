@@ -34,7 +34,7 @@
     [search.candidates]                                     # arm -> policy specs to try
     autofreeze = ["autofreeze:percentile=50", "autofreeze:percentile=80"]
     [search.same_as]                                        # arm -> the arm whose choice it takes
-    autofreeze-nocache = "autofreeze"
+    autofreeze-nocache = "autofreeze"                       # or "best": the best searched arm's choice
 
 Why interleave: runs are timed one after another on a machine whose speed drifts (+-20 % here
 over minutes). Within a seed's block every arm runs once, in an order drawn from ``order_seed`` and
@@ -72,6 +72,9 @@ _STUDY_KEYS = {
 _TABLES = {"study", "settings", "arms", "search"}
 _SEARCH_KEYS = {"setting", "seeds", "candidates", "same_as"}
 BASELINE_ARM = "none"
+# search.same_as value: the searched arm whose chosen candidate is fastest among the qualifying ones
+# (else the most accurate), e.g. to run the best adaptive policy once more without the cache.
+BEST = "best"
 
 
 @dataclass(frozen=True)
@@ -81,11 +84,14 @@ class Search:
     setting: str
     seeds: tuple[int, ...]
     candidates: dict[str, tuple[str, ...]]  # arm -> policy specs
-    same_as: dict[str, str]  # arm -> the searched arm whose chosen policy it runs (e.g. without the cache)
+    same_as: dict[str, str]  # arm -> the searched arm whose chosen policy it runs (e.g. without the cache), or BEST
 
-    def choices_for(self, chosen: dict[str, str]) -> dict[str, str]:
-        """Every searched or same_as arm -> its policy spec, from the searched arms' choices."""
-        return {**chosen, **{arm: chosen[source] for arm, source in self.same_as.items()}}
+    def choices_for(self, chosen: dict[str, str], best: str | None = None) -> dict[str, str]:
+        """Every searched or same_as arm -> its policy spec, from the searched arms' choices; ``best``
+        is the searched arm a same_as of BEST takes (the search's :func:`best_arm`; before the search
+        has run, the first searched arm stands in)."""
+        best = best or next(iter(self.candidates))
+        return {**chosen, **{arm: chosen[best if src == BEST else src] for arm, src in self.same_as.items()}}
 
 
 @dataclass(frozen=True)
@@ -256,9 +262,10 @@ def _read_search(path, search, arms: dict, settings: dict, seeds: tuple[int, ...
         raise _error(path, "[search] needs a [search.candidates] table: arm -> list of policy specs")
     same_as = search.get("same_as") or {}
     for arm, source in same_as.items():
-        if arm not in arms or source not in candidates:
+        if arm not in arms or (source not in candidates and source != BEST):
             raise _error(
-                path, f"search.same_as.{arm} = {source!r}: needs an arm and a searched arm ({', '.join(candidates)})"
+                path,
+                f"search.same_as.{arm} = {source!r}: needs an arm and a searched arm ({', '.join(candidates)}) or {BEST!r}",
             )
         if any(o.startswith("freeze.policy=") for o in arms[arm].overrides):
             raise _error(path, f"arms.{arm} sets freeze.policy, but search.same_as chooses it; remove one")

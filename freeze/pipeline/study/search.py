@@ -17,7 +17,7 @@ import numpy as np
 from freeze.pipeline import markdown
 from freeze.pipeline.report.load import Run
 from freeze.pipeline.report.paired import ratio_ci95
-from freeze.pipeline.study.plan import BASELINE_ARM, Search
+from freeze.pipeline.study.plan import BASELINE_ARM, BEST, Search
 
 
 class SearchError(RuntimeError):
@@ -84,6 +84,14 @@ def choose(search: Search, runs: list[Run], margin_points: float) -> tuple[dict[
     return chosen, table, base_val
 
 
+def best_arm(candidates: list[Candidate]) -> str:
+    """The searched arm whose chosen candidate is the fastest of the qualifying chosen ones; when
+    none qualifies, the most accurate chosen one (what ``same_as = "best"`` takes)."""
+    chosen = [c for c in candidates if c.chosen]
+    qualified = [c for c in chosen if c.qualifies]
+    return (max(qualified, key=lambda c: c.speedup) if qualified else max(chosen, key=lambda c: c.val_acc)).arm
+
+
 def search_markdown(candidates: list[Candidate], base_val: float, search: Search, margin_points: float) -> str:
     """The search table (markdown), with the rule in its caption."""
     lines = [
@@ -110,6 +118,12 @@ def search_markdown(candidates: list[Candidate], base_val: float, search: Search
         for c in candidates
     ]
     lines += markdown.table(header, rows, align="llrrrrll")
+    if BEST in search.same_as.values():
+        takers = ", ".join(arm for arm, source in search.same_as.items() if source == BEST)
+        lines += [
+            "",
+            f"Best searched arm (fastest qualifying choice): {best_arm(candidates)}; {takers} run its policy.",
+        ]
     if any(c.chosen and not c.qualifies for c in candidates):
         lines += ["", "Note: no candidate of some arm qualified; the most accurate one was taken (marked chosen)."]
     return "\n".join(lines) + "\n"
