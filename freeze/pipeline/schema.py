@@ -17,9 +17,10 @@ PHASES: tuple[str, ...] = (*TRAIN_PHASES, EVAL_PHASE)
 # metrics.jsonl: the boundary in force when the epoch's first step ran ("boundary" is the one after
 # the epoch's last policy evaluation).
 BOUNDARY_AT_EPOCH_START = "boundary_at_epoch_start"
-# metrics.jsonl: [[step, boundary], ...], the boundary after each policy evaluation of the epoch and
-# the optimizer step it was taken after (older run directories lack it). With the first epoch's
-# boundary_at_epoch_start it gives the boundary at every step: what the planted-task score reads.
+# metrics.jsonl: [[step, boundary], ...], each boundary change of the epoch and the optimizer step it
+# was taken after (the Freezer's decisions, kept whole and across resumes; older run directories lack
+# it). With each epoch's boundary_at_epoch_start it gives the boundary at every step: what the
+# planted-task score reads.
 BOUNDARY_STEPS = "boundary_steps"
 # Keys older run directories used for the same value: new name -> old name.
 LEGACY_METRIC_KEYS: dict[str, str] = {BOUNDARY_AT_EPOCH_START: "boundary_during"}

@@ -281,7 +281,7 @@ def epoch_record(
         "grad_norm": _grad_norm_record(t.freezer, epoch),
         # Why the policy did (not) move the boundary: each evaluation of this epoch, in one line.
         "policy_evaluations": [e.line() for e in t.freezer.evaluations if e.epoch == epoch],
-        BOUNDARY_STEPS: [[e.step, e.boundary_after] for e in t.freezer.evaluations if e.epoch == epoch],
+        BOUNDARY_STEPS: [[d.step, d.boundary_after] for d in t.freezer.decisions if d.epoch == epoch],
         "cache": train.cache,
     }
 

@@ -382,3 +382,16 @@ def test_size_and_place_targets_split_two_systems_by_the_cue_their_names_say():
     args = (np.repeat(params[6:7], 4, 0), np.repeat(active[6:7], 4, 0), 800, np.full(4, 0.6), 64)
     plain = fdsl._instances(np.random.default_rng(1), *args)
     assert np.array_equal(plain, fdsl._instances(np.random.default_rng(1), *args, np.zeros(4)))
+
+
+def test_planted_checks_are_the_issues_one_sided_ones():
+    from freeze.pipeline.substrate.gates import Paired, planted_checks
+
+    def p(mean):
+        return Paired(3, mean, mean - 1, mean + 1)
+
+    # freezing at d gains 2.6 points (the labels live in the frozen prefix): passes
+    assert all(planted_checks(p(94.4), p(+2.6), p(-6.4)).values())
+    assert planted_checks(p(94.4), p(-0.6), p(-6.4))["cost(k=d) >= -0.5"] is False
+    assert planted_checks(p(94.4), p(0.0), p(-2.9))["cost(k=d+2) <= -3"] is False
+    assert planted_checks(p(89.9), p(0.0), p(-6.0))["full FT >= 90 %"] is False

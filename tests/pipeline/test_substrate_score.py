@@ -3,6 +3,7 @@ trajectory read back from metrics records, each metric, the choice on validation
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -214,3 +215,114 @@ def test_the_report_carries_each_table_file_and_is_left_alone_when_one_is_missin
 
     with pytest.raises(MarkerError, match="no-such-span"):
         splice_file(report, "no-such-span", tables / "planted-score.md")
+
+
+def _write_run(folder, arm, seed, policy, start, test_acc, val_acc, seconds, changes=(), steps=4, traffic=100.0):
+    run = folder / f"loopback_{arm}_seed={seed}"
+    run.mkdir(parents=True)
+    manifest = {"status": "complete", "group": arm, "seed": seed, "policy": policy, "start_time": start}
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    record = {
+        "epoch": 0,
+        "step": steps,
+        "boundary_at_epoch_start": 0,
+        "boundary_steps": [list(c) for c in changes],
+        "test_acc": test_acc,
+        "val_acc": val_acc,
+        "cumulative_wall_s": seconds,
+        "allreduce_bytes": traffic,
+    }
+    (run / "metrics.jsonl").write_text(json.dumps(record) + "\n")
+
+
+def test_the_score_command_tabulates_chooses_and_splices_from_run_directories(tmp_path):
+    from freeze.pipeline.substrate.score import run_score
+
+    repo = Path(__file__).resolve().parents[2]
+    report = tmp_path / "REPORT.md"
+    report.write_text("# R\n<!-- t:start -->\nold\n<!-- t:end -->\n")
+    path = _write(
+        tmp_path,
+        f"""
+[score]
+name = "t"
+finetune = "{repo / "experiments/configs/fdsl32_finetune.toml"}"
+weights = "{repo / "experiments/weights/fdsl32_resnet18.pt"}"
+tasks = [3]
+seeds = [0, 1]
+setting = ["dist.nproc=2"]
+overrides = ["data.augment=none"]
+report_md = "{report}"
+[policies]
+autofreeze = "autofreeze"
+[search]
+seeds = [100]
+[search.candidates]
+autofreeze = ["autofreeze:percentile=50", "autofreeze:percentile=20"]
+""",
+    )
+    runs = tmp_path / "runs"
+    search = runs / "t-search-d3"
+    _write_run(search, "none", 100, "none", "2026-01-01T00:00", 0.9, 0.90, 100.0)
+    _write_run(search, "autofreeze@autofreeze:percentile=50", 100, "autofreeze", "2026-01-01T00:01", 0.9, 0.88, 50.0)
+    _write_run(
+        search,
+        "autofreeze@autofreeze:percentile=20",
+        100,
+        "autofreeze:percentile=20",
+        "2026-01-01T00:02",
+        0.9,
+        0.90,
+        80.0,
+    )
+    grid = runs / "t-d3"
+    for seed in (0, 1):
+        t = f"2026-01-01T0{seed + 1}"
+        _write_run(grid, "none", seed, "none", t + ":00", 0.90, 0.9, 100.0, traffic=100.0)
+        _write_run(grid, "oracle", seed, "static:k=3", t + ":01", 0.92, 0.9, 60.0, [(0, 3)], traffic=40.0)
+        _write_run(grid, "autofreeze", seed, "autofreeze", t + ":02", 0.91, 0.9, 80.0, [(2, 3)], traffic=70.0)
+    # autofreeze-val (percentile 20, chosen on validation) ran after both blocks: timed apart
+    for seed in (0, 1):
+        _write_run(
+            grid,
+            "autofreeze-val",
+            seed,
+            "autofreeze:percentile=20",
+            f"2026-01-01T09:0{seed}",
+            0.91,
+            0.9,
+            70.0,
+            [(1, 4)],
+        )
+    text = run_score(path, tmp_path / "out", str(runs), "cmd", run=False)
+    assert "| autofreeze | `autofreeze` | 3 | 2 | +1.00" in text and "(not interleaved)" in text
+    rows = {r["policy"]: r for r in json.loads((tmp_path / "out" / "t.json").read_text())["scores"]}
+    assert rows["autofreeze"]["time_captured"][0] == pytest.approx(0.5)  # (100-80)/(100-60)
+    assert rows["autofreeze"]["bytes_captured"][0] == pytest.approx(0.5)  # (100-70)/(100-40)
+    assert rows["autofreeze-val"]["final_boundaries"] == [4, 4] and rows["autofreeze-val"]["time_to_d"] == [0.25, 0.25]
+    assert "**chosen**" in text and (tmp_path / "out" / "t-tracking.png").stat().st_size > 0
+    assert "old" not in report.read_text() and "![t-tracking.png](out/t-tracking.png)" in report.read_text()
+    # a run left by another spec under the same arm name is refused, not scored under the new label
+    path.write_text(path.read_text().replace('autofreeze = "autofreeze"', 'autofreeze = "cs744"'))
+    with pytest.raises(GateError, match="ran policy 'autofreeze', but the score file now gives autofreeze = 'cs744'"):
+        run_score(path, tmp_path / "out", str(runs), "cmd", run=False)
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (('name = "s"', 'name = "planted"'), "taken by the planted checks"),
+        (("seeds = [0, 1]", "seeds = [0, 1]\nreport_md = 3"), "report_md must be a path"),
+    ],
+)
+def test_names_that_collide_and_bad_report_paths_are_refused(tmp_path, edit, message):
+    with pytest.raises(GateError, match=message):
+        read_score(_write(tmp_path, SCORE.replace(*edit)))
+    text = SCORE + "[search]\nseeds = [9]\n[search.candidates]\nautofreeze = []\n"
+    with pytest.raises(GateError, match="search.candidates.autofreeze is empty"):
+        read_score(_write(tmp_path, text))
+
+
+def test_a_saving_the_oracle_did_not_make_is_not_divided_by():
+    assert math.isnan(captured(100.0, 99.0, 99.0)) and math.isnan(captured(100.0, 90.0, 101.0))
+    assert captured(100.0, 95.0, 90.0) == 0.5

@@ -271,10 +271,10 @@ def _instances(
     rx, ry = ca * x - sa * y, sa * x + ca * y
     # a rotated unit box spans up to sqrt(2): keep the object inside the canvas
     span = scale / np.sqrt(2)
-    room = (0.5 - span[:, None] / 2).clip(0, None) * 0.8
-    off = rng.uniform(-1, 1, (m, 2)) * room
+    room = (0.5 - span[:, None] / 2).clip(0, None)
+    off = rng.uniform(-1, 1, (m, 2)) * room * 0.8  # this order of products: the bytes of before the place cue
     if place is not None:
-        off[:, 1] = np.where(place != 0, place * room[:, 0], off[:, 1])
+        off[:, 1] = np.where(place != 0, place * room[:, 0] * 0.8, off[:, 1])
     px = np.stack([rx * scale[:, None] + 0.5 + off[:, :1], ry * scale[:, None] + 0.5 + off[:, 1:]], -1) * res
     return _histogram(px, res)
 

@@ -337,6 +337,16 @@ def write_curves(out_dir: Path) -> None:
     (out_dir / "curves.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
+def planted_checks(full: Paired, at_d: Paired, deeper: Paired) -> dict[str, bool]:
+    """The issue's checks of a planted task, by name: full fine-tuning's accuracy (%), and the paired
+    costs (points vs full fine-tuning) of freezing at d and two blocks deeper."""
+    return {
+        "cost(k=d) >= -0.5": at_d.mean >= -0.5,  # a gain passes: freezing at d "costs at most 0.5 points"
+        "cost(k=d+2) <= -3": deeper.mean <= -3,
+        "full FT >= 90 %": full.mean >= 90,
+    }
+
+
 def planted_check(study_path: str, out_dir: Path, command: str, run: bool = True) -> str:
     """The functional check of a planted task (issue 23): freezing at d costs at most 0.5 points
     (cost(k=d) >= -0.5: a gain is allowed, the labels are read from the exact pretrained depth-d
@@ -360,11 +370,7 @@ def planted_check(study_path: str, out_dir: Path, command: str, run: bool = True
     probe9 = None
     if all(("static-k9", s) in runs for s in seeds) and d + 2 != 9:
         probe9 = paired([acc[("static-k9", s)] - acc[("none", s)] for s in seeds])
-    passes = {
-        "cost(k=d) >= -0.5": at_d.mean >= -0.5,
-        "cost(k=d+2) <= -3": deeper.mean <= -3,
-        "full FT >= 90 %": full.mean >= 90,
-    }
+    passes = planted_checks(full, at_d, deeper)
     first, last = _when(runs, seeds)
     record = {
         "study": study.name,

@@ -124,6 +124,11 @@ def read_score(path: str | Path) -> ScoreFile:
     policies = data.get("policies") or {}
     if not isinstance(policies, dict) or not policies:
         raise _error(path, 'needs a [policies] table: one line per policy, name = "spec"')
+    if not isinstance(score.get("report_md", ""), str):
+        raise _error(path, f"report_md must be a path to a markdown file, got {score['report_md']!r}")
+    if str(score["name"]) == "planted" or not str(score["name"]).strip():
+        # its folders would be planted-d<d>, the planted checks' own (whose runs it would then reuse)
+        raise _error(path, f"name {score['name']!r} is taken by the planted checks' folders; choose another")
     for arm, spec in policies.items():
         if arm in (BASELINE_ARM, ORACLE) or not isinstance(spec, str) or not spec:
             raise _error(
@@ -148,10 +153,14 @@ def read_score(path: str | Path) -> ScoreFile:
             raise _error(
                 path, f"search.seeds {sorted(set(search_seeds) & set(seeds))} are also scored seeds; use others"
             )
+        if not isinstance(search.get("candidates", {}), dict):
+            raise _error(path, "[search.candidates] must be a table: policy -> list of specs")
         for arm, specs in (search.get("candidates") or {}).items():
             if arm not in policies:
                 raise _error(path, f"search.candidates.{arm}: no policy {arm!r}; policies: {', '.join(policies)}")
             candidates[arm] = _strings(path, f"search.candidates.{arm}", specs)
+            if not candidates[arm]:
+                raise _error(path, f"search.candidates.{arm} is empty; give at least one spec")
         if not candidates:
             raise _error(path, "[search] needs a [search.candidates] table: policy -> list of specs")
     return ScoreFile(
@@ -189,7 +198,8 @@ def task_study(
         pretrain=None,
         overrides=(*score.overrides, f"data.dataset=planted-d{d}"),
         seeds=seeds,
-        order_seed=score.order_seed,
+        # each task its own block orders (the same order in every task would repeat position effects)
+        order_seed=score.order_seed * 100 + d,
         target_fraction=0.95,
         margin_points=score.margin_points,
         report_md=None,
@@ -222,6 +232,8 @@ class RunNumbers:
     train_s: float
     allreduce_bytes: float
     boundaries: tuple[int, ...]  # the boundary in force at each optimizer step, in order
+    policy: str = ""  # the spec the run ran (its manifest)
+    start_time: str = ""  # ISO time the run started (its manifest)
 
     @property
     def final_boundary(self) -> int:
@@ -251,15 +263,21 @@ def boundary_per_step(records: list[dict]) -> tuple[int, ...]:
     return tuple(steps)
 
 
-def run_numbers(run_dir: Path) -> RunNumbers:
+def run_numbers(run_dir: Path, manifest: dict | None = None) -> RunNumbers:
     records = RunDir(run_dir).read_metrics()
     last = records[-1]
+    for key in ("test_acc", "val_acc"):
+        if last.get(key) is None:
+            raise GateError(f"{run_dir}: no {key} at the final epoch (data.val_size = 0, or test_eval not final?)")
+    manifest = manifest or {}
     return RunNumbers(
         test_acc=100 * float(last["test_acc"]),
         val_acc=100 * float(last["val_acc"]),
         train_s=float(last["cumulative_wall_s"]),
         allreduce_bytes=float(sum(r["allreduce_bytes"] for r in records)),
         boundaries=boundary_per_step(records),
+        policy=str(manifest.get("policy", "")),
+        start_time=str(manifest.get("start_time", "")),
     )
 
 
@@ -276,9 +294,13 @@ def overshoot(boundaries: Sequence[int], d: int) -> float:
     return sum(max(0, k - d) for k in boundaries) / len(boundaries)
 
 
+MIN_ORACLE_SAVING = 0.02  # below 2 % of full fine-tuning's, the oracle's saving is timing noise
+
+
 def captured(full: float, policy: float, oracle: float) -> float:
-    """(full - policy) / (full - oracle): the share of the oracle's saving the policy got."""
-    return (full - policy) / (full - oracle) if full != oracle else math.nan
+    """(full - policy) / (full - oracle): the share of the oracle's saving the policy got; NaN when
+    the oracle saved less than :data:`MIN_ORACLE_SAVING` of ``full`` (the ratio would be noise)."""
+    return (full - policy) / (full - oracle) if full - oracle > MIN_ORACLE_SAVING * full else math.nan
 
 
 def tracking_slope(points: Sequence[tuple[int, int]]) -> float:
@@ -307,6 +329,8 @@ class Score:
     time_to_d: tuple[float | None, ...]
     overshoot: float
     verdict: str
+    oracle_time_saving: float = math.nan  # mean of 1 - T_oracle / T_full: the captured share's denominator
+    interleaved: bool = True  # every run ran inside its seed's block (its times are paired)
 
 
 def score_task(d: int, by_arm: dict[str, dict[int, RunNumbers]], specs: dict[str, str], margin: float) -> list[Score]:
@@ -341,19 +365,44 @@ def score_task(d: int, by_arm: dict[str, dict[int, RunNumbers]], specs: dict[str
                 time_to_d=tuple(time_to_boundary(p.boundaries, d) for p, _, _ in runs),
                 overshoot=sum(overshoot(p.boundaries, d) for p, _, _ in runs) / len(runs),
                 verdict=verdict,
+                oracle_time_saving=sum(1 - o.train_s / f.train_s for _, f, o in runs) / len(runs),
+                interleaved=all(ran_in_its_block(by_arm, arm, s) for s in seeds if by_arm[arm][s].start_time),
             )
         )
     return out
 
 
-def complete_runs(folder: Path) -> dict[str, dict[int, RunNumbers]]:
-    """arm -> seed -> numbers, complete runs of one task's folder only."""
+def complete_runs(
+    folder: Path, seeds: Sequence[int] | None = None, planned: dict[str, str] | None = None
+) -> dict[str, dict[int, RunNumbers]]:
+    """arm -> seed -> numbers, complete runs of one task's folder only (of ``seeds`` when given).
+
+    Complete runs are skipped by name when a score is re-run, so a run left by an earlier version of
+    the score file (another spec under the same arm name) would be scored under the new label:
+    with ``planned`` (arm -> spec), such a run is refused in one line."""
     out: dict[str, dict[int, RunNumbers]] = {}
     for manifest in sorted(folder.glob("*/manifest.json")):
         m = json.loads(manifest.read_text())
-        if m.get("status") == "complete":
-            out.setdefault(m["group"], {})[int(m["seed"])] = run_numbers(manifest.parent)
+        if m.get("status") != "complete" or (seeds is not None and int(m["seed"]) not in seeds):
+            continue
+        arm = m["group"]
+        if planned is not None and arm in planned and not same_policy(m["policy"], planned[arm]):
+            raise GateError(
+                f"{manifest.parent}: ran policy {m['policy']!r}, but the score file now gives {arm} = "
+                f"{planned[arm]!r}; move the run directory away (or rename the arm) and re-run"
+            )
+        out.setdefault(arm, {})[int(m["seed"])] = run_numbers(manifest.parent, m)
     return out
+
+
+def ran_in_its_block(folder_runs: dict[str, dict[int, RunNumbers]], arm: str, seed: int) -> bool:
+    """Did this run run inside its seed's block? A task folder's blocks run one after another, so in
+    start-time order a run of another seed between it and its block's full fine-tuning run means
+    it was timed apart from the runs it is paired with (e.g. a policy added to the score file later)."""
+    mine = folder_runs[arm][seed].start_time
+    base = folder_runs[BASELINE_ARM][seed].start_time
+    low, high = min(mine, base), max(mine, base)
+    return not any(low < run.start_time < high for runs in folder_runs.values() for s, run in runs.items() if s != seed)
 
 
 # ---------------------------------------------------------------------------- choosing on validation
@@ -433,7 +482,7 @@ def _time_to_d(values: tuple[float | None, ...]) -> str:
     return text + (f" ({never} of {len(values)} never)" if reached and never else "")
 
 
-def scores_markdown(scores: list[Score], slopes: dict[str, float], caption: str) -> str:
+def scores_markdown(scores: list[Score], slopes: dict[str, float], caption: str, margin: float = 0.5) -> str:
     rows = [
         [
             s.policy,
@@ -443,7 +492,8 @@ def scores_markdown(scores: list[Score], slopes: dict[str, float], caption: str)
             _interval(s.regret),
             s.verdict,
             " ".join(f"{k - s.d:+d}" for k in s.final_boundaries),
-            _interval(s.time_captured),
+            _interval(s.time_captured) + ("" if s.interleaved else " (not interleaved)"),
+            f"{100 * s.oracle_time_saving:.0f} %",
             _interval(s.bytes_captured),
             _time_to_d(s.time_to_d),
             f"{s.overshoot:.2f}",
@@ -457,15 +507,16 @@ def scores_markdown(scores: list[Score], slopes: dict[str, float], caption: str)
         "d",
         "seeds",
         "regret (points)",
-        "at 0.5 points",
+        f"at {margin:g} points",
         "final k - d per seed",
         "time saving captured",
+        "oracle's time saving",
         "traffic saving captured",
         "time to d (run fraction)",
         "overshoot (blocks)",
         "tracking slope",
     ]
-    aligns = ["l", "l", "r", "r", "r", "l", "l", "r", "r", "r", "r", "r"]
+    aligns = ["l", "l", "r", "r", "r", "l", "l", "r", "r", "r", "r", "r", "r"]
     return caption + "\n\n" + "\n".join(markdown.table(header, rows, aligns)) + "\n"
 
 
@@ -577,7 +628,8 @@ def run_score(path: str | Path, out_dir: Path, runs_root: str, command: str, run
     if search:
         if run:
             _run("parameter search on the validation split", search)
-        chosen, candidates = choose(score, {d: complete_runs(root / search_folder[d]) for d in score.tasks})
+        found = {d: complete_runs(root / search_folder[d], score.search_seeds, search_arms) for d in score.tasks}
+        chosen, candidates = choose(score, found)
         search_md = search_markdown(candidates, score)
         # A tuned policy that chose its default runs once, under its own name.
         tuned = {tuned_arm(p): spec for p, spec in chosen.items() if not same_policy(spec, score.policies[p])}
@@ -587,13 +639,17 @@ def run_score(path: str | Path, out_dir: Path, runs_root: str, command: str, run
         _run("scored runs (one interleaved block per seed and task)", seed_major(studies, str(root), weights))
     scores: list[Score] = []
     for d in score.tasks:
-        scores += score_task(d, complete_runs(root / folder[d]), arms, score.margin_points)
+        planned = {**arms, ORACLE: f"static:k={d}", BASELINE_ARM: "none"}
+        scores += score_task(d, complete_runs(root / folder[d], score.seeds, planned), arms, score.margin_points)
     if not scores:
         raise GateError(f"no policy of {path} has a seed complete on every arm yet: re-run to continue")
     slopes = {p: tracking_slope([(s.d, k) for s in scores if s.policy == p for k in s.final_boundaries]) for p in arms}
-    text = scores_markdown(scores, slopes, _caption(score, scores, command))
+    text = scores_markdown(scores, slopes, _caption(score, scores, command), score.margin_points)
     if search_md is not None:
         text += "\n" + search_md
+        kept = [p for p in score.candidates if tuned_arm(p) not in tuned]
+        if kept:  # no "-val" row for these: the default row is the validated one too
+            text += f"\nChosen on validation and equal to the default (the default row stands for both): {', '.join(kept)}.\n"
     record = {
         "score": score.name,
         "command": command,
