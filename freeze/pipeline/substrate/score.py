@@ -558,7 +558,7 @@ def tracking_figure(scores: list[Score], out_png: Path) -> None:
 
     from freeze._atomic import atomic_write
 
-    fig = Figure(figsize=(6.4, 4.4))
+    fig = Figure(figsize=(8.0, 4.4))
     ax = fig.add_subplot()
     tasks = sorted({s.d for s in scores})
     ax.plot(tasks, tasks, color="black", linestyle="--", linewidth=1, label="oracle (k = d)")
@@ -575,7 +575,7 @@ def tracking_figure(scores: list[Score], out_png: Path) -> None:
     ax.set_xlabel("planted boundary d (the best static boundary)")
     ax.set_ylabel("final freeze boundary k (mean; bar: min..max over seeds)")
     ax.set_xticks(tasks)
-    ax.legend(fontsize=7, loc="upper left")
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))  # beside the lines, not on them
     ax.grid(alpha=0.3)
     fig.tight_layout()
     atomic_write(out_png, lambda f: fig.savefig(f, format="png", dpi=110))
