@@ -19,7 +19,6 @@ gate study measured so far, side by side with the research note's faithful band.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -31,7 +30,7 @@ from pathlib import Path
 from freeze.pipeline.config import ConfigError, load_config
 from freeze.pipeline.data import load_dataset, split_validation
 from freeze.pipeline.runs import RunDir, load_torch_file
-from freeze.pipeline.study.plan import main_specs, read_study, runs_root
+from freeze.pipeline.study.plan import main_specs, only_seeds, read_study, runs_root
 from freeze.pipeline.sweep import SweepError, check_runnable_here
 
 ARMS = ("none", "scratch", "static-k3", "static-k5", "static-k7", "static-k8", "static-k9")
@@ -123,15 +122,10 @@ def _run_study(study_path: str, arms: tuple[str, ...], run: bool, seeds: tuple[i
     runs are the study's own, so the full command later skips them)."""
     try:
         study = read_study(study_path)
+        if seeds is not None:
+            study = only_seeds(study, seeds)
     except SweepError as e:
         raise GateError(str(e)) from None
-    if seeds is not None:
-        extra = sorted(set(seeds) - set(study.seeds))
-        if extra or not seeds:
-            raise GateError(
-                f"--seeds must be a non-empty subset of the study's seeds {list(study.seeds)}; got {list(seeds)}"
-            )
-        study = dataclasses.replace(study, seeds=tuple(s for s in study.seeds if s in seeds))
     missing = [a for a in arms if a not in study.arms]
     if missing:
         raise GateError(f"study {study_path} lacks the arm(s) {', '.join(missing)}; it needs {', '.join(arms)}")

@@ -29,12 +29,14 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from freeze._atomic import atomic_write_json, atomic_write_text
 from freeze.checks import is_int, is_number
 from freeze.pipeline import markdown
+from freeze.pipeline.report.paired import non_inferiority
+from freeze.pipeline.report.tables import ratio_ci95
 from freeze.pipeline.runs import RunDir
 from freeze.pipeline.schema import BOUNDARY_AT_EPOCH_START, BOUNDARY_STEPS
 from freeze.pipeline.study.plan import BASELINE_ARM, Arm, StudyFile, main_specs
@@ -232,7 +234,6 @@ class RunNumbers:
     train_s: float
     allreduce_bytes: float
     boundaries: tuple[int, ...]  # the boundary in force at each optimizer step, in order
-    policy: str = ""  # the spec the run ran (its manifest)
     start_time: str = ""  # ISO time the run started (its manifest)
 
     @property
@@ -243,9 +244,9 @@ class RunNumbers:
 def boundary_per_step(records: list[dict]) -> tuple[int, ...]:
     """The boundary in force at each optimizer step of a run, from its metrics.jsonl records.
 
-    An evaluation after step s (``boundary_steps``: [s, k]) sets the boundary of steps s+1 onwards;
-    each epoch's ``boundary_at_epoch_start`` holds it at the epoch's first step (and corrects a
-    change lost to a resume, whose earlier evaluations are not kept)."""
+    A change after step s (``boundary_steps``: [s, k]) sets the boundary of steps s+1 onwards; each
+    epoch's ``boundary_at_epoch_start`` holds it at the epoch's first step (so a change at an epoch's
+    last step, or one a record lacks, is still in force from the next epoch on)."""
     steps: list[int] = []
     start_step = 0
     for record in records:
@@ -276,7 +277,6 @@ def run_numbers(run_dir: Path, manifest: dict | None = None) -> RunNumbers:
         train_s=float(last["cumulative_wall_s"]),
         allreduce_bytes=float(sum(r["allreduce_bytes"] for r in records)),
         boundaries=boundary_per_step(records),
-        policy=str(manifest.get("policy", "")),
         start_time=str(manifest.get("start_time", "")),
     )
 
@@ -344,12 +344,8 @@ def score_task(d: int, by_arm: dict[str, dict[int, RunNumbers]], specs: dict[str
             continue
         runs = [(by_arm[arm][s], by_arm[BASELINE_ARM][s], by_arm[ORACLE][s]) for s in seeds]
         regret = paired([p.test_acc - f.test_acc for p, f, _ in runs])
-        if regret.n >= 2 and regret.low > -margin:
-            verdict = "non-inferior"
-        elif regret.n >= 2 and regret.high < -margin:
-            verdict = "inferior"
-        else:
-            verdict = "not shown"
+        # the study report's rule; one seed has no interval, so nothing is shown
+        verdict = non_inferiority(regret.low, regret.high, margin) if regret.n >= 2 else "not shown"
         out.append(
             Score(
                 policy=arm,
@@ -438,7 +434,7 @@ def choose(
                 if len(seeds) < len(score.search_seeds):
                     raise GateError(f"search run(s) of {arm} on planted-d{d} not complete: re-run to continue")
                 val_diff[d] = sum(runs[s].val_acc - base[s].val_acc for s in seeds) / len(seeds)
-                speedup[d] = math.exp(sum(math.log(base[s].train_s / runs[s].train_s) for s in seeds) / len(seeds))
+                speedup[d] = ratio_ci95([base[s].train_s / runs[s].train_s for s in seeds])[0]
             qualifies = min(val_diff.values()) >= -score.margin_points
             found.append(Candidate(policy, spec, val_diff, speedup, qualifies))
         qualified = [c for c in found if c.qualifies]
@@ -671,18 +667,11 @@ def run_score(path: str | Path, out_dir: Path, runs_root: str, command: str, run
 
 
 def _score_json(s: Score) -> dict:
+    """A Score as JSON: every field, an interval as [mean, low, high]."""
     return {
-        "policy": s.policy,
-        "spec": s.spec,
-        "d": s.d,
-        "seeds": list(s.seeds),
-        "regret": [s.regret.mean, s.regret.low, s.regret.high],
-        "verdict": s.verdict,
-        "final_boundaries": list(s.final_boundaries),
-        "time_captured": [s.time_captured.mean, s.time_captured.low, s.time_captured.high],
-        "bytes_captured": [s.bytes_captured.mean, s.bytes_captured.low, s.bytes_captured.high],
-        "time_to_d": list(s.time_to_d),
-        "overshoot": s.overshoot,
+        f.name: [v.mean, v.low, v.high] if isinstance(v, Paired) else list(v) if isinstance(v, tuple) else v
+        for f in fields(s)
+        for v in (getattr(s, f.name),)
     }
 
 
