@@ -352,11 +352,14 @@ class Freezer:
         """``epoch``: the 0-based epoch the closing interval is recorded under."""
         stats = self.monitor.close_interval(epoch, self.boundary)
         args = (self.boundary, self.monitor.history, self.clock.progress(self.counters.steps), len(self.blocks))
-        proposed = self.policy.decide(*args)
+        sizes = {"block_bytes": tuple(b.param_bytes for b in self.blocks)} if self.policy.uses_block_bytes else {}
+        proposed = self.policy.decide(*args, **sizes)
         # Statistics come from all-reduced gradients, so ranks agree already; the broadcast makes
         # a disagreement (e.g. a non-deterministic reduction order) impossible rather than unlikely.
         k = self._clamp(comm.broadcast_int_from_rank0(int(proposed), self.process_group))
-        evaluation = Evaluation(stats.index, epoch, self.counters.steps, self.boundary, k, self.policy.explain(*args))
+        evaluation = Evaluation(
+            stats.index, epoch, self.counters.steps, self.boundary, k, self.policy.explain(*args, **sizes)
+        )
         self.evaluations.append(evaluation)
         _log.debug("%s: %s", self.policy.spec(), evaluation.line())
         if k == self.boundary:

@@ -59,4 +59,10 @@ NON_DEFAULT = {
     "autofreeze": {"percentile": 30.0, "min_intervals": 4, "norm": "l2"},
     "cs744": {},
     "gradual-unfreeze": {"every_epochs": 3},
+    "payoff": {"exchange": 2.0, "window": 3, "min_intervals": 4},
 }
+
+
+def sizes(policy, num_blocks: int) -> dict:
+    """What the Freezer passes a policy beyond the four arguments: equal block bytes to one that prices them."""
+    return {"block_bytes": (1,) * num_blocks} if policy.uses_block_bytes else {}

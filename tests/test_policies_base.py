@@ -9,7 +9,7 @@ import pytest
 
 from freeze.policies import POLICIES, Progress, make_policy, parse_policy
 from freeze.policies.rules import AutoFreeze, FreezeOut, StaticFreeze
-from tests.policy_histories import NON_DEFAULT, PROGRESS, eta_history, one_line_error
+from tests.policy_histories import NON_DEFAULT, PROGRESS, eta_history, one_line_error, sizes
 
 
 def test_a_misspelt_policy_or_parameter_name_gets_a_did_you_mean():
@@ -105,4 +105,5 @@ def test_state_dict_round_trip(name):
     restored.load_state_dict(state)
     assert restored == original and restored.spec() == original.spec()
     history = eta_history([0.1, 0.2, 0.5, 0.05, 0.4, 0.3])
-    assert restored.decide(1, history, PROGRESS, 6) == original.decide(1, history, PROGRESS, 6)
+    extra = sizes(original, 6)
+    assert restored.decide(1, history, PROGRESS, 6, **extra) == original.decide(1, history, PROGRESS, 6, **extra)

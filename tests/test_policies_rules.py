@@ -19,7 +19,7 @@ from freeze.policies.rules import (
     LinearFreeze,
     StaticFreeze,
 )
-from tests.policy_histories import PROGRESS, after_epochs, at_fraction, eta_history, interval, one_line_error
+from tests.policy_histories import PROGRESS, after_epochs, at_fraction, eta_history, interval, one_line_error, sizes
 
 
 # ------------------------------------------------------------------------------------ autofreeze
@@ -225,13 +225,14 @@ def test_every_policy_stays_in_range_and_forward_only():
         policy = cls()
         for boundary in range(5):
             for f in (0.0, 0.5, 1.0):
-                k = policy.decide(boundary, history, at_fraction(f), 5)
+                k = policy.decide(boundary, history, at_fraction(f), 5, **sizes(policy, 5))
                 assert 0 <= k <= 4, name
                 assert k >= boundary or cls.may_unfreeze, name
 
 
 def test_flags():
-    assert {n for n, c in POLICIES.items() if c.uses_gradients} == {"autofreeze", "cs744"}
+    assert {n for n, c in POLICIES.items() if c.uses_gradients} == {"autofreeze", "cs744", "payoff"}
+    assert {n for n, c in POLICIES.items() if c.uses_block_bytes} == {"payoff"}
     assert {n for n, c in POLICIES.items() if c.needs_run_length} == {"freezeout", "linear"}
     assert {n for n, c in POLICIES.items() if c.may_unfreeze} == {"gradual-unfreeze"}
     assert set(POLICIES) == {
@@ -243,6 +244,7 @@ def test_flags():
         "autofreeze",
         "cs744",
         "gradual-unfreeze",
+        "payoff",
     }
 
 
@@ -252,9 +254,10 @@ def test_decisions_are_pure():
     snapshot = [s.to_dict() for s in history]
     for name in POLICIES:
         policy = make_policy(name)
-        first = policy.decide(1, history, PROGRESS, 6)
-        assert policy.decide(1, history, PROGRESS, 6) == first
-        assert make_policy(name).decide(1, history, PROGRESS, 6) == first
+        extra = sizes(policy, 6)
+        first = policy.decide(1, history, PROGRESS, 6, **extra)
+        assert policy.decide(1, history, PROGRESS, 6, **extra) == first
+        assert make_policy(name).decide(1, history, PROGRESS, 6, **extra) == first
     assert [s.to_dict() for s in history] == snapshot
 
 

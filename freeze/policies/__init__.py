@@ -1,7 +1,9 @@
-"""Freeze policies: the interface and registry (:mod:`freeze.policies.base`) and the rules of the
-field (:mod:`freeze.policies.rules`). Importing this package registers every built-in rule."""
+"""Freeze policies: the interface and registry (:mod:`freeze.policies.base`), the rules of the
+field (:mod:`freeze.policies.rules`) and the project's own (:mod:`freeze.policies.payoff`).
+Importing this package registers every built-in rule."""
 
-from freeze.policies import rules as _rules  # noqa: F401  (registers the built-in policies)
+from freeze.policies import payoff as _payoff  # noqa: F401  (registers the project's own rule)
+from freeze.policies import rules as _rules  # noqa: F401  (imported by payoff first: the field's rules list first)
 from freeze.policies.base import (
     POLICIES,
     Policy,

@@ -93,6 +93,7 @@ class Policy(ABC):
     uses_gradients: ClassVar[bool] = False  # decisions read the monitor history
     needs_run_length: ClassVar[bool] = False  # decisions read progress.fraction (the run length)
     may_unfreeze: ClassVar[bool] = False  # may return k < boundary
+    uses_block_bytes: ClassVar[bool] = False  # decide/explain take block_bytes= (each block's parameter bytes)
 
     def __post_init__(self) -> None:
         # Coerce first so that Policy(percentile=50) and parse "percentile=50" are the same object.

@@ -1,0 +1,133 @@
+"""``payoff``: the project's own rule - freeze the prefix whose saved step time outweighs the
+gradient signal it would stop (issue 24).
+
+The rules of the field (rules.py) decide from gradients or from the clock alone; none asks what a
+freeze buys. On a link-bound cluster the answer is very uneven: a ResNet-18's last two blocks hold
+75 % of the all-reduce bytes, its stem and layer1 under 2 %, so freezing the bottom half first costs
+accuracy early and saves almost no time. This rule prices each candidate prefix ``0 .. j-1``:
+
+    gain(j) = sum_{i = k .. j-1} ( share_i  -  exchange * signal_i / (L - 1) )
+
+``share_i``: block i's fraction of the model's parameter bytes (what its all-reduce and optimizer
+step cost; the cost model's dominant term on a capped link, docs/costmodel.md). ``signal_i``: block
+i's gradient signal now relative to its own peak - the per-step norm of the interval's summed
+gradient (its coherent part), averaged over the last ``window`` intervals, divided by the largest
+such value the block has shown - so 1 while a block still learns as fast as it ever did and near 0
+once it has settled. Dividing by the L - 1 freezable blocks puts "every block at its peak" at 1, the
+same scale as "every byte". ``exchange``: how many units of signal one unit of saved step time is
+worth; above 1 nothing freezes while every block is at its peak.
+
+The boundary moves to the j maximising gain(j) when that gain is positive, bottom-up and never
+back. On ResNet-18 over a link the top blocks' shares pay for the rest, so it freezes the whole body
+at once when the mean signal falls below about 1 / exchange; on a model of equal blocks it freezes
+the settled leading blocks one by one, as AutoFreeze does, but only when their bytes are worth it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+from freeze.monitor import IntervalStats
+from freeze.policies import rules as _rules  # noqa: F401  (registered first: the field's rules list before ours)
+from freeze.policies.base import Policy, PolicyError, Progress, param, register_policy
+
+
+@register_policy
+@dataclass(frozen=True)
+class Payoff(Policy):
+    """The project's rule (no paper): freeze the prefix whose share of the parameter bytes exceeds
+    ``exchange`` times the gradient signal it would stop (module docstring)."""
+
+    name: ClassVar[str] = "payoff"
+    uses_gradients: ClassVar[bool] = True
+    uses_block_bytes: ClassVar[bool] = True
+    exchange: float = param(3.0, low=0.0, low_open=True)
+    window: int = param(2, low=1)  # intervals averaged into a block's current signal
+    min_intervals: int = param(3, low=2)  # a peak needs a few intervals before it means anything
+
+    def decide(
+        self,
+        boundary: int,
+        history: Sequence[IntervalStats],
+        progress: Progress,
+        num_blocks: int,
+        *,
+        block_bytes: Sequence[int] = (),
+    ) -> int:
+        self._check_call(boundary, num_blocks)
+        shares = self.shares(block_bytes, num_blocks)
+        if len(history) < max(self.min_intervals, self.window) or boundary >= num_blocks - 1:
+            return boundary
+        gains = self.gains(boundary, self.signals(history, num_blocks), shares, num_blocks)
+        best = max(range(len(gains)), key=lambda i: (gains[i], i))
+        return boundary + 1 + best if gains[best] > 0 else boundary
+
+    def explain(
+        self,
+        boundary: int,
+        history: Sequence[IntervalStats],
+        progress: Progress,
+        num_blocks: int,
+        *,
+        block_bytes: Sequence[int] = (),
+    ) -> str:
+        if len(history) < max(self.min_intervals, self.window):
+            return f"{len(history)} interval(s) closed; the peak needs {max(self.min_intervals, self.window)}"
+        signals = self.signals(history, num_blocks)
+        shown = " ".join("-" if s is None else f"{s:.2f}" for s in signals)
+        gains = self.gains(boundary, signals, self.shares(block_bytes, num_blocks), num_blocks)
+        best = " ".join(f"{g:+.3f}" for g in gains)
+        return f"signal per block [{shown}], gain of freezing to k+1.. [{best}]"
+
+    # ---------------------------------------------------------------- the rule's parts
+    def shares(self, block_bytes: Sequence[int], num_blocks: int) -> list[float]:
+        """Each block's fraction of the model's parameter bytes."""
+        if len(block_bytes) != num_blocks or any(int(b) < 0 for b in block_bytes) or sum(block_bytes) <= 0:
+            raise PolicyError(
+                f"policy '{self.name}': block_bytes = {list(block_bytes)!r} with {num_blocks} blocks; "
+                f"accepted: {num_blocks} non-negative byte counts, not all zero (the Freezer passes them)"
+            )
+        total = float(sum(block_bytes))
+        return [int(b) / total for b in block_bytes]
+
+    def signals(self, history: Sequence[IntervalStats], num_blocks: int) -> list[float | None]:
+        """Per block: the mean per-step summed-gradient norm of the last ``window`` intervals over
+        the block's peak of that mean; None for a block not observed in all of them."""
+        per_step = []
+        for stats in history:
+            if len(stats.summed_grad_norm) != num_blocks:
+                raise PolicyError(
+                    f"policy '{self.name}': interval {stats.index} has {len(stats.summed_grad_norm)} "
+                    f"block statistics; accepted: exactly num_blocks = {num_blocks}"
+                )
+            steps = max(stats.steps - stats.skipped_steps, 1)
+            per_step.append([None if g is None else g / steps for g in stats.summed_grad_norm])
+        out: list[float | None] = []
+        for block in range(num_blocks):
+            column = [row[block] for row in per_step]
+            smoothed = [_mean(column[end - self.window : end]) for end in range(self.window, len(column) + 1)]
+            seen = [s for s in smoothed if s is not None]
+            now = smoothed[-1]
+            peak = max(seen) if seen else 0.0
+            out.append(None if now is None or peak <= 0.0 else now / peak)
+        return out
+
+    def gains(
+        self, boundary: int, signals: Sequence[float | None], shares: Sequence[float], num_blocks: int
+    ) -> list[float]:
+        """gain(j) for j = boundary + 1 .. L - 1; a block not observed stops the prefix there
+        (what cannot be priced is not frozen)."""
+        gains: list[float] = []
+        total = 0.0
+        for i in range(boundary, num_blocks - 1):
+            if signals[i] is None:
+                break
+            total += shares[i] - self.exchange * signals[i] / (num_blocks - 1)
+            gains.append(total)
+        return gains or [0.0]
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    return None if any(v is None for v in values) else sum(values) / len(values)
