@@ -605,3 +605,15 @@ def test_two_runs_of_one_group_and_seed_name_the_way_round(tmp_path, capsys):
     none = _rows(runs.with_name("runs-report") / "main.csv")["none"]
     assert none["n_runs"] == 2 and none["test_acc_mean"] == pytest.approx((0.9 + 0.72) / 2)
     _assert_one_line_error(capsys, [str(runs), "--on-duplicate", "oldest"], "newest")
+
+
+def test_seeds_for_a_margin_wide_interval():
+    from freeze.pipeline.report.paired import seeds_for_half_width
+
+    diffs = [0.0, 0.5, 1.0, -0.5, -1.0]  # sd = sqrt(2.5 / 4) = 0.79
+    # t(0.975, n-1) * 0.79 / sqrt(n) <= 0.5 first at n = 13 (0.481); n = 12 gives 0.502
+    assert seeds_for_half_width(diffs, 0.5) == 13
+    assert seeds_for_half_width(diffs, 2.0) == 3  # 4.303 * 0.79 / 1.73 = 1.97
+    assert seeds_for_half_width([1.0], 0.5) is None  # one pair: no spread to read
+    assert seeds_for_half_width([1.0, 1.0], 0.5) == 2
+    assert seeds_for_half_width(diffs, 0.001, most=50) is None

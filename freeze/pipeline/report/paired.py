@@ -24,6 +24,7 @@ import math
 
 import numpy as np
 import pandas as pd
+from scipy import stats
 
 from freeze.pipeline.report.load import Run
 from freeze.pipeline.report.tables import (
@@ -94,6 +95,23 @@ def non_inferiority(diff_low: float, diff_high: float, margin_points: float) -> 
     return "not shown"
 
 
+def seeds_for_half_width(diffs: list[float], half_width: float, most: int = 1000) -> int | None:
+    """How many paired seeds a 95 % t-interval of the mean difference would need to be at most
+    ``half_width`` wide on each side, were the seed-to-seed spread what ``diffs`` show: the smallest
+    n with t(0.975, n - 1) * sd / sqrt(n) <= half_width. None with fewer than two differences (no
+    spread to read) or beyond ``most``. An answer to "would more seeds decide it?", not a power
+    calculation (the spread itself is estimated from few seeds)."""
+    if len(diffs) < 2 or not half_width > 0:
+        return None
+    sd = float(np.std(diffs, ddof=1))
+    if sd == 0.0:
+        return 2
+    for n in range(2, most + 1):
+        if float(stats.t.ppf(0.975, n - 1)) * sd / math.sqrt(n) <= half_width:
+            return n
+    return None
+
+
 def paired_row(members: list[Run], base: list[Run], target_fraction: float, margin_points: float) -> dict:
     """Every paired number of one group against its baseline (seeds present on both sides only)."""
     base_by_seed = {r.seed: r for r in base}
@@ -122,6 +140,7 @@ def paired_row(members: list[Run], base: list[Run], target_fraction: float, marg
         "diff_low": diff_low,
         "diff_high": diff_high,
         "verdict": non_inferiority(diff_low, diff_high, margin_points),
+        "seeds_for_margin": seeds_for_half_width(diffs, margin_points),
         "ttt_target_val_acc": target,
         "ttt_pairs": len(ttt_ratios),
         "ttt_speedup": ttt,
@@ -131,6 +150,11 @@ def paired_row(members: list[Run], base: list[Run], target_fraction: float, marg
         "base_train_min": float(np.mean([train_wall_s(b) for _, b in pairs])) / 60 if pairs else math.nan,
         "control": bool(pairs) and all(is_control(r.config, b.config) for r, b in pairs),
     }
+
+
+def _fmt_seeds(n: float | None) -> str:
+    # None from the row, NaN once the table went through a DataFrame
+    return NA if n is None or (isinstance(n, float) and not math.isfinite(n)) else str(int(n))
 
 
 def _fmt_interval(value: float, low: float, high: float, spec: str, suffix: str = "") -> str:
@@ -176,6 +200,7 @@ def paired_table(
             lambda r: _fmt_interval(r["diff_points"], r["diff_low"], r["diff_high"], "+.2f"),
         ),
         (f"non-inferior at {margin_points:g}", "l", lambda r: r["verdict"]),
+        (f"seeds for ±{margin_points:g}", "r", lambda r: _fmt_seeds(r["seeds_for_margin"])),
         (
             "time-to-target speedup [95% CI]",
             "r",
@@ -190,7 +215,9 @@ def paired_table(
         f"Paired comparison with the baseline of the same seed, setting and world size ({len(rows)} groups): "
         f"{SPEEDUP_DEFINITION}, with a 95% Student-t interval on the logs; accuracy difference is the final-epoch "
         "test accuracy minus the baseline's, mean and 95% interval over seeds; non-inferior when the interval's "
-        f"lower bound is above -{margin_points:g} points; {ttt_definition(target_fraction)}; time-to-target "
+        f"lower bound is above -{margin_points:g} points; seeds for ±{margin_points:g}: how many paired seeds the "
+        f"accuracy interval would need to be ±{margin_points:g} points wide at the spread these seeds show; "
+        f"{ttt_definition(target_fraction)}; time-to-target "
         "speedup: the same paired geometric mean over the seeds where both runs reached it."
     )
     notes = [baseline.note]
