@@ -202,6 +202,12 @@ class Steering:
         for m in held_in_eval(self.blocks[:boundary], self.frozen_mode):
             m.training = False
 
+    def block_grad_bytes(self) -> tuple[int, ...]:
+        """Per block, the gradient bytes it all-reduces while it trains (the user's frozen ones excluded)."""
+        return tuple(
+            sum(p.numel() * p.element_size() for p in b.params if id(p) not in self.user_frozen) for b in self.blocks
+        )
+
     def trainable_grad_bytes(self, boundary: int) -> int:
         """Gradient bytes of the parameters that train at ``boundary`` (the user's frozen ones excluded)."""
         return sum(

@@ -607,13 +607,17 @@ def test_two_runs_of_one_group_and_seed_name_the_way_round(tmp_path, capsys):
     _assert_one_line_error(capsys, [str(runs), "--on-duplicate", "oldest"], "newest")
 
 
-def test_seeds_for_a_margin_wide_interval():
-    from freeze.pipeline.report.paired import seeds_for_half_width
+def test_seeds_to_decide_the_verdict():
+    from freeze.pipeline.report.paired import seeds_to_decide
 
-    diffs = [0.0, 0.5, 1.0, -0.5, -1.0]  # sd = sqrt(2.5 / 4) = 0.79
-    # t(0.975, n-1) * 0.79 / sqrt(n) <= 0.5 first at n = 13 (0.481); n = 12 gives 0.502
-    assert seeds_for_half_width(diffs, 0.5) == 13
-    assert seeds_for_half_width(diffs, 2.0) == 3  # 4.303 * 0.79 / 1.73 = 1.97
-    assert seeds_for_half_width([1.0], 0.5) is None  # one pair: no spread to read
-    assert seeds_for_half_width([1.0, 1.0], 0.5) == 2
-    assert seeds_for_half_width(diffs, 0.001, most=50) is None
+    diffs = [0.0, 0.5, 1.0, -0.5, -1.0]  # mean 0, sd = sqrt(2.5 / 4) = 0.79: |0 + 0.5| is the distance
+    # t(0.975, n-1) * 0.79 / sqrt(n) < 0.5 first at n = 13 (0.481); n = 12 gives 0.502
+    assert seeds_to_decide(diffs, 0.5) == 13
+    assert seeds_to_decide(diffs, 2.0) == 3  # distance 2: 4.303 * 0.79 / 1.73 = 1.96
+    shifted = [d - 0.4 for d in diffs]  # mean -0.4: distance 0.1 needs many more
+    assert seeds_to_decide(shifted, 0.5) == 243  # 1.970 * 0.79 / 15.59 = 0.0999 < 0.1
+    assert seeds_to_decide([d - 0.5 for d in diffs], 0.5) is None  # the mean on -margin: no n decides
+    assert seeds_to_decide([-1.5 + d for d in diffs], 0.5) == 5  # inferior side, distance 1: 2.776 * 0.79 / 2.24 = 0.98
+    assert seeds_to_decide([1.0], 0.5) is None  # one pair: no spread to read
+    assert seeds_to_decide([1.0, 1.0], 0.5) is None
+    assert seeds_to_decide(diffs, 0.5, most=10) is None

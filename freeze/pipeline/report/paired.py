@@ -95,19 +95,22 @@ def non_inferiority(diff_low: float, diff_high: float, margin_points: float) -> 
     return "not shown"
 
 
-def seeds_for_half_width(diffs: list[float], half_width: float, most: int = 1000) -> int | None:
-    """How many paired seeds a 95 % t-interval of the mean difference would need to be at most
-    ``half_width`` wide on each side, were the seed-to-seed spread what ``diffs`` show: the smallest
-    n with t(0.975, n - 1) * sd / sqrt(n) <= half_width. None with fewer than two differences (no
-    spread to read) or beyond ``most``. An answer to "would more seeds decide it?", not a power
-    calculation (the spread itself is estimated from few seeds)."""
-    if len(diffs) < 2 or not half_width > 0:
+def seeds_to_decide(diffs: list[float], margin_points: float, most: int = 1000) -> int | None:
+    """How many paired seeds the non-inferiority verdict would need to be decided (interval wholly
+    above or wholly below -margin), were the mean difference and the seed-to-seed spread what
+    ``diffs`` show: the smallest n with t(0.975, n - 1) * sd / sqrt(n) < |mean + margin|. Seeds
+    already run count. None without a spread to read (fewer than two seeds, or all equal), when the
+    mean sits on -margin, or beyond ``most``. The spread of a few seeds is itself uncertain (with 4
+    degrees of freedom its 95 % interval is about 0.6x-2.9x the estimate), so this says "about
+    this many", not a power calculation."""
+    if len(diffs) < 2:
         return None
     sd = float(np.std(diffs, ddof=1))
-    if sd == 0.0:
-        return 2
+    distance = abs(float(np.mean(diffs)) + margin_points)
+    if sd == 0.0 or distance == 0.0:
+        return None
     for n in range(2, most + 1):
-        if float(stats.t.ppf(0.975, n - 1)) * sd / math.sqrt(n) <= half_width:
+        if float(stats.t.ppf(0.975, n - 1)) * sd / math.sqrt(n) < distance:
             return n
     return None
 
@@ -140,7 +143,7 @@ def paired_row(members: list[Run], base: list[Run], target_fraction: float, marg
         "diff_low": diff_low,
         "diff_high": diff_high,
         "verdict": non_inferiority(diff_low, diff_high, margin_points),
-        "seeds_for_margin": seeds_for_half_width(diffs, margin_points),
+        "seeds_to_decide": seeds_to_decide(diffs, margin_points),
         "ttt_target_val_acc": target,
         "ttt_pairs": len(ttt_ratios),
         "ttt_speedup": ttt,
@@ -152,9 +155,9 @@ def paired_row(members: list[Run], base: list[Run], target_fraction: float, marg
     }
 
 
-def _fmt_seeds(n: float | None) -> str:
-    # None from the row, NaN once the table went through a DataFrame
-    return NA if n is None or (isinstance(n, float) and not math.isfinite(n)) else str(int(n))
+def _fmt_seeds(row: dict) -> str:
+    n = row["seeds_to_decide"]
+    return "more than 1000" if n is None or not math.isfinite(n) else f"about {int(n)}"
 
 
 def _fmt_interval(value: float, low: float, high: float, spec: str, suffix: str = "") -> str:
@@ -200,7 +203,7 @@ def paired_table(
             lambda r: _fmt_interval(r["diff_points"], r["diff_low"], r["diff_high"], "+.2f"),
         ),
         (f"non-inferior at {margin_points:g}", "l", lambda r: r["verdict"]),
-        (f"seeds for ±{margin_points:g}", "r", lambda r: _fmt_seeds(r["seeds_for_margin"])),
+        ("seeds to decide", "r", lambda r: _fmt_seeds(r) if r["verdict"] == "not shown" else ""),
         (
             "time-to-target speedup [95% CI]",
             "r",
@@ -215,8 +218,8 @@ def paired_table(
         f"Paired comparison with the baseline of the same seed, setting and world size ({len(rows)} groups): "
         f"{SPEEDUP_DEFINITION}, with a 95% Student-t interval on the logs; accuracy difference is the final-epoch "
         "test accuracy minus the baseline's, mean and 95% interval over seeds; non-inferior when the interval's "
-        f"lower bound is above -{margin_points:g} points; seeds for ±{margin_points:g}: how many paired seeds the "
-        f"accuracy interval would need to be ±{margin_points:g} points wide at the spread these seeds show; "
+        f"lower bound is above -{margin_points:g} points (inferior when its upper bound is below); seeds to decide "
+        "(rows not shown either way): how many paired seeds would decide it at the mean and spread these show; "
         f"{ttt_definition(target_fraction)}; time-to-target "
         "speedup: the same paired geometric mean over the seeds where both runs reached it."
     )
