@@ -40,19 +40,21 @@ def test_heavy_top_blocks_pay_for_freezing_the_whole_body_at_once():
     # ResNet-like bytes: the last body block holds most; every block's signal fell to 0.3 of its peak
     block_bytes = (1, 2, 10, 80, 1)
     history = decaying([[1.0] * 5, [1.0] * 5, [0.3] * 5, [0.3] * 5])
+    # exchange 3: each block pays share * (1 - 0.9) > 0, the whole body most
     assert Payoff(exchange=3.0, window=2).decide(0, history, PROGRESS, 5, block_bytes=block_bytes) == 4
-    # exchange 3 and mean signal 0.3: each block costs 3 * 0.3 / 4 = 0.225 of the run's step time;
-    # the body's bytes (93 / 94) pay for the four
-    assert Payoff(exchange=5.0, window=2).decide(0, history, PROGRESS, 5, block_bytes=block_bytes) == 0
+    assert Payoff(exchange=5.0, window=2).decide(0, history, PROGRESS, 5, block_bytes=block_bytes) == 0  # 1 - 1.5 < 0
+    # a small block that still learns rides along with heavy settled ones above it (the rule's assumption)
+    still_learning = decaying([[1.0] * 5, [1.0] * 5, [1.0, 0.3, 0.3, 0.3, 0.3], [1.0, 0.3, 0.3, 0.3, 0.3]])
+    assert Payoff(exchange=3.0, window=2).decide(0, still_learning, PROGRESS, 5, block_bytes=block_bytes) == 4
 
 
 def test_equal_blocks_freeze_only_the_settled_leading_run():
     block_bytes = (1, 1, 1, 1, 1)
     rows = [[1.0] * 5, [1.0] * 5, [0.05, 0.05, 1.0, 0.05, 1.0], [0.05, 0.05, 1.0, 0.05, 1.0]]
     policy = Payoff(exchange=2.0, window=2)
-    # each block's share is 0.2; a settled block costs 2 * 0.05 / 4 = 0.025, an active one 0.5
+    # each block's share is 0.2: a settled block pays 0.2 * (1 - 0.1) = 0.18, an active one 0.2 * (1 - 2) = -0.2
     assert policy.decide(0, decaying(rows), PROGRESS, 5, block_bytes=block_bytes) == 2  # block 2 still learns
-    assert policy.gains(0, policy.signals(decaying(rows), 5), [0.2] * 5, 5) == pytest.approx([0.175, 0.35, 0.05, 0.225])
+    assert policy.gains(0, policy.signals(decaying(rows), 5), [0.2] * 5, 5) == pytest.approx([0.18, 0.36, 0.16, 0.34])
 
 
 def test_waits_for_a_peak_and_never_moves_back_or_past_the_head():
