@@ -50,3 +50,18 @@ def test_cache_read_is_timed_on_the_caches_own_store(monkeypatch):
     spec = ProfileSpec("tinynet", TinyNet, (3, 8, 8), num_classes=5, batch_size=4, cache_keys=16, cache_reads=3)
     ms = _time_cache_read((8, 8, 8), spec, torch.Generator().manual_seed(0))
     assert shapes == [(4, 8, 8, 8)] * 3 and ms >= 0
+
+
+def test_the_profiled_step_is_the_runs_optimizer():
+    """An AdamW run is predicted from AdamW steps (its after-backward time is the optimizer's); a name
+    the profiler cannot build is refused in one line."""
+    import torch
+
+    params = list(TinyNet().parameters())
+    adamw = ProfileSpec("t", TinyNet, (3, 8, 8), num_classes=5, batch_size=4, optimizer="adamw", weight_decay=0.01)
+    assert isinstance(adamw.make_optimizer(params), torch.optim.AdamW)
+    assert adamw.optimizer_label() == "adamw(weight_decay=0.01)"
+    sgd = ProfileSpec("t", TinyNet, (3, 8, 8), num_classes=5, batch_size=4)
+    assert isinstance(sgd.make_optimizer(params), torch.optim.SGD) and sgd.optimizer_label() == "sgd(momentum=0.9)"
+    with pytest.raises(ValueError, match="accepted: sgd, adamw"):
+        ProfileSpec("t", TinyNet, (3, 8, 8), num_classes=5, batch_size=4, optimizer="lamb")

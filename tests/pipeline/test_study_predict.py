@@ -240,6 +240,17 @@ def test_runs_the_model_does_not_describe_are_left_out_with_the_reason(tmp_path)
     assert "left out 1 run(s): train.precision = bf16 (the profile is fp32)" in table.notes
 
 
+def test_an_adamw_run_gets_its_own_profile_name(tmp_path):
+    """AdamW is modelled (its profile times AdamW steps) under a name of its own; SGD keeps the old names."""
+    study_dir = tmp_path / "runs" / "s"
+    sgd = _config(study_dir, "none", 0, "single", "dist.nproc=1")
+    adamw = _config(study_dir, "none", 0, "single", "dist.nproc=1", "optim.name=adamw", "optim.lr=1e-3")
+    assert stage.unmodelled(adamw) is None
+    assert stage.profile_path(study_dir, adamw).name == stage.profile_path(study_dir, sgd).name.replace(
+        ".json", "-adamw.json"
+    )
+
+
 def test_trajectory_refuses_a_line_without_a_boundary(tmp_path):
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"epoch": 0, "step": 3}) + "\n")
     with pytest.raises(TrajectoryError, match="boundary_at_epoch_start"):

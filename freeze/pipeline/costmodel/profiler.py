@@ -3,8 +3,8 @@ boundary, what runs after the backward, and cache read ms, on this machine.
 
 Each profiled process runs the real training step the cost model predicts: the Freezer at boundary
 k over DDP in a one-process gloo group (so DDP's per-gradient bucket copies and its copy-back are in
-the measured backward, while nothing crosses a network), SGD with momentum, fresh random data every
-step outside the clock. Hooks time the step without changing it:
+the measured backward, while nothing crosses a network), the run's optimizer (SGD with momentum or
+AdamW), fresh random data every step outside the clock. Hooks time the step without changing it:
 
 - forward: a forward pre-hook on each block's modules stamps the moment the block starts; a block's
   forward runs until the next block starts (the last block's until the loss is computed), so glue
@@ -46,6 +46,9 @@ class NodeCores:
     threads: int
 
 
+OPTIMIZERS = ("sgd", "adamw")
+
+
 @dataclass(frozen=True)
 class ProfileSpec:
     """What to profile. ``make_model`` must be picklable (a module-level function or a
@@ -61,7 +64,9 @@ class ProfileSpec:
     cache_keys: int = 4096  # rows of the activation store a cache read gathers from
     cache_reads: int = 20
     lr: float = 0.01
-    momentum: float = 0.9
+    momentum: float = 0.9  # SGD's
+    optimizer: str = "sgd"  # "sgd" (with momentum) or "adamw": the step the run takes, timed per boundary
+    weight_decay: float = 0.0
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -70,6 +75,22 @@ class ProfileSpec:
             minimum = 0 if name == "warmup" else 1
             if not is_int(value) or value < minimum:
                 raise ValueError(f"ProfileSpec {name}: expected an integer >= {minimum}, got {value!r}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"ProfileSpec optimizer: '{self.optimizer}'; accepted: {', '.join(OPTIMIZERS)}")
+
+    def make_optimizer(self, params):
+        """The optimizer the profiled steps take (each boundary's after-backward time is its step)."""
+        import torch
+
+        if self.optimizer == "adamw":
+            return torch.optim.AdamW(params, lr=self.lr, weight_decay=self.weight_decay)
+        return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
+
+    def optimizer_label(self) -> str:
+        """As the profile records it, e.g. "sgd(momentum=0.9)" or "adamw(weight_decay=0.01)"."""
+        if self.optimizer == "adamw":
+            return f"adamw(weight_decay={self.weight_decay:g})"
+        return f"sgd(momentum={self.momentum:g})"
 
 
 def nodes_per_core(layout: Sequence[NodeCores]) -> int:
@@ -181,7 +202,7 @@ def _measure(spec: ProfileSpec) -> dict:
     torch.manual_seed(spec.seed)
     model = spec.make_model()
     blocks = split_blocks(model)
-    optimizer = torch.optim.SGD(model.parameters(), lr=spec.lr, momentum=spec.momentum)
+    optimizer = spec.make_optimizer(model.parameters())
     freezer = Freezer(model, blocks, optimizer=optimizer)
     stamps = _Stamps(len(blocks))
     handles = [m.register_forward_pre_hook(stamps.pre_hook(i)) for i, b in enumerate(blocks) for m in b.modules]
@@ -299,7 +320,7 @@ def combine(results: list[dict], spec: ProfileSpec, layout: Sequence[NodeCores],
         batch_size=spec.batch_size,
         threads=max(n.threads for n in layout),
         nodes_per_core=nodes_per_core(layout),
-        optimizer=f"sgd(momentum={spec.momentum:g})",
+        optimizer=spec.optimizer_label(),
         forward_overhead_ms=_slowest([p["overhead"] for p in s]),
         after_backward_ms=tuple(_slowest([p["after"][k] for p in s]) for k in range(L)),
         blocks=tuple(blocks),

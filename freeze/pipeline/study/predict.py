@@ -138,7 +138,8 @@ def profile_path(study_dir: str | Path, config: Config) -> Path:
         config: the run's resolved config.
     """
     m = config.model
-    name = f"profile-{m.arch}-{m.stem}-b{config.train.batch_size}-{layout_name(process_layout(config))}.json"
+    step = "" if config.optim.name == "sgd" else f"-{config.optim.name}"  # SGD's profiles keep their first names
+    name = f"profile-{m.arch}-{m.stem}-b{config.train.batch_size}-{layout_name(process_layout(config))}{step}.json"
     return Path(study_dir) / PROFILE_DIR / name
 
 
@@ -162,7 +163,6 @@ def unmodelled(config: Config) -> str | None:
         (t.accumulate_steps != 1, "train.accumulate_steps > 1"),
         (t.grad_checkpointing, "train.grad_checkpointing"),
         (config.freeze.comm_hook != "allreduce", f"freeze.comm_hook = {config.freeze.comm_hook}"),
-        (config.optim.name != "sgd", f"optim.name = {config.optim.name} (the profile steps SGD)"),
         (config.model.blocks != "default", f"model.blocks = {config.model.blocks} (the profiler's split is default)"),
         (cluster.nodes > 0 and config.dist.nproc != 1, "several workers per cluster node"),
         (cluster.nodes > 0 and parse_delay(cluster.latency) > 0, "cluster.latency > 0 (the probes had none)"),
@@ -219,6 +219,8 @@ def measure_profile(config: Config) -> Profile:
         num_classes=NUM_CLASSES,
         batch_size=config.train.batch_size,
         momentum=config.optim.momentum,
+        optimizer=config.optim.name,
+        weight_decay=config.optim.weight_decay,
     )
     return profile_model(spec, process_layout(config))
 
