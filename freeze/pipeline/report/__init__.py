@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from freeze._atomic import atomic_write_text
+from freeze.pipeline.report.blocks import blocks_table
 from freeze.pipeline.report.load import ReportInputError, Run, load_runs
 from freeze.pipeline.report.paired import DEFAULT_MARGIN_POINTS, convergence_table, paired_table
 from freeze.pipeline.report.tables import (
@@ -66,6 +67,7 @@ def build_tables(
         static_sweep_table(runs, chosen),
         phase_table(runs, chosen),
         incomplete_table(runs),
+        blocks_table(runs),
     ]
 
 

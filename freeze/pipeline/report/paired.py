@@ -225,11 +225,16 @@ def paired_table(
     )
     notes = [baseline.note]
     for row in (r for r in rows if r["control"]):
-        holds = math.isfinite(row["speedup_low"]) and row["speedup_low"] <= 1.0 <= row["speedup_high"]
+        has_interval = math.isfinite(row["speedup_low"]) and math.isfinite(row["speedup_high"])
+        holds = has_interval and row["speedup_low"] <= 1.0 <= row["speedup_high"]
+        if not has_interval:  # one pair: nothing to hold or break
+            verdict = "one pair, no interval: run more seeds to check it"
+        else:
+            verdict = "holds 1.00x" if holds else "DOES NOT hold 1.00x: timing drift larger than the intervals say"
         notes.append(
             f"control {row['setting'] + '/' if row['setting'] else ''}{row['group']} (policy {row['policy']}, computes what the "
             f"baseline computes): {_fmt_interval(row['speedup'], row['speedup_low'], row['speedup_high'], '.2f', 'x')}"
-            f" - {'holds 1.00x' if holds else 'DOES NOT hold 1.00x: timing drift larger than the intervals say'}"
+            f" - {verdict}"
         )
     return Table("paired", "Paired speedup and accuracy", caption, pd.DataFrame(rows), display, align, tuple(notes))
 
