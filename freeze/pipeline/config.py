@@ -160,9 +160,13 @@ class FreezeConfig:
     cache_dtype: StorageDtype = "fp32"  # storage; bf16/fp16 halve it, fp32 is exact
 
 
+OptimizerName = Literal["sgd", "adamw"]  # what freeze.pipeline.optim.build_optimizer builds
+OPTIMIZER_NAMES: tuple[str, ...] = typing.get_args(OptimizerName)
+
+
 @dataclass(frozen=True)
 class OptimConfig:
-    name: Literal["sgd", "adamw"] = "sgd"
+    name: OptimizerName = "sgd"
     lr: float = _f(0.1, gt=0)
     momentum: float = _f(0.9, ge=0, lt=1)
     nesterov: bool = False

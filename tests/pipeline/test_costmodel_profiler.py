@@ -57,11 +57,11 @@ def test_the_profiled_step_is_the_runs_optimizer():
     the profiler cannot build is refused in one line."""
     import torch
 
-    params = list(TinyNet().parameters())
+    model = TinyNet()
     adamw = ProfileSpec("t", TinyNet, (3, 8, 8), num_classes=5, batch_size=4, optimizer="adamw", weight_decay=0.01)
-    assert isinstance(adamw.make_optimizer(params), torch.optim.AdamW)
+    assert isinstance(adamw.make_optimizer(model), torch.optim.AdamW)
     assert adamw.optimizer_label() == "adamw(weight_decay=0.01)"
     sgd = ProfileSpec("t", TinyNet, (3, 8, 8), num_classes=5, batch_size=4)
-    assert isinstance(sgd.make_optimizer(params), torch.optim.SGD) and sgd.optimizer_label() == "sgd(momentum=0.9)"
+    assert isinstance(sgd.make_optimizer(model), torch.optim.SGD) and sgd.optimizer_label() == "sgd(momentum=0.9)"
     with pytest.raises(ValueError, match="accepted: sgd, adamw"):
         ProfileSpec("t", TinyNet, (3, 8, 8), num_classes=5, batch_size=4, optimizer="lamb")

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from freeze.checks import is_int
+from freeze.pipeline.config import OPTIMIZER_NAMES, OptimConfig
 from freeze.pipeline.costmodel.profile import BlockCost, Profile, median
 
 
@@ -44,9 +45,6 @@ class NodeCores:
 
     cores: tuple[int, ...]
     threads: int
-
-
-OPTIMIZERS = ("sgd", "adamw")
 
 
 @dataclass(frozen=True)
@@ -75,16 +73,16 @@ class ProfileSpec:
             minimum = 0 if name == "warmup" else 1
             if not is_int(value) or value < minimum:
                 raise ValueError(f"ProfileSpec {name}: expected an integer >= {minimum}, got {value!r}")
-        if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"ProfileSpec optimizer: '{self.optimizer}'; accepted: {', '.join(OPTIMIZERS)}")
+        if self.optimizer not in OPTIMIZER_NAMES:
+            raise ValueError(f"ProfileSpec optimizer: '{self.optimizer}'; accepted: {', '.join(OPTIMIZER_NAMES)}")
 
-    def make_optimizer(self, params):
-        """The optimizer the profiled steps take (each boundary's after-backward time is its step)."""
-        import torch
+    def make_optimizer(self, model):
+        """The optimizer the profiled steps take (each boundary's after-backward time is its step),
+        built as a run builds its own."""
+        from freeze.pipeline.optim import build_optimizer
 
-        if self.optimizer == "adamw":
-            return torch.optim.AdamW(params, lr=self.lr, weight_decay=self.weight_decay)
-        return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
+        optim = OptimConfig(name=self.optimizer, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
+        return build_optimizer(model, optim)
 
     def optimizer_label(self) -> str:
         """As the profile records it, e.g. "sgd(momentum=0.9)" or "adamw(weight_decay=0.01)"."""
@@ -202,7 +200,7 @@ def _measure(spec: ProfileSpec) -> dict:
     torch.manual_seed(spec.seed)
     model = spec.make_model()
     blocks = split_blocks(model)
-    optimizer = spec.make_optimizer(model.parameters())
+    optimizer = spec.make_optimizer(model)
     freezer = Freezer(model, blocks, optimizer=optimizer)
     stamps = _Stamps(len(blocks))
     handles = [m.register_forward_pre_hook(stamps.pre_hook(i)) for i, b in enumerate(blocks) for m in b.modules]
