@@ -352,7 +352,7 @@ class Freezer:
         """``epoch``: the 0-based epoch the closing interval is recorded under."""
         stats = self.monitor.close_interval(epoch, self.boundary)
         args = (self.boundary, self.monitor.history, self.clock.progress(self.counters.steps), len(self.blocks))
-        sizes = {"block_bytes": self._steering.block_grad_bytes()} if self.policy.uses_block_bytes else {}
+        sizes = {"block_bytes": self._steering.block_grad_bytes} if self.policy.uses_block_bytes else {}
         proposed = self.policy.decide(*args, **sizes)
         # Statistics come from all-reduced gradients, so ranks agree already; the broadcast makes
         # a disagreement (e.g. a non-deterministic reduction order) impossible rather than unlikely.

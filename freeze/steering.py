@@ -164,6 +164,10 @@ class Steering:
         self.frozen_mode = frozen_mode
         # What the user froze before handing the model over stays frozen, whatever the boundary.
         self.user_frozen = {id(p) for p in model.parameters() if not p.requires_grad}
+        # Per block, the gradient bytes it all-reduces while it trains: fixed, as blocks and user_frozen are.
+        self.block_grad_bytes: tuple[int, ...] = tuple(
+            sum(p.numel() * p.element_size() for p in b.params if id(p) not in self.user_frozen) for b in self.blocks
+        )
         self.order = OrderCheck([b.name for b in self.blocks])
         self._handles: list = []
         self._order_handles: list = []
@@ -202,20 +206,9 @@ class Steering:
         for m in held_in_eval(self.blocks[:boundary], self.frozen_mode):
             m.training = False
 
-    def block_grad_bytes(self) -> tuple[int, ...]:
-        """Per block, the gradient bytes it all-reduces while it trains (the user's frozen ones excluded)."""
-        return tuple(
-            sum(p.numel() * p.element_size() for p in b.params if id(p) not in self.user_frozen) for b in self.blocks
-        )
-
     def trainable_grad_bytes(self, boundary: int) -> int:
         """Gradient bytes of the parameters that train at ``boundary`` (the user's frozen ones excluded)."""
-        return sum(
-            p.numel() * p.element_size()
-            for b in self.blocks[boundary:]
-            for p in b.params
-            if id(p) not in self.user_frozen
-        )
+        return sum(self.block_grad_bytes[boundary:])
 
     def warn_if_no_steps(self, epoch: int, steps_taken: int) -> None:
         """At the end of ``epoch``: a loop that forgot ``after_backward`` left the policy without

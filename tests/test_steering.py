@@ -77,7 +77,7 @@ def test_parameters_the_user_froze_stay_frozen_at_every_boundary_and_are_not_cou
     stem_bytes = sum(p.numel() * p.element_size() for p in model.stem.parameters())
     all_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     assert freezer.trainable_grad_bytes == all_bytes - stem_bytes
-    per_block = freezer._steering.block_grad_bytes()  # what a policy pricing bytes (payoff) is given
+    per_block = freezer._steering.block_grad_bytes  # what a policy pricing bytes (payoff) is given
     assert per_block[0] == 0 and sum(per_block) == all_bytes - stem_bytes
     for k in (0, 2, 1, 0):  # freeze past it and unfreeze below it again
         freezer.set_boundary(k)

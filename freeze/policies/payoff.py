@@ -61,7 +61,7 @@ class Payoff(Policy):
     ) -> int:
         self._check_call(boundary, num_blocks)
         shares = self.shares(block_bytes, num_blocks)
-        if len(history) < max(self.min_intervals, self.window) or boundary >= num_blocks - 1:
+        if len(history) < self.intervals_needed or boundary >= num_blocks - 1:
             return boundary
         gains = self.gains(boundary, self.signals(history, num_blocks), shares, num_blocks)
         best = max(range(len(gains)), key=lambda i: (gains[i], i))
@@ -76,8 +76,8 @@ class Payoff(Policy):
         *,
         block_bytes: Sequence[int] = (),
     ) -> str:
-        if len(history) < max(self.min_intervals, self.window):
-            return f"{len(history)} interval(s) closed; the peak needs {max(self.min_intervals, self.window)}"
+        if len(history) < self.intervals_needed:
+            return f"{len(history)} interval(s) closed; the peak needs {self.intervals_needed}"
         signals = self.signals(history, num_blocks)
         shown = " ".join("-" if s is None else f"{s:.2f}" for s in signals)
         gains = self.gains(boundary, signals, self.shares(block_bytes, num_blocks), num_blocks)
@@ -85,6 +85,11 @@ class Payoff(Policy):
         return f"signal per block [{shown}], gain of freezing to k+1.. [{best}]"
 
     # ---------------------------------------------------------------- the rule's parts
+    @property
+    def intervals_needed(self) -> int:
+        """Closed intervals before the first decision: a peak to compare with, and one full window."""
+        return max(self.min_intervals, self.window)
+
     def shares(self, block_bytes: Sequence[int], num_blocks: int) -> list[float]:
         """Each block's fraction of the model's parameter bytes."""
         if len(block_bytes) != num_blocks or any(int(b) < 0 for b in block_bytes) or sum(block_bytes) <= 0:
