@@ -621,3 +621,36 @@ def test_seeds_to_decide_the_verdict():
     assert seeds_to_decide([1.0], 0.5) is None  # one pair: no spread to read
     assert seeds_to_decide([1.0, 1.0], 0.5) is None
     assert seeds_to_decide(diffs, 0.5, most=10) is None
+
+
+def test_pareto_draws_one_panel_per_setting_and_one_legend_entry_per_group(tmp_path, monkeypatch):
+    """A study of a dozen arms in two settings: a panel per setting on one speedup axis, and each
+    group one legend entry with the same colour in both panels (no per-point labels to overlap)."""
+    from freeze.pipeline.report import plots
+
+    figures = {}
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figures.setdefault(path.name, fig) and path)
+    rows = [
+        {
+            "setting": setting,
+            "group": group,
+            "baseline": "none",
+            "diff_points": d,
+            "diff_low": d - 0.5,
+            "diff_high": d + 0.5,
+            "speedup": x,
+            "speedup_low": x - 0.1,
+            "speedup_high": x + 0.1,
+        }
+        for setting in ("cluster", "loopback")
+        for group, d, x in (("payoff", -0.7, 1.3), ("static-k8", -6.8, 2.1), ("control", 0.0, 1.0))
+    ]
+    plots.plot_pareto(pd.DataFrame(rows), 0.5, tmp_path / "pareto.png")
+    panels = figures["pareto.png"].axes
+    assert [ax.get_title().split(":")[0] for ax in panels] == ["cluster", "loopback"]
+    assert panels[0].get_shared_y_axes().joined(panels[0], panels[1])
+    labels = [t.get_text() for t in panels[-1].get_legend().get_texts()]
+    assert labels == ["control", "payoff", "static-k8", "-0.5 point margin"]
+    colours = [[c.lines[0].get_color() for c in ax.containers] for ax in panels]
+    assert colours[0] == colours[1] and len(set(colours[0])) == 3
+    assert not any(ax.texts for ax in panels)

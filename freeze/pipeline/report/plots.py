@@ -191,38 +191,41 @@ def _against(paired: pd.DataFrame) -> str:
 
 def plot_pareto(paired: pd.DataFrame, margin_points: float | None, path: Path) -> Path:
     """Speedup against accuracy difference, one point per (setting, group), 95 % intervals both ways:
-    the study's headline picture (up and to the right of the margin line is a win)."""
-    fig = Figure(figsize=(7.5, 5))
-    ax = fig.add_subplot()
+    the study's headline picture (up and to the right of the margin line is a win).
+
+    One panel per setting, sharing the speedup axis, and one colour and marker per group in every
+    panel with a single legend: a study of a dozen arms puts most of its points near (0, 1x), where
+    text labels beside each point would cover one another."""
     settings = sorted(set(paired["setting"]))
-    markers = "osD^v<>P*X"
-    for i, setting in enumerate(settings):
-        rows = paired[paired["setting"] == setting]
-        for row in rows.itertuples(index=False):
+    groups = sorted(set(paired["group"]))
+    colours = colormaps["tab20"] if len(groups) > 10 else colormaps["tab10"]
+    style = {g: {"color": colours(i % colours.N), "fmt": _MARKERS[i % len(_MARKERS)]} for i, g in enumerate(groups)}
+    fig = Figure(figsize=(1.5 + 4.5 * len(settings), 5))
+    axes = fig.subplots(1, len(settings), sharey=True, squeeze=False)[0]
+    handles, margin_line = {}, None
+    for ax, setting in zip(axes, settings, strict=True):
+        for row in paired[paired["setting"] == setting].itertuples(index=False):
             x, y = row.diff_points, row.speedup
             if not (np.isfinite(x) and np.isfinite(y)):
                 continue
             xerr = [[x - row.diff_low], [row.diff_high - x]] if np.isfinite(row.diff_low) else None
             yerr = [[y - row.speedup_low], [row.speedup_high - y]] if np.isfinite(row.speedup_low) else None
-            line = ax.errorbar(x, y, xerr=xerr, yerr=yerr, fmt=markers[i % len(markers)], capsize=3, markersize=6)
-            label = f"{setting}/{row.group}" if setting else row.group
-            ax.annotate(
-                label, (x, y), textcoords="offset points", xytext=(5, 4), fontsize="x-small", color=line[0].get_color()
+            handles[row.group] = ax.errorbar(
+                x, y, xerr=xerr, yerr=yerr, capsize=3, markersize=6, elinewidth=1, **style[row.group]
             )
-    ax.axhline(1.0, color="grey", linewidth=0.8)
-    ax.axvline(0.0, color="grey", linewidth=0.8)
-    if margin_points:
-        ax.axvline(-margin_points, color="red", linestyle="--", linewidth=0.8, label=f"-{margin_points:g} point margin")
-        ax.legend(fontsize="small")
-    ax.set_xlabel("final test accuracy - baseline's (points, paired over seeds, 95% CI)")
-    ax.set_ylabel("speedup in train wall time (x, geometric mean, 95% CI)")
-    ax.set_title(
-        "Speedup vs accuracy difference"
-        + _against(paired)
-        + (f" (markers by setting: {', '.join(settings)})" if any(settings) else ""),
-        fontsize="small",
-    )
-    ax.grid(alpha=0.3)
+        ax.axhline(1.0, color="grey", linewidth=0.8)
+        ax.axvline(0.0, color="grey", linewidth=0.8)
+        if margin_points:
+            margin_line = ax.axvline(-margin_points, color="red", linestyle="--", linewidth=0.8)
+        ax.set_xlabel("final test accuracy - baseline's\n(points, paired over seeds, 95% CI)")
+        ax.set_title((f"{setting}: " if setting else "") + "speedup vs accuracy" + _against(paired), fontsize="small")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("speedup in train wall time (x, geometric mean, 95% CI)")
+    legend = [(handles[g], g) for g in groups if g in handles]
+    if margin_line is not None:
+        legend.append((margin_line, f"-{margin_points:g} point margin"))
+    if legend:  # beside the last panel; tight_layout (in _save) makes room for it
+        axes[-1].legend(*zip(*legend, strict=True), loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize="small")
     return _save(fig, path)
 
 
