@@ -32,9 +32,11 @@ format: $(STAMP)
 study: $(STAMP)
 	$(BIN)/python -m experiments.study --config experiments/configs/study_offline.toml
 
-# The study report/REPORT.md carries; it regenerates REPORT.md's tables and figures.
+# The study report/REPORT.md carries (FDSL-32, issue 24); it regenerates REPORT.md's tables and
+# figures. About 158 runs, 3-4 hours on 2 cores: complete runs are skipped, so it can be stopped and
+# run again, or run in seed blocks (docs/study.md).
 study-full: $(STAMP)
-	$(BIN)/python -m experiments.study --config experiments/configs/study_offline_full.toml --update-report
+	$(BIN)/python -m experiments.study --config experiments/configs/study_fdsl32.toml --update-report
 
 bench: $(STAMP)
 	$(BIN)/python -m experiments.bench

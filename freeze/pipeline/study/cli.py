@@ -3,7 +3,8 @@ interleaved grid of settings x arms x seeds, the cost model's prediction of ever
 time (opt-in: ``[study] predict = true``, freeze.pipeline.study.predict), then the report.
 
     python -m experiments.study --config experiments/configs/study_offline.toml        # = make study
-    python -m experiments.study --config experiments/configs/study_offline_full.toml --update-report
+    python -m experiments.study --config experiments/configs/study_fdsl32.toml --seeds 0   # one seed block
+    python -m experiments.study --config experiments/configs/study_fdsl32.toml --update-report  # = make study-full
 
 The study file's format is in :mod:`freeze.pipeline.study.plan`. Re-running resumes: complete runs
 are skipped, interrupted ones continue from their checkpoints, and the search's choice is recomputed
