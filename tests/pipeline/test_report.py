@@ -654,3 +654,14 @@ def test_pareto_draws_one_panel_per_setting_and_one_legend_entry_per_group(tmp_p
     colours = [[c.lines[0].get_color() for c in ax.containers] for ax in panels]
     assert colours[0] == colours[1] and len(set(colours[0])) == 3
     assert not any(ax.texts for ax in panels)
+
+
+def test_pareto_colours_of_a_dozen_groups_are_distinct_hues_first():
+    """Beyond 10 groups the first ten take tab20's dark shades, one per hue, before any light one."""
+    from matplotlib import colormaps
+
+    from freeze.pipeline.report.plots import _group_colour
+
+    colours = [_group_colour(i, 13) for i in range(13)]
+    assert len(set(colours)) == 13
+    assert colours[:10] == [colormaps["tab20"](2 * i) for i in range(10)]

@@ -189,6 +189,15 @@ def _against(paired: pd.DataFrame) -> str:
     return f" against baseline {', '.join(repr(n) for n in names)}"
 
 
+def _group_colour(index: int, n_groups: int) -> tuple[float, ...]:
+    """The index-th of n_groups distinct colours: tab10's, or beyond 10 groups tab20's dark shades
+    first and then its light ones, so that neighbouring groups never get two shades of one hue."""
+    if n_groups <= 10:
+        return colormaps["tab10"](index % 10)
+    index %= 20
+    return colormaps["tab20"](2 * index if index < 10 else 2 * (index - 10) + 1)
+
+
 def plot_pareto(paired: pd.DataFrame, margin_points: float | None, path: Path) -> Path:
     """Speedup against accuracy difference, one point per (setting, group), 95 % intervals both ways:
     the study's headline picture (up and to the right of the margin line is a win).
@@ -198,8 +207,9 @@ def plot_pareto(paired: pd.DataFrame, margin_points: float | None, path: Path) -
     text labels beside each point would cover one another."""
     settings = sorted(set(paired["setting"]))
     groups = sorted(set(paired["group"]))
-    colours = colormaps["tab20"] if len(groups) > 10 else colormaps["tab10"]
-    style = {g: {"color": colours(i % colours.N), "fmt": _MARKERS[i % len(_MARKERS)]} for i, g in enumerate(groups)}
+    style = {
+        g: {"color": _group_colour(i, len(groups)), "fmt": _MARKERS[i % len(_MARKERS)]} for i, g in enumerate(groups)
+    }
     fig = Figure(figsize=(1.5 + 4.5 * len(settings), 5))
     axes = fig.subplots(1, len(settings), sharey=True, squeeze=False)[0]
     handles, margin_line = {}, None
