@@ -109,6 +109,32 @@ def test_agents_name_the_store_host_and_their_own_address():
         assert argv[:4] == ["unshare", "--pid", "--fork", "--kill-child"] and node.namespace in argv
 
 
+def test_a_namespace_deleted_by_a_concurrent_cleanup_is_not_an_error(tmp_path, monkeypatch):
+    """Two launchers (or two test runs) starting at once both remove stale clusters: when the other
+    deletes a namespace between this one's existence check and its `ip netns delete`, the delete
+    fails with "No such file" and the namespace is gone, as wanted. A delete that fails while the
+    namespace is still there is still an error."""
+    monkeypatch.setattr(net, "NETNS_DIR", tmp_path)
+    monkeypatch.setattr(net, "namespace_pids", lambda name: [])
+    (tmp_path / "fzc-00000000-n1").touch()
+
+    def other_cleanup_wins(argv, check=True):
+        (tmp_path / argv[-1]).unlink()  # the concurrent clean-up, just before ours
+        raise net.ClusterError(f"cluster: '{' '.join(argv)}' failed: Cannot remove namespace file")
+
+    monkeypatch.setattr(net, "_run", other_cleanup_wins)
+    net._kill_and_delete("fzc-00000000-n1")
+
+    (tmp_path / "fzc-00000000-n2").touch()
+
+    def delete_fails(argv, check=True):
+        raise net.ClusterError(f"cluster: '{' '.join(argv)}' failed: Device or resource busy")
+
+    monkeypatch.setattr(net, "_run", delete_fails)
+    with pytest.raises(net.ClusterError, match="busy"):
+        net._kill_and_delete("fzc-00000000-n2")
+
+
 def test_without_root_or_tools_one_line_says_which(monkeypatch, capsys):
     from experiments.cluster import main
 
