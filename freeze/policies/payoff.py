@@ -91,7 +91,7 @@ class Payoff(Policy):
         return max(self.min_intervals, self.window)
 
     def shares(self, block_bytes: Sequence[int], num_blocks: int) -> list[float]:
-        """Each block's fraction of the model's parameter bytes."""
+        """Each block's fraction of the gradient bytes that train (``block_bytes``, from the Freezer)."""
         if len(block_bytes) != num_blocks or any(int(b) < 0 for b in block_bytes) or sum(block_bytes) <= 0:
             raise PolicyError(
                 f"policy '{self.name}': block_bytes = {list(block_bytes)!r} with {num_blocks} blocks; "

@@ -32,9 +32,7 @@ def _loads(run: Run) -> list[float]:
 
 
 def _machine(run: Run) -> str:
-    hw = run.manifest.get("hardware") if isinstance(run.manifest.get("hardware"), dict) else {}
-    gpus = hw.get("gpus") or []
-    return f"{gpus[0] if gpus else hw.get('cpu', '?')}, {hw.get('cores', '?')} cores"
+    return f"{run.processor}, {run.hardware.get('cores', '?')} cores"
 
 
 def blocks_table(runs: list[Run]) -> Table:

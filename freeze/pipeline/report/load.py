@@ -81,6 +81,18 @@ class Run:
         return self.manifest["status"]
 
     @property
+    def hardware(self) -> dict:
+        """The manifest's hardware record ({} when missing or malformed)."""
+        hw = self.manifest.get("hardware")
+        return hw if isinstance(hw, dict) else {}
+
+    @property
+    def processor(self) -> str:
+        """What the run computed on: its first GPU, else its CPU ("?" when unrecorded)."""
+        gpus = self.hardware.get("gpus") or []
+        return str(gpus[0] if gpus else self.hardware.get("cpu", "?"))
+
+    @property
     def block_names(self) -> list[str]:
         return [str(b) for b in self.manifest["block_names"]]
 

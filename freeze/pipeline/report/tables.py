@@ -611,9 +611,7 @@ def setup_line(runs: list[Run]) -> str:
             parts.append(f"{section}.{key}={' / '.join(values)}")
     hardware = set()
     for run in runs:
-        hw = run.manifest.get("hardware") if isinstance(run.manifest.get("hardware"), dict) else {}
-        gpus = hw.get("gpus") or []
-        hardware.add(f"{hw.get('device', '?')}: {gpus[0] if gpus else hw.get('cpu', '?')}")
+        hardware.add(f"{run.hardware.get('device', '?')}: {run.processor}")
     parts.append(f"hardware={' / '.join(sorted(hardware))}")
     return f"Setup ({len(runs)} run directories): " + "; ".join(parts)
 
