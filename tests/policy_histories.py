@@ -60,6 +60,7 @@ NON_DEFAULT = {
     "cs744": {},
     "gradual-unfreeze": {"every_epochs": 3},
     "payoff": {"exchange": 2.0, "window": 3, "min_intervals": 4},
+    "at": {"k": 4, "t": 0.7},
 }
 
 

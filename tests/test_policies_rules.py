@@ -12,6 +12,7 @@ from freeze import Freezer, split_blocks
 from freeze.policies import POLICIES, PolicyError, Progress, make_policy
 from freeze.policies.rules import (
     AutoFreeze,
+    ClockFreeze,
     CS744Freeze,
     FreezeOut,
     GeometricFreeze,
@@ -218,6 +219,34 @@ def test_static_and_none():
     assert "'k'" in message and "int >= 0" in message
 
 
+# ------------------------------------------------------------------------------------ at (the clock)
+@pytest.mark.parametrize("t", [0.4, 0.5, 0.6, 0.7, 0.8])
+def test_clock_freezes_k_blocks_at_the_first_evaluation_at_or_after_t(t):
+    # 5 epochs of 10 steps, evaluated every step: k blocks freeze at step ceil(t * 50), not one before.
+    policy = ClockFreeze(k=8, t=t)
+    boundaries = [policy.decide(0, [], Progress(s // 10, 5, s, 50), 10) for s in range(51)]
+    first = boundaries.index(8)
+    assert first == round(t * 50) and set(boundaries[:first]) == {0} and set(boundaries[first:]) == {8}
+
+
+def test_clock_epoch_n_reads_as_t_n_over_epochs_and_never_moves_back():
+    # "freeze at epoch 2 of 5" with per-epoch evaluation: at:t=0.4 freezes at end_epoch(1), so epoch 2 trains frozen.
+    assert [ClockFreeze(k=3, t=0.4).decide(0, [], after_epochs(e, 5), 10) for e in range(1, 6)] == [0, 3, 3, 3, 3]
+    assert ClockFreeze(k=3, t=0.4).decide(5, [], after_epochs(3, 5), 10) == 5  # a later boundary is kept
+
+
+@pytest.mark.parametrize("spec", ["at:t=0", "at:t=1", "at:t=1.5", "at:t=-0.1", "at:k=-1"])
+def test_clock_refuses_t_outside_the_open_unit_interval_and_negative_k_in_one_line(spec):
+    message = one_line_error(make_policy, spec)
+    assert ("float in (0, 1)" in message) if "t=" in spec else ("int >= 0" in message)
+
+
+def test_clock_k_its_model_cannot_take_is_refused_at_construction_not_at_t():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    with pytest.raises(PolicyError, match="k = 3 with 3 blocks"):
+        Freezer(model, split_blocks(model), make_policy("at:k=3,t=0.5"), epochs=2)
+
+
 # ------------------------------------------------------------------------------------ every policy
 def test_every_policy_stays_in_range_and_forward_only():
     history = eta_history([0.1, 0.1, 0.1, 0.1, 0.1])
@@ -233,7 +262,7 @@ def test_every_policy_stays_in_range_and_forward_only():
 def test_flags():
     assert {n for n, c in POLICIES.items() if c.uses_gradients} == {"autofreeze", "cs744", "payoff"}
     assert {n for n, c in POLICIES.items() if c.uses_block_bytes} == {"payoff"}
-    assert {n for n, c in POLICIES.items() if c.needs_run_length} == {"freezeout", "linear"}
+    assert {n for n, c in POLICIES.items() if c.needs_run_length} == {"freezeout", "linear", "at"}
     assert {n for n, c in POLICIES.items() if c.may_unfreeze} == {"gradual-unfreeze"}
     assert set(POLICIES) == {
         "none",
@@ -245,6 +274,7 @@ def test_flags():
         "cs744",
         "gradual-unfreeze",
         "payoff",
+        "at",
     }
 
 

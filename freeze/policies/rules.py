@@ -217,3 +217,39 @@ class GradualUnfreeze(Policy):
         scheduled = max(num_blocks - 1 - progress.epochs_completed // self.every_epochs, 0)
         # Moves only towards unfreezing: a block once unfrozen is never frozen again.
         return min(boundary, scheduled)
+
+
+@register_policy
+@dataclass(frozen=True)
+class ClockFreeze(Policy):
+    """Freeze blocks 0..k-1 once a fraction ``t`` of the run is done: the clock, with no signal.
+
+    What users ask for ("freeze these blocks at epoch N": t = N / epochs with per-epoch evaluation),
+    and the ablation a signal-driven rule has to beat: a rule that freezes k blocks at t is worth its
+    signal only if it lands beyond ``at:k=K,t=T`` for the same k (issue 35's freeze-time atlas)."""
+
+    name: ClassVar[str] = "at"
+    needs_run_length: ClassVar[bool] = True
+    k: int = param(1, low=0)
+    # Open at both ends: t = 0 is static freezing and t = 1 never freezes - each has its own policy,
+    # and a study that labels either as "the clock" would misreport what ran.
+    t: float = param(0.5, low=0.0, high=1.0, low_open=True, high_open=True)
+
+    def initial_boundary(self, num_blocks: int) -> int:
+        self._check_blocks(num_blocks)
+        self._check_k(num_blocks)  # at the Freezer's construction, not at fraction t of the run
+        return 0
+
+    def decide(self, boundary: int, history: Sequence[IntervalStats], progress: Progress, num_blocks: int) -> int:
+        self._check_call(boundary, num_blocks)
+        self._check_k(num_blocks)
+        due = progress.fraction + SCHEDULE_EPS >= self.t
+        return max(boundary, self.k) if due else boundary
+
+    def _check_k(self, num_blocks: int) -> None:
+        # Refused, not clamped (as static's k): a run of at:k=99 that froze 9 blocks would be reported as k=99.
+        if self.k > num_blocks - 1:
+            raise PolicyError(
+                f"policy 'at': k = {self.k} with {num_blocks} blocks; accepted: 0..{num_blocks - 1} "
+                f"(the head, block {num_blocks - 1}, is never frozen)"
+            )
