@@ -1,0 +1,133 @@
+"""The budget frontier and the iso-accuracy speedup (issue 35).
+
+A user who wants to finish sooner can train fewer steps instead of freezing (budgeted training: Li,
+Yumer and Ramanan, ICLR 2020). Full fine-tuning at several fractions of the budget, each with its
+LR schedule over its own length, traces accuracy against training time: the frontier. An arm is
+worth running only if it lies beyond it, so every arm gets
+
+    iso-accuracy speedup = T_frontier(acc_arm) / T_arm,
+
+the time full fine-tuning needs to reach the arm's accuracy (read off the frontier) over the
+arm's own time. Above 1.00 the arm beats training less; at or below, a shorter schedule does as well.
+
+The frontier is the mean over seeds of each budget's (time, accuracy), made monotone (a longer
+budget is never read as reaching less than a shorter one: a dip is seed noise), and interpolated
+linearly in time. The interval is a paired percentile bootstrap over seeds: each resample draws
+seeds with replacement and recomputes both the frontier and the arm from the same seeds, since the
+frontier and the arm share each seed's data order and initialisation.
+
+Off the frontier's ends the speedup is a bound, and says so: an arm more accurate than the full
+budget needs more than the full time (a lower bound, T_full / T_arm); an arm less accurate than
+the shortest budget needs less than its time (an upper bound, which never supports "beyond").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+Bound = Literal["exact", "lower", "upper"]
+
+BOOTSTRAP_RESAMPLES = 10_000
+BOOTSTRAP_SEED = 0  # fixed: the same runs give the same interval, byte for byte, every time
+
+
+@dataclass(frozen=True)
+class Point:
+    """One run's result: its training time and its final-epoch accuracy."""
+
+    time_s: float
+    accuracy_pct: float
+
+
+@dataclass(frozen=True)
+class IsoSpeedup:
+    """T_frontier(acc_arm) / T_arm with its paired bootstrap interval over seeds."""
+
+    speedup: float
+    ci_low: float
+    ci_high: float
+    bound: Bound  # "lower" / "upper": the arm's mean accuracy lies past the frontier's end / start
+    seeds: int
+
+    @property
+    def beyond_frontier(self) -> bool:
+        """The arm beats training less: the whole interval above 1.00 (an upper bound never counts)."""
+        return self.bound != "upper" and self.ci_low > 1.0
+
+
+def frontier_curve(runs: Mapping[float, Sequence[Point]]) -> tuple[np.ndarray, np.ndarray]:
+    """The mean frontier: per budget fraction, the mean time and mean accuracy over its runs,
+    sorted by time, with accuracy made non-decreasing (running maximum).
+
+    Args:
+        runs: budget fraction -> that budget's runs (one per seed).
+
+    Returns:
+        (times_s, accuracies_pct), both increasing in time, accuracy non-decreasing.
+    """
+    if len(runs) < 2:
+        raise ValueError(f"frontier: {len(runs)} budget fraction(s); accepted: at least 2 to interpolate between")
+    means = sorted(
+        (float(np.mean([p.time_s for p in points])), float(np.mean([p.accuracy_pct for p in points])))
+        for points in runs.values()
+    )
+    times = np.array([t for t, _ in means])
+    accuracies = np.maximum.accumulate(np.array([a for _, a in means]))
+    return times, accuracies
+
+
+def frontier_time(accuracy_pct: float, times_s: np.ndarray, accuracies_pct: np.ndarray) -> tuple[float, Bound]:
+    """The time the frontier needs to reach ``accuracy_pct``: the first time the piecewise linear
+    curve reaches it. Past the curve's ends: its last (a lower bound) or first time (an upper bound).
+
+    Args:
+        accuracy_pct: the accuracy to reach.
+        times_s: the frontier's times, increasing.
+        accuracies_pct: its accuracies, non-decreasing.
+    """
+    if accuracy_pct > accuracies_pct[-1]:
+        return float(times_s[-1]), "lower"
+    if accuracy_pct < accuracies_pct[0]:
+        return float(times_s[0]), "upper"
+    i = int(np.searchsorted(accuracies_pct, accuracy_pct, side="left"))
+    if i == 0 or accuracies_pct[i] == accuracy_pct:
+        return float(times_s[i]), "exact"
+    a0, a1 = accuracies_pct[i - 1], accuracies_pct[i]
+    t0, t1 = times_s[i - 1], times_s[i]
+    return float(t0 + (t1 - t0) * (accuracy_pct - a0) / (a1 - a0)), "exact"
+
+
+def iso_accuracy_speedup(
+    frontier: Mapping[float, Mapping[int, Point]],
+    arm: Mapping[int, Point],
+    resamples: int = BOOTSTRAP_RESAMPLES,
+) -> IsoSpeedup:
+    """The arm's iso-accuracy speedup over the seeds every budget and the arm share.
+
+    Args:
+        frontier: budget fraction -> seed -> full fine-tuning's result at that budget.
+        arm: seed -> the arm's result.
+        resamples: bootstrap resamples for the 95 % interval.
+    """
+    seeds = sorted(set(arm).intersection(*(set(by_seed) for by_seed in frontier.values())))
+    if not seeds:
+        raise ValueError("iso-accuracy speedup: no seed has both the arm and every budget of the frontier")
+
+    def estimate(sample: Sequence[int]) -> tuple[float, Bound]:
+        times, accuracies = frontier_curve({f: [by_seed[s] for s in sample] for f, by_seed in frontier.items()})
+        arm_time = float(np.mean([arm[s].time_s for s in sample]))
+        needed, bound = frontier_time(float(np.mean([arm[s].accuracy_pct for s in sample])), times, accuracies)
+        return needed / arm_time, bound
+
+    speedup, bound = estimate(seeds)
+    if len(seeds) < 2:
+        return IsoSpeedup(speedup, float("nan"), float("nan"), bound, len(seeds))
+    rng = np.random.default_rng(BOOTSTRAP_SEED)
+    draws = rng.integers(0, len(seeds), size=(resamples, len(seeds)))
+    ratios = [estimate([seeds[i] for i in row])[0] for row in draws]
+    low, high = np.percentile(ratios, [2.5, 97.5])
+    return IsoSpeedup(speedup, float(low), float(high), bound, len(seeds))
