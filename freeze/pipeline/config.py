@@ -198,6 +198,9 @@ class TrainConfig:
     # large test set evaluated every epoch would cost the study more than its training)
     test_eval: Literal["every-eval", "final"] = "every-eval"
     max_steps_per_epoch: int = _f(0, ge=0)  # 0 = full epoch
+    # Budgeted training (Li, Yumer and Ramanan, ICLR 2020), the budget frontier a freezing arm must
+    # beat: this fraction of every epoch's optimizer steps, with the LR schedule over the shorter run.
+    budget_fraction: float = _f(1.0, gt=0, le=1)
     eval_batch_size: int = _f(256, ge=1)
 
 

@@ -170,6 +170,11 @@ def build_training(
     steps_per_epoch = len(loader) // accum
     if cfg.train.max_steps_per_epoch:
         steps_per_epoch = min(steps_per_epoch, cfg.train.max_steps_per_epoch)
+    if cfg.train.budget_fraction < 1.0:
+        # The same epochs and evaluations, each epoch a random fraction of its batches (the head of
+        # the epoch's shuffled order), and the schedule over the shorter run: a warm-up given in
+        # epochs shrinks with it and a decaying schedule still decays to its end.
+        steps_per_epoch = max(1, round(steps_per_epoch * cfg.train.budget_fraction))
     if steps_per_epoch < 1:
         raise ConfigError(
             f"train.accumulate_steps: {accum} micro-batches per optimizer step leave no step in an epoch of "
