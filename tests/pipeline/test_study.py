@@ -45,6 +45,13 @@ autofreeze = ["autofreeze:percentile=50", "autofreeze:percentile=80"]
 """
 
 
+FRONTIER = """
+[frontier]
+fractions = [0.5, 0.8]
+settings = ["loopback"]
+"""
+
+
 def _study(tmp_path: Path, text: str = STUDY) -> Path:
     path = tmp_path / "study.toml"
     path.write_text(text)
@@ -72,6 +79,22 @@ def test_every_seed_block_holds_every_cell_once_in_its_own_order(tmp_path):
     assert by_name["loopback_control_seed=0"].run.study == "tiny"
 
 
+def test_the_frontier_adds_a_full_fine_tuning_arm_per_budget_fraction_in_its_settings(tmp_path):
+    study = read_study(_study(tmp_path, STUDY + FRONTIER))
+    assert study.frontier == {"budget-0.5": 0.5, "budget-0.8": 0.8}
+    specs = main_specs(study, {"autofreeze": "autofreeze:percentile=80"}, str(tmp_path / "runs"))
+    budget = [s.config for s in specs if s.config.run.group.startswith("budget-")]
+    assert len(specs) == 3 * (2 * 4 + 2) and len(budget) == 3 * 2
+    assert {(c.run.setting, c.run.group, c.train.budget_fraction, c.freeze.policy) for c in budget} == {
+        ("loopback", "budget-0.5", 0.5, "none"),
+        ("loopback", "budget-0.8", 0.8, "none"),
+    }
+    # each seed's block holds every budget once, shuffled in with the other arms (paired and interleaved)
+    blocks = [[s.config.run.group for s in specs[i : i + 10]] for i in range(0, 30, 10)]
+    assert all(Counter(b)["budget-0.5"] == Counter(b)["budget-0.8"] == 1 for b in blocks)
+    assert len({tuple(b) for b in blocks}) == 3
+
+
 def test_search_runs_use_search_seeds_and_setting(tmp_path):
     specs = search_specs(read_study(_study(tmp_path)), str(tmp_path / "runs"))
     assert sorted(s.group for s in specs) == [
@@ -95,6 +118,12 @@ def test_search_runs_use_search_seeds_and_setting(tmp_path):
         (lambda t: t.replace('setting = "single"', 'setting = "cluster"'), "search.setting 'cluster' is not"),
         (lambda t: t.replace("seeds = [0, 1, 2]", "seeds = [0, 0]"), "seeds must be a non-empty list of distinct"),
         (lambda t: t.replace('"dist.nproc=1"]', '"dist.nprocs=1"]'), "nprocs"),
+        (lambda t: t + FRONTIER.replace("0.5, 0.8", "0, 0.8"), "frontier.fractions = [0, 0.8]; accepted:"),
+        (lambda t: t + FRONTIER.replace("0.5, 0.8", "0.5, 1.0"), "(1.0 is the baseline arm 'none'"),
+        (lambda t: t + FRONTIER.replace("0.5, 0.8", "0.5, 1.5"), "a non-empty list of distinct numbers in (0, 1)"),
+        (lambda t: t + FRONTIER.replace('"loopback"', '"cluster"'), "frontier.settings ['cluster']: not settings"),
+        (lambda t: t + FRONTIER.replace("fractions", "fraction"), "[frontier]: fraction; accepted keys"),
+        (lambda t: t.replace("[arms]\n", '[arms]\n"budget-0.5" = []\n') + FRONTIER, "the names of [frontier]'s arms"),
     ],
 )
 def test_bad_study_files_are_one_line_errors(tmp_path, edit, message, capsys):

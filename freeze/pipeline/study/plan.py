@@ -28,6 +28,11 @@
     # an arm only some settings run: a table instead of a list
     static-k8-nocache = { overrides = ["freeze.policy=static:k=8"], settings = ["cluster-1gbit"] }
 
+    [frontier]                                              # optional: the budget frontier (issue 35)
+    fractions = [0.5, 0.6, 0.7, 0.8, 0.9]                   # full fine-tuning on these fractions of the
+    settings = ["loopback"]                                 # steps: arms budget-0.5 ... (the baseline is 1.0);
+                                                            # settings optional (default: every setting)
+
     [search]                                                # optional: parameters chosen on validation only
     setting = "loopback"
     seeds = [100]
@@ -69,7 +74,9 @@ _STUDY_KEYS = {
     "out_dir",
     "predict",
 }
-_TABLES = {"study", "settings", "arms", "search"}
+_TABLES = {"study", "settings", "arms", "search", "frontier"}
+_FRONTIER_KEYS = {"fractions", "settings"}
+FRONTIER_ARM_PREFIX = "budget-"  # + the fraction: the frontier's arms (train.budget_fraction)
 _SEARCH_KEYS = {"setting", "seeds", "candidates", "same_as"}
 BASELINE_ARM = "none"
 # search.same_as value: the searched arm whose chosen candidate is fastest among the qualifying ones
@@ -118,6 +125,7 @@ class StudyFile:
     search: Search | None = None
     predict: bool = False  # the cost-model stage after the runs (freeze.pipeline.study.predict)
     weights: str | None = None  # committed pretrained weights (freeze.pipeline.substrate.weights), instead of pretrain
+    frontier: dict[str, float] = dataclasses.field(default_factory=dict)  # budget arm -> its fraction of the steps
 
     def cells(self) -> list[tuple[str, str]]:
         """(setting, arm) pairs the study runs for every seed."""
@@ -169,6 +177,13 @@ def read_study(path: str | Path) -> StudyFile:
         raise _error(path, f"unknown key(s) {', '.join(sorted(unknown))}; accepted: {', '.join(sorted(_STUDY_KEYS))}")
     settings = _names(path, "settings", data.get("settings", {})) or {"": ()}
     arms = _read_arms(path, data.get("arms", {}), settings)
+    frontier = _read_frontier(path, data.get("frontier"), settings, arms)
+    arms.update(
+        {
+            name: Arm(("freeze.policy=none", f"train.budget_fraction={f!r}"), _frontier_settings(data))
+            for name, f in frontier.items()
+        }
+    )
     margin = study.get("margin_points", 0.5)
     if not is_number(margin) or not margin > 0:
         raise _error(path, f"margin_points must be a number > 0, got {margin!r}")
@@ -204,6 +219,7 @@ def read_study(path: str | Path) -> StudyFile:
         search=search,
         predict=study.get("predict", False),
         weights=weights,
+        frontier=frontier,
     )
 
 
@@ -230,6 +246,37 @@ def _read_arms(path, data: dict, settings: dict) -> dict[str, Arm]:
     if missing:
         raise _error(path, f"arms.{BASELINE_ARM} must run in every setting (missing: {', '.join(missing)})")
     return arms
+
+
+def _frontier_settings(data: dict) -> tuple[str, ...] | None:
+    only = (data.get("frontier") or {}).get("settings")
+    return tuple(only) if only else None
+
+
+def _read_frontier(path, frontier, settings: dict, arms: dict) -> dict[str, float]:
+    """[frontier] -> budget arm name -> fraction; every problem one line naming the key."""
+    if frontier is None:
+        return {}
+    if not isinstance(frontier, dict) or set(frontier) - _FRONTIER_KEYS:
+        unknown = ", ".join(sorted(set(frontier) - _FRONTIER_KEYS)) if isinstance(frontier, dict) else "not a table"
+        raise _error(path, f"[frontier]: {unknown}; accepted keys: {', '.join(sorted(_FRONTIER_KEYS))}")
+    fractions = frontier.get("fractions")
+    ok = isinstance(fractions, list) and fractions and all(is_number(f) for f in fractions)
+    if not ok or not all(0 < f < 1 for f in fractions) or len(set(fractions)) != len(fractions):
+        raise _error(
+            path,
+            f"frontier.fractions = {fractions!r}; accepted: a non-empty list of distinct numbers in (0, 1) "
+            f"(1.0 is the baseline arm {BASELINE_ARM!r}, which every study runs)",
+        )
+    only = _string_list(path, "frontier.settings", frontier.get("settings", []))
+    unknown = sorted(set(only) - set(settings))
+    if unknown:
+        raise _error(path, f"frontier.settings {unknown}: not settings; settings: {', '.join(settings)}")
+    names = {f"{FRONTIER_ARM_PREFIX}{float(f)!r}": float(f) for f in sorted(fractions)}
+    taken = sorted(set(names) & set(arms))
+    if taken:
+        raise _error(path, f"[arms] {', '.join(taken)}: the names of [frontier]'s arms; rename the arm(s)")
+    return names
 
 
 def _read_search(path, search, arms: dict, settings: dict, seeds: tuple[int, ...]) -> Search | None:
