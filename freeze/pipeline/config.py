@@ -201,6 +201,10 @@ class TrainConfig:
     # Budgeted training (Li, Yumer and Ramanan, ICLR 2020), the budget frontier a freezing arm must
     # beat: this fraction of every epoch's optimizer steps, with the LR schedule over the shorter run.
     budget_fraction: float = _f(1.0, gt=0, le=1)
+    # Time to target that can see a late freeze: every N optimizer steps, accuracy on the first
+    # probe_val_size validation images (a fixed subset), off the clock; 0 = no probes.
+    probe_every_steps: int = _f(0, ge=0)
+    probe_val_size: int = _f(1000, ge=1)
     eval_batch_size: int = _f(256, ge=1)
 
 
@@ -489,6 +493,8 @@ def validate(config: Config, check_files: bool = True) -> Config:
     _check_arch(config.model.arch)
     _check_policy(config.freeze.policy)
     _check_cache(config)
+    if config.train.probe_every_steps and not config.data.val_size:
+        raise ConfigError("train.probe_every_steps: the probes read validation images; accepted: data.val_size > 0")
     return config
 
 

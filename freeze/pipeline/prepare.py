@@ -131,6 +131,7 @@ class Training:
     val_loader: EvalLoader | None  # None when data.val_size = 0
     test_loader: EvalLoader
     steps_per_epoch: int  # optimizer steps
+    probe_loader: EvalLoader | None = None  # the fixed validation subset of train.probe_every_steps
 
 
 def _check_batch_fits(cfg: Config, ctx: WorkerContext, n_train: int) -> None:
@@ -166,6 +167,12 @@ def build_training(
     test_loader = EvalLoader(
         split.test_x, split.test_y, cfg.train.eval_batch_size, ctx.rank, ctx.world_size, ctx.device
     )
+    probe_loader = None
+    if cfg.train.probe_every_steps:
+        n = min(cfg.train.probe_val_size, len(split.val_y))  # the first n: the same images at every probe
+        probe_loader = EvalLoader(
+            split.val_x[:n], split.val_y[:n], cfg.train.eval_batch_size, ctx.rank, ctx.world_size, ctx.device
+        )
     accum = cfg.train.accumulate_steps
     steps_per_epoch = len(loader) // accum
     if cfg.train.max_steps_per_epoch:
@@ -208,7 +215,9 @@ def build_training(
         ),
         cache_source=loader.cache_source() if cfg.freeze.cache != "off" else None,
     )
-    return Training(model, freezer, optimizer, scheduler, scaler, loader, val_loader, test_loader, steps_per_epoch)
+    return Training(
+        model, freezer, optimizer, scheduler, scaler, loader, val_loader, test_loader, steps_per_epoch, probe_loader
+    )
 
 
 def checkpoint_state(t: Training, epochs_done: int, cumulative_wall_s: float) -> dict:

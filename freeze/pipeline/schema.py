@@ -22,6 +22,10 @@ BOUNDARY_AT_EPOCH_START = "boundary_at_epoch_start"
 # it). With each epoch's boundary_at_epoch_start it gives the boundary at every step: what the
 # planted-task score reads.
 BOUNDARY_STEPS = "boundary_steps"
+# metrics.jsonl: [[step, epoch train s so far, accuracy], ...], the probes of train.probe_every_steps:
+# accuracy on a fixed validation subset read in the middle of epochs, off the clock (empty when off).
+# With the previous epochs' cumulative_wall_s they place a time to target between epoch ends.
+PROBES = "probes"
 # Keys older run directories used for the same value: new name -> old name.
 LEGACY_METRIC_KEYS: dict[str, str] = {BOUNDARY_AT_EPOCH_START: "boundary_during"}
 

@@ -44,7 +44,7 @@ from freeze.pipeline.prepare import (
 )
 from freeze.pipeline.run_lock import RunLock
 from freeze.pipeline.runs import RunDir, RunError, in_sweep, save_checkpoint
-from freeze.pipeline.schema import BOUNDARY_AT_EPOCH_START, BOUNDARY_STEPS, EVAL_PHASE, PHASES, TRAIN_PHASES
+from freeze.pipeline.schema import BOUNDARY_AT_EPOCH_START, BOUNDARY_STEPS, EVAL_PHASE, PHASES, PROBES, TRAIN_PHASES
 
 
 @dataclass
@@ -98,6 +98,7 @@ class EpochTraining:
     train_acc: float
     allreduce_bytes: int
     cache: dict | None  # this rank's activation-cache figures (None without a cache)
+    probes: list[list[float]] = field(default_factory=list)  # [step, epoch train s so far, probe val acc]
 
 
 def observe_then_clip(freezer: Freezer, params: list, optimizer, scaler, grad_clip_norm: float) -> None:
@@ -169,6 +170,7 @@ def train_one_epoch(
     sums = torch.zeros(3, dtype=torch.float64, device=ctx.device)  # loss sum, correct, count
     cache_start = dataclasses.replace(freezer.cache.counters) if freezer.cache is not None else None
     batches = t.loader.iter_keyed()
+    probes: list[list[float]] = []
     clock.start()
     for step in range(t.steps_per_epoch):
         step_start_s = time.perf_counter()
@@ -176,6 +178,8 @@ def train_one_epoch(
         loss, data_s = train_step(t, cfg, ctx.device, batches, clock, sums)
         # The loss stays on the device: the progress line reads it only when it prints.
         progress.update(step + 1, t.steps_per_epoch, loss, time.perf_counter() - step_start_s, data_s)
+        if t.probe_loader is not None and freezer.counters.steps % cfg.train.probe_every_steps == 0:
+            probes.append([freezer.counters.steps, clock.train_seconds(), probe_accuracy(t, cfg, ctx.device, clock)])
     freezer.end_epoch(epoch)
     clock.lap("freezer")
     cache = _cache_record(freezer, cache_start, int(sums[2].item()))
@@ -187,6 +191,7 @@ def train_one_epoch(
         train_acc=correct / count,
         allreduce_bytes=freezer.counters.allreduce_bytes_total - bytes_before,
         cache=cache,
+        probes=probes,
     )
 
 
@@ -219,6 +224,18 @@ def evaluate(model, loader: EvalLoader, precision: str, device: torch.device) ->
         totals[2] += y.numel()
     loss_sum, correct, count = all_reduce_sum(totals).tolist()
     return loss_sum / count, correct / count
+
+
+def probe_accuracy(t: Training, cfg: Config, device: torch.device, clock: PhaseClock) -> float:
+    """Accuracy on the fixed validation subset in the middle of an epoch, billed to evaluation (off
+    the training clock). Only evaluation reads the trainable BatchNorm statistics it syncs, so the
+    training that follows is the same with probes or without."""
+    comm.broadcast_from_rank0(list(t.model.buffers()))
+    t.freezer.eval()
+    _, accuracy = evaluate(t.model, t.probe_loader, cfg.train.precision, device)
+    t.freezer.train()
+    clock.lap(EVAL_PHASE)
+    return accuracy
 
 
 def _evaluation_due(cfg: Config, epoch: int) -> bool:
@@ -283,6 +300,7 @@ def epoch_record(
         "policy_evaluations": [e.line() for e in t.freezer.evaluations if e.epoch == epoch],
         BOUNDARY_STEPS: [[d.step, d.boundary_after] for d in t.freezer.decisions if d.epoch == epoch],
         "cache": train.cache,
+        PROBES: train.probes,
     }
 
 

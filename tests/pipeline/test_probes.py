@@ -1,0 +1,50 @@
+"""train.probe_every_steps: accuracy on a fixed validation subset between epoch ends, off the
+training clock, leaving the training itself unchanged (issue 35: a time to target that can see a
+late freeze)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import freeze.pipeline.run as run_module
+from freeze.pipeline.config import ConfigError, load_config
+from freeze.pipeline.schema import PROBES
+
+SMOKE = Path(__file__).resolve().parents[2] / "experiments" / "configs" / "smoke.toml"
+
+
+def _run(tmp_path: Path, name: str, *overrides: str) -> tuple[list[dict], dict]:
+    # smoke.toml in one process, 3 steps of 8 images per epoch, 2 epochs; geometric freezes after epoch 1.
+    small = ["train.batch_size=8", "train.max_steps_per_epoch=3"]
+    args = ["--config", str(SMOKE), "dist.nproc=1", f"run.out_dir={tmp_path}", f"run.name={name}", *small, *overrides]
+    assert run_module.main(args) == 0
+    run = tmp_path / "smoke" / name
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return records, torch.load(run / "model.pt", weights_only=True)
+
+
+@pytest.mark.slow
+def test_probes_read_the_fixed_subset_every_n_steps_off_the_clock_and_change_no_weight(tmp_path, monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    plain, plain_weights = _run(tmp_path, "plain")
+    probed, probed_weights = _run(tmp_path, "probed", "train.probe_every_steps=2", "train.probe_val_size=40")
+    assert [r[PROBES] for r in plain] == [[], []]
+    assert [[p[0] for p in r[PROBES]] for r in probed] == [[2], [4, 6]]  # steps count across epochs
+    for record in probed:
+        seconds = [p[1] for p in record[PROBES]]
+        assert seconds == sorted(seconds) and seconds[-1] <= record["epoch_wall_s"]  # epoch train time so far
+        # accuracy of 40 images: a multiple of 1/40
+        assert all(0 <= p[2] <= 1 and round(p[2] * 40, 6) == int(round(p[2] * 40)) for p in record[PROBES])
+    assert all(torch.equal(plain_weights[k], probed_weights[k]) for k in plain_weights)
+    assert [r["boundary"] for r in probed] == [r["boundary"] for r in plain]
+    assert [r["val_acc"] for r in probed] == [r["val_acc"] for r in plain]
+
+
+def test_probes_without_validation_images_are_refused_in_one_line():
+    with pytest.raises(ConfigError) as err:
+        load_config(SMOKE, ["data.val_size=0", "train.probe_every_steps=2"])
+    assert str(err.value) == "train.probe_every_steps: the probes read validation images; accepted: data.val_size > 0"
