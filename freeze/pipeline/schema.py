@@ -26,6 +26,9 @@ BOUNDARY_STEPS = "boundary_steps"
 # accuracy on a fixed validation subset read in the middle of epochs, off the clock (empty when off).
 # With the previous epochs' cumulative_wall_s they place a time to target between epoch ends.
 PROBES = "probes"
+# metrics.jsonl: rank 0's peak memory so far, in bytes (torch's peak allocation on a GPU, the
+# process's peak RSS on a CPU); absent in older run directories.
+PEAK_MEMORY = "peak_memory_bytes"
 # Keys older run directories used for the same value: new name -> old name.
 LEGACY_METRIC_KEYS: dict[str, str] = {BOUNDARY_AT_EPOCH_START: "boundary_during"}
 

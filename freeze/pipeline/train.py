@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import resource
 import socket
 import time
 from collections.abc import Iterator
@@ -44,7 +45,15 @@ from freeze.pipeline.prepare import (
 )
 from freeze.pipeline.run_lock import RunLock
 from freeze.pipeline.runs import RunDir, RunError, in_sweep, save_checkpoint
-from freeze.pipeline.schema import BOUNDARY_AT_EPOCH_START, BOUNDARY_STEPS, EVAL_PHASE, PHASES, PROBES, TRAIN_PHASES
+from freeze.pipeline.schema import (
+    BOUNDARY_AT_EPOCH_START,
+    BOUNDARY_STEPS,
+    EVAL_PHASE,
+    PEAK_MEMORY,
+    PHASES,
+    PROBES,
+    TRAIN_PHASES,
+)
 
 
 @dataclass
@@ -260,6 +269,15 @@ def evaluate_epoch(
     return {"val_loss": val_loss, "val_acc": val_acc, "test_loss": test_loss, "test_acc": test_acc}
 
 
+def peak_memory_bytes(device: torch.device) -> int:
+    """This process's peak memory so far: allocated by torch on a GPU, resident (RSS) on a CPU, where
+    the model, its activations and the activation cache all live in the process's memory. Freezing
+    competes on memory too: frozen blocks keep no activations for backward and no optimizer state."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
 def _grad_norm_record(freezer: Freezer, epoch: int) -> dict:
     hist = freezer.history
     if not hist or hist[-1].epoch != epoch:
@@ -301,6 +319,7 @@ def epoch_record(
         BOUNDARY_STEPS: [[d.step, d.boundary_after] for d in t.freezer.decisions if d.epoch == epoch],
         "cache": train.cache,
         PROBES: train.probes,
+        PEAK_MEMORY: peak_memory_bytes(clock.device),
     }
 
 

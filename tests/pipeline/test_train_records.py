@@ -1,6 +1,6 @@
-"""train.probe_every_steps: accuracy on a fixed validation subset between epoch ends, off the
-training clock, leaving the training itself unchanged (issue 35: a time to target that can see a
-late freeze)."""
+"""What issue 35 added to each epoch record: the probes of train.probe_every_steps (accuracy on a
+fixed validation subset between epoch ends, off the training clock, leaving the training itself
+unchanged: a time to target that can see a late freeze) and the peak memory."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 
 import freeze.pipeline.run as run_module
 from freeze.pipeline.config import ConfigError, load_config
-from freeze.pipeline.schema import PROBES
+from freeze.pipeline.schema import PEAK_MEMORY, PROBES
 
 SMOKE = Path(__file__).resolve().parents[2] / "experiments" / "configs" / "smoke.toml"
 
@@ -28,7 +28,9 @@ def _run(tmp_path: Path, name: str, *overrides: str) -> tuple[list[dict], dict]:
 
 
 @pytest.mark.slow
-def test_probes_read_the_fixed_subset_every_n_steps_off_the_clock_and_change_no_weight(tmp_path, monkeypatch):
+def test_probes_read_the_fixed_subset_every_n_steps_off_the_clock_and_change_no_weight_and_memory_peaks_grow(
+    tmp_path, monkeypatch
+):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     plain, plain_weights = _run(tmp_path, "plain")
     probed, probed_weights = _run(tmp_path, "probed", "train.probe_every_steps=2", "train.probe_val_size=40")
@@ -42,6 +44,10 @@ def test_probes_read_the_fixed_subset_every_n_steps_off_the_clock_and_change_no_
     assert all(torch.equal(plain_weights[k], probed_weights[k]) for k in plain_weights)
     assert [r["boundary"] for r in probed] == [r["boundary"] for r in plain]
     assert [r["val_acc"] for r in probed] == [r["val_acc"] for r in plain]
+    # the peak memory of the process so far: positive, never decreasing, and at least the model's weights
+    weights_bytes = sum(t.numel() * t.element_size() for t in probed_weights.values())
+    peaks = [r[PEAK_MEMORY] for r in probed]
+    assert peaks == sorted(peaks) and peaks[0] > weights_bytes
 
 
 def test_probes_without_validation_images_are_refused_in_one_line():
