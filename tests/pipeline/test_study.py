@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 
 from freeze.pipeline.config import config_to_toml
+from freeze.pipeline.report.load import load_runs
 from freeze.pipeline.report.paired import is_control
 from freeze.pipeline.study import cli
 from freeze.pipeline.study.plan import main_specs, read_study, search_specs
@@ -40,6 +41,7 @@ autofreeze = []
 [search]
 setting = "single"
 seeds = [100]
+qualify_margin_points = 0.5
 [search.candidates]
 autofreeze = ["autofreeze:percentile=50", "autofreeze:percentile=80"]
 """
@@ -150,7 +152,7 @@ def test_a_key_error_names_the_file_it_came_from(tmp_path, capsys):
         ),
         (
             STUDY.replace('setting = "single"', 'setting = "single"\nseed = [5]'),
-            ["[search]: unknown key(s) seed; accepted: candidates, same_as, seeds, setting"],
+            ["[search]: unknown key(s) seed; accepted: candidates, qualify_margin_points, same_as, seeds, setting"],
         ),
     ]
     for text, parts in cases:
@@ -331,10 +333,28 @@ def test_a_study_without_prediction_or_search_leaves_no_stale_table(tmp_path, mo
     )
 
 
+def test_the_search_qualifies_at_half_the_study_margin_unless_told(tmp_path, capsys):
+    """Chosen at the margin it is then tested at, a search picks the candidate its noise favoured
+    most (issue 35): by default a candidate qualifies at half of margin_points."""
+    default = STUDY.replace("qualify_margin_points = 0.5\n", "")
+    assert read_study(_study(tmp_path, default)).search.qualify_margin_points == 0.25
+    assert read_study(_study(tmp_path, STUDY)).search.qualify_margin_points == 0.5
+    for bad in ("0", "0.75", "true"):
+        path = _study(tmp_path, STUDY.replace("qualify_margin_points = 0.5", f"qualify_margin_points = {bad}"))
+        assert cli.main(["--config", str(path), "--dry-run"]) == 2
+        err = capsys.readouterr().err
+        assert "search.qualify_margin_points" in err and "accepted: a number in (0, margin_points = 0.5]" in err
+    # the runs of the end-to-end test below: percentile=80 is 0.30 points below the baseline
+    runs_dir = tmp_path / "runs"
+    _fake_runner(search_specs(read_study(_study(tmp_path, default)), str(runs_dir)))
+    chosen, candidates, _ = choose(read_study(_study(tmp_path, default)).search, load_runs(runs_dir / "tiny-search"))
+    assert not any(c.qualifies for c in candidates) and chosen == {"autofreeze": "autofreeze:percentile=80"}
+
+
 def test_search_refuses_incomplete_runs(tmp_path):
     study = read_study(_study(tmp_path))
     with pytest.raises(SearchError, match="no complete run for seed"):
-        choose(study.search, [], 0.5)
+        choose(study.search, [])
     assert math.isfinite(study.margin_points)
 
 

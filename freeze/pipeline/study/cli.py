@@ -226,13 +226,11 @@ def _main(argv: list[str] | None) -> int:
         if not _run_stage("parameter search on the validation split", search):
             return 1
         try:
-            chosen, candidates, base_val = choose(
-                study.search, load_runs(search[0].config.run_dir().parent), study.margin_points
-            )
+            chosen, candidates, base_val = choose(study.search, load_runs(search[0].config.run_dir().parent))
         except SearchError as e:
             print(f"error: {e}", file=sys.stderr)
             return 1
-        search_md = search_markdown(candidates, base_val, study.search, study.margin_points)
+        search_md = search_markdown(candidates, base_val, study.search)
         print(search_md)
         grid = main_specs(study, study.search.choices_for(chosen, best_arm(candidates)), out_dir, weights)
     ok = _run_stage("study grid (interleaved per seed)", grid)

@@ -46,13 +46,13 @@ def _wall_s(run: Run) -> float:
     return float(run.metrics["cumulative_wall_s"].iloc[-1])
 
 
-def choose(search: Search, runs: list[Run], margin_points: float) -> tuple[dict[str, str], list[Candidate], float]:
+def choose(search: Search, runs: list[Run]) -> tuple[dict[str, str], list[Candidate], float]:
     """arm -> chosen policy spec, every candidate's numbers, and the baseline's mean final val acc.
 
     Args:
-        search: the study file's [search] table.
+        search: the study file's [search] table; a candidate qualifies at most
+            ``search.qualify_margin_points`` below the baseline's val accuracy.
         runs: the search's run directories (loaded by freeze.pipeline.report.load).
-        margin_points: a candidate qualifies at most this many points below the baseline's val accuracy.
     """
     by_group: dict[str, dict[int, Run]] = {}
     for run in runs:
@@ -75,7 +75,14 @@ def choose(search: Search, runs: list[Run], margin_points: float) -> tuple[dict[
             val = float(np.mean([_final_val(members[s]) for s in search.seeds]))
             speedup, _, _ = ratio_ci95([_wall_s(base[s]) / _wall_s(members[s]) for s in search.seeds])
             rows.append(
-                Candidate(arm, policy, len(search.seeds), val, speedup, 100 * (val - base_val) >= -margin_points)
+                Candidate(
+                    arm,
+                    policy,
+                    len(search.seeds),
+                    val,
+                    speedup,
+                    100 * (val - base_val) >= -search.qualify_margin_points,
+                )
             )
         qualified = [c for c in rows if c.qualifies]
         best = max(qualified, key=lambda c: c.speedup) if qualified else max(rows, key=lambda c: c.val_acc)
@@ -92,14 +99,19 @@ def best_arm(candidates: list[Candidate]) -> str:
     return (max(qualified, key=lambda c: c.speedup) if qualified else max(chosen, key=lambda c: c.val_acc)).arm
 
 
-def search_markdown(candidates: list[Candidate], base_val: float, search: Search, margin_points: float) -> str:
+def search_markdown(candidates: list[Candidate], base_val: float, search: Search) -> str:
     """The search table (markdown), with the rule in its caption."""
     lines = [
         f"Parameter search on the validation split: setting {search.setting or '(default)'}, search seeds "
         f"{', '.join(map(str, search.seeds))} (disjoint from the study's seeds); baseline final val acc "
         f"{100 * base_val:.2f} %. Rule: the fastest candidate (paired train-time speedup vs the search baseline) "
-        f"whose mean final val accuracy is at most {margin_points:g} points below the baseline's; else the most "
-        "accurate. Test accuracy is not read.",
+        f"whose mean final val accuracy is at most {search.qualify_margin_points:g} points below the baseline's; "
+        "else the most accurate. Test accuracy is not read."
+        + (
+            f" {len(search.seeds)} search seed(s): fewer than 4 leave the choice to seed noise."
+            if len(search.seeds) < 4
+            else ""
+        ),
         "",
     ]
     header = ["arm", "candidate policy", "seeds", "val acc % (final)", "vs baseline (points)", "speedup"]
