@@ -365,6 +365,7 @@ def test_study_files_in_the_repo_dry_run():
         "study_cifar10.toml",
         "study_views.toml",
         "study_fdsl32.toml",
+        "study_frontier.toml",
     )
     for name in names:
         study = read_study(REPO / "experiments" / "configs" / name)
