@@ -12,6 +12,7 @@ from pathlib import Path
 
 from freeze._atomic import atomic_write_text
 from freeze.pipeline.report.blocks import blocks_table
+from freeze.pipeline.report.frontier_tables import frontier_table, iso_speedup_table
 from freeze.pipeline.report.load import ReportInputError, Run, load_runs
 from freeze.pipeline.report.paired import DEFAULT_MARGIN_POINTS, convergence_table, paired_table
 from freeze.pipeline.report.tables import (
@@ -63,6 +64,8 @@ def build_tables(
     return [
         main_table(runs, chosen, target_fraction),
         paired_table(runs, chosen, target_fraction, margin_points),
+        frontier_table(runs, chosen),
+        iso_speedup_table(runs, chosen),
         convergence_table(runs, chosen, margin_points),
         static_sweep_table(runs, chosen),
         phase_table(runs, chosen),

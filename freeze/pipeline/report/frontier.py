@@ -117,17 +117,29 @@ def iso_accuracy_speedup(
     if not seeds:
         raise ValueError("iso-accuracy speedup: no seed has both the arm and every budget of the frontier")
 
-    def estimate(sample: Sequence[int]) -> tuple[float, Bound]:
-        times, accuracies = frontier_curve({f: [by_seed[s] for s in sample] for f, by_seed in frontier.items()})
-        arm_time = float(np.mean([arm[s].time_s for s in sample]))
-        needed, bound = frontier_time(float(np.mean([arm[s].accuracy_pct for s in sample])), times, accuracies)
-        return needed / arm_time, bound
+    fractions = sorted(frontier)
+    times = np.array([[frontier[f][s].time_s for s in seeds] for f in fractions])  # fractions x seeds
+    accuracies = np.array([[frontier[f][s].accuracy_pct for s in seeds] for f in fractions])
+    arm_times = np.array([arm[s].time_s for s in seeds])
+    arm_accuracies = np.array([arm[s].accuracy_pct for s in seeds])
 
-    speedup, bound = estimate(seeds)
+    def estimate(mean_times: np.ndarray, mean_accuracies: np.ndarray, arm_time: float, arm_acc: float):
+        order = np.argsort(mean_times, kind="stable")
+        curve = np.maximum.accumulate(mean_accuracies[order])
+        needed, bound = frontier_time(float(arm_acc), mean_times[order], curve)
+        return needed / float(arm_time), bound
+
+    speedup, bound = estimate(times.mean(axis=1), accuracies.mean(axis=1), arm_times.mean(), arm_accuracies.mean())
     if len(seeds) < 2:
         return IsoSpeedup(speedup, float("nan"), float("nan"), bound, len(seeds))
     rng = np.random.default_rng(BOOTSTRAP_SEED)
     draws = rng.integers(0, len(seeds), size=(resamples, len(seeds)))
-    ratios = [estimate([seeds[i] for i in row])[0] for row in draws]
+    # Every resample's means at once (fractions x resamples); the same seeds for frontier and arm.
+    sample_times, sample_accuracies = times[:, draws].mean(axis=2), accuracies[:, draws].mean(axis=2)
+    sample_arm_times, sample_arm_accuracies = arm_times[draws].mean(axis=1), arm_accuracies[draws].mean(axis=1)
+    ratios = [
+        estimate(sample_times[:, i], sample_accuracies[:, i], sample_arm_times[i], sample_arm_accuracies[i])[0]
+        for i in range(resamples)
+    ]
     low, high = np.percentile(ratios, [2.5, 97.5])
     return IsoSpeedup(speedup, float(low), float(high), bound, len(seeds))

@@ -1,0 +1,234 @@
+"""The report's budget-frontier tables (issue 35): the frontier itself, and every arm's
+iso-accuracy speedup against it (freeze.pipeline.report.frontier holds the arithmetic).
+
+A budget run is a complete policy-none run with ``train.budget_fraction`` below 1; the baseline group
+is the frontier's full budget. A setting without budget runs of its own (the emulated cluster, where
+accuracy is the same as on loopback and only the time differs) borrows the frontier of the first
+setting that has one: each budget run's accuracy, at its own fraction of the steps times that
+setting's baseline time, seed by seed. That holds when train time is proportional to steps, which
+the frontier table shows for the setting that ran the budgets (time fraction beside step fraction).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from freeze.pipeline.report.frontier import IsoSpeedup, Point, iso_accuracy_speedup
+from freeze.pipeline.report.load import Run
+from freeze.pipeline.report.tables import (
+    NA,
+    Baseline,
+    Column,
+    GroupKey,
+    Table,
+    complete_groups,
+    display_columns,
+    final_test_acc,
+    fmt_number,
+    mean_ci95,
+    ratio_ci95,
+    train_wall_s,
+)
+
+NO_FRONTIER = (
+    "no budget runs (train.budget_fraction < 1, policy none): no frontier; a study's [frontier] table adds them"
+)
+
+
+def budget_fraction(run: Run) -> float:
+    """The run's train.budget_fraction (1.0 for runs made before it existed)."""
+    return float(run.config.get("train", {}).get("budget_fraction", 1.0))
+
+
+def _final_step(run: Run) -> float:
+    return float(run.metrics["step"].iloc[-1])
+
+
+def _is_budget(members: list[Run]) -> bool:
+    return members[0].policy == "none" and budget_fraction(members[0]) < 1.0
+
+
+def _point(run: Run) -> Point:
+    return Point(train_wall_s(run), 100 * final_test_acc(run))
+
+
+def _frontier_runs(
+    groups: dict[GroupKey, list[Run]], baseline: Baseline, setting: str, world_size: int
+) -> dict[float, dict[int, Run]] | None:
+    """fraction -> seed -> run of the budgets and the baseline in one setting (None without budgets)."""
+    budgets = {
+        budget_fraction(m[0]): {r.seed: r for r in m}
+        for (s, _, w), m in groups.items()
+        if s == setting and w == world_size and _is_budget(m)
+    }
+    base = groups.get((setting, baseline.group, world_size))
+    if not budgets or not base:
+        return None
+    return {**budgets, 1.0: {r.seed: r for r in base}}
+
+
+def _frontier_points(
+    groups: dict[GroupKey, list[Run]], baseline: Baseline, key: GroupKey
+) -> tuple[dict[float, dict[int, Point]], str] | None:
+    """The frontier an arm in ``key``'s setting is read against, and the setting it was measured in."""
+    own = _frontier_runs(groups, baseline, key[0], key[2])
+    if own is not None:
+        return {f: {s: _point(r) for s, r in by_seed.items()} for f, by_seed in own.items()}, key[0]
+    base = {r.seed: r for r in groups.get((key[0], baseline.group, key[2]), [])}
+    for setting in sorted({k[0] for k in groups}):
+        borrowed = _frontier_runs(groups, baseline, setting, key[2])
+        if borrowed is None or not base:
+            continue
+        full = borrowed[1.0]
+        points = {
+            f: {
+                s: Point(train_wall_s(base[s]) * _final_step(r) / _final_step(full[s]), 100 * final_test_acc(r))
+                for s, r in by_seed.items()
+                if s in base and s in full
+            }
+            for f, by_seed in borrowed.items()
+        }
+        return points, setting
+    return None
+
+
+def frontier_table(runs: list[Run], baseline: Baseline) -> Table:
+    """The frontier per setting: each budget's step and time fractions of full fine-tuning, paired by
+    seed, and its final test accuracy."""
+    groups = complete_groups(runs)
+    rows = []
+    if baseline.group is not None:
+        for key, members in groups.items():
+            base = {r.seed: r for r in groups.get((key[0], baseline.group, key[2]), [])}
+            if not (_is_budget(members) or key[1] == baseline.group) or not base:
+                continue
+            paired = [r for r in members if r.seed in base]
+            time_fraction, low, high = ratio_ci95([train_wall_s(r) / train_wall_s(base[r.seed]) for r in paired])
+            acc, half = mean_ci95([final_test_acc(r) for r in members])
+            rows.append(
+                {
+                    "setting": key[0],
+                    "group": key[1],
+                    "budget_fraction": budget_fraction(members[0]),
+                    "n_runs": len(members),
+                    "step_fraction": float(np.mean([_final_step(r) / _final_step(base[r.seed]) for r in paired])),
+                    "time_fraction": time_fraction,
+                    "time_fraction_low": low,
+                    "time_fraction_high": high,
+                    "train_s": float(np.mean([train_wall_s(r) for r in members])),
+                    "test_acc_mean": acc,
+                    "test_acc_ci95": half,
+                }
+            )
+    rows = [r for r in rows if any(o["setting"] == r["setting"] and o["budget_fraction"] < 1 for o in rows)]
+    rows.sort(key=lambda r: (r["setting"], r["budget_fraction"]))
+    columns: list[Column] = [
+        ("setting", "l", lambda r: r["setting"]),
+        ("group", "l", lambda r: r["group"]),
+        ("budget", "r", lambda r: f"{r['budget_fraction']:g}"),
+        ("runs", "r", lambda r: str(r["n_runs"])),
+        ("steps / full", "r", lambda r: fmt_number(r["step_fraction"], ".3f")),
+        (
+            "train time / full [95% CI]",
+            "r",
+            lambda r: (
+                f"{fmt_number(r['time_fraction'], '.3f')} "
+                f"[{fmt_number(r['time_fraction_low'], '.3f')}, {fmt_number(r['time_fraction_high'], '.3f')}]"
+            ),
+        ),
+        ("train s", "r", lambda r: fmt_number(r["train_s"], ".1f")),
+        (
+            "test acc % ± 95% CI",
+            "r",
+            lambda r: f"{fmt_number(100 * r['test_acc_mean'], '.2f')} ± {fmt_number(100 * r['test_acc_ci95'], '.2f')}",
+        ),
+    ]
+    display, align = display_columns(rows, columns)
+    data = pd.DataFrame(rows)
+    if not rows:
+        return Table("frontier", "Budget frontier", NO_FRONTIER, data, display, align)
+    caption = (
+        "The budget frontier: full fine-tuning on a fraction of every epoch's steps with its schedule over its "
+        "own length (train.budget_fraction), against the full budget (the baseline group), paired by seed; "
+        "train time / full is the geometric mean over seeds with a t interval on the logs. Where it tracks "
+        "steps / full, a setting without budget runs can take its frontier's times as the step fraction of "
+        "its own baseline's time."
+    )
+    return Table("frontier", "Budget frontier", caption, data, display, align)
+
+
+def iso_speedup_table(runs: list[Run], baseline: Baseline) -> Table:
+    """Every arm's iso-accuracy speedup against the frontier of its setting (or the one it borrows)."""
+    groups = complete_groups(runs)
+    rows = []
+    if baseline.group is not None:
+        for key, members in groups.items():
+            if _is_budget(members):
+                continue
+            found = _frontier_points(groups, baseline, key)
+            if found is None:
+                continue
+            frontier, source = found
+            try:
+                iso = iso_accuracy_speedup(frontier, {r.seed: _point(r) for r in members})
+            except ValueError:
+                continue  # no seed shared with every budget: nothing paired to read
+            rows.append(_iso_row(key, members, iso, source))
+    columns: list[Column] = [
+        ("setting", "l", lambda r: r["setting"]),
+        ("group", "l", lambda r: r["group"]),
+        ("seeds", "r", lambda r: str(r["seeds"])),
+        ("frontier of", "l", lambda r: r["frontier_setting"]),
+        ("iso-accuracy speedup [95% CI]", "r", _fmt_iso),
+        ("beyond the frontier", "l", _fmt_beyond),
+    ]
+    display, align = display_columns(rows, columns)
+    data = pd.DataFrame(rows)
+    if not rows:
+        return Table("iso_speedup", "Iso-accuracy speedup", NO_FRONTIER, data, display, align)
+    caption = (
+        "Iso-accuracy speedup = T_frontier(arm's accuracy) / arm's train time: the time full fine-tuning on a "
+        "shorter budget needs to reach the arm's mean final test accuracy (linear on the mean frontier, made "
+        "non-decreasing), over the arm's mean train time; 95 % interval: paired percentile bootstrap over seeds "
+        "(10,000 resamples, each recomputing frontier and arm from the same seeds). Above 1.00 the arm beats "
+        "training less; >= / <= mark bounds past the frontier's ends (an upper bound never counts as beyond)."
+    )
+    return Table("iso_speedup", "Iso-accuracy speedup", caption, data, display, align)
+
+
+def _iso_row(key: GroupKey, members: list[Run], iso: IsoSpeedup, source: str) -> dict:
+    return {
+        "setting": key[0],
+        "group": key[1],
+        "world_size": key[2],
+        "seeds": iso.seeds,
+        "frontier_setting": source,
+        "iso_speedup": iso.speedup,
+        "iso_speedup_low": iso.ci_low,
+        "iso_speedup_high": iso.ci_high,
+        "bound": iso.bound,
+        "beyond_frontier": iso.beyond_frontier,
+    }
+
+
+def _fmt_iso(row: dict) -> str:
+    mark = {"exact": "", "lower": ">= ", "upper": "<= "}[row["bound"]]
+    interval = (
+        f" [{row['iso_speedup_low']:.2f}, {row['iso_speedup_high']:.2f}]"
+        if math.isfinite(row["iso_speedup_low"])
+        else ""
+    )
+    return f"{mark}{fmt_number(row['iso_speedup'], '.2f', 'x')}{interval}"
+
+
+def _fmt_beyond(row: dict) -> str:
+    if row["beyond_frontier"]:
+        return "yes"
+    if row["bound"] == "upper":
+        return "no (less accurate than the shortest budget)"
+    if not math.isfinite(row["iso_speedup_low"]):
+        return NA
+    return "no" if row["iso_speedup_high"] < 1.0 else "undecided"

@@ -1,0 +1,90 @@
+"""freeze.pipeline.report.frontier_tables on hand-made runs whose answer is known: a loopback
+frontier where budget f takes 100 f s and reaches 80 + 10 (f - 0.5) / 0.5 %, a cluster setting with
+no budgets of its own, and arms placed beyond, on and inside the frontier."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from freeze.pipeline.report.frontier_tables import frontier_table, iso_speedup_table
+from freeze.pipeline.report.load import Run
+from freeze.pipeline.report.tables import Baseline
+
+SEEDS = (0, 1, 2)
+BASE = Baseline("none", "baseline: group 'none'")
+
+
+def _run(setting, group, seed, policy, time_s, acc_pct, steps, fraction=1.0) -> Run:
+    manifest = {
+        "group": group,
+        "policy": policy,
+        "seed": seed,
+        "setting": setting,
+        "world_size": 2,
+        "status": "complete",
+        "epochs_done": 1,
+        "epochs_planned": 1,
+        "block_names": ["a", "b"],
+    }
+    config = {"train": {"budget_fraction": fraction}}
+    metrics = pd.DataFrame([{"test_acc": acc_pct / 100, "cumulative_wall_s": time_s, "step": steps}])
+    return Run(Path(f"/runs/{setting}_{group}_{seed}"), manifest, config, metrics, np.zeros((1, 2)))
+
+
+def _study() -> list[Run]:
+    runs = []
+    for seed in SEEDS:
+        wobble = (seed - 1) * 0.3  # seed-to-seed accuracy spread, shared by every arm of the seed
+        for f in (0.5, 0.6, 0.8):
+            runs.append(
+                _run("loopback", f"budget-{f}", seed, "none", 100 * f, 80 + 20 * (f - 0.5) + wobble, 100 * f, f)
+            )
+        runs.append(_run("loopback", "none", seed, "none", 100.0, 90 + wobble, 100))
+        runs.append(_run("loopback", "fast", seed, "at:k=8,t=0.5", 60.0, 88 + wobble, 100))  # T_frontier(88) = 90 s
+        runs.append(_run("loopback", "slow", seed, "at:k=8,t=0.8", 80.0, 84 + wobble, 100))  # T_frontier(84) = 70 s
+        runs.append(_run("loopback", "poor", seed, "static:k=8", 40.0, 70 + wobble, 100))  # below the shortest budget
+        # the cluster: twice as slow per step, no budgets of its own
+        runs.append(_run("cluster", "none", seed, "none", 200.0, 90 + wobble, 100))
+        runs.append(_run("cluster", "fast", seed, "at:k=8,t=0.5", 150.0, 88 + wobble, 100))  # 180 s / 150 s
+    return runs
+
+
+def _rows(table) -> dict[tuple[str, str], dict]:
+    return {(r["setting"], r["group"]): r for r in table.data.to_dict("records")}
+
+
+def test_the_frontier_table_pairs_each_budget_with_full_fine_tuning_by_seed():
+    rows = _rows(frontier_table(_study(), BASE))
+    assert set(rows) == {("loopback", g) for g in ("budget-0.5", "budget-0.6", "budget-0.8", "none")}
+    half = rows[("loopback", "budget-0.5")]
+    assert half["step_fraction"] == pytest.approx(0.5) and half["time_fraction"] == pytest.approx(0.5)
+    assert half["test_acc_mean"] == pytest.approx(0.80)
+    assert rows[("loopback", "none")]["budget_fraction"] == 1.0
+
+
+def test_iso_accuracy_speedups_are_the_hand_computed_ones_and_the_cluster_borrows_the_loopback_frontier():
+    rows = _rows(iso_speedup_table(_study(), BASE))
+    fast = rows[("loopback", "fast")]
+    assert fast["iso_speedup"] == pytest.approx(1.5) and fast["beyond_frontier"] and fast["bound"] == "exact"
+    slow = rows[("loopback", "slow")]
+    assert slow["iso_speedup"] == pytest.approx(70 / 80) and not slow["beyond_frontier"]
+    poor = rows[("loopback", "poor")]
+    assert poor["bound"] == "upper" and not poor["beyond_frontier"]
+    assert rows[("loopback", "none")]["iso_speedup"] == pytest.approx(1.0)  # the frontier's own end
+    # the cluster: the loopback accuracies at fraction x the cluster baseline's 200 s
+    cluster = rows[("cluster", "fast")]
+    assert cluster["frontier_setting"] == "loopback" and cluster["iso_speedup"] == pytest.approx(180 / 150)
+    display = iso_speedup_table(_study(), BASE).display.set_index("group")
+    assert display.loc["poor", "beyond the frontier"] == "no (less accurate than the shortest budget)"
+    assert display.loc["poor", "iso-accuracy speedup [95% CI]"].startswith("<= ")
+
+
+def test_without_budget_runs_or_a_baseline_the_tables_say_so_in_one_line():
+    plain = [r for r in _study() if not r.group.startswith("budget-")]
+    for table in (frontier_table(plain, BASE), iso_speedup_table(plain, BASE)):
+        assert table.data.empty and "no budget runs" in table.caption and "\n" not in table.caption
+    assert iso_speedup_table(_study(), Baseline(None, "none")).data.empty
