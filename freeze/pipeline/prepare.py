@@ -56,7 +56,7 @@ def build_blocks(model: nn.Module, how: str) -> list[Block]:
     return split_blocks(model, children_block_names(model) if how == "children" else None)
 
 
-def _manifest(cfg: Config, ctx: WorkerContext, blocks: list[Block], policy: Policy) -> dict:
+def _manifest(cfg: Config, ctx: WorkerContext, blocks: list[Block], policy: Policy, split: DataSplit) -> dict:
     return {
         "run_name": cfg.run.name,
         "study": cfg.run.study,
@@ -71,6 +71,10 @@ def _manifest(cfg: Config, ctx: WorkerContext, blocks: list[Block], policy: Poli
         "epochs_done": 0,
         "block_names": [b.name for b in blocks],
         "block_param_bytes": [b.param_bytes for b in blocks],
+        # what chance level is, and how noisy a test accuracy near it is: the report flags an arm that
+        # learned nothing (a pipeline check at chance read as a finding misled a new user, issue 32)
+        "num_classes": split.num_classes,
+        "test_images": len(split.test_y),
         **environment_info(ctx.device.type),
         "start_time": now_iso(),
         "end_time": None,
@@ -109,10 +113,12 @@ def build_policy(cfg: Config, blocks: list[Block]) -> Policy:
     return policy
 
 
-def begin_run(cfg: Config, ctx: WorkerContext, run: RunDir, blocks: list[Block], policy: Policy, resume: bool) -> None:
+def begin_run(
+    cfg: Config, ctx: WorkerContext, run: RunDir, blocks: list[Block], policy: Policy, split: DataSplit, resume: bool
+) -> None:
     """Rank 0 writes the "running" manifest: from here on the run completes or is marked failed."""
     run_and_agree(
-        lambda: run.begin(_manifest(cfg, ctx, blocks, policy), resume=resume),
+        lambda: run.begin(_manifest(cfg, ctx, blocks, policy, split), resume=resume),
         run_here=ctx.is_main,
         error_type=RunError,
     )
