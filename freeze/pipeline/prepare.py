@@ -22,9 +22,17 @@ from freeze.blocks import Block, children_block_names, split_blocks
 from freeze.cache import CacheConfig
 from freeze.freezer import Freezer
 from freeze.pipeline.config import Config, ConfigError, config_to_toml
-from freeze.pipeline.data import DataError, DataSplit, EvalLoader, TrainLoader, load_dataset, split_validation
+from freeze.pipeline.data import (
+    DataError,
+    DataSplit,
+    DownloadError,
+    EvalLoader,
+    TrainLoader,
+    load_dataset,
+    split_validation,
+)
 from freeze.pipeline.distributed import WorkerContext, run_and_agree
-from freeze.pipeline.models import state_dict_mismatch
+from freeze.pipeline.models import imagenet_weights_file, imagenet_weights_placement, state_dict_mismatch
 from freeze.pipeline.optim import build_optimizer, build_scheduler
 from freeze.pipeline.run_lock import RunLock
 from freeze.pipeline.runs import RunDir, RunError, environment_info, load_checkpoint, now_iso
@@ -35,14 +43,17 @@ def load_data(cfg: Config, ctx: WorkerContext) -> DataSplit:
     """This worker's copy of the train / validation / test split."""
 
     def load():
-        return load_dataset(
-            cfg.data.dataset,
-            cfg.data.root,
-            download=cfg.data.download,
-            synthetic_train_size=cfg.data.synthetic_train_size,
-            synthetic_test_size=cfg.data.synthetic_test_size,
-            synthetic_seed=cfg.data.synthetic_seed,
-        )
+        try:
+            return load_dataset(
+                cfg.data.dataset,
+                cfg.data.root,
+                download=cfg.data.download,
+                synthetic_train_size=cfg.data.synthetic_train_size,
+                synthetic_test_size=cfg.data.synthetic_test_size,
+                synthetic_seed=cfg.data.synthetic_seed,
+            )
+        except DownloadError as err:
+            raise DownloadError(f"{err}{_weights_also_needed(cfg)}") from None
 
     # One process per machine downloads or writes the files (and keeps what it read); the others
     # read them once it is done.
@@ -50,6 +61,18 @@ def load_data(cfg: Config, ctx: WorkerContext) -> DataSplit:
     if arrays is None:
         arrays = load()
     return split_validation(arrays, cfg.data.val_size, cfg.run.seed, cfg.data.train_size, cfg.data.test_size)
+
+
+def _weights_also_needed(cfg: Config) -> str:
+    """The rest of an offline user's shopping list after the data: the ImageNet weights, when the run
+    uses them and torchvision has no copy yet ("" otherwise). An offline cluster user had learned of
+    the second file only on the second attempt (issue 32)."""
+    if cfg.model.weights != "imagenet" or imagenet_weights_file(cfg.model.arch)[1].is_file():
+        return ""
+    return (
+        f"; this run also needs the ImageNet weights of {cfg.model.arch}, not on this machine either: "
+        f"{imagenet_weights_placement(cfg.model.arch)}"
+    )
 
 
 def build_blocks(model: nn.Module, how: str) -> list[Block]:
