@@ -3,7 +3,8 @@
     python -m experiments.sweep --sweep experiments/configs/sweep_smoke.toml --dry-run  # list the runs
     python -m experiments.sweep --sweep experiments/configs/sweep_smoke.toml            # run them
 
-Sweep file (experiments/configs/sweep_smoke.toml; docs/experiments.md, "Sweeps"):
+Sweep file (docs/experiments.md, "Sweeps"; a learnable ablation to copy: "Your own ablation",
+experiments/configs/sweep_ablation.toml; sweep_smoke.toml below is a pipeline check only):
 
     [sweep]                                          # accepted keys: base, study, overrides
     base = "experiments/configs/smoke.toml"          # the run config every run starts from

@@ -272,6 +272,9 @@ def test_study_dry_run_lists_the_runs_of_the_readme_command(capsys, monkeypatch)
     lines = capsys.readouterr().out.splitlines()
     # the search (baseline + 2 autofreeze candidates on seed 100), then 10 arms x 5 seeds
     assert lines[-1] == "0 pretraining, 3 search and 50 study runs" and len(lines) == 54
+    # docs/study.md plans with the count the dry run prints (it said 27: issue 32)
+    study_md = (REPO / "docs" / "study.md").read_text()
+    assert "53 runs" in study_md and '"0 pretraining, 3 search and 50 study runs"' in study_md
     assert sum(line.startswith("search    ") for line in lines) == 3
     assert "study     none_seed=0  (none)" in lines[3:13]
 

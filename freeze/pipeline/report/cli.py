@@ -21,7 +21,11 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m report", description="Tables and figures from run directories.")
+    parser = _Parser(
+        prog="python -m report",
+        description="Tables, figures and what they mean, from run directories. What the tables say and which "
+        'rows are no finding: docs/experiments.md, "Your own ablation"; the studies: docs/study.md.',
+    )
     parser.add_argument("runs_dir", help="folder searched recursively for run directories (manifest.json)")
     parser.add_argument(
         "--out",

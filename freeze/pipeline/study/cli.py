@@ -124,7 +124,7 @@ def _parser() -> argparse.ArgumentParser:
         nargs="*",
         metavar="section.key=value",
         help="applied to every run after the study file's own overrides, e.g. dist.nproc=8 on one machine with "
-        '8 GPUs (docs/study.md, "One machine with several GPUs")',
+        '8 GPUs (docs/study.md, "One process, or one machine with several GPUs")',
     )
     parser.add_argument(
         "--out-dir", default=None, help="where run directories go (default: the study's out_dir or runs)"
