@@ -17,11 +17,12 @@ setup(
     install_requires=["torch>=2.4", "numpy"],
     extras_require={
         "study": ["torchvision>=0.19", "scipy", "pandas", "matplotlib"],
-        # hf: Hugging Face models split and cache with no code of ours specific to them (single-
-        # process block tests also pass on transformers 4.57.6); FreezeTrainer needs transformers
-        # >= 5 (4.x built DDP inside _wrap_model; it says so on import) and accelerate, which the
-        # Trainer refuses to run without. The suite runs the versions in requirements.txt.
-        "hf": ["transformers>=4.57", "accelerate>=1.1"],
+        # hf: what FreezeTrainer needs, transformers >= 5 (4.x built DDP inside _wrap_model; the
+        # module refuses it on import, so a 4.x the extra let in would fail at the user's first
+        # import) and accelerate, which the Trainer refuses to run without. Blocks and the cache of
+        # Hugging Face models need no extra (single-process block tests also pass on 4.57.6). The
+        # suite runs the versions in requirements.txt (transformers 5.23.0, accelerate 1.15.0).
+        "hf": ["transformers>=5", "accelerate>=1.1"],
         "lightning": ["lightning>=2.2"],
         "timm": ["timm>=1.0"],
     },

@@ -8,6 +8,7 @@ guarantee (a separate spawn would cost the suite another process start-up)."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -37,11 +38,13 @@ def _run_doc(doc, workdir):
 
     Freezer.after_backward = recording
     try:
-        doc_scripts.load(doc, "after", workdir)["main"]()
+        returned = doc_scripts.load(doc, "after", workdir)["main"]()  # the pages' scripts return freezer.module
     finally:
         Freezer.after_backward = after_backward
     f = freezers[0]
     return {
+        # the pages' saving note: the wrapper's keys carry "module.", the bare model's do not
+        "saved_keys": {"wrapper": list(returned.state_dict()), "bare": list(f.model.state_dict())},
         "steps": steps,
         "params": params,
         "buffers": buffers,
@@ -176,3 +179,15 @@ def test_frozen_blocks_and_their_statistics_do_not_move_and_ranks_are_identical(
             assert torch.equal(r0["buffers"][t][name], r1["buffers"][t][name]), (t, name)
         for a, b in zip(r0["params"][t], r1["params"][t]):
             assert torch.equal(a, b), t
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_saving_the_returned_module_prefixes_every_key_and_freezer_model_saves_the_bare_keys(runs, doc):
+    """A user who saved `model.state_dict()` after `model = freezer.module` got keys that a bare model
+    does not load (issue 32); the pages say to save `freezer.model.state_dict()`."""
+    keys = runs[0][doc]["saved_keys"]
+    assert keys["bare"] and all(k.startswith("module.") for k in keys["wrapper"])
+    assert [k.removeprefix("module.") for k in keys["wrapper"]] == keys["bare"]
+    assert not any(k.startswith("module.") for k in keys["bare"])
+    page = (Path(__file__).parents[1] / "docs" / "integrations" / doc).read_text()
+    assert "freezer.model.state_dict()" in page

@@ -227,3 +227,76 @@ def test_unsupported_settings_are_refused_in_one_line(tmp_path):
         with pytest.raises(ValueError, match=fix) as e:
             FreezeTrainer(model=doc["tiny_bert"](), args=args, train_dataset=doc["dataset"]())
         assert "\n" not in str(e.value)
+
+
+INTERVAL_STEPS = 2  # 2 epochs of 4 optimizer steps per rank: evaluations at steps 2, 4, 6 (and not 8)
+
+
+def interval_semantics_worker(rank, world, workdir):
+    """FreezeTrainer with ``freeze_interval_steps``: when the policy is asked, and whether the run's
+    last step can still move the boundary (it rebuilt a DDP wrapper that never trained: issue 32)."""
+    for k, v in {"RANK": rank, "WORLD_SIZE": world, "LOCAL_RANK": rank, "LOCAL_WORLD_SIZE": world}.items():
+        os.environ[k] = str(v)
+    from transformers import TrainingArguments
+
+    from freeze.integrations.transformers import FreezeTrainer
+
+    doc = doc_scripts.load("transformers.md", "after", workdir)
+    args = TrainingArguments(
+        output_dir=f"{workdir}/interval",
+        use_cpu=True,
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=2,
+        num_train_epochs=2,
+        learning_rate=5e-3,
+        save_strategy="no",
+        report_to=[],
+        seed=0,
+        **{k: v for k, v in TEST_ARGS.items() if k != "save_steps"},
+    )
+    # linear freezing grows with the run's progress: the boundary would move at every evaluation
+    trainer = FreezeTrainer(
+        model=doc["tiny_bert"](),
+        args=args,
+        train_dataset=doc["dataset"](),
+        freeze_policy="linear:freeze_start=0.0,freeze_level=1.0",
+        freeze_interval_steps=INTERVAL_STEPS,
+    )
+    trainer.train()
+    f = trainer.freezer
+    return {
+        "max_steps": trainer.state.max_steps,
+        "evaluated_at": [s.end_step for s in f.monitor.history],
+        "decisions": [(d.step, d.boundary_before, d.boundary_after) for d in f.decisions],
+    }
+
+
+def test_interval_decisions_start_at_the_interval_and_never_come_at_the_last_step(tmp_path):
+    r0, r1 = run_distributed(interval_semantics_worker, 2, tmp_path, str(tmp_path), deadline_s=240)
+    assert r0 == r1
+    assert r0["max_steps"] == 8
+    assert r0["evaluated_at"] == [2, 4, 6]  # the first at the interval, none at step 8
+    assert r0["decisions"] and all(step < r0["max_steps"] for step, _, _ in r0["decisions"])
+
+
+def test_the_hf_extra_installs_only_transformers_that_freeze_trainer_runs_on():
+    """`pip install -e ".[hf]"` let in transformers 4.57, on which FreezeTrainer refuses to import."""
+    import ast
+    from pathlib import Path
+
+    import transformers
+    from packaging.requirements import Requirement
+
+    from freeze.integrations.transformers import TRANSFORMERS_MIN_MAJOR
+
+    tree = ast.parse((Path(__file__).parents[1] / "setup.py").read_text())
+    extras = next(
+        ast.literal_eval(k.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        for k in node.keywords
+        if k.arg == "extras_require"
+    )
+    spec = next(Requirement(r).specifier for r in extras["hf"] if Requirement(r).name == "transformers")
+    assert not spec.contains(f"{TRANSFORMERS_MIN_MAJOR - 1}.99.0") and spec.contains(f"{TRANSFORMERS_MIN_MAJOR}.0.0")
+    assert spec.contains(transformers.__version__)  # the version the suite runs

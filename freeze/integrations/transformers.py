@@ -41,7 +41,9 @@ from freeze.policies import Policy
 
 FREEZER_STATE_NAME = "freezer.pt"
 
-if int(transformers.__version__.split(".")[0]) < 5:
+TRANSFORMERS_MIN_MAJOR = 5  # setup.py's hf extra says the same (tests/test_integration_transformers.py)
+
+if int(transformers.__version__.split(".")[0]) < TRANSFORMERS_MIN_MAJOR:
     raise ImportError(
         f"freeze.integrations.transformers needs transformers >= 5 (found {transformers.__version__}, whose Trainer "
         "builds DDP itself in _wrap_model); pip install 'transformers>=5'"
@@ -55,7 +57,10 @@ class FreezeTrainer(Trainer):
         freeze_policy: a policy spec (``"autofreeze"``, ``"autofreeze:percentile=50"``,
             ``"gradual-unfreeze"``, ...) or a :class:`freeze.Policy`.
         freeze_blocks: the blocks, or the names ``split_blocks`` takes; None: ``split_blocks(model)``.
-        freeze_interval_steps: decide every N optimizer steps (0: at each epoch end).
+        freeze_interval_steps: ask the policy every N optimizer steps, after steps N, 2N, ..., but
+            not after the run's last step, where a new boundary would rebuild DDP for nothing (0:
+            at each epoch end). A policy that compares two intervals (autofreeze) can first
+            freeze after step 2N.
         freeze_options: more keyword arguments for :class:`freeze.Freezer` (``comm_hook="bf16"``,
             ``frozen_mode``, ``grad_checkpointing``, ``track_summed_grads``).
 
@@ -213,7 +218,10 @@ class _FreezerCallback(TrainerCallback):
         self.trainer = trainer
 
     def on_step_end(self, args, state, control, **kwargs):
-        if self.trainer.freezer is not None:
+        # No decision after the run's last optimizer step: a new boundary there rebuilds a DDP
+        # wrapper that never trains (issue 32). Decisions come every freeze_interval_steps steps,
+        # the first after step freeze_interval_steps.
+        if self.trainer.freezer is not None and state.global_step < state.max_steps:
             self.trainer.freezer.after_step()
 
     def on_epoch_end(self, args, state, control, **kwargs):

@@ -83,6 +83,11 @@ class DataError(Exception):
     """A dataset problem, as one line that names the file and what to do about it."""
 
 
+class DownloadError(DataError):
+    """The official data could not be fetched (offline, or a broken archive): the caller may add what
+    else the run needs from the internet, so that an offline user learns every file in one message."""
+
+
 @dataclass(frozen=True, eq=False)
 class CifarArrays:
     train_x: torch.Tensor  # uint8 [N, 3, 32, 32]
@@ -244,6 +249,21 @@ def _official_files_valid(folder: Path) -> bool:
     return all(check_integrity(str(folder / n), md5) for n, md5 in _TRAIN_FILES + _TEST_FILES + (_META_FILE,))
 
 
+def cifar10_layout(root: str | Path) -> str:
+    """Where the official files go, as a user who fetched the archive elsewhere must lay them out."""
+    folder = Path(root) / CIFAR10_FOLDER
+    names = [n for n, _ in _TRAIN_FILES + _TEST_FILES + (_META_FILE,)]
+    return f"extract {CIFAR10.filename} ({CIFAR10.url}) into {root}, so that {folder}/ holds {', '.join(names)}"
+
+
+def _first_bad_file(folder: Path) -> tuple[Path, str] | None:
+    """The first official file under ``folder`` that is present but fails its md5 (path, md5), if any."""
+    for name, md5 in _TRAIN_FILES + _TEST_FILES + (_META_FILE,):
+        if (folder / name).is_file() and not check_integrity(str(folder / name), md5):
+            return folder / name, md5
+    return None
+
+
 def download_cifar10(root: str | Path) -> None:
     """Fetch and extract the official archive into ``root`` unless a valid copy is already there."""
     root = Path(root)
@@ -253,9 +273,16 @@ def download_cifar10(root: str | Path) -> None:
         download_and_extract_archive(CIFAR10.url, str(root), filename=CIFAR10.filename, md5=CIFAR10.tgz_md5)
     except Exception as exc:  # offline: URLError/OSError; bad archive: RuntimeError
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise DataError(
-            f"could not download {CIFAR10.url} into {root} ({reason}): "
-            f"place the official {CIFAR10.filename} there, extracted, or use a synthetic dataset"
+        # Files that are there but wrong are the problem to name: "could not download" told a user
+        # who had placed them to place them (issue 32).
+        if (bad := _first_bad_file(root / CIFAR10_FOLDER)) is not None:
+            raise DataError(
+                f"{bad[0]} fails the official md5 checksum ({bad[1]}) and a fresh copy could not be downloaded "
+                f"({reason}): delete {root / CIFAR10_FOLDER} and {cifar10_layout(root)}"
+            ) from None
+        raise DownloadError(
+            f"could not download {CIFAR10.url} into {root} ({reason}): {cifar10_layout(root)}; "
+            "or train on generated data, e.g. data.dataset=fdsl32-target"
         ) from None
 
 

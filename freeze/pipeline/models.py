@@ -67,16 +67,28 @@ def _cifar_stem(model: nn.Module, arch: str) -> None:
     model.maxpool = nn.Identity()
 
 
+def imagenet_weights_file(arch: str) -> tuple[str, Path]:
+    """The URL of torchvision's ImageNet weights for ``arch`` and the file torchvision reads them from
+    without downloading (``<torch hub dir>/checkpoints/<file name>``)."""
+    url = torchvision.models.get_model_weights(arch).DEFAULT.url
+    return url, Path(torch.hub.get_dir()) / "checkpoints" / url.rsplit("/", 1)[-1]
+
+
+def imagenet_weights_placement(arch: str) -> str:
+    """What an offline user does with the weights file: where to put it, or how to name it."""
+    url, cached = imagenet_weights_file(arch)
+    return f"put {cached.name} ({url}) at {cached}, or anywhere and pass model.weights=/path/to/{cached.name}"
+
+
 def _imagenet_state_dict(arch: str) -> dict[str, torch.Tensor]:
     weights = torchvision.models.get_model_weights(arch).DEFAULT
     try:
         return weights.get_state_dict(progress=False)
     except Exception as exc:  # offline: URLError / OSError; a broken download: RuntimeError
         reason = (str(exc).splitlines() or [type(exc).__name__])[0]
-        filename = weights.url.rsplit("/", 1)[-1]
         raise ModelError(
             f"could not download the ImageNet weights for {arch} from {weights.url} ({reason}): "
-            f"fetch that file where there is internet and pass model.weights=/path/to/{filename}"
+            f"fetch that file where there is internet and {imagenet_weights_placement(arch)}"
         ) from None
 
 

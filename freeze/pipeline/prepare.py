@@ -22,9 +22,17 @@ from freeze.blocks import Block, children_block_names, split_blocks
 from freeze.cache import CacheConfig
 from freeze.freezer import Freezer
 from freeze.pipeline.config import Config, ConfigError, config_to_toml
-from freeze.pipeline.data import DataError, DataSplit, EvalLoader, TrainLoader, load_dataset, split_validation
+from freeze.pipeline.data import (
+    DataError,
+    DataSplit,
+    DownloadError,
+    EvalLoader,
+    TrainLoader,
+    load_dataset,
+    split_validation,
+)
 from freeze.pipeline.distributed import WorkerContext, run_and_agree
-from freeze.pipeline.models import state_dict_mismatch
+from freeze.pipeline.models import imagenet_weights_file, imagenet_weights_placement, state_dict_mismatch
 from freeze.pipeline.optim import build_optimizer, build_scheduler
 from freeze.pipeline.run_lock import RunLock
 from freeze.pipeline.runs import RunDir, RunError, environment_info, load_checkpoint, now_iso
@@ -35,14 +43,17 @@ def load_data(cfg: Config, ctx: WorkerContext) -> DataSplit:
     """This worker's copy of the train / validation / test split."""
 
     def load():
-        return load_dataset(
-            cfg.data.dataset,
-            cfg.data.root,
-            download=cfg.data.download,
-            synthetic_train_size=cfg.data.synthetic_train_size,
-            synthetic_test_size=cfg.data.synthetic_test_size,
-            synthetic_seed=cfg.data.synthetic_seed,
-        )
+        try:
+            return load_dataset(
+                cfg.data.dataset,
+                cfg.data.root,
+                download=cfg.data.download,
+                synthetic_train_size=cfg.data.synthetic_train_size,
+                synthetic_test_size=cfg.data.synthetic_test_size,
+                synthetic_seed=cfg.data.synthetic_seed,
+            )
+        except DownloadError as err:
+            raise DownloadError(f"{err}{_weights_also_needed(cfg)}") from None
 
     # One process per machine downloads or writes the files (and keeps what it read); the others
     # read them once it is done.
@@ -52,11 +63,23 @@ def load_data(cfg: Config, ctx: WorkerContext) -> DataSplit:
     return split_validation(arrays, cfg.data.val_size, cfg.run.seed, cfg.data.train_size, cfg.data.test_size)
 
 
+def _weights_also_needed(cfg: Config) -> str:
+    """The rest of an offline user's shopping list after the data: the ImageNet weights, when the run
+    uses them and torchvision has no copy yet ("" otherwise). An offline cluster user had learned of
+    the second file only on the second attempt (issue 32)."""
+    if cfg.model.weights != "imagenet" or imagenet_weights_file(cfg.model.arch)[1].is_file():
+        return ""
+    return (
+        f"; this run also needs the ImageNet weights of {cfg.model.arch}, not on this machine either: "
+        f"{imagenet_weights_placement(cfg.model.arch)}"
+    )
+
+
 def build_blocks(model: nn.Module, how: str) -> list[Block]:
     return split_blocks(model, children_block_names(model) if how == "children" else None)
 
 
-def _manifest(cfg: Config, ctx: WorkerContext, blocks: list[Block], policy: Policy) -> dict:
+def _manifest(cfg: Config, ctx: WorkerContext, blocks: list[Block], policy: Policy, split: DataSplit) -> dict:
     return {
         "run_name": cfg.run.name,
         "study": cfg.run.study,
@@ -71,6 +94,10 @@ def _manifest(cfg: Config, ctx: WorkerContext, blocks: list[Block], policy: Poli
         "epochs_done": 0,
         "block_names": [b.name for b in blocks],
         "block_param_bytes": [b.param_bytes for b in blocks],
+        # what chance level is, and how noisy a test accuracy near it is: the report flags an arm that
+        # learned nothing (a pipeline check at chance read as a finding misled a new user, issue 32)
+        "num_classes": split.num_classes,
+        "test_images": len(split.test_y),
         **environment_info(ctx.device.type),
         "start_time": now_iso(),
         "end_time": None,
@@ -109,10 +136,12 @@ def build_policy(cfg: Config, blocks: list[Block]) -> Policy:
     return policy
 
 
-def begin_run(cfg: Config, ctx: WorkerContext, run: RunDir, blocks: list[Block], policy: Policy, resume: bool) -> None:
+def begin_run(
+    cfg: Config, ctx: WorkerContext, run: RunDir, blocks: list[Block], policy: Policy, split: DataSplit, resume: bool
+) -> None:
     """Rank 0 writes the "running" manifest: from here on the run completes or is marked failed."""
     run_and_agree(
-        lambda: run.begin(_manifest(cfg, ctx, blocks, policy), resume=resume),
+        lambda: run.begin(_manifest(cfg, ctx, blocks, policy, split), resume=resume),
         run_here=ctx.is_main,
         error_type=RunError,
     )

@@ -47,7 +47,11 @@ from freeze.pipeline.runs import RunDir, RunError, in_sweep
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m experiments.run", description="Run one freeze experiment.")
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.run",
+        description="Run one freeze experiment. Configs, overrides and where results land: docs/experiments.md; "
+        'the real CIFAR-10 study: docs/study.md, "Running the real study".',
+    )
     parser.add_argument("--config", required=True, help="TOML config file")
     parser.add_argument("--resume", action="store_true", help="continue the run from its last checkpoint")
     parser.add_argument("--max-restarts", type=int, default=0, help="torchrun restarts after a worker failure")

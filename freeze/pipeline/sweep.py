@@ -3,7 +3,8 @@
     python -m experiments.sweep --sweep experiments/configs/sweep_smoke.toml --dry-run  # list the runs
     python -m experiments.sweep --sweep experiments/configs/sweep_smoke.toml            # run them
 
-Sweep file (experiments/configs/sweep_smoke.toml; README, "Sweeps"):
+Sweep file (docs/experiments.md, "Sweeps"; a learnable ablation to copy: "Your own ablation",
+experiments/configs/sweep_ablation.toml; sweep_smoke.toml below is a pipeline check only):
 
     [sweep]                                          # accepted keys: base, study, overrides
     base = "experiments/configs/smoke.toml"          # the run config every run starts from
@@ -282,13 +283,61 @@ def _run_one(spec: RunSpec, tag: str, summary: SweepSummary, log) -> None:
         log(f"{tag}: complete in {time.perf_counter() - start_s:.1f} s")
 
 
-def run_specs(specs: list[RunSpec], log=print) -> SweepSummary:
-    """Run every spec in turn (:func:`_run_one`); the summary says what happened to each."""
+@dataclass
+class WorkEta:
+    """Time left for a whole sweep or study, from the wall times of the runs trained start to end in
+    this invocation (a run skipped as complete, resumed or failed says nothing about a fresh run's
+    length). A study shares one across its stages, so the estimate covers every run still to come."""
+
+    runs_total: int
+    runs_done: int = 0
+    fresh_run_wall_s: list[float] = field(default_factory=list)
+
+    def record(self, fresh_run_wall_s: float | None) -> None:
+        """One more run is done; ``fresh_run_wall_s``: its wall time when it trained from its start."""
+        self.runs_done += 1
+        if fresh_run_wall_s is not None:
+            self.fresh_run_wall_s.append(fresh_run_wall_s)
+
+    def line(self) -> str:
+        left = self.runs_total - self.runs_done
+        if left <= 0:
+            return f"eta: all {self.runs_total} runs done"
+        if not self.fresh_run_wall_s:
+            return f"eta: {self.runs_done} of {self.runs_total} runs done; time left known after the first run trained here"
+        mean_s = sum(self.fresh_run_wall_s) / len(self.fresh_run_wall_s)
+        return (
+            f"eta: {self.runs_done} of {self.runs_total} runs done; about {_duration(left * mean_s)} left "
+            f"({left} runs x {mean_s:.0f} s, the mean of the {len(self.fresh_run_wall_s)} trained here)"
+        )
+
+
+def _duration(seconds: float) -> str:
+    """45 s, 12 min, 3 h 05 min."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    minutes = round(seconds / 60)
+    return f"{minutes} min" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"
+
+
+def run_specs(specs: list[RunSpec], log=print, eta: WorkEta | None = None) -> SweepSummary:
+    """Run every spec in turn (:func:`_run_one`); the summary says what happened to each. After each
+    run, a line of ``eta`` (default: one for these runs alone) says how much of the work is left."""
     summary = SweepSummary()
+    eta = eta or WorkEta(len(specs))
     with exported({IN_SWEEP_ENV: "1"}):  # the runs' workers inherit it (see runs.IN_SWEEP_ENV)
         for i, spec in enumerate(specs, 1):
+            start_s, fresh_before = time.perf_counter(), _fresh_complete(summary)
             _run_one(spec, f"[{i}/{len(specs)}] {spec.name}", summary, log)
+            eta.record(time.perf_counter() - start_s if _fresh_complete(summary) > fresh_before else None)
+            log(eta.line())
     return summary
+
+
+def _fresh_complete(summary: SweepSummary) -> int:
+    """How many runs trained from their start to complete so far (for :class:`WorkEta`)."""
+    failed = {name for name, _ in summary.failed}
+    return sum(1 for name in summary.ran if name not in failed and name not in summary.resumed)
 
 
 def check_runnable_here(specs: list[RunSpec]) -> None:
@@ -330,6 +379,8 @@ def main(argv: list[str] | None = None) -> int:
         return INTERRUPTED_EXIT_CODE
     for line in summary.lines():
         print(line)
+    # what comes next, as a single run says it (the runs' own hint is off inside a sweep)
+    print(f"report: python -m report {specs[0].config.run_dir().parent}" if specs else "sweep: no runs")
     return 0 if summary.ok else 1
 
 

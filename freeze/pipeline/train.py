@@ -455,7 +455,7 @@ def _train(
     if resume and run.checkpoint_path.exists():
         start_epoch, cumulative_wall_s = resume_training(t, run.checkpoint_path, ctx.device)
         logger.info("resumed %s at epoch %d (boundary %d)", run.path, start_epoch, t.freezer.boundary)
-    begin_run(cfg, ctx, run, blocks, policy, resume)
+    begin_run(cfg, ctx, run, blocks, policy, split, resume)
     outcome.started = True
     if ctx.is_main:
         run.truncate_metrics(start_epoch)  # epochs after the checkpoint are re-run, not duplicated

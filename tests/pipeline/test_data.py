@@ -169,6 +169,54 @@ def test_offline_download_is_one_clear_line(tmp_path, monkeypatch):
     with pytest.raises(DataError) as err:
         load_dataset("cifar10", tmp_path, download=True)
     assert "could not download" in _error_line(err) and str(tmp_path) in str(err.value)
+    # the exact layout, not "place the archive there, extracted" (issue 32), and the offline alternative
+    assert f"so that {tmp_path / 'cifar-10-batches-py'}/ holds data_batch_1, data_batch_2" in str(err.value)
+    assert "test_batch, batches.meta" in str(err.value) and "data.dataset=fdsl32-target" in str(err.value)
+
+
+def _offline(*args, **kwargs):
+    raise urllib.error.URLError("[Errno -3] Temporary failure in name resolution")
+
+
+def test_corrupt_files_with_download_on_and_no_internet_get_the_checksum_message(tmp_path, monkeypatch):
+    """The newcomer placed a broken cifar-10-batches-py/ and, with the reference default download = true,
+    was told "could not download ... place the archive there": what they had just done."""
+    folder = tmp_path / "cifar-10-batches-py"
+    folder.mkdir()
+    (folder / "data_batch_1").write_bytes(b"not the official file")
+    monkeypatch.setattr(data, "download_and_extract_archive", _offline)
+    with pytest.raises(DataError) as err:
+        load_dataset("cifar10", tmp_path, download=True)
+    line = _error_line(err)
+    assert line.startswith(f"{folder / 'data_batch_1'} fails the official md5 checksum (")
+    assert "could not be downloaded" in line and f"delete {folder}" in line and "could not download" not in line
+
+
+def test_offline_preparation_names_the_data_and_the_weights_in_one_message(tmp_path, monkeypatch):
+    """The real study offline: both files it needs, where each goes, in the first message."""
+    from freeze.pipeline.config import load_config
+    from freeze.pipeline.distributed import WorkerContext
+    from freeze.pipeline.prepare import load_data
+
+    repo = Path(__file__).resolve().parents[2]
+    cfg = load_config(repo / "experiments" / "configs" / "reference.toml", [f"data.root={tmp_path / 'data'}"])
+    ctx = WorkerContext(
+        rank=0, world_size=1, local_rank=0, local_world_size=1, device=torch.device("cpu"), backend=None
+    )
+    monkeypatch.setattr(data, "download_and_extract_archive", _offline)
+    monkeypatch.setattr(torch.hub, "get_dir", lambda: str(tmp_path / "hub"))  # no cached weights
+    with pytest.raises(DataError) as err:
+        load_data(cfg, ctx)
+    line = _error_line(err)
+    assert f"so that {tmp_path / 'data' / 'cifar-10-batches-py'}/ holds data_batch_1" in line
+    weights = tmp_path / "hub" / "checkpoints" / "resnet18-f37072fd.pth"
+    assert "also needs the ImageNet weights of resnet18, not on this machine either: put resnet18-f37072fd.pth" in line
+    assert f"at {weights}, or anywhere and pass model.weights=/path/to/resnet18-f37072fd.pth" in line
+    weights.parent.mkdir(parents=True)
+    weights.write_bytes(b"cached")  # where torchvision reads it from: the data is all that is missing
+    with pytest.raises(DataError) as err:
+        load_data(cfg, ctx)
+    assert "ImageNet weights" not in _error_line(err)
 
 
 # -------------------------------------------------------------------------------------- loaders

@@ -74,6 +74,8 @@ def test_two_worker_run_end_to_end(uninterrupted):
     tmp_path, (ckpt, metrics, manifest) = uninterrupted
     assert manifest["status"] == "complete" and manifest["world_size"] == 2
     assert manifest["load_avg_1min_start"] >= 0 and manifest["load_avg_1min_end"] >= 0  # what it ran under
+    # what the report needs to tell an arm that learned nothing (issue 32): 10 synthetic-target classes
+    assert manifest["num_classes"] == 10 and manifest["test_images"] == 128  # smoke.toml: data.test_size
     # run.keep_checkpoint=true: the resume checkpoint stays beside the final weights, which equal its model
     weights = torch.load(tmp_path / "runs" / "smoke" / "straight" / "model.pt", weights_only=True)
     assert weights.keys() == ckpt["model"].keys() and all(torch.equal(weights[k], v) for k, v in ckpt["model"].items())

@@ -443,7 +443,7 @@ def test_paired_table_numbers_match_hand_computation(report):
     half = _ci95(diffs)
     assert af["diff_points"] == pytest.approx(-3.5)
     assert (af["diff_low"], af["diff_high"]) == pytest.approx((-3.5 - half, -3.5 + half))
-    assert af["verdict"] == "not shown"  # [-9.85, 2.85] straddles -0.5
+    assert af["verdict"] == "undecided"  # [-9.85, 2.85] straddles -0.5
     # A single pair: a speedup but no interval, and no verdict.
     static = paired["static:k=2"]
     assert static["n_pairs"] == 1 and static["speedup"] == pytest.approx(300.0 / 180.0)
@@ -469,7 +469,7 @@ def test_paired_verdicts_at_the_margin():
     from freeze.pipeline.report.paired import non_inferiority
 
     assert non_inferiority(-0.4, 0.3, 0.5) == "non-inferior"
-    assert non_inferiority(-0.6, 0.3, 0.5) == "not shown"
+    assert non_inferiority(-0.6, 0.3, 0.5) == "undecided"
     assert non_inferiority(-2.0, -0.6, 0.5) == "inferior"
     assert non_inferiority(math.nan, 0.3, 0.5) == "n/a"
 
@@ -675,3 +675,56 @@ def test_pareto_colours_of_a_dozen_groups_are_distinct_hues_first():
     colours = [_group_colour(i, 13) for i in range(13)]
     assert len(set(colours)) == 13
     assert colours[:10] == [colormaps["tab20"](2 * i) for i in range(10)]
+
+
+def _set_frozen_fraction(runs: Path, run_name: str, fraction: float) -> None:
+    path = runs / "fixture_study" / run_name / "metrics.jsonl"
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    path.write_text("".join(json.dumps({**line, "frozen_param_fraction": fraction}) + "\n" for line in lines))
+
+
+def _record_classes(runs: Path, num_classes: int, test_images: int) -> None:
+    """What a run's manifest records since issue 32 (the fixture predates it)."""
+    for manifest in (runs / "fixture_study").glob("*/manifest.json"):
+        _edit_manifest(runs, manifest.parent.name, num_classes=num_classes, test_images=test_images)
+
+
+def test_an_arm_that_froze_nothing_is_no_finding(tmp_path, capsys):
+    """The newcomer's smoke ablation: autofreeze froze nothing, computed what the baseline computed and
+    was printed "non-inferior" with a zero-width interval, as if it were a result."""
+    runs = _copy_study(tmp_path)
+    _record_classes(runs, num_classes=10, test_images=1000)  # 70 % is far above chance (10 % + 2.8)
+    for seed in (0, 1, 2):
+        _set_frozen_fraction(runs, f"autofreeze-s{seed}", 0.0)
+    out = tmp_path / "report"
+    assert main([str(runs), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    af = _rows(out / "paired.csv")[AF]
+    assert af["verdict"] == "froze nothing, no test" and af["froze_nothing"] and not af["arm_at_chance"]
+    assert _rows(out / "main.csv")[AF]["froze_nothing"] and not _rows(out / "main.csv")["none"]["froze_nothing"]
+    assert f"{AF} FROZE NOTHING" in (out / "main.md").read_text()
+    assert "AT CHANCE" not in (out / "main.md").read_text()
+    # python -m report ends with the sentences make study ends with, and this one names no finding
+    meaning = printed.split("== what this means\n", 1)[1]
+    assert f"{AF}: no finding: it froze nothing" in meaning
+    assert "static:k=2: " in meaning and "Its test accuracy differs" in meaning  # a real arm keeps its sentence
+
+
+def test_arms_at_chance_are_flagged_and_decide_nothing(tmp_path, capsys):
+    """Two classes, 20 test images: 50 % is chance and a guesser reaches 83.5 % (3 SDs); every arm is there."""
+    runs = _copy_study(tmp_path)
+    _record_classes(runs, num_classes=2, test_images=20)
+    out = tmp_path / "report"
+    assert main([str(runs), "--out", str(out), "--formats", "md,csv"]) == 0
+    rows = _rows(out / "paired.csv")
+    assert {rows[g]["verdict"] for g in (AF, "static:k=2")} == {"at chance, no test"}
+    assert rows[AF]["arm_at_chance"] and rows[AF]["base_at_chance"]
+    main_md = (out / "main.md").read_text()
+    assert "none is AT CHANCE: test acc 71.00 % against 1/2 = 50.00 % (within noise up to 83.54 %" in main_md
+    assert "its baseline scored at chance level" in capsys.readouterr().out
+
+
+def test_an_undecided_verdict_is_called_undecided(report):
+    out, _ = report
+    assert _rows(out / "paired.csv")[AF]["verdict"] == "undecided"
+    assert "not shown" not in (out / "paired.md").read_text()

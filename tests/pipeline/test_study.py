@@ -246,7 +246,8 @@ def _write_run(config, wall_s: float, val: float, test: float) -> None:
             {
                 "epoch": epoch,
                 "boundary": 0,
-                "frozen_param_fraction": 0.0,
+                # a freezing arm froze something (one that froze nothing is no finding in the report)
+                "frozen_param_fraction": 0.0 if config.freeze.policy == "none" else 0.1 * epoch,
                 "val_acc": val - 0.1 * (1 - epoch),
                 "test_acc": test if epoch == 1 else None,
                 "epoch_wall_s": wall_s / 2,
@@ -259,7 +260,7 @@ def _write_run(config, wall_s: float, val: float, test: float) -> None:
     (run_dir / "metrics.jsonl").write_text("\n".join(json.dumps(line) for line in lines) + "\n")
 
 
-def _fake_runner(specs, log=print):
+def _fake_runner(specs, log=print, eta=None):
     """Stands in for training: writes each run's directory with the numbers above (test acc depends
     on the seed so intervals are finite; the control is timed 1 % off the baseline, alternately)."""
     for spec in specs:
@@ -300,7 +301,9 @@ def test_study_chooses_on_validation_runs_interleaved_and_reports(tmp_path, monk
     assert any(line.startswith("The control single/control (the baseline run again) reads") for line in meaning)
     assert f"The full study's measured answer is in {report_md} (make study-full; docs/study.md)." in meaning
     # --update-report splices the generated tables in; complete runs are skipped, not re-made
-    monkeypatch.setattr(cli, "run_specs", lambda specs, log=print: SweepSummary(skipped=[s.name for s in specs]))
+    monkeypatch.setattr(
+        cli, "run_specs", lambda specs, log=print, eta=None: SweepSummary(skipped=[s.name for s in specs])
+    )
     assert cli.main(["--config", str(path), "--out-dir", str(out_dir), "--update-report"]) == 0
     assert "\nold\n" not in report_md.read_text() and "non-inferior" in report_md.read_text()
 
@@ -412,7 +415,9 @@ def test_same_as_arm_runs_the_policy_chosen_for_its_source(tmp_path):
 
 def test_a_study_whose_runs_all_refused_ends_with_one_line(tmp_path, monkeypatch, capsys):
     """Runs refused before writing their directory (e.g. weights that do not load): no traceback."""
-    monkeypatch.setattr(cli, "run_specs", lambda specs, log=print: SweepSummary(failed=[(s.name, "x") for s in specs]))
+    monkeypatch.setattr(
+        cli, "run_specs", lambda specs, log=print, eta=None: SweepSummary(failed=[(s.name, "x") for s in specs])
+    )
     path = _study(tmp_path, STUDY.split("[search]")[0])
     assert cli.main(["--config", str(path), "--out-dir", str(tmp_path / "runs")]) == 1
     err = capsys.readouterr().err
@@ -436,3 +441,24 @@ def test_a_bool_is_not_a_margin_nor_a_target_fraction(tmp_path):
         text = STUDY.replace("order_seed = 7", f"order_seed = 7\n{key} = true")
         with pytest.raises(SweepError, match=f"{key} must be .*got True"):
             read_study(_study(tmp_path, text))
+
+
+def test_workers_follow_the_machine_from_the_command_line_without_editing_the_study(tmp_path, capsys):
+    """One machine with 8 GPUs: `python -m experiments.study --config study.toml dist.nproc=8` (issue 32:
+    the study took no overrides, and the settings fix dist.nproc)."""
+    from freeze.pipeline.study.plan import with_command_line_overrides
+
+    path = _study(tmp_path)
+    study = with_command_line_overrides(read_study(path), ("dist.nproc=8",))
+    specs = main_specs(study, {}, str(tmp_path / "r")) + search_specs(study, str(tmp_path / "r"))
+    assert {spec.config.dist.nproc for spec in specs} == {8}  # over both settings' own dist.nproc
+    assert cli.main(["--config", str(path), "--dry-run", "dist.nproc=8"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "0 pretraining, 3 search and 24 study runs"
+    for override, fragments in (
+        ("run.seed=3", ("the study sets run.seed for every run itself", "--seeds")),
+        ("dist.nproc=many", ("dist.nproc",)),
+        ("nproc=8", ("expected section.key=value",)),
+    ):
+        assert cli.main(["--config", str(path), "--dry-run", override]) == 2, override
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and all(f in err for f in fragments), err

@@ -277,7 +277,7 @@ static = ["freeze.policy=static:k=1"]
 """
 
 
-def _fake_runner(specs, log=print):
+def _fake_runner(specs, log=print, eta=None):
     """Stands in for training: a complete run directory per spec, k=1 from the first step for static."""
     for spec in specs:
         k = 1 if spec.config.freeze.policy.startswith("static") else 0
@@ -312,7 +312,9 @@ def test_study_predicts_once_reuses_the_profile_and_splices_the_table(tmp_path, 
     assert "\nold\n" not in text and "| measured train s (mean) |" in text
     # A second study run reuses the saved profile and never rewrites it.
     before = profiles[0].read_bytes()
-    monkeypatch.setattr(cli, "run_specs", lambda specs, log=print: SweepSummary(skipped=[s.name for s in specs]))
+    monkeypatch.setattr(
+        cli, "run_specs", lambda specs, log=print, eta=None: SweepSummary(skipped=[s.name for s in specs])
+    )
     assert cli.main(["--config", str(path), "--out-dir", str(out_dir)]) == 0
     assert len(measured) == 1 and profiles[0].read_bytes() == before
     assert cli.main(["--config", str(path), "--dry-run", "--out-dir", str(out_dir)]) == 0

@@ -127,7 +127,7 @@ def test_a_policy_is_scored_against_full_fine_tuning_and_the_oracle_of_its_seed(
     assert late.time_captured.mean == pytest.approx(0.5)  # (100-80)/(100-60) and (110-90)/(110-70)
     assert late.bytes_captured.mean == pytest.approx(0.5)
     assert late.time_to_d == (0.5, 0.5) and late.overshoot == pytest.approx((0 + 2 / 4) / 2)
-    assert missing.seeds == (0,) and missing.regret.n == 1 and missing.verdict == "not shown"
+    assert missing.seeds == (0,) and missing.regret.n == 1 and missing.verdict == "undecided"
     text = scores_markdown([late, missing], {"late": 1.0, "missing": 0.0}, "caption")
     assert text.startswith("caption\n\n| policy |") and "+0 +2" in text and "never" not in text
 

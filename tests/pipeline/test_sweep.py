@@ -85,7 +85,12 @@ def test_rerun_skips_complete_and_resumes_interrupted(swept):
     assert "none_seed=1: resuming" in out
     assert "4 ran" not in out and "1 skipped (complete), 0 busy (another writer), 0 failed" in out
     # each run's closing report hint is left out: the sweep's own summary says what comes next
-    assert out.count("done: results in") == 3 and "report: python -m report" not in out
+    # the sweep ends by saying it, once (issue 32: it printed no report command at all)
+    assert out.count("done: results in") == 3 and out.count("report: python -m report") == 1
+    assert out.rstrip().splitlines()[-1] == f"report: python -m report {runs}"
+    # whole-sweep eta after each run, from the runs trained start to end here (the resumed one is no sample)
+    assert "eta: 2 of 4 runs done; time left known after the first run trained here" in out
+    assert "eta: 3 of 4 runs done; about " in out and "(1 runs x " in out and "eta: all 4 runs done" in out
     for name in ("none_seed=0", "none_seed=1", "static-k=3_seed=0", "static-k=3_seed=1"):
         manifest = json.loads((runs / name / "manifest.json").read_text())
         assert manifest["status"] == "complete", name
@@ -267,6 +272,9 @@ def test_study_dry_run_lists_the_runs_of_the_readme_command(capsys, monkeypatch)
     lines = capsys.readouterr().out.splitlines()
     # the search (baseline + 2 autofreeze candidates on seed 100), then 10 arms x 5 seeds
     assert lines[-1] == "0 pretraining, 3 search and 50 study runs" and len(lines) == 54
+    # docs/study.md plans with the count the dry run prints (it said 27: issue 32)
+    study_md = (REPO / "docs" / "study.md").read_text()
+    assert "53 runs" in study_md and '"0 pretraining, 3 search and 50 study runs"' in study_md
     assert sum(line.startswith("search    ") for line in lines) == 3
     assert "study     none_seed=0  (none)" in lines[3:13]
 
@@ -305,3 +313,35 @@ def test_a_local_launch_gives_back_the_signal_handlers_torchrun_takes(monkeypatc
     monkeypatch.setattr(torchrun, "run", fake_agent)
     assert run_module.launch_local(Path("unused.toml"), 2) == 0
     assert {s: signal.getsignal(s) for s in before} == before
+
+
+def test_the_eta_covers_the_whole_sweep_from_fresh_runs_only(tmp_path, monkeypatch):
+    """A newcomer waited through `make study` and a sweep with only "[k/9]": no time left for the whole."""
+    import freeze.pipeline.sweep as sweep_module
+
+    eta = sweep_module.WorkEta(runs_total=10)
+    eta.record(None)  # skipped as complete: done, but no sample of a run's length
+    assert eta.line() == "eta: 1 of 10 runs done; time left known after the first run trained here"
+    eta.record(30.0)
+    eta.record(90.0)
+    assert eta.line() == "eta: 3 of 10 runs done; about 7 min left (7 runs x 60 s, the mean of the 2 trained here)"
+    eta.runs_total = 200
+    assert "about 3 h 17 min left" in eta.line()
+
+    # run_specs prints one such line after every run, and a study's stages share one WorkEta
+    monkeypatch.setattr(sweep_module, "launch_local", lambda path, nproc, resume, lock: 0)
+    specs = expand(str(SMOKE), "tiny", {"run.seed": [0, 1]}, ["train.epochs=1"], str(tmp_path / "runs"))
+    logged: list[str] = []
+    shared = sweep_module.WorkEta(runs_total=5)
+    sweep_module.run_specs(specs, log=logged.append, eta=shared)
+    assert [line for line in logged if line.startswith("eta: ")][0].startswith("eta: 1 of 5 runs done; about ")
+    assert shared.runs_done == 2 and len(shared.fresh_run_wall_s) == 2
+
+
+def test_sweep_help_points_to_the_docs_page_that_has_the_section(capsys):
+    import freeze.pipeline.sweep as sweep_module
+
+    with pytest.raises(SystemExit):
+        sweep_module.main(["--help"])
+    assert 'docs/experiments.md, "Sweeps"' in capsys.readouterr().out
+    assert "## Sweeps" in (REPO / "docs" / "experiments.md").read_text()

@@ -9,7 +9,7 @@ from freeze.pipeline.report.verdict import verdict_lines
 NAN = math.nan
 
 
-def _paired_row(group, speedup, low, high, diff=-0.4, diff_low=-1.2, diff_high=0.4, verdict="not shown", control=False):
+def _paired_row(group, speedup, low, high, diff=-0.4, diff_low=-1.2, diff_high=0.4, verdict="undecided", control=False):
     return {
         "setting": "",
         "group": group,

@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from freeze.pipeline.report import FORMATS, ON_DUPLICATE, ReportInputError, build_report
+from freeze.pipeline.report.paired import DEFAULT_MARGIN_POINTS
+from freeze.pipeline.report.verdict import verdict_lines
 
 
 class _Parser(argparse.ArgumentParser):
@@ -18,7 +21,11 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m report", description="Tables and figures from run directories.")
+    parser = _Parser(
+        prog="python -m report",
+        description="Tables, figures and what they mean, from run directories. What the tables say and which "
+        'rows are no finding: docs/experiments.md, "Your own ablation"; the studies: docs/study.md.',
+    )
     parser.add_argument("runs_dir", help="folder searched recursively for run directories (manifest.json)")
     parser.add_argument(
         "--out",
@@ -44,6 +51,17 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def print_meaning(written: dict[str, Path]) -> None:
+    """The plain sentences ``make study`` ends with (freeze.pipeline.report.verdict), read from the
+    csv files just written: the same answer whichever command made the report."""
+    if "paired.csv" not in written:
+        return  # written without the csv format: the sentences have nothing to read
+    lines = verdict_lines(written["paired.csv"].parent, DEFAULT_MARGIN_POINTS)
+    if lines:
+        print("== what this means")
+        print("\n".join(lines))
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         args = _parser().parse_args(argv)
@@ -56,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if "main.md" in written:  # the answer on the terminal, as the study prints its tables; the rest is in files
         print(written["main.md"].read_text(encoding="utf-8"))
+    print_meaning(written)
     out_dirs = sorted({str(p.parent) for p in written.values()})
     print(f"report: wrote {len(written)} files to {', '.join(out_dirs)}")
     return 0

@@ -93,6 +93,18 @@ class Run:
         return str(gpus[0] if gpus else self.hardware.get("cpu", "?"))
 
     @property
+    def num_classes(self) -> int | None:
+        """How many classes the run's data has (None: a run made before manifests recorded it)."""
+        value = self.manifest.get("num_classes")
+        return value if is_int(value) and value >= 1 else None
+
+    @property
+    def test_images(self) -> int | None:
+        """How many images its test accuracy is measured on (None: not recorded)."""
+        value = self.manifest.get("test_images")
+        return value if is_int(value) and value >= 1 else None
+
+    @property
     def block_names(self) -> list[str]:
         return [str(b) for b in self.manifest["block_names"]]
 

@@ -15,7 +15,10 @@ computes something else.
 
 Non-inferiority at a margin m (points): the arm is non-inferior when the lower bound of the 95 %
 interval of the paired accuracy difference is above -m; "inferior" when its upper bound is below
--m; otherwise the data cannot tell ("not shown").
+-m; otherwise the data cannot tell ("undecided"). No verdict is a finding when the arm or its baseline
+scored at chance (nothing was learned: "at chance, no test") or the arm never froze a parameter (it
+computed what the baseline computes: "froze nothing, no test"); the smoke config's runs are both, and a
+new user read their zero-width "non-inferior" as a result (issue 32).
 """
 
 from __future__ import annotations
@@ -33,11 +36,13 @@ from freeze.pipeline.report.tables import (
     Baseline,
     Column,
     Table,
+    at_chance,
     baseline_runs,
     complete_groups,
     display_columns,
     final_test_acc,
     fmt_number,
+    froze_nothing,
     group_fields,
     mean_ci95,
     paired_speedups,
@@ -85,6 +90,11 @@ def is_control(run_config: dict, baseline_config: dict) -> bool:
     return _computation(run_config) == _computation(baseline_config)
 
 
+UNDECIDED = "undecided"
+AT_CHANCE_VERDICT = "at chance, no test"
+FROZE_NOTHING_VERDICT = "froze nothing, no test"
+
+
 def non_inferiority(diff_low: float, diff_high: float, margin_points: float) -> str:
     if not (math.isfinite(diff_low) and math.isfinite(diff_high)):
         return NA
@@ -92,7 +102,16 @@ def non_inferiority(diff_low: float, diff_high: float, margin_points: float) -> 
         return "non-inferior"
     if diff_high < -margin_points:
         return "inferior"
-    return "not shown"
+    return UNDECIDED
+
+
+def paired_verdict(non_inferior: str, arm_or_base_at_chance: bool, arm_froze_nothing: bool) -> str:
+    """The verdict column: :func:`non_inferiority`'s, unless the comparison can hold no finding."""
+    if arm_or_base_at_chance:
+        return AT_CHANCE_VERDICT
+    if arm_froze_nothing:
+        return FROZE_NOTHING_VERDICT
+    return non_inferior
 
 
 def seeds_to_decide(diffs: list[float], margin_points: float, most: int = 1000) -> int | None:
@@ -132,6 +151,7 @@ def paired_row(members: list[Run], base: list[Run], target_fraction: float, marg
         if arm_s is not None and base_s is not None and arm_s > 0:
             ttt_ratios.append(base_s / arm_s)
     ttt, ttt_low, ttt_high = ratio_ci95(ttt_ratios)
+    arm_at_chance, base_at_chance, arm_froze_nothing = at_chance(members), at_chance(base), froze_nothing(members)
     return {
         **group_fields(members[0]),
         "baseline": base[0].group,  # named in the Pareto figure's title
@@ -142,7 +162,12 @@ def paired_row(members: list[Run], base: list[Run], target_fraction: float, marg
         "diff_points": diff,
         "diff_low": diff_low,
         "diff_high": diff_high,
-        "verdict": non_inferiority(diff_low, diff_high, margin_points),
+        "verdict": paired_verdict(
+            non_inferiority(diff_low, diff_high, margin_points), arm_at_chance or base_at_chance, arm_froze_nothing
+        ),
+        "arm_at_chance": arm_at_chance,
+        "base_at_chance": base_at_chance,
+        "froze_nothing": arm_froze_nothing,
         "seeds_to_decide": seeds_to_decide(diffs, margin_points),
         "ttt_target_val_acc": target,
         "ttt_pairs": len(ttt_ratios),
@@ -203,7 +228,7 @@ def paired_table(
             lambda r: _fmt_interval(r["diff_points"], r["diff_low"], r["diff_high"], "+.2f"),
         ),
         (f"non-inferior at {margin_points:g}", "l", lambda r: r["verdict"]),
-        ("seeds to decide", "r", lambda r: _fmt_seeds(r) if r["verdict"] == "not shown" else ""),
+        ("seeds to decide", "r", lambda r: _fmt_seeds(r) if r["verdict"] == UNDECIDED else ""),
         (
             "time-to-target speedup [95% CI]",
             "r",
@@ -218,8 +243,9 @@ def paired_table(
         f"Paired comparison with the baseline of the same seed, setting and world size ({len(rows)} groups): "
         f"{SPEEDUP_DEFINITION}, with a 95% Student-t interval on the logs; accuracy difference is the final-epoch "
         "test accuracy minus the baseline's, mean and 95% interval over seeds; non-inferior when the interval's "
-        f"lower bound is above -{margin_points:g} points (inferior when its upper bound is below); seeds to decide "
-        "(rows not shown either way): how many paired seeds would decide it at the mean and spread these show; "
+        f"lower bound is above -{margin_points:g} points (inferior when its upper bound is below, undecided "
+        "otherwise; no test when the arm or the baseline is at chance, or the arm froze nothing); seeds to decide "
+        "(undecided rows): how many paired seeds would decide it at the mean and spread these show; "
         f"{ttt_definition(target_fraction)}; time-to-target "
         "speedup: the same paired geometric mean over the seeds where both runs reached it."
     )

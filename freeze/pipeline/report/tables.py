@@ -184,6 +184,51 @@ def final_test_acc(run: Run) -> float:
     return value
 
 
+# A test accuracy within this many binomial standard deviations of 1/num_classes is what a classifier
+# that guesses scores (3: a guesser exceeds it about once in 700 evaluations).
+CHANCE_SDS = 3.0
+
+
+def chance_upper_bound(members: list[Run]) -> tuple[float, float] | None:
+    """(chance accuracy 1/C, the highest accuracy still within noise of it) for a group's runs, from
+    the class count and test-set size their manifests record; None when a run does not record them
+    (run directories older than issue 32) or the runs disagree on the class count."""
+    classes = {r.num_classes for r in members}
+    images = [r.test_images for r in members]
+    if len(classes) != 1 or None in classes or None in images:
+        return None
+    chance = 1.0 / next(iter(classes))
+    sd = math.sqrt(chance * (1.0 - chance) / min(images))  # the fewest images: the widest noise
+    return chance, chance + CHANCE_SDS * sd
+
+
+def at_chance(members: list[Run]) -> bool:
+    """Did the group learn nothing: its mean final test accuracy within noise of 1/num_classes?"""
+    bound = chance_upper_bound(members)
+    return bound is not None and float(np.mean([final_test_acc(r) for r in members])) <= bound[1]
+
+
+def froze_nothing(members: list[Run]) -> bool:
+    """A freezing policy that never froze a parameter during training (frozen fraction 0 at every
+    step of every run): it computed what the baseline computes, so no comparison says anything about
+    the policy. Policy none is excluded: freezing nothing is what it is for."""
+    if split_policy_spec(members[0].policy)[0] == "none":
+        return False
+    return all(float(r.metrics["frozen_param_fraction"].sum()) == 0.0 for r in members)
+
+
+def chance_note(group: str, members: list[Run]) -> str:
+    """The main table's line for a group at chance: its accuracy and where chance and noise end."""
+    chance, bound = chance_upper_bound(members) or (math.nan, math.nan)
+    acc = 100 * float(np.mean([final_test_acc(r) for r in members]))
+    return (
+        f"{group} is AT CHANCE: test acc {acc:.2f} % against 1/{members[0].num_classes} = {100 * chance:.2f} % "
+        f"(within noise up to {100 * bound:.2f} %, {CHANCE_SDS:g} binomial SDs on {min(r.test_images or 0 for r in members)} "
+        "test images): it learned nothing, so its comparisons say nothing about a policy; train longer or on "
+        'learnable data (docs/experiments.md, "Your own ablation")'
+    )
+
+
 def mean_ci95(values: list[float]) -> tuple[float, float]:
     """Mean and 95% CI half-width (Student t, n-1 dof); the half-width is NaN for n < 2."""
     n = len(values)
@@ -328,7 +373,7 @@ def main_table(runs: list[Run], baseline: Baseline, target_fraction: float) -> T
         ("frozen param fraction (mean over epochs)", "r", lambda r: fmt_number(r["frozen_fraction"], ".3f")),
     ]
     display, align = display_columns(rows, columns)
-    notes = [baseline.note]
+    notes = [baseline.note, *_learning_notes(groups)]
     missing = sorted({(s, ws) for s, _, ws in groups} - {(s, ws) for s, g, ws in groups if g == baseline.group})
     if compare and missing:
         where = "; ".join(f"{'setting ' + s + ', ' if s else ''}world_size {ws}" for s, ws in missing)
@@ -342,6 +387,21 @@ def main_table(runs: list[Run], baseline: Baseline, target_fraction: float) -> T
         f"{ttt_definition(target_fraction)}, mean over the runs that reached it (reached: how many)."
     )
     return Table("main", "Main results", caption, pd.DataFrame(rows), display, align, tuple(notes))
+
+
+def _learning_notes(groups: dict[GroupKey, list[Run]]) -> list[str]:
+    """One note per group at chance or that froze nothing: such a row is no finding, whatever its numbers."""
+    notes = []
+    for key, members in groups.items():
+        if at_chance(members):
+            notes.append(chance_note(group_label(key), members))
+        if froze_nothing(members):
+            notes.append(
+                f"{group_label(key)} FROZE NOTHING (frozen fraction 0 at every step of its {len(members)} runs): "
+                "it computed what the baseline computes, so its speedup and accuracy are no finding about "
+                f"{members[0].policy}"
+            )
+    return notes
 
 
 def group_fields(run: Run) -> dict:
@@ -362,6 +422,8 @@ def _main_row(members: list[Run]) -> dict:
         "wall_min": float(np.mean([train_wall_s(r) for r in members])) / 60,
         "allreduce_gb": float(np.mean([r.metrics["allreduce_bytes"].sum() / 1e9 for r in members])),
         "frozen_fraction": _per_run_mean(members, "frozen_param_fraction"),
+        "at_chance": at_chance(members),
+        "froze_nothing": froze_nothing(members),
     }
 
 

@@ -46,9 +46,37 @@ def _accuracy_sentence(row: pd.Series, margin_points: float) -> str:
     meaning = {
         "non-inferior": f"it loses no more than {margin_points:g} points",
         "inferior": f"it loses more than {margin_points:g} points",
-        "not shown": f"too uncertain to tell whether it loses more than {margin_points:g} points",
+        "undecided": f"too uncertain to tell whether it loses more than {margin_points:g} points",
+        "not shown": f"too uncertain to tell whether it loses more than {margin_points:g} points",  # older csv
     }.get(str(row["verdict"]), "no interval, so nothing can be said about a loss")
     return f"Its test accuracy differs by {diff}: {meaning}."
+
+
+def _flag(row: pd.Series, column: str) -> bool:
+    """A boolean column of paired.csv; False in a csv written before the column existed."""
+    value = row.get(column, False)
+    return value is True or str(value) == "True"
+
+
+def _no_finding_sentence(row: pd.Series) -> str | None:
+    """Why an arm's row holds no finding (at chance, or it froze nothing), or None when it may hold one.
+    Said instead of the speed and accuracy sentences: "non-inferior" with a zero-width interval from an
+    arm that froze nothing read as a result (issue 32)."""
+    at_chance = [
+        who for who, column in (("it", "arm_at_chance"), ("its baseline", "base_at_chance")) if _flag(row, column)
+    ]
+    if at_chance:
+        return (
+            f"{_label(row)}: no finding: {' and '.join(at_chance)} scored at chance level (test accuracy within "
+            "noise of 1 / number of classes), so nothing was learned to compare; train longer or on learnable "
+            'data (docs/experiments.md, "Your own ablation").'
+        )
+    if _flag(row, "froze_nothing"):
+        return (
+            f"{_label(row)}: no finding: it froze nothing (frozen fraction 0 at every step of every run), so it "
+            "computed what the baseline computed; its speedup and accuracy say nothing about its policy."
+        )
+    return None
 
 
 def _key(row: pd.Series) -> tuple[str, str, str]:
@@ -112,6 +140,8 @@ def verdict_lines(report_dir: str | Path, margin_points: float) -> list[str]:
         for _, row in paired.iterrows():
             if bool(row["control"]):
                 lines.append(_control_sentence(row))
+            elif (no_finding := _no_finding_sentence(row)) is not None:
+                lines.append(no_finding)
             else:
                 lines.append(
                     f"{_speed_sentence(row)} {_accuracy_sentence(row, margin_points)}"

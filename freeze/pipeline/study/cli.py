@@ -23,13 +23,22 @@ from freeze._atomic import atomic_write_bytes, atomic_write_text
 from freeze.pipeline import markdown
 from freeze.pipeline.config import ConfigError
 from freeze.pipeline.runs import RunDir
-from freeze.pipeline.study.plan import StudyFile, main_specs, only_seeds, read_study, runs_root, search_specs
+from freeze.pipeline.study.plan import (
+    StudyFile,
+    main_specs,
+    only_seeds,
+    read_study,
+    runs_root,
+    search_specs,
+    with_command_line_overrides,
+)
 from freeze.pipeline.study.search import SearchError, best_arm, choose, search_markdown
 from freeze.pipeline.sweep import (
     INTERRUPTED_EXIT_CODE,
     INTERRUPTED_MESSAGE,
     RunSpec,
     SweepError,
+    WorkEta,
     check_runnable_here,
     expand,
     run_specs,
@@ -104,11 +113,19 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m experiments.study",
         description="Run a study (search on validation, interleaved grid) and write its report. "
-        "Study file format: freeze/pipeline/study/plan.py and docs/study.md. "
+        'Study file format: freeze/pipeline/study/plan.py and docs/study.md ("The first offline study, and the '
+        'study file"); the real CIFAR-10 study: docs/study.md, "Running the real study". '
         "[study] predict = true adds the cost model's predicted training time of every run beside the "
         "measured one (predicted.md; profiles this machine, needs the probes and calibration in report/costmodel).",
     )
     parser.add_argument("--config", required=True, help="study TOML file")
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="section.key=value",
+        help="applied to every run after the study file's own overrides, e.g. dist.nproc=8 on one machine with "
+        '8 GPUs (docs/study.md, "One process, or one machine with several GPUs")',
+    )
     parser.add_argument(
         "--out-dir", default=None, help="where run directories go (default: the study's out_dir or runs)"
     )
@@ -162,9 +179,10 @@ def _print_plan(study: StudyFile, pretrain: list[RunSpec], search: list[RunSpec]
     print(f"{len(pretrain)} pretraining, {len(search)} search and {len(grid)} study runs")
 
 
-def _run_stage(title: str, specs: list[RunSpec]) -> bool:
+def _run_stage(title: str, specs: list[RunSpec], eta: WorkEta | None = None) -> bool:
+    """Run one stage; ``eta``: the whole study's, so each run's eta line covers every stage still to come."""
     print(f"== {title}: {len(specs)} runs", flush=True)
-    summary = run_specs(specs)
+    summary = run_specs(specs, eta=eta)
     for line in summary.lines():
         print(line)
     return summary.ok  # a run left to another writer (busy) is not complete either
@@ -195,6 +213,7 @@ def _main(argv: list[str] | None) -> int:
         study = read_study(args.config)
         if args.seeds is not None:
             study = only_seeds(study, tuple(args.seeds))
+        study = with_command_line_overrides(study, tuple(args.overrides))
         if args.update_report and not (study.report_md and Path(study.report_md).is_file()):
             raise SweepError(f"study file {args.config}: --update-report needs report_md naming an existing file")
         if args.update_report:  # a broken span is found now, not after the study's hours of runs
@@ -215,7 +234,8 @@ def _main(argv: list[str] | None) -> int:
         _print_plan(study, pretrain, search, grid)
         return 0
 
-    if pretrain and not _run_stage(f"pretraining ({study.pretrain})", pretrain):
+    eta = WorkEta(len(pretrain) + len(search) + len(grid))  # the whole study's time left, not one stage's
+    if pretrain and not _run_stage(f"pretraining ({study.pretrain})", pretrain, eta):
         return 1
     # The report reads run directories only; imported here so a dry run never pays for pandas.
     from freeze.pipeline.report import ReportInputError, build_report
@@ -223,7 +243,7 @@ def _main(argv: list[str] | None) -> int:
 
     search_md = None
     if search:
-        if not _run_stage("parameter search on the validation split", search):
+        if not _run_stage("parameter search on the validation split", search, eta):
             return 1
         try:
             chosen, candidates, base_val = choose(study.search, load_runs(search[0].config.run_dir().parent))
@@ -233,7 +253,7 @@ def _main(argv: list[str] | None) -> int:
         search_md = search_markdown(candidates, base_val, study.search)
         print(search_md)
         grid = main_specs(study, study.search.choices_for(chosen, best_arm(candidates)), out_dir, weights)
-    ok = _run_stage("study grid (interleaved per seed)", grid)
+    ok = _run_stage("study grid (interleaved per seed)", grid, eta)
 
     runs_dir = Path(out_dir) / study.name
     report_dir = runs_dir.parent / f"{study.name}-report"

@@ -132,6 +132,9 @@ class StudyFile:
     predict: bool = False  # the cost-model stage after the runs (freeze.pipeline.study.predict)
     weights: str | None = None  # committed pretrained weights (freeze.pipeline.substrate.weights), instead of pretrain
     frontier: dict[str, float] = dataclasses.field(default_factory=dict)  # budget arm -> its fraction of the steps
+    # section.key=value from the command line, applied to every run after all of the file's (e.g.
+    # dist.nproc=8 on a machine with 8 GPUs): the study's machine, not its design, without editing it
+    command_line_overrides: tuple[str, ...] = ()
 
     def cells(self) -> list[tuple[str, str]]:
         """(setting, arm) pairs the study runs for every seed."""
@@ -338,6 +341,7 @@ def _spec(
         *study.overrides,
         *study.settings[setting],
         *overrides,
+        *study.command_line_overrides,
         f"run.study={folder}",
         f"run.name={name}",
         f"run.group={group}",
@@ -398,6 +402,26 @@ def search_specs(study: StudyFile, out_dir: str | None, extra_overrides: tuple[s
                 group = f"{arm}@{policy}"
             specs.append(_spec(study, f"{study.name}-search", setting, group, seed, overrides, out_dir))
     return specs
+
+
+# Keys the study sets itself for every run (its name, group, seed, setting): an override of one would
+# be overwritten, so it is refused rather than ignored.
+STUDY_OWNED_KEYS = ("run.study", "run.name", "run.group", "run.seed", "run.setting")
+
+
+def with_command_line_overrides(study: StudyFile, overrides: tuple[str, ...]) -> StudyFile:
+    """The study with ``overrides`` (section.key=value) applied last to every run; SweepError (one
+    line) for a key the study owns. Each value is checked when the runs' configs are resolved."""
+    for override in overrides:
+        key = override.split("=", 1)[0].strip()
+        if key in STUDY_OWNED_KEYS:
+            hint = "; choose seeds with --seeds" if key == "run.seed" else ""
+            raise _error(
+                study.path,
+                f"override {override!r}: the study sets {key} for every run itself; "
+                f"accepted: any key but {', '.join(STUDY_OWNED_KEYS)}{hint}",
+            )
+    return dataclasses.replace(study, command_line_overrides=tuple(overrides))
 
 
 def only_seeds(study: StudyFile, seeds: tuple[int, ...]) -> StudyFile:

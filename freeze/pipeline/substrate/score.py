@@ -35,7 +35,7 @@ from pathlib import Path
 from freeze._atomic import atomic_write_json, atomic_write_text
 from freeze.checks import is_int, is_number
 from freeze.pipeline import markdown
-from freeze.pipeline.report.paired import non_inferiority
+from freeze.pipeline.report.paired import UNDECIDED, non_inferiority
 from freeze.pipeline.report.tables import ratio_ci95
 from freeze.pipeline.runs import RunDir
 from freeze.pipeline.schema import BOUNDARY_AT_EPOCH_START, BOUNDARY_STEPS
@@ -345,7 +345,7 @@ def score_task(d: int, by_arm: dict[str, dict[int, RunNumbers]], specs: dict[str
         runs = [(by_arm[arm][s], by_arm[BASELINE_ARM][s], by_arm[ORACLE][s]) for s in seeds]
         regret = paired([p.test_acc - f.test_acc for p, f, _ in runs])
         # the study report's rule; one seed has no interval, so nothing is shown
-        verdict = non_inferiority(regret.low, regret.high, margin) if regret.n >= 2 else "not shown"
+        verdict = non_inferiority(regret.low, regret.high, margin) if regret.n >= 2 else UNDECIDED
         out.append(
             Score(
                 policy=arm,
