@@ -53,3 +53,12 @@ def test_the_state_round_trips_its_generator_and_memories():
     assert (other.iteration, other.seed) == (40, 3)
     assert torch.equal(other.error["w"], state.error["w"]) and torch.equal(other.q_memory["w"], state.q_memory["w"])
     assert other.rng.randint(1_000_000_000) == state.rng.randint(1_000_000_000)  # the same next draw
+
+
+def test_a_state_saved_before_the_powersgd_hooks_still_loads_under_allreduce():
+    m = model()
+    saved = Freezer(m, split_blocks(m), comm_hook="allreduce").state_dict()
+    del saved["powersgd"]  # checkpoints written before this entry existed
+    freezer = Freezer(m2 := model(), split_blocks(m2))
+    freezer.load_state_dict(saved)
+    assert freezer.state_dict()["powersgd"] is None
