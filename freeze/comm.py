@@ -169,7 +169,8 @@ def build_ddp(
     if comm_hook in POWERSGD_RANKS:
         if counter.powersgd is None or counter.powersgd.matrix_rank != POWERSGD_RANKS[comm_hook]:
             raise ValueError(f"build_ddp: comm_hook '{comm_hook}' needs the counter of make_counter('{comm_hook}')")
-        trainable = ((n, p) for n, p in model.named_parameters() if p.requires_grad and n not in ignored)
+        frozen = set(ignored)
+        trainable = ((n, p) for n, p in model.named_parameters() if p.requires_grad and n not in frozen)
         counter.powersgd.attach(trainable)
     DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, ignored)
     kwargs = dict(ddp_kwargs or {})

@@ -311,6 +311,7 @@ class Freezer:
             state: what :meth:`state_dict` returned, for the same blocks and policy.
         """
         check_saved_freezer(state, [b.name for b in self.blocks], self.policy.spec())
+        self._check_saved_powersgd(state.get("powersgd"))
         self.monitor.load_state_dict(state["monitor"])
         self.decisions = [Decision(**d) for d in state["decisions"]]
         self.counters = FreezerCounters(**state["counters"])
@@ -344,6 +345,7 @@ class Freezer:
                 has one (e.g. ``torch.load(path, weights_only=True)``).
         """
         check_saved_training_state(state, has_optimizer=self.optimizer is not None)
+        self._check_saved_powersgd(state["freezer"].get("powersgd"))  # before the model's weights change
         self.model.load_state_dict(state["model"])
         self.load_state_dict(state["freezer"])
         if self.optimizer is not None:
@@ -354,15 +356,20 @@ class Freezer:
     def _powersgd(self):
         return self.engine.comm.powersgd
 
-    def _restore_powersgd(self, saved: dict | None) -> None:
-        """The saved PowerSGD state (error feedback, Q memories, iteration, generator), so a resumed
-        run sends and applies what the uninterrupted one would; refused across hooks."""
+    def _check_saved_powersgd(self, saved: dict | None) -> None:
+        """Refuse a checkpoint saved under another comm hook (PowerSGD or not, another rank)."""
         if (saved is None) != (self._powersgd is None):
             raise ValueError(
                 f"Freezer.load_state_dict: the checkpoint was saved {'without' if saved is None else 'with'} a "
                 f"PowerSGD comm_hook and this Freezer's comm_hook is '{self.engine.comm_hook}'; resume with the "
                 "saving run's comm_hook"
             )
+        if saved is not None:
+            self._powersgd.check_saved(saved)
+
+    def _restore_powersgd(self, saved: dict | None) -> None:
+        """The saved PowerSGD state (error feedback, Q memories, iteration, generator), so a resumed
+        run sends and applies what the uninterrupted one would."""
         if saved is not None:
             self._powersgd.load_state_dict(saved)
 

@@ -93,8 +93,8 @@ class PowerSGDState:
             },
         }
 
-    def load_state_dict(self, state: dict) -> None:
-        """Restore a :meth:`state_dict` saved with the same rank and warm-up."""
+    def check_saved(self, state: dict) -> None:
+        """Refuse a :meth:`state_dict` saved with another rank or warm-up."""
         saved = (state["matrix_rank"], state["warmup_iterations"])
         if saved != (self.matrix_rank, self.warmup_iterations):
             raise ValueError(
@@ -102,6 +102,10 @@ class PowerSGDState:
                 f"this Freezer's rank {self.matrix_rank} and warm-up {self.warmup_iterations}; resume with the "
                 "saving run's comm_hook"
             )
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore a :meth:`state_dict` saved with the same rank and warm-up."""
+        self.check_saved(state)
         self.seed, self.iteration = int(state["seed"]), int(state["iteration"])
         self.error = {n: t.clone() for n, t in state["error"].items()}
         self.q_memory = {n: t.clone() for n, t in state["q_memory"].items()}

@@ -35,13 +35,18 @@ def test_an_unknown_hook_or_rank_is_one_line_listing_the_accepted_ones_and_touch
 @pytest.mark.parametrize(
     ("saved_hook", "hook"), [("allreduce", "powersgd1"), ("powersgd1", "bf16"), ("powersgd4", "powersgd1")]
 )
-def test_a_state_saved_under_another_hook_is_refused_in_one_line(saved_hook, hook):
+def test_a_state_saved_under_another_hook_is_refused_in_one_line_changing_nothing(saved_hook, hook):
     m = model()
-    saved = Freezer(m, split_blocks(m), comm_hook=saved_hook).state_dict()
+    saver = Freezer(m, split_blocks(m), comm_hook=saved_hook)
+    saver.set_boundary(1)
+    saved = saver.training_state_dict()
     freezer = Freezer(m2 := model(), split_blocks(m2), comm_hook=hook)
-    with pytest.raises(ValueError) as err:
-        freezer.load_state_dict(saved)
-    assert "\n" not in str(err.value) and "resume with the saving run's comm_hook" in str(err.value)
+    weights = {n: t.clone() for n, t in m2.state_dict().items()}
+    for load in (lambda: freezer.load_state_dict(saved["freezer"]), lambda: freezer.load_training_state_dict(saved)):
+        with pytest.raises(ValueError) as err:
+            load()
+        assert "\n" not in str(err.value) and "resume with the saving run's comm_hook" in str(err.value)
+        assert freezer.boundary == 0 and all(torch.equal(t, weights[n]) for n, t in m2.state_dict().items())
 
 
 def test_the_state_round_trips_its_generator_and_memories():
