@@ -20,7 +20,8 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
-from freeze.names import COMM_HOOKS, CommHook
+from freeze.names import COMM_HOOKS, POWERSGD_RANKS, CommHook
+from freeze.powersgd import PowerSGDState, compress_and_allreduce
 
 
 def is_distributed() -> bool:
@@ -74,11 +75,30 @@ def collective_device(process_group=None) -> torch.device:
 
 @dataclass
 class CommCounter:
-    """Bytes handed to the all-reduce by the comm hook, as actually sent (after compression)."""
+    """Bytes handed to the all-reduce by the comm hook, as actually sent (after compression); for
+    PowerSGD also its state, which outlives every DDP wrapper the counter serves."""
 
     process_group: object | None = None
     allreduce_bytes_total: int = 0
     buckets_total: int = 0
+    powersgd: PowerSGDState | None = None
+
+
+def make_counter(comm_hook: CommHook, process_group=None) -> CommCounter:
+    """The counter (and, for a PowerSGD hook, its state) that every DDP wrapper of one Freezer shares.
+
+    Raises:
+        ValueError: an unknown ``comm_hook``, in one line listing the accepted ones.
+    """
+    check_comm_hook(comm_hook)
+    rank = POWERSGD_RANKS.get(comm_hook)
+    return CommCounter(process_group=process_group, powersgd=None if rank is None else PowerSGDState(rank))
+
+
+def check_comm_hook(comm_hook: object) -> None:
+    """Refuse a comm hook name that is not one of ``COMM_HOOKS``."""
+    if comm_hook not in _HOOKS:
+        raise ValueError(f"comm_hook: '{comm_hook}' is not accepted; accepted: {', '.join(COMM_HOOKS)}")
 
 
 def _counting_allreduce_hook(state: CommCounter, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -95,7 +115,26 @@ def _counting_bf16_hook(state: CommCounter, bucket: dist.GradBucket) -> torch.fu
     return default_hooks.bf16_compress_hook(state.process_group, bucket)
 
 
-_HOOKS = {"allreduce": _counting_allreduce_hook, "bf16": _counting_bf16_hook}
+def _counting_powersgd_hook(state: CommCounter, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """PowerSGD (freeze.powersgd) after its warm-up of plain all-reduce; counts what it sends."""
+    psgd = state.powersgd
+    if psgd.compressing:
+        group = state.process_group if state.process_group is not None else dist.group.WORLD
+        future, sent_bytes = compress_and_allreduce(psgd, bucket, group)
+        state.allreduce_bytes_total += sent_bytes
+        state.buckets_total += 1
+    else:
+        future = _counting_allreduce_hook(state, bucket)
+    if bucket.is_last():  # DDP hands its buckets over in index order: one iteration is done
+        psgd.iteration += 1
+    return future
+
+
+_HOOKS = {
+    "allreduce": _counting_allreduce_hook,
+    "bf16": _counting_bf16_hook,
+    **dict.fromkeys(POWERSGD_RANKS, _counting_powersgd_hook),
+}
 
 
 def build_ddp(
@@ -117,15 +156,23 @@ def build_ddp(
             per-forward buffer broadcast, which would otherwise re-send statistics that can no
             longer change.
         counter: receives the bytes each bucket sends (its ``process_group`` is the default for DDP).
-        comm_hook: "allreduce" (full precision) or "bf16" (buckets sent as bfloat16: half the bytes).
+        comm_hook: "allreduce" (full precision), "bf16" (buckets sent as bfloat16: half the bytes),
+            or "powersgd1" / "powersgd4" (PowerSGD of rank 1 / 4; its state is ``counter.powersgd``,
+            made by :func:`make_counter`, and carries over from the previous wrapper).
         ddp_kwargs: passed to ``DistributedDataParallel`` (e.g. ``bucket_cap_mb``, ``device_ids``).
 
     Raises:
         ValueError: an unknown ``comm_hook``.
     """
-    if comm_hook not in _HOOKS:
-        raise ValueError(f"comm_hook: '{comm_hook}' is not accepted; accepted: {', '.join(COMM_HOOKS)}")
-    DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, sorted(ignored_names))
+    check_comm_hook(comm_hook)
+    ignored = sorted(ignored_names)
+    if comm_hook in POWERSGD_RANKS:
+        if counter.powersgd is None or counter.powersgd.matrix_rank != POWERSGD_RANKS[comm_hook]:
+            raise ValueError(f"build_ddp: comm_hook '{comm_hook}' needs the counter of make_counter('{comm_hook}')")
+        frozen = set(ignored)
+        trainable = ((n, p) for n, p in model.named_parameters() if p.requires_grad and n not in frozen)
+        counter.powersgd.attach(trainable)
+    DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, ignored)
     kwargs = dict(ddp_kwargs or {})
     kwargs.setdefault("process_group", counter.process_group)
     ddp = DistributedDataParallel(model, init_sync=False, **kwargs)

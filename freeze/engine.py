@@ -53,7 +53,7 @@ class Engine:
         model: the bare model.
         blocks: its blocks.
         cache: the activation cache, or None.
-        comm_hook: "allreduce" or "bf16" (see freeze.comm).
+        comm_hook: "allreduce", "bf16", "powersgd1" or "powersgd4" (see freeze.comm).
         ddp_kwargs: passed to every DDP wrapper.
         process_group: the DDP process group (None: the world).
     """
@@ -71,7 +71,9 @@ class Engine:
         self.model, self.blocks, self.cache = model, list(blocks), cache
         self.comm_hook, self.ddp_kwargs, self.process_group = comm_hook, dict(ddp_kwargs or {}), process_group
         self.distributed = comm.is_distributed()
-        self.comm = comm.CommCounter(process_group=process_group)  # the one owner of the byte count
+        # The one owner of the byte count and of PowerSGD's state; refuses an unknown hook (also
+        # without a process group, where no wrapper is ever built).
+        self.comm = comm.make_counter(comm_hook, process_group)
         self.wrapper: nn.Module | None = None  # the current DDP wrapper; None without a process group
         self.closed = False
         self._listeners: list[Callable[[nn.Module | None], None]] = []

@@ -61,7 +61,9 @@ class Freezer:
         interval_steps: evaluate the policy every N optimizer steps (in :meth:`after_step`)
             instead of once per epoch (0, in :meth:`end_epoch`).
         ddp_kwargs: passed to every DDP wrapper (``init_sync`` is always False).
-        comm_hook: "allreduce", or "bf16" to send gradients as bfloat16 (half the bytes).
+        comm_hook: "allreduce"; "bf16" to send gradients as bfloat16 (half the bytes); "powersgd1"
+            or "powersgd4": PowerSGD of rank 1 or 4 after 17 iterations of plain all-reduce, its
+            error feedback kept per parameter across re-wraps and saved in :meth:`state_dict`.
         process_group: the DDP process group (default: the world).
         track_summed_grads: also sum gradients over intervals when the policy does not read them
             (a pass over every trainable gradient per step); default: only if it does.
@@ -92,6 +94,7 @@ class Freezer:
         cache_source: CacheSource | None = None,
     ):
         refuse_wrapped(model)
+        comm.check_comm_hook(comm_hook)  # before any hook goes onto the model
         if not blocks:
             raise ValueError("Freezer: blocks is empty; build them with split_blocks(model)")
         check_partition(model, blocks)
@@ -297,6 +300,7 @@ class Freezer:
             "decisions": [asdict(d) for d in self.decisions],
             "counters": asdict(self.counters),
             "cache": None if self.cache is None else self.cache.state_dict(),
+            "powersgd": None if self._powersgd is None else self._powersgd.state_dict(),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -307,6 +311,7 @@ class Freezer:
             state: what :meth:`state_dict` returned, for the same blocks and policy.
         """
         check_saved_freezer(state, [b.name for b in self.blocks], self.policy.spec())
+        self._check_saved_powersgd(state.get("powersgd"))
         self.monitor.load_state_dict(state["monitor"])
         self.decisions = [Decision(**d) for d in state["decisions"]]
         self.counters = FreezerCounters(**state["counters"])
@@ -317,6 +322,7 @@ class Freezer:
         if k != self.boundary:
             self._apply(k, restoring=True)
         self.engine.restore_cache(state.get("cache"), k, self.clock.epochs_completed)
+        self._restore_powersgd(state.get("powersgd"))  # after the re-wrap, which drops frozen parameters' state
         self.engine.expect_rank_check()
 
     def training_state_dict(self) -> dict:
@@ -339,12 +345,34 @@ class Freezer:
                 has one (e.g. ``torch.load(path, weights_only=True)``).
         """
         check_saved_training_state(state, has_optimizer=self.optimizer is not None)
+        self._check_saved_powersgd(state["freezer"].get("powersgd"))  # before the model's weights change
         self.model.load_state_dict(state["model"])
         self.load_state_dict(state["freezer"])
         if self.optimizer is not None:
             self.optimizer.load_state_dict(state["optimizer"])
 
     # ------------------------------------------------------------------ internals
+    @property
+    def _powersgd(self):
+        return self.engine.comm.powersgd
+
+    def _check_saved_powersgd(self, saved: dict | None) -> None:
+        """Refuse a checkpoint saved under another comm hook (PowerSGD or not, another rank)."""
+        if (saved is None) != (self._powersgd is None):
+            raise ValueError(
+                f"Freezer.load_state_dict: the checkpoint was saved {'without' if saved is None else 'with'} a "
+                f"PowerSGD comm_hook and this Freezer's comm_hook is '{self.engine.comm_hook}'; resume with the "
+                "saving run's comm_hook"
+            )
+        if saved is not None:
+            self._powersgd.check_saved(saved)
+
+    def _restore_powersgd(self, saved: dict | None) -> None:
+        """The saved PowerSGD state (error feedback, Q memories, iteration, generator), so a resumed
+        run sends and applies what the uninterrupted one would."""
+        if saved is not None:
+            self._powersgd.load_state_dict(saved)
+
     def _clamp(self, k: int) -> int:
         return max(0, min(int(k), len(self.blocks) - 1))
 

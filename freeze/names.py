@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
-# Gradient all-reduce: full precision, or buckets sent as bfloat16 (half the bytes). freeze.comm.
-CommHook = Literal["allreduce", "bf16"]
+# Gradient all-reduce: full precision, buckets sent as bfloat16 (half the bytes), or PowerSGD of
+# rank 1 or 4 (low-rank factors of each weight matrix; freeze.powersgd). freeze.comm.
+CommHook = Literal["allreduce", "bf16", "powersgd1", "powersgd4"]
 # The activation cache: off | memory (in RAM; over budget: error) | disk (spills to a node-local
 # file over budget) | auto (only where it pays). freeze.cache.
 CacheMode = Literal["off", "memory", "disk", "auto"]
@@ -21,6 +22,7 @@ StorageDtype = Literal["fp32", "bf16", "fp16"]
 FrozenMode = Literal["eval", "train"]
 
 COMM_HOOKS: tuple[str, ...] = get_args(CommHook)
+POWERSGD_RANKS: dict[str, int] = {"powersgd1": 1, "powersgd4": 4}  # hook name -> rank of the approximation
 CACHE_MODES: tuple[str, ...] = get_args(CacheMode)
 STORAGE_DTYPE_NAMES: tuple[str, ...] = get_args(StorageDtype)
 FROZEN_MODES: tuple[str, ...] = get_args(FrozenMode)
