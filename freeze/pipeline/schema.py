@@ -79,6 +79,7 @@ METRIC_SCALARS_OPTIONAL: tuple[str, ...] = (
     "allreduce_bytes_per_step",
     "rewraps",
     "rewrap_s",
+    PEAK_MEMORY,
 )
 
 

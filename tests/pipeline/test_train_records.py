@@ -12,6 +12,7 @@ import torch
 
 import freeze.pipeline.run as run_module
 from freeze.pipeline.config import ConfigError, load_config
+from freeze.pipeline.report.load import load_run
 from freeze.pipeline.schema import PEAK_MEMORY, PROBES
 
 SMOKE = Path(__file__).resolve().parents[2] / "experiments" / "configs" / "smoke.toml"
@@ -48,6 +49,13 @@ def test_probes_read_the_fixed_subset_every_n_steps_off_the_clock_and_change_no_
     weights_bytes = sum(t.numel() * t.element_size() for t in probed_weights.values())
     peaks = [r[PEAK_MEMORY] for r in probed]
     assert peaks == sorted(peaks) and peaks[0] > weights_bytes
+    # the report reads them as (cumulative train s, accuracy), epoch by epoch
+    loaded = load_run(tmp_path / "smoke" / "probed")
+    first_epoch_s = probed[0]["cumulative_wall_s"]
+    assert loaded.probes == tuple(
+        (p[1] + (first_epoch_s if e else 0.0), p[2]) for e, r in enumerate(probed) for p in r[PROBES]
+    )
+    assert loaded.metrics[PEAK_MEMORY].tolist() == peaks
 
 
 def test_probes_without_validation_images_are_refused_in_one_line():

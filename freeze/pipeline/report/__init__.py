@@ -62,7 +62,7 @@ def build_tables(
 ) -> list[Table]:
     chosen = resolve_baseline(runs, baseline)
     return [
-        main_table(runs, chosen, target_fraction),
+        main_table(runs, chosen, target_fraction, margin_points),
         paired_table(runs, chosen, target_fraction, margin_points),
         frontier_table(runs, chosen),
         iso_speedup_table(runs, chosen),

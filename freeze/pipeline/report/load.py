@@ -30,6 +30,7 @@ from freeze.pipeline.schema import (
     METRIC_SCALARS_OPTIONAL,
     METRICS_FILE,
     PHASES,
+    PROBES,
     RUN_STATUSES,
 )
 
@@ -50,6 +51,8 @@ class Run:
     config: dict
     metrics: pd.DataFrame  # one row per completed epoch, phase times as phase_<name>_s columns
     eta: np.ndarray  # epochs x blocks, NaN where the log has null
+    # (cumulative train s, accuracy) of every probe of train.probe_every_steps, in order; () without
+    probes: tuple[tuple[float, float], ...] = ()
 
     @property
     def name(self) -> str:
@@ -143,8 +146,8 @@ def load_runs(runs_dir: str | Path) -> list[Run]:
 
 def load_run(run_dir: Path) -> Run:
     manifest = read_manifest(run_dir / MANIFEST_FILE)
-    metrics, eta = read_metrics(run_dir / METRICS_FILE, n_blocks=len(manifest["block_names"]))
-    return Run(run_dir, manifest, read_config(run_dir / CONFIG_FILE), metrics, eta)
+    metrics, eta, probes = read_metrics(run_dir / METRICS_FILE, n_blocks=len(manifest["block_names"]))
+    return Run(run_dir, manifest, read_config(run_dir / CONFIG_FILE), metrics, eta, probes)
 
 
 def read_manifest(path: Path) -> dict:
@@ -180,12 +183,14 @@ def read_config(path: Path) -> dict:
         raise ReportInputError(f"{path}: not valid TOML ({exc})") from None
 
 
-def read_metrics(path: Path, n_blocks: int) -> tuple[pd.DataFrame, np.ndarray]:
+def read_metrics(path: Path, n_blocks: int) -> tuple[pd.DataFrame, np.ndarray, tuple[tuple[float, float], ...]]:
     """Parse metrics.jsonl with the run directory's own reader (:mod:`freeze.pipeline.jsonl`): a torn
     last line, left by a crash mid-append, is dropped as a resume would drop it. A run that died
-    before its first epoch may have no metrics at all (empty frame)."""
+    before its first epoch may have no metrics at all (empty frame). Returns the per-epoch frame, eta
+    (epochs x blocks) and the probes as (cumulative train s, accuracy)."""
     rows: list[dict] = []
     eta_rows: list[list[float]] = []
+    probes: list[tuple[float, float]] = []
     if path.is_file():
         try:
             numbered, _ = read_json_lines(path.read_bytes())
@@ -200,6 +205,8 @@ def read_metrics(path: Path, n_blocks: int) -> tuple[pd.DataFrame, np.ndarray]:
                     f"{path}:{line_no}: epoch {row['epoch']:g} does not follow epoch {rows[-1]['epoch']:g} "
                     "(lines must be in epoch order)"
                 )
+            before_s = rows[-1]["cumulative_wall_s"] if rows else 0.0
+            probes += [(before_s + epoch_s, acc) for epoch_s, acc in _probes(record, f"{path}:{line_no}")]
             rows.append(row)
             eta_rows.append(eta)
     columns = [
@@ -210,7 +217,18 @@ def read_metrics(path: Path, n_blocks: int) -> tuple[pd.DataFrame, np.ndarray]:
     columns += [f"phase_{name}_s" for name in PHASES]
     frame = pd.DataFrame(rows, columns=columns).astype(float).astype({"epoch": int})
     eta = np.array(eta_rows, dtype=float).reshape(len(eta_rows), n_blocks)
-    return frame, eta
+    return frame, eta, tuple(probes)
+
+
+def _probes(record: dict, where: str) -> list[tuple[float, float]]:
+    """An epoch's probes as (epoch train s so far, accuracy); none in older run directories."""
+    probes = record.get(PROBES, [])
+    ok = isinstance(probes, list) and all(isinstance(p, list) and len(p) == 3 for p in probes)
+    if not ok:
+        raise ReportInputError(f"{where}: malformed metrics line ({PROBES} must be a list of [step, s, accuracy])")
+    return [
+        (_number(s, PROBES, where, nullable=False), _number(acc, PROBES, where, nullable=False)) for _, s, acc in probes
+    ]
 
 
 def _parse_metrics_record(record: dict, where: str, n_blocks: int) -> tuple[dict, list[float]]:

@@ -31,6 +31,7 @@ from scipy import stats
 
 from freeze.pipeline.report.load import Run
 from freeze.pipeline.report.tables import (
+    DEFAULT_MARGIN_POINTS,
     NA,
     SPEEDUP_DEFINITION,
     Baseline,
@@ -50,9 +51,10 @@ from freeze.pipeline.report.tables import (
     time_to_target_s,
     train_wall_s,
     ttt_definition,
+    ttt_target,
+    uses_probes,
 )
 
-DEFAULT_MARGIN_POINTS = 0.5
 # Keys of a resolved config that name a run rather than change what it computes: where it is written
 # (out_dir, study, name), which group and setting it is reported under, and the seed (a control is
 # compared with the baseline run of its own seed, so the pairing already holds the seed equal).
@@ -142,9 +144,8 @@ def paired_row(members: list[Run], base: list[Run], target_fraction: float, marg
     diffs = [100 * (final_test_acc(r) - final_test_acc(b)) for r, b in pairs]
     diff, diff_half = mean_ci95(diffs)
     diff_low, diff_high = diff - diff_half, diff + diff_half
-    # Time to target: the first cumulative train time at which val accuracy reaches target_fraction x
-    # the baseline's mean final val accuracy (val, never test: the target must not be chosen on test).
-    target = target_fraction * float(np.mean([b.metrics["val_acc"].iloc[-1] for b in base]))
+    # Time to target on validation, never test: the target must not be chosen on test.
+    target = ttt_target(base, target_fraction, margin_points)
     ttt_ratios = []
     for r, b in pairs:
         arm_s, base_s = time_to_target_s(r, target), time_to_target_s(b, target)
@@ -246,7 +247,7 @@ def paired_table(
         f"lower bound is above -{margin_points:g} points (inferior when its upper bound is below, undecided "
         "otherwise; no test when the arm or the baseline is at chance, or the arm froze nothing); seeds to decide "
         "(undecided rows): how many paired seeds would decide it at the mean and spread these show; "
-        f"{ttt_definition(target_fraction)}; time-to-target "
+        f"{ttt_definition(target_fraction, margin_points, uses_probes(runs))}; time-to-target "
         "speedup: the same paired geometric mean over the seeds where both runs reached it."
     )
     notes = [baseline.note]

@@ -27,6 +27,7 @@ GroupKey = tuple[str, str, int]  # (setting, group, world_size)
 # table phase name -> metrics column; total is epoch_wall_s (no eval)
 PHASE_COLUMNS = {phase: f"phase_{phase}_s" for phase in TRAIN_PHASES} | {"total": "epoch_wall_s"}
 NA = "n/a"
+DEFAULT_MARGIN_POINTS = 0.5  # non-inferiority margin, accuracy points
 
 
 @dataclass(frozen=True, eq=False)
@@ -260,9 +261,27 @@ def train_wall_s(run: Run) -> float:
 
 
 def time_to_target_s(run: Run, target_val_acc: float) -> float | None:
-    """First cumulative training wall time at which val accuracy reached the target, else None."""
+    """First cumulative training wall time at which val accuracy reached the target, else None: at a
+    probe when the run has probes (train.probe_every_steps), which see a freeze late in an epoch,
+    else at an epoch end."""
+    if run.probes:
+        return next((s for s, acc in run.probes if acc >= target_val_acc), None)
     hits = run.metrics[run.metrics["val_acc"] >= target_val_acc]
     return float(hits["cumulative_wall_s"].iloc[0]) if len(hits) else None
+
+
+def uses_probes(runs: list[Run]) -> bool:
+    """Every run has probes: time to target is read on them, against a margin-based target."""
+    return bool(runs) and all(r.probes for r in runs)
+
+
+def ttt_target(base: list[Run], target_fraction: float, margin_points: float) -> float:
+    """The val accuracy an arm must reach. With probes: the baseline's mean last-probe accuracy (the
+    same fixed subset) minus the non-inferiority margin, the accuracy the study calls good enough.
+    Without (older run directories): target_fraction x the baseline's mean final val accuracy."""
+    if uses_probes(base):
+        return float(np.mean([b.probes[-1][1] for b in base])) - margin_points / 100
+    return target_fraction * float(np.mean([b.metrics["val_acc"].iloc[-1] for b in base]))
 
 
 # The one speedup and the one time to target every table reports, named in their captions.
@@ -272,7 +291,13 @@ SPEEDUP_DEFINITION = (
 )
 
 
-def ttt_definition(target_fraction: float) -> str:
+def ttt_definition(target_fraction: float, margin_points: float, probes: bool = False) -> str:
+    if probes:
+        return (
+            "time to target = the first cumulative train time at which a probe (the fixed validation subset, "
+            f"every train.probe_every_steps steps) reaches the baseline's mean last-probe accuracy minus "
+            f"{margin_points:g} points"
+        )
     return (
         f"time to target = the first cumulative train time at which val accuracy reaches {target_fraction:g} x "
         "the baseline's mean final val accuracy"
@@ -330,14 +355,17 @@ def display_columns(rows: list[dict], columns: list[Column]) -> tuple[pd.DataFra
     return display, tuple(c[1] for c in columns)
 
 
-def main_table(runs: list[Run], baseline: Baseline, target_fraction: float) -> Table:
+def main_table(
+    runs: list[Run], baseline: Baseline, target_fraction: float, margin_points: float = DEFAULT_MARGIN_POINTS
+) -> Table:
     groups = complete_groups(runs)
     compare = baseline.group is not None
     rows = []
     for key, members in groups.items():
         row = _main_row(members)
         if compare:
-            row.update(_comparison(members, row, baseline_runs(groups, baseline, key), target_fraction))
+            base = baseline_runs(groups, baseline, key)
+            row.update(_comparison(members, row, base, target_fraction, margin_points))
         rows.append(row)
     columns: list[Column] = [("setting", "l", lambda r: r["setting"])] if any(k[0] for k in groups) else []
     columns += [
@@ -384,7 +412,8 @@ def main_table(runs: list[Run], baseline: Baseline, target_fraction: float) -> T
         f"{'run' if n_incomplete == 1 else 'runs'} excluded, listed separately); accuracy is the final-epoch test "
         "accuracy (mean ± 95% CI half-width over seeds, Student t), never the best epoch; train time is training "
         f"wall time without evaluation; {SPEEDUP_DEFINITION} (n/a without a shared seed); "
-        f"{ttt_definition(target_fraction)}, mean over the runs that reached it (reached: how many)."
+        f"{ttt_definition(target_fraction, margin_points, uses_probes(runs))}, mean over the runs that reached it "
+        "(reached: how many)."
     )
     return Table("main", "Main results", caption, pd.DataFrame(rows), display, align, tuple(notes))
 
@@ -427,7 +456,9 @@ def _main_row(members: list[Run]) -> dict:
     }
 
 
-def _comparison(members: list[Run], row: dict, base_runs: list[Run] | None, target_fraction: float) -> dict:
+def _comparison(
+    members: list[Run], row: dict, base_runs: list[Run] | None, target_fraction: float, margin_points: float
+) -> dict:
     """Difference, test, speedup and time to target against the baseline runs of the same world size."""
     if not base_runs:
         return {
@@ -445,7 +476,7 @@ def _comparison(members: list[Run], row: dict, base_runs: list[Run] | None, targ
         p_value, test = math.nan, "baseline"
     else:
         p_value, test = compare_seeds({r.seed: final_test_acc(r) for r in members}, base_acc)
-    target = target_fraction * float(np.mean([r.metrics["val_acc"].iloc[-1] for r in base_runs]))
+    target = ttt_target(base_runs, target_fraction, margin_points)
     times = [time_to_target_s(r, target) for r in members] if math.isfinite(target) else []
     reached = [t for t in times if t is not None]
     return {
