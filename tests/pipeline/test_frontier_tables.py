@@ -10,9 +10,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from freeze.pipeline.report.frontier_tables import frontier_table, iso_speedup_table
+from freeze.pipeline.report import build_tables
+from freeze.pipeline.report.frontier_tables import frontier_table, iso_speedup_table, iso_speedups
 from freeze.pipeline.report.load import Run
 from freeze.pipeline.report.tables import Baseline
+from freeze.pipeline.schema import PHASES
 
 SEEDS = (0, 1, 2)
 BASE = Baseline("none", "baseline: group 'none'")
@@ -31,7 +33,21 @@ def _run(setting, group, seed, policy, time_s, acc_pct, steps, fraction=1.0) -> 
         "block_names": ["a", "b"],
     }
     config = {"train": {"budget_fraction": fraction}}
-    metrics = pd.DataFrame([{"test_acc": acc_pct / 100, "cumulative_wall_s": time_s, "step": steps}])
+    metrics = pd.DataFrame(
+        [
+            {
+                "test_acc": acc_pct / 100,
+                "val_acc": acc_pct / 100,
+                "cumulative_wall_s": time_s,
+                "epoch_wall_s": time_s,
+                "step": steps,
+                "frozen_param_fraction": 0.0 if policy == "none" else 0.5,
+                "allreduce_bytes": 1e9,
+                "peak_memory_bytes": 2e9,
+                **{f"phase_{p}_s": time_s / len(PHASES) for p in PHASES},
+            }
+        ]
+    )
     return Run(Path(f"/runs/{setting}_{group}_{seed}"), manifest, config, metrics, np.zeros((1, 2)))
 
 
@@ -67,7 +83,7 @@ def test_the_frontier_table_pairs_each_budget_with_full_fine_tuning_by_seed():
 
 
 def test_iso_accuracy_speedups_are_the_hand_computed_ones_and_the_cluster_borrows_the_loopback_frontier():
-    rows = _rows(iso_speedup_table(_study(), BASE))
+    rows = _rows(iso_speedup_table(iso_speedups(_study(), BASE)))
     fast = rows[("loopback", "fast")]
     assert fast["iso_speedup"] == pytest.approx(1.5) and fast["beyond_frontier"] and fast["bound"] == "exact"
     slow = rows[("loopback", "slow")]
@@ -78,13 +94,30 @@ def test_iso_accuracy_speedups_are_the_hand_computed_ones_and_the_cluster_borrow
     # the cluster: the loopback accuracies at fraction x the cluster baseline's 200 s
     cluster = rows[("cluster", "fast")]
     assert cluster["frontier_setting"] == "loopback" and cluster["iso_speedup"] == pytest.approx(180 / 150)
-    display = iso_speedup_table(_study(), BASE).display.set_index("group")
+    display = iso_speedup_table(iso_speedups(_study(), BASE)).display.set_index("group")
     assert display.loc["poor", "beyond the frontier"] == "no (less accurate than the shortest budget)"
     assert display.loc["poor", "iso-accuracy speedup [95% CI]"].startswith("<= ")
 
 
 def test_without_budget_runs_or_a_baseline_the_tables_say_so_in_one_line():
     plain = [r for r in _study() if not r.group.startswith("budget-")]
-    for table in (frontier_table(plain, BASE), iso_speedup_table(plain, BASE)):
+    for table in (frontier_table(plain, BASE), iso_speedup_table(iso_speedups(plain, BASE))):
         assert table.data.empty and "no budget runs" in table.caption and "\n" not in table.caption
-    assert iso_speedup_table(_study(), Baseline(None, "none")).data.empty
+    assert iso_speedups(_study(), Baseline(None, "none")) == {}
+
+
+def test_the_main_and_paired_tables_carry_the_iso_accuracy_speedup_beside_the_speedup():
+    tables = {t.name: t for t in build_tables(_study(), "none")}
+    for name in ("main", "paired"):
+        display = tables[name].display.set_index(["setting", "group"])
+        columns = list(display.columns)
+        assert (
+            columns.index("iso-accuracy speedup [95% CI]")
+            == columns.index(next(c for c in columns if c.startswith("speedup"))) + 1
+        )
+        assert display.loc[("loopback", "fast"), "iso-accuracy speedup [95% CI]"] == "1.50x [1.50, 1.50]"
+        assert "iso" not in tables[name].data.columns and "iso_speedup" in tables[name].data.columns
+    assert (
+        tables["main"].display.set_index(["setting", "group"]).loc[("cluster", "none"), "peak memory (MB, rank 0)"]
+        == "2000"
+    )

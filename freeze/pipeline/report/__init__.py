@@ -12,7 +12,7 @@ from pathlib import Path
 
 from freeze._atomic import atomic_write_text
 from freeze.pipeline.report.blocks import blocks_table
-from freeze.pipeline.report.frontier_tables import frontier_table, iso_speedup_table
+from freeze.pipeline.report.frontier_tables import frontier_table, iso_speedup_table, iso_speedups
 from freeze.pipeline.report.load import ReportInputError, Run, load_runs
 from freeze.pipeline.report.paired import DEFAULT_MARGIN_POINTS, convergence_table, paired_table
 from freeze.pipeline.report.tables import (
@@ -61,11 +61,13 @@ def build_tables(
     margin_points: float = DEFAULT_MARGIN_POINTS,
 ) -> list[Table]:
     chosen = resolve_baseline(runs, baseline)
+    iso = iso_speedups(runs, chosen)  # against the budget frontier; {} without budget runs
+    iso_by_group = {key: found for key, (found, _) in iso.items()}
     return [
-        main_table(runs, chosen, target_fraction, margin_points),
-        paired_table(runs, chosen, target_fraction, margin_points),
+        main_table(runs, chosen, target_fraction, margin_points, iso_by_group),
+        paired_table(runs, chosen, target_fraction, margin_points, iso_by_group),
         frontier_table(runs, chosen),
-        iso_speedup_table(runs, chosen),
+        iso_speedup_table(iso),
         convergence_table(runs, chosen, margin_points),
         static_sweep_table(runs, chosen),
         phase_table(runs, chosen),

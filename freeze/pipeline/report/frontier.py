@@ -58,6 +58,23 @@ class IsoSpeedup:
         """The arm beats training less: the whole interval above 1.00 (an upper bound never counts)."""
         return self.bound != "upper" and self.ci_low > 1.0
 
+    def label(self) -> str:
+        """``1.52x [1.31, 1.77]``, with ``>= `` / ``<= `` for a bound past the frontier's ends."""
+        mark = {"exact": "", "lower": ">= ", "upper": "<= "}[self.bound]
+        interval = f" [{self.ci_low:.2f}, {self.ci_high:.2f}]" if np.isfinite(self.ci_low) else ""
+        return f"{mark}{self.speedup:.2f}x{interval}"
+
+    def verdict(self) -> str:
+        """Whether the arm lies beyond the frontier: yes, no, undecided (the interval holds 1.00), or
+        n/a (one seed: no interval)."""
+        if self.beyond_frontier:
+            return "yes"
+        if self.bound == "upper":
+            return "no (less accurate than the shortest budget)"
+        if not np.isfinite(self.ci_low):
+            return "n/a"
+        return "no" if self.ci_high < 1.0 else "undecided"
+
 
 def frontier_curve(runs: Mapping[float, Sequence[Point]]) -> tuple[np.ndarray, np.ndarray]:
     """The mean frontier: per budget fraction, the mean time and mean accuracy over its runs,

@@ -11,20 +11,18 @@ the frontier table shows for the setting that ran the budgets (time fraction bes
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pandas as pd
 
 from freeze.pipeline.report.frontier import IsoSpeedup, Point, iso_accuracy_speedup
 from freeze.pipeline.report.load import Run
 from freeze.pipeline.report.tables import (
-    NA,
     Baseline,
     Column,
     GroupKey,
     Table,
     complete_groups,
+    csv_frame,
     display_columns,
     final_test_acc,
     fmt_number,
@@ -160,46 +158,52 @@ def frontier_table(runs: list[Run], baseline: Baseline) -> Table:
     return Table("frontier", "Budget frontier", caption, data, display, align)
 
 
-def iso_speedup_table(runs: list[Run], baseline: Baseline) -> Table:
-    """Every arm's iso-accuracy speedup against the frontier of its setting (or the one it borrows)."""
+def iso_speedups(runs: list[Run], baseline: Baseline) -> dict[GroupKey, tuple[IsoSpeedup, str]]:
+    """Every non-budget group's iso-accuracy speedup and the setting whose frontier it was read on;
+    groups without a frontier to read (no budgets anywhere, no baseline, no shared seed) are left out."""
     groups = complete_groups(runs)
-    rows = []
-    if baseline.group is not None:
-        for key, members in groups.items():
-            if _is_budget(members):
-                continue
-            found = _frontier_points(groups, baseline, key)
-            if found is None:
-                continue
-            frontier, source = found
-            try:
-                iso = iso_accuracy_speedup(frontier, {r.seed: _point(r) for r in members})
-            except ValueError:
-                continue  # no seed shared with every budget: nothing paired to read
-            rows.append(_iso_row(key, members, iso, source))
+    found: dict[GroupKey, tuple[IsoSpeedup, str]] = {}
+    if baseline.group is None:
+        return found
+    for key, members in groups.items():
+        frontier = None if _is_budget(members) else _frontier_points(groups, baseline, key)
+        if frontier is None:
+            continue
+        try:
+            found[key] = (iso_accuracy_speedup(frontier[0], {r.seed: _point(r) for r in members}), frontier[1])
+        except ValueError:
+            continue  # no seed shared with every budget: nothing paired to read
+    return found
+
+
+def iso_speedup_table(iso: dict[GroupKey, tuple[IsoSpeedup, str]]) -> Table:
+    """The iso-accuracy speedups of :func:`iso_speedups`, one row per group."""
+    rows = [_iso_row(key, found, source) for key, (found, source) in iso.items()]
     columns: list[Column] = [
         ("setting", "l", lambda r: r["setting"]),
         ("group", "l", lambda r: r["group"]),
         ("seeds", "r", lambda r: str(r["seeds"])),
         ("frontier of", "l", lambda r: r["frontier_setting"]),
-        ("iso-accuracy speedup [95% CI]", "r", _fmt_iso),
-        ("beyond the frontier", "l", _fmt_beyond),
+        ("iso-accuracy speedup [95% CI]", "r", lambda r: r["iso"].label()),
+        ("beyond the frontier", "l", lambda r: r["iso"].verdict()),
     ]
     display, align = display_columns(rows, columns)
-    data = pd.DataFrame(rows)
+    data = csv_frame(rows)
     if not rows:
         return Table("iso_speedup", "Iso-accuracy speedup", NO_FRONTIER, data, display, align)
-    caption = (
-        "Iso-accuracy speedup = T_frontier(arm's accuracy) / arm's train time: the time full fine-tuning on a "
-        "shorter budget needs to reach the arm's mean final test accuracy (linear on the mean frontier, made "
-        "non-decreasing), over the arm's mean train time; 95 % interval: paired percentile bootstrap over seeds "
-        "(10,000 resamples, each recomputing frontier and arm from the same seeds). Above 1.00 the arm beats "
-        "training less; >= / <= mark bounds past the frontier's ends (an upper bound never counts as beyond)."
-    )
-    return Table("iso_speedup", "Iso-accuracy speedup", caption, data, display, align)
+    return Table("iso_speedup", "Iso-accuracy speedup", ISO_DEFINITION, data, display, align)
 
 
-def _iso_row(key: GroupKey, members: list[Run], iso: IsoSpeedup, source: str) -> dict:
+ISO_DEFINITION = (
+    "Iso-accuracy speedup = T_frontier(arm's accuracy) / arm's train time: the time full fine-tuning on a "
+    "shorter budget needs to reach the arm's mean final test accuracy (linear on the mean frontier, made "
+    "non-decreasing), over the arm's mean train time; 95 % interval: paired percentile bootstrap over seeds "
+    "(10,000 resamples, each recomputing frontier and arm from the same seeds). Above 1.00 the arm beats "
+    "training less; >= / <= mark bounds past the frontier's ends (an upper bound never counts as beyond)."
+)
+
+
+def _iso_row(key: GroupKey, iso: IsoSpeedup, source: str) -> dict:
     return {
         "setting": key[0],
         "group": key[1],
@@ -211,24 +215,5 @@ def _iso_row(key: GroupKey, members: list[Run], iso: IsoSpeedup, source: str) ->
         "iso_speedup_high": iso.ci_high,
         "bound": iso.bound,
         "beyond_frontier": iso.beyond_frontier,
+        "iso": iso,  # for the display; not a CSV column
     }
-
-
-def _fmt_iso(row: dict) -> str:
-    mark = {"exact": "", "lower": ">= ", "upper": "<= "}[row["bound"]]
-    interval = (
-        f" [{row['iso_speedup_low']:.2f}, {row['iso_speedup_high']:.2f}]"
-        if math.isfinite(row["iso_speedup_low"])
-        else ""
-    )
-    return f"{mark}{fmt_number(row['iso_speedup'], '.2f', 'x')}{interval}"
-
-
-def _fmt_beyond(row: dict) -> str:
-    if row["beyond_frontier"]:
-        return "yes"
-    if row["bound"] == "upper":
-        return "no (less accurate than the shortest budget)"
-    if not math.isfinite(row["iso_speedup_low"]):
-        return NA
-    return "no" if row["iso_speedup_high"] < 1.0 else "undecided"

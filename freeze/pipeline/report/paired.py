@@ -24,27 +24,33 @@ new user read their zero-width "non-inferior" as a result (issue 32).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import numpy as np
 import pandas as pd
 from scipy import stats
 
+from freeze.pipeline.report.frontier import IsoSpeedup
 from freeze.pipeline.report.load import Run
 from freeze.pipeline.report.tables import (
     DEFAULT_MARGIN_POINTS,
+    ISO_COLUMN,
     NA,
     SPEEDUP_DEFINITION,
     Baseline,
     Column,
+    GroupKey,
     Table,
     at_chance,
     baseline_runs,
     complete_groups,
+    csv_frame,
     display_columns,
     final_test_acc,
     fmt_number,
     froze_nothing,
     group_fields,
+    iso_fields,
     mean_ci95,
     paired_speedups,
     ratio_ci95,
@@ -199,14 +205,18 @@ def paired_table(
     baseline: Baseline,
     target_fraction: float,
     margin_points: float = DEFAULT_MARGIN_POINTS,
+    iso: Mapping[GroupKey, IsoSpeedup] | None = None,
 ) -> Table:
+    """One row per group against its baseline. ``iso``: the groups' iso-accuracy speedups against
+    the budget frontier, a column beside the speedup when given."""
+    iso = iso or {}
     groups = complete_groups(runs)
     rows = []
     if baseline.group is not None:
         for key, members in groups.items():
             base = baseline_runs(groups, baseline, key)
             if key[1] != baseline.group and base:
-                rows.append(paired_row(members, base, target_fraction, margin_points))
+                rows.append({**paired_row(members, base, target_fraction, margin_points), **iso_fields(iso.get(key))})
     columns: list[Column] = [("setting", "l", lambda r: r["setting"])] if any(k[0] for k in groups) else []
     columns += [
         ("group", "l", lambda r: r["group"]),
@@ -223,6 +233,7 @@ def paired_table(
             "r",
             lambda r: _fmt_interval(r["speedup"], r["speedup_low"], r["speedup_high"], ".2f", "x"),
         ),
+        *([ISO_COLUMN] if iso else []),
         (
             "acc diff, points [95% CI]",
             "r",
@@ -263,7 +274,7 @@ def paired_table(
             f"baseline computes): {_fmt_interval(row['speedup'], row['speedup_low'], row['speedup_high'], '.2f', 'x')}"
             f" - {verdict}"
         )
-    return Table("paired", "Paired speedup and accuracy", caption, pd.DataFrame(rows), display, align, tuple(notes))
+    return Table("paired", "Paired speedup and accuracy", caption, csv_frame(rows), display, align, tuple(notes))
 
 
 def convergence_table(runs: list[Run], baseline: Baseline, margin_points: float = DEFAULT_MARGIN_POINTS) -> Table:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,8 +20,9 @@ from scipy import stats
 
 from freeze.names import split_policy_spec
 from freeze.pipeline import markdown
+from freeze.pipeline.report.frontier import IsoSpeedup
 from freeze.pipeline.report.load import ReportInputError, Run
-from freeze.pipeline.schema import TRAIN_PHASES
+from freeze.pipeline.schema import PEAK_MEMORY, TRAIN_PHASES
 
 GroupKey = tuple[str, str, int]  # (setting, group, world_size)
 # table phase name -> metrics column; total is epoch_wall_s (no eval)
@@ -356,8 +357,15 @@ def display_columns(rows: list[dict], columns: list[Column]) -> tuple[pd.DataFra
 
 
 def main_table(
-    runs: list[Run], baseline: Baseline, target_fraction: float, margin_points: float = DEFAULT_MARGIN_POINTS
+    runs: list[Run],
+    baseline: Baseline,
+    target_fraction: float,
+    margin_points: float = DEFAULT_MARGIN_POINTS,
+    iso: Mapping[GroupKey, IsoSpeedup] | None = None,
 ) -> Table:
+    """One row per group. ``iso``: the groups' iso-accuracy speedups against the budget frontier
+    (freeze.pipeline.report.frontier_tables.iso_speedups), a column beside the speedup when given."""
+    iso = iso or {}
     groups = complete_groups(runs)
     compare = baseline.group is not None
     rows = []
@@ -366,6 +374,7 @@ def main_table(
         if compare:
             base = baseline_runs(groups, baseline, key)
             row.update(_comparison(members, row, base, target_fraction, margin_points))
+        row.update(iso_fields(iso.get(key)))
         rows.append(row)
     columns: list[Column] = [("setting", "l", lambda r: r["setting"])] if any(k[0] for k in groups) else []
     columns += [
@@ -389,6 +398,7 @@ def main_table(
     if compare:
         columns += [
             ("speedup (paired)", "r", lambda r: fmt_number(r["speedup"], ".2f", "x")),
+            *([ISO_COLUMN] if iso else []),
             ("time to target (min, runs that reached it)", "r", _fmt_time_to_target),
             (
                 "reached",
@@ -396,6 +406,8 @@ def main_table(
                 lambda r: f"{r['ttt_reached']}/{r['n_runs']}" if math.isfinite(r["ttt_target_val_acc"]) else NA,
             ),
         ]
+    if any(math.isfinite(r["peak_memory_mb"]) for r in rows):
+        columns.append(("peak memory (MB, rank 0)", "r", lambda r: fmt_number(r["peak_memory_mb"], ".0f")))
     columns += [
         ("all-reduced (GB)", "r", lambda r: fmt_number(r["allreduce_gb"], ".3f")),
         ("frozen param fraction (mean over epochs)", "r", lambda r: fmt_number(r["frozen_fraction"], ".3f")),
@@ -415,7 +427,7 @@ def main_table(
         f"{ttt_definition(target_fraction, margin_points, uses_probes(runs))}, mean over the runs that reached it "
         "(reached: how many)."
     )
-    return Table("main", "Main results", caption, pd.DataFrame(rows), display, align, tuple(notes))
+    return Table("main", "Main results", caption, csv_frame(rows), display, align, tuple(notes))
 
 
 def _learning_notes(groups: dict[GroupKey, list[Run]]) -> list[str]:
@@ -451,9 +463,35 @@ def _main_row(members: list[Run]) -> dict:
         "wall_min": float(np.mean([train_wall_s(r) for r in members])) / 60,
         "allreduce_gb": float(np.mean([r.metrics["allreduce_bytes"].sum() / 1e9 for r in members])),
         "frozen_fraction": _per_run_mean(members, "frozen_param_fraction"),
+        # the process's peak over the whole run (older run directories did not record it: NaN)
+        "peak_memory_mb": float(np.mean([r.metrics[PEAK_MEMORY].max() for r in members])) / 1e6,
         "at_chance": at_chance(members),
         "froze_nothing": froze_nothing(members),
     }
+
+
+def csv_frame(rows: list[dict]) -> pd.DataFrame:
+    """A table's CSV data: its rows without the objects kept for the display (``iso``)."""
+    return pd.DataFrame([{k: v for k, v in r.items() if k != "iso"} for r in rows])
+
+
+def iso_fields(found: IsoSpeedup | None) -> dict:
+    """The iso-accuracy columns of a main or paired row (NaN without a frontier to read)."""
+    if found is None:
+        return {"iso_speedup": math.nan, "iso_speedup_low": math.nan, "iso_speedup_high": math.nan, "iso": None}
+    return {
+        "iso_speedup": found.speedup,
+        "iso_speedup_low": found.ci_low,
+        "iso_speedup_high": found.ci_high,
+        "iso": found,
+    }
+
+
+ISO_COLUMN: Column = (
+    "iso-accuracy speedup [95% CI]",
+    "r",
+    lambda r: NA if r["iso"] is None else r["iso"].label(),
+)
 
 
 def _comparison(
