@@ -121,3 +121,27 @@ def test_the_main_and_paired_tables_carry_the_iso_accuracy_speedup_beside_the_sp
         tables["main"].display.set_index(["setting", "group"]).loc[("cluster", "none"), "peak memory (MB, rank 0)"]
         == "2000"
     )
+
+
+def test_the_pareto_figure_draws_the_frontier_as_a_curve_and_a_setting_without_budgets_borrows_it(
+    tmp_path, monkeypatch
+):
+    from freeze.pipeline.report import plots
+
+    drawn = []
+    original = plots._draw_frontier
+
+    def record(ax, rows, label):
+        drawn.append((ax.get_title().split(":")[0], sorted(rows["group"]), label))
+        return original(ax, rows, label)
+
+    monkeypatch.setattr(plots, "_draw_frontier", record)
+    paired = next(t for t in build_tables(_study(), "none") if t.name == "paired")
+    path = plots.plot_pareto(paired.data, 0.5, tmp_path / "pareto.png")
+    assert path.stat().st_size > 0
+    budgets = ["budget-0.5", "budget-0.6", "budget-0.8"]
+    # panels in setting order (cluster, loopback); the cluster has no budgets and borrows loopback's
+    assert [(groups, label) for _, groups, label in drawn] == [
+        (budgets, "budget frontier (from loopback)"),
+        (budgets, "budget frontier"),
+    ]

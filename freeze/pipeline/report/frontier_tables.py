@@ -36,17 +36,12 @@ NO_FRONTIER = (
 )
 
 
-def budget_fraction(run: Run) -> float:
-    """The run's train.budget_fraction (1.0 for runs made before it existed)."""
-    return float(run.config.get("train", {}).get("budget_fraction", 1.0))
-
-
 def _final_step(run: Run) -> float:
     return float(run.metrics["step"].iloc[-1])
 
 
 def _is_budget(members: list[Run]) -> bool:
-    return members[0].policy == "none" and budget_fraction(members[0]) < 1.0
+    return members[0].policy == "none" and members[0].budget_fraction < 1.0
 
 
 def _point(run: Run) -> Point:
@@ -58,7 +53,7 @@ def _frontier_runs(
 ) -> dict[float, dict[int, Run]] | None:
     """fraction -> seed -> run of the budgets and the baseline in one setting (None without budgets)."""
     budgets = {
-        budget_fraction(m[0]): {r.seed: r for r in m}
+        m[0].budget_fraction: {r.seed: r for r in m}
         for (s, _, w), m in groups.items()
         if s == setting and w == world_size and _is_budget(m)
     }
@@ -110,7 +105,7 @@ def frontier_table(runs: list[Run], baseline: Baseline) -> Table:
                 {
                     "setting": key[0],
                     "group": key[1],
-                    "budget_fraction": budget_fraction(members[0]),
+                    "budget_fraction": members[0].budget_fraction,
                     "n_runs": len(members),
                     "step_fraction": float(np.mean([_final_step(r) / _final_step(base[r.seed]) for r in paired])),
                     "time_fraction": time_fraction,

@@ -108,6 +108,12 @@ class Run:
         return value if is_int(value) and value >= 1 else None
 
     @property
+    def budget_fraction(self) -> float:
+        """train.budget_fraction: the fraction of every epoch's steps it trained (1.0 for runs made
+        before budgets existed)."""
+        return float(self.config.get("train", {}).get("budget_fraction", 1.0))
+
+    @property
     def block_names(self) -> list[str]:
         return [str(b) for b in self.manifest["block_names"]]
 

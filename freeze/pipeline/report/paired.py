@@ -162,6 +162,7 @@ def paired_row(members: list[Run], base: list[Run], target_fraction: float, marg
     return {
         **group_fields(members[0]),
         "baseline": base[0].group,  # named in the Pareto figure's title
+        "budget_fraction": members[0].budget_fraction,  # below 1: a point of the budget frontier
         "n_pairs": len(pairs),
         "speedup": speedup,
         "speedup_low": speedup_low,

@@ -198,22 +198,52 @@ def _group_colour(index: int, n_groups: int) -> tuple[float, ...]:
     return colormaps["tab20"](2 * index if index < 10 else 2 * (index - 10) + 1)
 
 
+def _is_frontier_row(paired: pd.DataFrame) -> pd.Series:
+    """The budget frontier's rows: policy none trained on a fraction of the steps."""
+    if "budget_fraction" not in paired:
+        return pd.Series(False, index=paired.index)
+    return (paired["policy"] == "none") & (paired["budget_fraction"] < 1.0)
+
+
+def _draw_frontier(ax, rows: pd.DataFrame, label: str):
+    """The frontier as a curve from full fine-tuning (0 points, 1x) through each budget, with a band
+    of each budget's accuracy interval: an arm up and to the right of it beats training less."""
+    rows = rows.sort_values("speedup")
+    x = np.concatenate([[0.0], rows["diff_points"].to_numpy(float)])
+    y = np.concatenate([[1.0], rows["speedup"].to_numpy(float)])
+    low = np.concatenate([[0.0], rows["diff_low"].to_numpy(float)])
+    high = np.concatenate([[0.0], rows["diff_high"].to_numpy(float)])
+    ax.fill_betweenx(y, low, high, color="black", alpha=0.12, linewidth=0)
+    (line,) = ax.plot(x, y, color="black", marker=".", linewidth=1.2, label=label)
+    return line
+
+
 def plot_pareto(paired: pd.DataFrame, margin_points: float | None, path: Path) -> Path:
     """Speedup against accuracy difference, one point per (setting, group), 95 % intervals both ways:
     the study's headline picture (up and to the right of the margin line is a win).
 
     One panel per setting, sharing the speedup axis, and one colour and marker per group in every
     panel with a single legend: a study of a dozen arms puts most of its points near (0, 1x), where
-    text labels beside each point would cover one another."""
-    settings = sorted(set(paired["setting"]))
+    text labels beside each point would cover one another. The budget frontier, where the runs hold
+    one, is a curve with its band (a setting without budget runs draws the first one's, dashed)."""
+    frontier = paired[_is_frontier_row(paired)]
+    paired = paired[~_is_frontier_row(paired)]
+    settings = sorted(set(paired["setting"]) | set(frontier["setting"]))
     groups = sorted(set(paired["group"]))
     style = {
         g: {"color": _group_colour(i, len(groups)), "fmt": _MARKERS[i % len(_MARKERS)]} for i, g in enumerate(groups)
     }
     fig = Figure(figsize=(1.5 + 4.5 * len(settings), 5))
     axes = fig.subplots(1, len(settings), sharey=True, squeeze=False)[0]
-    handles, margin_line = {}, None
+    handles, margin_line, frontier_line = {}, None, None
+    frontier_settings = sorted(set(frontier["setting"]))
     for ax, setting in zip(axes, settings, strict=True):
+        source = setting if setting in frontier_settings else next(iter(frontier_settings), None)
+        if source is not None:
+            borrowed = "" if source == setting else f" (from {source})"
+            frontier_line = _draw_frontier(ax, frontier[frontier["setting"] == source], f"budget frontier{borrowed}")
+            if borrowed:
+                frontier_line.set_linestyle("--")
         for row in paired[paired["setting"] == setting].itertuples(index=False):
             x, y = row.diff_points, row.speedup
             if not (np.isfinite(x) and np.isfinite(y)):
@@ -234,6 +264,8 @@ def plot_pareto(paired: pd.DataFrame, margin_points: float | None, path: Path) -
     legend = [(handles[g], g) for g in groups if g in handles]
     if margin_line is not None:
         legend.append((margin_line, f"-{margin_points:g} point margin"))
+    if frontier_line is not None:
+        legend.append((frontier_line, "budget frontier (train less)"))
     if legend:  # beside the last panel; tight_layout (in _save) makes room for it
         axes[-1].legend(*zip(*legend, strict=True), loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize="small")
     return _save(fig, path)
@@ -261,7 +293,7 @@ def write_plots(
         plot_phase_times(groups, out_dir / "phase_times.png"),
     ]
     paired = next((t for t in tables if t.name == "paired"), None)
-    if paired is not None and len(paired.data):
+    if paired is not None and len(paired.data):  # the frontier's budget rows are in it too
         paths.append(plot_pareto(paired.data, margin_points, out_dir / "pareto.png"))
     for key, members in groups.items():
         # Runs record summed-gradient norms only when their policy reads them (or when
