@@ -2,6 +2,8 @@
 claim is shown able to fail without a GPU. The CUDA variant is marked ``cuda`` (``pytest -m cuda`` selects
 it: the GPU check, experiments/gpu_check.py) and skipped where no CUDA device is visible."""
 
+import contextlib
+
 import pytest
 import torch
 
@@ -21,3 +23,10 @@ def deterministic(monkeypatch) -> None:
     """cuDNN's deterministic kernels: two forwards of the same bits then give the same bits (the CPU's are)."""
     monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
+
+
+def autocast(device_type: str, precision: str):
+    """The training forward's autocast: bf16 or fp16, or none at all for fp32 (no autocast state is
+    touched, as in a plain fp32 loop)."""
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision)
+    return contextlib.nullcontext() if dtype is None else torch.autocast(device_type, dtype=dtype)

@@ -85,6 +85,7 @@ def make_step(config: str, device: torch.device) -> Callable[[int], None]:
     """One training step of a ``config`` (see CONFIGS) on ``device``: TinyNet, boundary 2, SGD with
     momentum, inputs pinned on the host and copied without blocking (as a DataLoader with pin_memory
     hands them), sample ids on the host."""
+    from tests.gpu.devices import autocast
     from tests.tiny_models import TinyNet  # the suite's toy model
 
     torch.manual_seed(0)
@@ -101,7 +102,6 @@ def make_step(config: str, device: torch.device) -> Callable[[int], None]:
         freezer.set_boundary(2)
     freezer.train()
     precision = config.split("-")[0]
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
     scaler = torch.amp.GradScaler("cuda", enabled=precision == "fp16")
 
     def step(i: int) -> None:
@@ -109,7 +109,7 @@ def make_step(config: str, device: torch.device) -> Callable[[int], None]:
         x = inputs[keys].pin_memory().to(device, non_blocking=True)
         y = labels[keys].pin_memory().to(device, non_blocking=True)
         optimizer.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=dtype or torch.float32, enabled=dtype is not None):
+        with autocast("cuda", precision):
             loss = F.cross_entropy(freezer.module(x, sample_ids=keys if cache else None), y)
         scaler.scale(loss).backward()
         if scaler.is_enabled():

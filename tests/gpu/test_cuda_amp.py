@@ -14,16 +14,11 @@ import torch.nn.functional as F
 
 from freeze import Freezer, split_blocks
 from freeze.blocks import frozen_names
-from tests.gpu.devices import DEVICES, cuda_only
+from tests.gpu.devices import DEVICES, autocast, cuda_only
 from tests.tiny_models import TinyNet, global_batch
 
 STEPS, INTERVAL, BOUNDARY = 16, 4, 1
 PLANTED_INF_STEPS = {2, 5, 6, 13}  # the loss is multiplied by inf: every gradient is non-finite
-
-
-def _autocast(device: torch.device, precision: str):
-    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision)
-    return torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None)
 
 
 def _block_norms(blocks, first: int) -> list[float]:
@@ -50,7 +45,7 @@ def scaled_run(device_name: str, read: str) -> dict:
     for step in range(STEPS):
         x, y = (t.to(device) for t in global_batch(step, 8))
         optimizer.zero_grad(set_to_none=True)
-        with _autocast(device, precision):
+        with autocast(device.type, precision):
             loss = F.cross_entropy(freezer.module(x), y)
         if step in PLANTED_INF_STEPS:
             loss = loss * math.inf
@@ -121,7 +116,7 @@ def test_frozen_parameters_and_batchnorm_statistics_stay_bit_identical(device, p
         before = {n: t.detach().clone() for n, t in model.state_dict().items() if n in frozen}
         x, y = (t.to(device) for t in global_batch(step, 8))
         optimizer.zero_grad(set_to_none=True)
-        with _autocast(device, precision):
+        with autocast(device.type, precision):
             loss = F.cross_entropy(freezer.module(x), y)
         assert torch.isfinite(loss), f"step {step}: loss {loss}"
         scaler.scale(loss).backward()

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from freeze import Freezer, split_blocks
 from freeze.cache import CacheSource
-from tests.gpu.devices import CUDA_MARKS, DEVICES, cuda_only, deterministic
+from tests.gpu.devices import CUDA_MARKS, DEVICES, autocast, cuda_only, deterministic
 from tests.tiny_models import TinyNet
 
 N_KEYS, BOUNDARY = 24, 2
@@ -33,7 +33,7 @@ def cached_on(device: torch.device, monkeypatch, placement: str = "auto") -> tup
 def train_step(freezer: Freezer, x: torch.Tensor, keys: torch.Tensor, precision: str = "fp32") -> torch.Tensor:
     device = next(freezer.model.parameters()).device
     freezer.train()
-    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
+    with autocast(device.type, precision):
         out = freezer.module(x[keys].to(device), sample_ids=keys)
     F.cross_entropy(out.float(), torch.zeros(len(keys), dtype=torch.long, device=device)).backward()
     freezer.after_backward()
@@ -48,8 +48,8 @@ PLACEMENTS.append(cuda_only("cuda", "host", id="cuda-host-store"))
 @pytest.mark.parametrize("device,placement", PLACEMENTS)
 def test_served_equals_recomputed_bitwise(device, placement, precision, monkeypatch):
     deterministic(monkeypatch)
-    device = torch.device(device)
-    freezer, x = cached_on(device, monkeypatch, placement)
+    freezer, x = cached_on(torch.device(device), monkeypatch, placement)
+    device = next(freezer.model.parameters()).device  # cuda:0: the device the engine reads to
     train_step(freezer, x, torch.arange(4), precision)  # the build, under the training forward's autocast
     store = freezer.cache.store
     assert store is not None and store.level == BOUNDARY
@@ -58,7 +58,7 @@ def test_served_equals_recomputed_bitwise(device, placement, precision, monkeypa
     keys = torch.tensor([5, 0, 17, 9, 23, 3])
     rows = freezer.cache.read(keys, device)
     assert rows.device == next(freezer.model.parameters()).device
-    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
+    with autocast(device.type, precision):
         recomputed = freezer.cache.compute_prefix(x[keys], BOUNDARY)
         assert torch.equal(rows, recomputed), "served rows differ from the prefix's output"
         freezer.train()
@@ -79,22 +79,52 @@ def test_the_cache_serves_every_training_step_after_its_build(device, monkeypatc
     assert counters.builds == 1 and counters.miss_keys == 0 and counters.hit_keys == N_KEYS  # the build step serves too
 
 
+def _busy_s(cycles: int = 10**9) -> float:
+    """Seconds the GPU takes for ``torch.cuda._sleep(cycles)``: one busy thread, about half a second."""
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    torch.cuda._sleep(cycles)
+    torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=CUDA_MARKS, id="cuda")])
+def test_device_store_reads_do_not_wait_for_the_gpu(device, monkeypatch):
+    """A device store gathers by slots copied from pinned memory: a "non-blocking" copy from
+    pageable memory waits for the stream to drain first, a host sync on every step that
+    torch.cuda.set_sync_debug_mode does not report."""
+    freezer, x = cached_on(torch.device(device), monkeypatch)
+    device = next(freezer.model.parameters()).device
+    train_step(freezer, x, torch.arange(4))
+    store = freezer.cache.store
+    assert store.placement == "device"
+    keys = torch.arange(8)
+    expected = store.read(keys, device)
+    busy_s = _busy_s()
+    torch.cuda._sleep(10**9)
+    start = time.perf_counter()
+    rows = store.read(keys, device)
+    read_s = time.perf_counter() - start
+    torch.cuda.synchronize()
+    assert read_s < busy_s / 2, f"a read held the host {read_s:.3f} s behind a {busy_s:.3f} s kernel"
+    assert torch.equal(rows, expected)
+
+
 @pytest.mark.parametrize("device", [pytest.param("cuda", marks=CUDA_MARKS, id="cuda")])
 def test_host_store_reads_are_nonblocking_and_never_overwrite_a_copy_in_flight(device, monkeypatch):
     """The GPU is kept busy (torch.cuda._sleep) so the reads' copies queue behind it: the first two reads
     return to the host before the GPU gets to them (non-blocking, from pinned buffers), and the third,
     which refills the first read's buffer, waits for that copy instead of overwriting its rows."""
-    device = torch.device(device)
-    freezer, x = cached_on(device, monkeypatch, "host")
+    freezer, x = cached_on(torch.device(device), monkeypatch, "host")
+    device = next(freezer.model.parameters()).device
     train_step(freezer, x, torch.arange(4))
     store = freezer.cache.store
+    assert store.placement == "private" and store.data.device.type == "cpu"
     batches = [torch.arange(0, 8), torch.arange(8, 16), torch.arange(16, 24)]
     expected = [store.data[store.slots(b)].to(device) for b in batches]
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    torch.cuda._sleep(10**9)  # about half a second of one busy GPU thread
-    torch.cuda.synchronize()
-    busy_s = time.perf_counter() - start
+    for b in batches[:2]:  # both pinned buffers allocated (an allocation may wait for the GPU) and idle
+        store.read(b, device)
+    busy_s = _busy_s()
     torch.cuda._sleep(10**9)
     start = time.perf_counter()
     reads = [store.read(b, device) for b in batches[:2]]

@@ -77,6 +77,7 @@ def test_checkpoint_resumes_on_the_other_device(saved_on, resumed_on, tmp_path):
     store = resumed.cache.store
     assert store is not None and resumed.cache.counters.miss_keys == 0
     keys = torch.arange(N_KEYS)
-    rows = resumed.cache.read(keys, target_device)
-    assert rows.device.type == target_device.type
+    device = next(resumed.model.parameters()).device
+    rows = resumed.cache.read(keys, device)
+    assert rows.device == device and device.type == target_device.type
     assert torch.equal(rows, resumed.cache.compute_prefix(INPUTS[keys], store.level))
