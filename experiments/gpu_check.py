@@ -290,7 +290,13 @@ def bench_lines(rows: list[dict]) -> list[str]:
                       *(r and r["peak_mb"] for r in (eng, static, fu, cache))])  # fmt: skip
     header = ("k", "engine ms", "static ms", "engine/static", "find-unused ms", "engine+cache ms", "prefix ms",
               "cache recovered", "bytes = trainable", "peak MB engine", "static", "find-unused", "engine+cache")  # fmt: skip
-    return _table(header, table)
+    return [
+        *_table(header, table),
+        "",
+        "ms: the median step (2 rounds x 20 steps, CUDA events); engine/static: the engine over the static limit "
+        "(DDP built once over the frozen model); cache recovered = (engine - engine+cache) / prefix, the share of "
+        "the frozen prefix's forward the cache removes; peak MB: the step's peak allocated memory above its start.",
+    ]
 
 
 def write_summary(out: Path, outcomes: list[Outcome], work: Path, command: str) -> None:
@@ -309,7 +315,9 @@ def write_summary(out: Path, outcomes: list[Outcome], work: Path, command: str) 
     lines += ["", "## Host syncs in steady-state steps (sync_audit.csv)", "",
               *(_table(("config", "owner", "where", "syncs per step"), [(a["config"], a["owner"], a["where"],
                                                                          a["syncs_per_step"]) for a in audit])
-                if audit else ["No audit results."]),
+                if audit else ["No audit results."]), "",
+              "owner: freeze = a line of this project synchronised; torch = torch's own code did (reached from the "
+              "line in 'where'); caller = the training loop itself; none = no sync at all.",
               "", "## Engine bench on CUDA (bench.csv; ResNet-18 32x32, batch 64, one NCCL rank)", "",
               *bench_lines(_read_csv(out / "bench.csv")), "",
               f"## Fine-tune, the quick study's recipe on one GPU (finetune.csv; CPU reference: test accuracy "

@@ -89,7 +89,7 @@ def test_junit_and_metrics_are_read_back(tmp_path):
     assert gc.finetune_row(tmp_path, "fp32") is None
 
 
-def test_bench_rows_measure_the_four_approaches_on_one_rank(tmp_path):
+def test_bench_rows_measure_the_four_approaches_on_one_rank_and_the_summary_reads_them(tmp_path, monkeypatch):
     cfg = bench.BenchConfig(
         workers=1, model="mlp", batch_size=8, steps=2, rounds=1, warmup=1, ks=(0, 2), phase_ks=(), cache_keys=32
     )
@@ -101,3 +101,15 @@ def test_bench_rows_measure_the_four_approaches_on_one_rank(tmp_path):
     engine = [r for r in rows if r["approach"] == "freeze_engine"]
     assert all(r["bytes_match_trainable"] for r in engine)
     assert all(r["peak_mb"] == 0.0 for r in rows)  # no CUDA allocator on the CPU
+    bench.write_csv(rows, tmp_path / "bench.csv", (*bench.CSV_COLUMNS, "peak_mb"))
+    gc._write_csv(
+        tmp_path / "tests.csv", ("test", "outcome", "seconds", "message"), [("t::a[cuda]", "failed", 1.0, "boom")]
+    )
+    gc._write_csv(tmp_path / "sync_audit.csv", ("config", "owner", "where", "syncs_per_step", "stack"), [])
+    monkeypatch.setattr(gc, "device_lines", lambda: ["- Device: none (test)"])
+    gc.write_summary(tmp_path, [gc.Outcome("bench", "ok", 1.0, 90)], tmp_path, "test")
+    summary = (tmp_path / "summary.md").read_text()
+    engine_k2 = next(r for r in rows if r["approach"] == "freeze_engine" and r["k"] == 2)
+    line = next(line for line in summary.splitlines() if line.startswith("| 2 |"))
+    assert f"| {engine_k2['median_ms']:.4g} |" in line  # the engine's median at k=2, as measured
+    assert "- FAILED: `t::a[cuda]`: boom" in summary and "No fine-tune results." in summary
