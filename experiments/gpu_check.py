@@ -143,14 +143,46 @@ def run_part(part: Part, limit_s: float, log) -> Outcome:
 
 # ---------------------------------------------------------------------------------------- children
 def child_sync(out: Path) -> None:
-    from tests.gpu.sync_audit import CONFIGS, audit, summarize
+    """The audit of every config alone, then of two under DDP (one NCCL rank): DDP's own syncs are
+    torch's, named in the table with the line of ours that reached them."""
+    from tests.gpu.sync_audit import CONFIGS
 
     steps, rows = 4, []
     for config in CONFIGS:
-        found = summarize(audit(config, steps=steps), steps)
-        rows += [(config, *r) for r in found] or [(config, "-", "none", 0.0, "")]
-        print(f"sync audit {config}: {len(found)} place(s)", flush=True)
+        rows += _audit_rows(config, config, steps)
+    with tempfile.TemporaryDirectory(prefix="gpu-check-nccl-") as tmp:
+        import torch.distributed as dist
+
+        from freeze.comm import end_process_group
+
+        try:
+            dist.init_process_group("nccl", init_method=f"file://{tmp}/rendezvous", rank=0, world_size=1)
+            for config in DDP_SYNC_CONFIGS:
+                rows += _audit_rows(f"ddp-nccl-{config}", config, steps)
+        except Exception as e:  # the configs alone are already measured: keep them, name the failure
+            rows.append(_error_row("ddp-nccl", e))
+        finally:
+            end_process_group()
     _write_csv(out / "sync_audit.csv", ("config", "owner", "where", "syncs_per_step", "stack"), rows)
+
+
+DDP_SYNC_CONFIGS = ("fp32", "fp32-cache-device")
+
+
+def _audit_rows(label: str, config: str, steps: int) -> list[tuple]:
+    from tests.gpu.sync_audit import audit, summarize
+
+    try:
+        found = summarize(audit(config, steps=steps), steps)
+    except Exception as e:  # one config's failure must not lose the others' rows
+        return [_error_row(label, e)]
+    print(f"sync audit {label}: {len(found)} place(s)", flush=True)
+    return [(label, *r) for r in found] or [(label, "-", "none", 0.0, "")]
+
+
+def _error_row(label: str, error: Exception) -> tuple:
+    print(f"sync audit {label} failed: {error!r}", flush=True)
+    return (label, "error", f"{type(error).__name__}: {error}"[:300], "", "")
 
 
 def child_bench(out: Path) -> None:
