@@ -7,6 +7,7 @@ the mode that raises at the first."""
 
 import os
 import traceback
+import warnings
 
 import pytest
 import torch
@@ -35,6 +36,23 @@ def test_a_sync_is_attributed_to_the_line_that_made_it():
         in_scaler.owner == "torch" and in_scaler.where.endswith("train.py:10") and "grad_scaler.py:7" in in_scaler.stack
     )
     assert _attribute([caller]).owner == "caller"
+
+
+def _warn_as_torch_does() -> None:
+    """What torch's C++ TORCH_WARN becomes in Python: a UserWarning at the calling line."""
+    warnings.warn("called a synchronizing CUDA operation (Triggered internally at CUDAFunctions.cpp:1.)", stacklevel=1)
+
+
+def test_recording_catches_the_warning_under_pytests_own_capture(monkeypatch):
+    """Runs without CUDA: the mode switch is stubbed, the warning is the one torch emits."""
+    modes = []
+    monkeypatch.setattr(torch.cuda, "get_sync_debug_mode", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", modes.append)
+    with recording() as found:
+        _warn_as_torch_does()
+        warnings.warn("an unrelated warning", stacklevel=1)  # not a sync: not recorded
+    assert modes == ["warn", 0]
+    assert [s.owner for s in found] == ["caller"] and "test_cuda_sync.py" in found[0].where
 
 
 @pytest.mark.parametrize("owner", [pytest.param("caller", marks=CUDA_MARKS, id="cuda")])
