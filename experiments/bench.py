@@ -129,7 +129,7 @@ class BenchConfig:
         if self.device == "cuda" and not torch.cuda.device_count() >= self.workers:
             raise ValueError(
                 f"bench: device cuda needs one GPU per worker ({self.workers} workers, {torch.cuda.device_count()} "
-                "GPUs visible): NCCL cannot put two ranks on one GPU"
+                "GPUs visible; NCCL runs one rank per GPU)"
             )
         if not 0 <= self.momentum < 1:
             raise ValueError(f"bench: momentum must be in [0, 1), got {self.momentum}")

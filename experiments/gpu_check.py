@@ -142,7 +142,7 @@ def run_part(part: Part, limit_s: float, log) -> Outcome:
 
 
 # ---------------------------------------------------------------------------------------- children
-def child_sync(out: Path) -> None:
+def child_sync(out: Path) -> int:
     """The audit of every config alone, then of two under DDP (one NCCL rank): DDP's own syncs are
     torch's, named in the table with the line of ours that reached them."""
     from tests.gpu.sync_audit import CONFIGS
@@ -164,6 +164,7 @@ def child_sync(out: Path) -> None:
         finally:
             end_process_group()
     _write_csv(out / "sync_audit.csv", ("config", "owner", "where", "syncs_per_step", "stack"), rows)
+    return 1 if any(row[1] == "error" for row in rows) else 0
 
 
 DDP_SYNC_CONFIGS = ("fp32", "fp32-cache-device")
@@ -185,11 +186,12 @@ def _error_row(label: str, error: Exception) -> tuple:
     return (label, "error", f"{type(error).__name__}: {error}"[:300], "", "")
 
 
-def child_bench(out: Path) -> None:
+def child_bench(out: Path) -> int:
     from experiments import bench
 
     cfg = bench.BenchConfig(workers=1, device="cuda", steps=20, rounds=2, warmup=3, ks=BENCH_KS, phase_ks=())
     bench.write_csv(bench_rows(cfg), out / "bench.csv", (*bench.CSV_COLUMNS, "peak_mb"))
+    return 0
 
 
 def bench_rows(cfg) -> list[dict]:
@@ -419,8 +421,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     if args.child:
-        {"sync": child_sync, "bench": child_bench}[args.child](args.out)
-        return 0
+        return {"sync": child_sync, "bench": child_bench}[args.child](args.out)
     names = [p.name for p in parts(args.out, Path("."), sys.executable)]
     only = None if args.parts is None else {n.strip() for n in args.parts.split(",") if n.strip()}
     if only is not None and (only - set(names) or not only):
