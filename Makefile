@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: test test-fast lint format study study-full bench clean-venv
+.PHONY: test test-fast lint format study study-full bench gpu-check clean-venv
 
 $(STAMP): requirements.txt setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -44,6 +44,15 @@ bench: $(STAMP)
 	$(BIN)/python -m experiments.bench --model bert-base
 	@# the cluster part exits 2 with one line where namespaces cannot be built (no root, no iproute2)
 	$(BIN)/python -m experiments.bench_cluster || test $$? -eq 2
+
+# The prepared GPU check (experiments/gpu_check.py, docs/benchmarks.md): CUDA claims, the sync audit,
+# the engine bench on CUDA and a one-GPU fine-tune, into $(OUT) (default report/gpu). It builds no
+# .venv: it runs .venv's python where one exists, else $(PYTHON) as it is (the GPU machine's python3,
+# which has torch), with the checkout on PYTHONPATH. Without a GPU it says so and runs the CPU variants.
+OUT ?= report/gpu
+GPU_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
+gpu-check:
+	PYTHONPATH=. $(GPU_PYTHON) -m experiments.gpu_check --out $(OUT)
 
 clean-venv:
 	rm -rf $(VENV)

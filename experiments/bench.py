@@ -104,6 +104,7 @@ class BenchConfig:
     cache_keys: int = 2048  # inputs the cache runner keys into: "one epoch" for the build target
     cache_chunk: int = 256  # rows per cache build chunk
     seq_len: int = 128  # text models: tokens per sequence (image models: unused)
+    device: str = "cpu"  # "cuda": one NCCL rank per GPU, CUDA events for timing (experiments/gpu_check.py)
 
     @classmethod
     def for_model(cls, model: str, **overrides) -> BenchConfig:
@@ -123,6 +124,13 @@ class BenchConfig:
             raise ValueError(f"bench: model '{self.model}' is not accepted; accepted: {', '.join(BENCH_MODELS)}")
         if not self.lr > 0:
             raise ValueError(f"bench: lr must be > 0, got {self.lr}")
+        if self.device not in ("cpu", "cuda"):
+            raise ValueError(f"bench: device '{self.device}' is not accepted; accepted: cpu, cuda")
+        if self.device == "cuda" and not torch.cuda.device_count() >= self.workers:
+            raise ValueError(
+                f"bench: device cuda needs one GPU per worker ({self.workers} workers, {torch.cuda.device_count()} "
+                "GPUs visible; NCCL runs one rank per GPU)"
+            )
         if not 0 <= self.momentum < 1:
             raise ValueError(f"bench: momentum must be in [0, 1), got {self.momentum}")
         if self.text:
@@ -242,12 +250,12 @@ def _fmt(value) -> str:
     return str(value)
 
 
-def write_csv(rows: list[dict], path: Path) -> None:
+def write_csv(rows: list[dict], path: Path, columns: tuple[str, ...] = CSV_COLUMNS) -> None:
     text = io.StringIO(newline="")
     writer = csv.writer(text)
-    writer.writerow(CSV_COLUMNS)
+    writer.writerow(columns)
     for row in rows:
-        writer.writerow([_fmt(row[c]) for c in CSV_COLUMNS])
+        writer.writerow([_fmt(row[c]) for c in columns])
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, text.getvalue())
 
@@ -527,7 +535,9 @@ def write_markdown(
         "(also in `bench.csv`); nothing is typed by hand.",
         "",
         "## Setup",
-        f"- Hardware: {cpu_name()}, {os.cpu_count()} cores; {cfg.workers} gloo workers x {run['threads']} thread(s), one machine.",
+        f"- Hardware: {cpu_name()}, {os.cpu_count()} cores; {cfg.workers} gloo workers x {run['threads']} thread(s), one machine."
+        if cfg.device == "cpu"
+        else f"- Hardware: {torch.cuda.get_device_name()}; {cfg.workers} NCCL worker(s), one per GPU; CUDA events time each phase.",
         f"- Load average (1 min) before / after: {run['load_avg'][0]:.2f} / {run['load_avg'][1]:.2f}. The machine may have been "
         "shared with other jobs during the run: read differences of a few percent as noise.",
         f"- Versions: torch {torch.__version__}, torchvision {torchvision.__version__}, Python {platform.python_version()}, "
@@ -823,6 +833,27 @@ def text_section(cfg: BenchConfig, rows: list[dict], cells: dict, run: dict) -> 
     return "\n".join(lines)
 
 
+def measure_rows(
+    cfg: BenchConfig, extra: dict, workdir: Path | None, deadline_s: float
+) -> tuple[list[dict], dict, list[dict]]:
+    """Run the workers on a resolved ``cfg`` (``extra``: worker settings beyond it, e.g. the
+    approaches); return the CSV rows, the cells (per approach and k: every step's times) and the
+    ranks' own results."""
+    worker_cfg = asdict(cfg) | extra
+    if workdir is None:
+        with tempfile.TemporaryDirectory(prefix="bench-rdzv-") as tmp:
+            ranks = bw.launch(worker_cfg, Path(tmp), deadline_s)
+    else:
+        ranks = bw.launch(worker_cfg, Path(workdir), deadline_s)
+    cells = bw.combine_ranks(ranks)
+    # Each build happened on every rank; the slowest rank's time is the one training waits for.
+    cache_events = [
+        (evs[0][0], evs[0][1], max(e[2] for e in evs), evs[0][3]) for evs in zip(*(r["cache_events"] for r in ranks))
+    ]
+    rows = summarize(cells, ranks[0]["block_param_bytes"], cache_events, combine_served(ranks))
+    return rows, cells, ranks
+
+
 def run_benchmark(
     cfg: BenchConfig,
     out_dir: Path,
@@ -836,18 +867,8 @@ def run_benchmark(
     start_s = time.perf_counter()
     load_before = os.getloadavg()
     cfg = cfg.resolved(len(bw.split_blocks(bw.build_model(cfg.model, cfg.image_size))))
-    worker_cfg = asdict(cfg) | ({"approaches": bw.TEXT_APPROACHES, "monitor_cell": False} if cfg.text else {})
-    if workdir is None:
-        with tempfile.TemporaryDirectory(prefix="bench-rdzv-") as tmp:
-            ranks = bw.launch(worker_cfg, Path(tmp), deadline_s)
-    else:
-        ranks = bw.launch(worker_cfg, Path(workdir), deadline_s)
-    cells = bw.combine_ranks(ranks)
-    # Each build happened on every rank; the slowest rank's time is the one training waits for.
-    cache_events = [
-        (evs[0][0], evs[0][1], max(e[2] for e in evs), evs[0][3]) for evs in zip(*(r["cache_events"] for r in ranks))
-    ]
-    rows = summarize(cells, ranks[0]["block_param_bytes"], cache_events, combine_served(ranks))
+    extra = {"approaches": bw.TEXT_APPROACHES, "monitor_cell": False} if cfg.text else {}
+    rows, cells, ranks = measure_rows(cfg, extra, workdir, deadline_s)
     out_dir = Path(out_dir)
     run = {
         "command": command or "(called from Python)",
@@ -918,6 +939,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     per_model("--cache-keys", int, "inputs the cache runner keys into")
     per_model("--cache-chunk", int, "rows per cache build chunk")
     p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--device", default=d.device, choices=("cpu", "cuda"), help="cuda: one NCCL worker per GPU")
     p.add_argument("--quick", action="store_true", help="a ~1-2 minute run: fewer steps, one round")
     p.add_argument("--out-dir", type=Path, default=Path("report"))
     p.add_argument("--deadline-s", type=float, default=3600.0, help="kill the workers after this long")
@@ -949,6 +971,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         seed=args.seed,
         cache_keys=given(args.cache_keys, d.cache_keys),
         cache_chunk=given(args.cache_chunk, d.cache_chunk),
+        device=args.device,
     )
 
 

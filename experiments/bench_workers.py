@@ -25,6 +25,7 @@ from torch.nn.parallel import DistributedDataParallel
 from freeze import Freezer, comm, split_blocks
 from freeze.blocks import Block, frozen_names
 from freeze.cache import CacheConfig, CacheSource, Cuts
+from freeze.cache.cuts import to_device
 from freeze.pipeline.log import get_logger
 from freeze.testing import SpawnError, run_gloo_rank, spawn_and_collect
 
@@ -60,6 +61,7 @@ class StepTimes(NamedTuple):
     backward_ms: float  # backward, including any blocking communication
     monitor_ms: float  # after_backward (the engine's monitor; 0 for the other approaches)
     optimizer_ms: float
+    peak_mb: float = 0.0  # CUDA: the step's peak allocated memory above what was allocated at its start
 
 
 class Sample(NamedTuple):
@@ -142,7 +144,8 @@ class _Runner:
 
     def __init__(self, cfg: dict):
         torch.manual_seed(cfg["seed"])  # identical replicas on every rank and across approaches
-        self.model = build_model(cfg["model"], cfg["image_size"])
+        self.device = worker_device(cfg)
+        self.model = build_model(cfg["model"], cfg["image_size"]).to(self.device)
         self.blocks = split_blocks(self.model)
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=cfg["lr"], momentum=cfg.get("momentum", 0.9))
         self.k = -1
@@ -355,7 +358,8 @@ class PrefixRunner(_Runner):
 
     def __init__(self, cfg: dict):
         super().__init__(cfg)
-        self.cuts = Cuts(self.model, self.blocks, source_inputs(cfg), cfg["cache_keys"])
+        inputs = source_inputs(cfg)
+        self.cuts = Cuts(self.model, self.blocks, lambda keys: to_device(inputs(keys), self.device), cfg["cache_keys"])
         self.prefix: Callable[[object], torch.Tensor] | None = None
 
     def set_k(self, k: int) -> None:
@@ -370,13 +374,52 @@ class PrefixRunner(_Runner):
         return None
 
 
+def worker_device(cfg: dict) -> torch.device:
+    """The device a rank computes on: its own GPU with ``device="cuda"`` (one rank per GPU), else the CPU."""
+    if cfg.get("device", "cpu") == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+class _Clock:
+    """Marks within one step: host time on the CPU; on CUDA, events on the stream (the host only
+    queues work, so host time would bill each kernel to whichever phase waits for it), read once
+    at the end of the step, with the step's peak memory above what it started with."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.marks: list = []
+        if self.cuda:
+            self.start_bytes = torch.cuda.memory_allocated(device)
+            torch.cuda.reset_peak_memory_stats(device)
+        self.device = device
+
+    def mark(self) -> None:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.marks.append(event)
+        else:
+            self.marks.append(time.perf_counter())
+
+    def phases_ms(self) -> tuple[list[float], float]:
+        """Milliseconds between consecutive marks, and the peak MB (0 on the CPU)."""
+        if not self.cuda:
+            return [(b - a) * 1e3 for a, b in zip(self.marks, self.marks[1:])], 0.0
+        self.marks[-1].synchronize()
+        peak_mb = (torch.cuda.max_memory_allocated(self.device) - self.start_bytes) / 2**20
+        return [a.elapsed_time(b) for a, b in zip(self.marks, self.marks[1:])], peak_mb
+
+
 def timed_prefix(runner: PrefixRunner, x) -> StepTimes:
     dist.barrier()
-    t0 = time.perf_counter()
+    clock = _Clock(runner.device)
+    clock.mark()
     with torch.no_grad():
         runner.prefix(x)
-    ms = (time.perf_counter() - t0) * 1e3
-    return StepTimes(ms, ms, 0.0, 0.0, 0.0)
+    clock.mark()
+    (ms,), peak_mb = clock.phases_ms()
+    return StepTimes(ms, ms, 0.0, 0.0, 0.0, peak_mb)
 
 
 def timed_step(runner: _Runner, x, y: torch.Tensor, keys: torch.Tensor | None = None) -> StepTimes:
@@ -384,19 +427,20 @@ def timed_step(runner: _Runner, x, y: torch.Tensor, keys: torch.Tensor | None = 
     if getattr(runner, "forward_only", False):
         return timed_prefix(runner, x)
     dist.barrier()  # every rank starts the clock together
-    t0 = time.perf_counter()
+    clock = _Clock(runner.device)
+    clock.mark()
     runner.optimizer.zero_grad(set_to_none=True)
     loss = F.cross_entropy(runner.forward(x, keys), y)
-    t1 = time.perf_counter()
+    clock.mark()
     loss.backward()  # DDP's reducer waits for its all-reduces before backward returns
     runner.communicate()
-    t2 = time.perf_counter()
+    clock.mark()
     runner.after_backward()
-    t3 = time.perf_counter()
+    clock.mark()
     runner.optimizer.step()
-    t4 = time.perf_counter()
-    ms = 1e3
-    return StepTimes((t4 - t0) * ms, (t1 - t0) * ms, (t2 - t1) * ms, (t3 - t2) * ms, (t4 - t3) * ms)
+    clock.mark()
+    (forward, backward, monitor, optimizer), peak_mb = clock.phases_ms()
+    return StepTimes(forward + backward + monitor + optimizer, forward, backward, monitor, optimizer, peak_mb)
 
 
 def schedule(
@@ -436,6 +480,7 @@ def measure(cfg: dict, rank: int, log) -> dict:
         CONTROL: lambda: StaticRunner(cfg),
     }
     gen = torch.Generator().manual_seed(cfg["seed"] + rank)
+    device = worker_device(cfg)
     text = cfg["model"] in TEXT_MODELS
     # Every approach runs the fixed training set the cache keys into (a batch of random keys): the
     # cache refuses a forward whose inputs are not its source's inputs of those keys.
@@ -469,6 +514,7 @@ def measure(cfg: dict, rank: int, log) -> dict:
                     x = torch.randn(shape, generator=gen)
                     y = torch.randint(0, NUM_CLASSES, (cfg["batch_size"],), generator=gen)
                     keys = torch.randint(0, cfg.get("cache_keys", 1), (cfg["batch_size"],), generator=gen)
+                x, y = to_device((x, y), device)  # outside the clock, as a prefetching loader's batch
                 times = timed_step(runners[name], x, y, keys)
                 # Free the gradients outside the clock (the step's zero_grad sets them to None
                 # anyway): idle replicas holding them would double the memory of a BERT-base run.
@@ -497,6 +543,9 @@ def worker_main(rank: int, cfg: dict, workdir: str) -> None:
     torch.set_num_threads(cfg["threads_per_worker"])
     torch.set_flush_denormal(True)
     log = get_logger(rank)
+    cuda = cfg.get("device", "cpu") == "cuda"
+    if cuda:
+        torch.cuda.set_device(rank % torch.cuda.device_count())
 
     def body() -> list[dict] | None:
         result = measure(cfg, rank, log)
@@ -504,7 +553,8 @@ def worker_main(rank: int, cfg: dict, workdir: str) -> None:
         dist.gather_object(result, gathered, dst=0)
         return gathered
 
-    run_gloo_rank(rank, cfg["workers"], workdir, cfg["collective_timeout_s"], body)
+    # On CUDA, NCCL (what a GPU job uses; one rank per GPU): gloo would stage every bucket on the host.
+    run_gloo_rank(rank, cfg["workers"], workdir, cfg["collective_timeout_s"], body, "nccl" if cuda else "gloo")
 
 
 SAMPLE_FIELDS = StepTimes._fields

@@ -96,7 +96,12 @@ def spawn_and_collect(
 
 
 def run_gloo_rank(
-    rank: int, world_size: int, workdir: str | Path, collective_timeout_s: float, body: Callable[[], object]
+    rank: int,
+    world_size: int,
+    workdir: str | Path,
+    collective_timeout_s: float,
+    body: Callable[[], object],
+    backend: str = "gloo",
 ) -> None:
     """Inside a spawned process: join a gloo group through ``file://<workdir>/rendezvous`` (no port
     clashes), run ``body()``, leave the group, and write ``{"ok": True, "result": ...}`` or
@@ -109,10 +114,11 @@ def run_gloo_rank(
         workdir: the directory shared with the parent (rendezvous file and payloads).
         collective_timeout_s: timeout of every collective in the group.
         body: the work; its return value (picklable) becomes the payload's ``"result"``.
+        backend: "gloo", or "nccl" for ranks that each own a GPU (the GPU benchmark's one rank).
     """
     try:
         dist.init_process_group(
-            "gloo",
+            backend,
             init_method=f"file://{workdir}/rendezvous",
             rank=rank,
             world_size=world_size,

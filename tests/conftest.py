@@ -42,6 +42,9 @@ def _fast_tier():
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: several seconds in one process; the fast tier skips it")
+    config.addinivalue_line(
+        "markers", "cuda: needs a CUDA device, skipped without one (tests/gpu; make gpu-check runs them on a GPU)"
+    )
 
 
 def pytest_collection_modifyitems(config, items):

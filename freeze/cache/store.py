@@ -87,12 +87,16 @@ class ActivationStore:
 
         Host store, GPU model: the rows are gathered into a pinned buffer and copied without
         blocking the host (the step's kernels queue behind the copy on the stream, as a
-        DataLoader's pinned batches do). Device store: one gather on the device."""
+        DataLoader's pinned batches do). Device store: one gather on the device, by slots copied
+        from pinned memory (neither waits for the GPU: tests/gpu/test_cuda_cache.py)."""
         slots = self.slots(keys)
         if slots is None:
             return None
         if self.data.device == device:
-            out = self.data.index_select(0, slots.to(device, non_blocking=True))
+            # The slots go to the GPU from pinned memory: a non-blocking copy from pageable memory
+            # first waits for the stream to drain (CUDA's rule), a host sync on every step.
+            index = slots.pin_memory() if device.type == "cuda" else slots
+            out = self.data.index_select(0, index.to(device, non_blocking=True))
         elif device.type == "cuda":
             out = self._staging.gather(self.data, slots).to(device, non_blocking=True)
             self._staging.mark_in_flight()

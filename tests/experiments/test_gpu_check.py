@@ -1,0 +1,115 @@
+"""The prepared GPU check (experiments/gpu_check.py) where no GPU is: its dry run, its per-part time
+limits, its readers and the bench rows it measures (on the CPU here, the same code path as on CUDA)."""
+
+import json
+import os
+import sys
+import time
+
+import pytest
+import torch
+
+from experiments import bench
+from experiments import gpu_check as gc
+
+
+def test_without_cuda_it_says_so_in_one_line_writes_nothing_and_exits_0(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    out = tmp_path / "gpu"
+    assert gc.main(["--out", str(out), "--no-cpu-claims"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 1 and "no CUDA device visible" in lines[0] and "nothing written" in lines[0]
+    assert not out.exists()
+
+
+def test_an_unknown_part_is_refused_in_one_line(tmp_path, capsys):
+    assert gc.main(["--out", str(tmp_path / "gpu"), "--parts", "tests,benchh"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "benchh" in err[0] and "accepted: tests, sync, bench" in err[0]
+    assert not (tmp_path / "gpu").exists()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_a_hanging_part_costs_its_own_limit_and_its_children_die(tmp_path, monkeypatch):
+    pid_file = tmp_path / "grandchild.pid"
+    hang = (
+        "import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); "
+        f"open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(120)"
+    )
+    fake = [gc.Part("tests", 3, [sys.executable, "-c", hang]), gc.Part("sync", 30, [sys.executable, "-c", "print(1)"])]
+    monkeypatch.setattr(gc, "parts", lambda out, work, python: fake)
+    monkeypatch.setattr(gc, "device_lines", lambda: ["- Device: none (test)"])
+    start = time.monotonic()
+    assert gc.gpu_check(tmp_path / "out", budget_s=60, only=None, command="test") == 1
+    assert time.monotonic() - start < 30
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "| tests | timeout |" in summary and "| sync | ok |" in summary
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "finetune.csv",
+        "log.txt",
+        "summary.md",
+        "tests.csv",
+    ]
+    pid = int(pid_file.read_text())
+    deadline = time.monotonic() + 5
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(pid), "the hung part's child outlived its time limit"
+
+
+def test_junit_and_metrics_are_read_back(tmp_path):
+    junit = tmp_path / "junit.xml"
+    junit.write_text(
+        '<testsuites><testsuite><testcase classname="tests.gpu.t" name="a[cuda]" time="1.5"/>'
+        '<testcase classname="tests.gpu.t" name="b[cuda]" time="0.2"><failure message="AssertionError: x&#10;more"/>'
+        "</testcase></testsuite></testsuites>"
+    )
+    assert gc.junit_rows(junit) == [
+        ("tests.gpu.t::a[cuda]", "passed", 1.5, ""),
+        ("tests.gpu.t::b[cuda]", "failed", 0.2, "AssertionError: x"),
+    ]
+    run = tmp_path / "runs" / "offline" / "gpu-fp16"
+    run.mkdir(parents=True)
+    records = [
+        {"step": 12 * (e + 1), "epoch_wall_s": w, "train_loss": 0.3, "test_acc": None} for e, w in enumerate([4, 1, 1])
+    ]
+    records[-1]["test_acc"] = 0.8
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    row = dict(zip(gc.FINETUNE_HEADER, gc.finetune_row(tmp_path, "fp16")))
+    assert row["steps"] == 36 and row["steps_per_s"] == 6.0 and row["steps_per_s_after_epoch_1"] == 12.0
+    assert row["loss_finite"] and row["test_acc_minus_cpu"] == pytest.approx(0.8 - gc.CPU_REFERENCE["test_acc"])
+    assert row["within_noise"] is True
+    assert gc.finetune_row(tmp_path, "fp32") is None
+
+
+def test_bench_rows_measure_the_four_approaches_on_one_rank_and_the_summary_reads_them(tmp_path, monkeypatch):
+    cfg = bench.BenchConfig(
+        workers=1, model="mlp", batch_size=8, steps=2, rounds=1, warmup=1, ks=(0, 2), phase_ks=(), cache_keys=32
+    )
+    rows = gc.bench_rows(cfg)
+    assert {(r["approach"], r["k"]) for r in rows} == {
+        *((a, k) for a in ("freeze_engine", "static_limit", "find_unused", "freeze_engine_cache") for k in (0, 2)),
+        ("prefix_forward", 2),
+    }
+    engine = [r for r in rows if r["approach"] == "freeze_engine"]
+    assert all(r["bytes_match_trainable"] for r in engine)
+    assert all(r["peak_mb"] == 0.0 for r in rows)  # no CUDA allocator on the CPU
+    bench.write_csv(rows, tmp_path / "bench.csv", (*bench.CSV_COLUMNS, "peak_mb"))
+    gc._write_csv(
+        tmp_path / "tests.csv", ("test", "outcome", "seconds", "message"), [("t::a[cuda]", "failed", 1.0, "boom")]
+    )
+    gc._write_csv(tmp_path / "sync_audit.csv", ("config", "owner", "where", "syncs_per_step", "stack"), [])
+    monkeypatch.setattr(gc, "device_lines", lambda: ["- Device: none (test)"])
+    gc.write_summary(tmp_path, [gc.Outcome("bench", "ok", 1.0, 90)], tmp_path, "test")
+    summary = (tmp_path / "summary.md").read_text()
+    engine_k2 = next(r for r in rows if r["approach"] == "freeze_engine" and r["k"] == 2)
+    line = next(line for line in summary.splitlines() if line.startswith("| 2 |"))
+    assert f"| {engine_k2['median_ms']:.4g} |" in line  # the engine's median at k=2, as measured
+    assert "- FAILED: `t::a[cuda]`: boom" in summary and "No fine-tune results." in summary
