@@ -78,6 +78,9 @@ class Engine:
         self._check_ranks = self.distributed  # at the next training forward: do the ranks hold the same weights?
         self._warned_no_keys = False
         self._warned_train_no_grad = False
+        # A forward through the current wrapper since the last after_backward whose backward DDP
+        # all-reduces (grad enabled, outside no_sync): see check_synced_forward.
+        self._synced_forward = False
 
     # ------------------------------------------------------------------ boundary changes
     def plan(self, boundary: int, epoch: int, done_fraction: float) -> CachePlan | None:
@@ -105,6 +108,8 @@ class Engine:
         self.wrapper = None  # each live wrapper holds its own gradient buckets: drop the old one first
         ignored = frozen_names(self.blocks, boundary)
         self.wrapper = comm.build_ddp(self.model, ignored, self.comm, self.comm_hook, self.ddp_kwargs)
+        # On the wrapper, not in forward(): trainers that call the wrapper themselves (Lightning) count too.
+        self.wrapper.register_forward_pre_hook(self._note_forward)
         elapsed_s = time.perf_counter() - start
         for listener in self._listeners:
             listener(self.wrapper)
@@ -139,6 +144,28 @@ class Engine:
         if self._check_ranks:
             self._check_ranks = False
             self._refuse_diverged_ranks(fix)
+
+    def _note_forward(self, wrapper: nn.Module, args: tuple) -> None:
+        if torch.is_grad_enabled() and wrapper.require_backward_grad_sync:
+            self._synced_forward = True
+
+    def check_synced_forward(self) -> None:
+        """At every after_backward under a process group: some forward since the previous one ran
+        through the current DDP wrapper with autograd on and outside ``no_sync()``, so this step's
+        backward was all-reduced. Otherwise the script computed its loss from the bare model (or
+        only under ``no_sync``): each rank would keep its own gradients and the ranks would train
+        different models, silently (a new user's trial: exit 0, 0 bytes all-reduced). Evaluation
+        forwards (no autograd) and accumulation micro-batches under ``no_sync`` do not count, and
+        need not: the step's last micro-batch runs outside it. Without a process group nothing is
+        checked: the bare model computes the same gradients there (nothing is all-reduced to
+        miss), and Lightning's single-device strategy calls the LightningModule itself."""
+        if self.distributed and not self._synced_forward:
+            raise RuntimeError(
+                "Freezer: after_backward() ran but no training forward went through freezer.module since the last "
+                "step (outside no_sync()), so DDP all-reduced nothing and every rank trains its own model; compute "
+                "the loss from freezer.module(x), not from the bare model"
+            )
+        self._synced_forward = False
 
     def close(self) -> None:
         """Release the DDP wrapper: a live wrapper holds the process group, and then destroying the

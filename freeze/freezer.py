@@ -92,6 +92,7 @@ class Freezer:
         cache_source: CacheSource | None = None,
     ):
         refuse_wrapped(model)
+        comm.check_launch("Freezer", process_group)
         if not blocks:
             raise ValueError("Freezer: blocks is empty; build them with split_blocks(model)")
         check_partition(model, blocks)
@@ -186,7 +187,12 @@ class Freezer:
                 detected anyway.
             grad_scale: the loss scale the gradients are still multiplied by (a float, or the
                 scaler's scale tensor, which keeps the call off the host); None: unscaled.
+
+        Raises:
+            RuntimeError: under a process group, no training forward ran through ``freezer.module``
+                since the last call (the loss came from the bare model: nothing was all-reduced).
         """
+        self.engine.check_synced_forward()
         if skipped:
             self.monitor.skip_step()
             self.counters.skipped_steps += 1
