@@ -198,8 +198,8 @@ class Engine:
         if self.cache is None:
             return target(*args, **kwargs)
         self.cache.before_training_forward()  # on every rank: builds are collective
-        if self.cache.store is None:
-            return target(*args, **kwargs)
+        # The checks on the keys and inputs run from the first training step on, not only once a
+        # store exists: a wiring mistake shows before the run's first freeze (80 % into a freezeout run).
         if sample_ids is None:
             self._warn_no_keys()
             return target(*args, **kwargs)
@@ -211,10 +211,12 @@ class Engine:
                 f"Freezer: sample_ids holds {keys.numel()} keys for a batch of {batch}; pass one key per sample "
                 "(the keys the cache source numbers the inputs by)"
             )
+        self.cache.check_inputs(keys, (args, kwargs))
+        if self.cache.store is None:
+            return target(*args, **kwargs)
         rows = self.cache.read(keys, _device_of(self.model))
         if rows is None:  # exact fallback: the model computes the prefix, as without the cache
             return target(*args, **kwargs)
-        self.cache.check_inputs(keys, (args, kwargs))
         with self.cache.serving(rows):
             return target(*args, **kwargs)
 
@@ -237,8 +239,8 @@ class Engine:
         if not self._warned_no_keys:
             self._warned_no_keys = True
             warnings.warn(
-                "Freezer: the activation cache holds the frozen prefix but the training forward got no sample_ids, "
-                "so the prefix is computed as without the cache; pass freezer.module(x, sample_ids=keys)",
+                "Freezer: a training forward got no sample_ids, so the activation cache cannot serve it (the frozen "
+                "prefix is computed as without the cache); pass freezer.module(x, sample_ids=keys)",
                 RuntimeWarning,
                 stacklevel=_user_stacklevel(),
             )

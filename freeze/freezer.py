@@ -285,10 +285,15 @@ class Freezer:
         return self.monitor.history
 
     def explain(self) -> str:
-        """Why the policy did (not) freeze: per evaluation, the signal it read and the boundary it chose."""
+        """Why the policy did (not) freeze: per evaluation, the signal it read and the boundary it
+        chose; then, with a cache, one line with its state (active / waiting / refused) and why."""
         if not self.evaluations:
-            return f"{self.policy.spec()}: no evaluation yet (boundary {self.boundary})"
-        return "\n".join(f"{self.policy.spec()}: {e.line()}" for e in self.evaluations)
+            lines = [f"{self.policy.spec()}: no evaluation yet (boundary {self.boundary})"]
+        else:
+            lines = [f"{self.policy.spec()}: {e.line()}" for e in self.evaluations]
+        if self.cache is not None:
+            lines.append(self.cache.describe())
+        return "\n".join(lines)
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict:
