@@ -2,7 +2,8 @@
 ranks diverged: a new user's trial under torchrun), each refused in one line on 2 gloo ranks: the
 Freezer built before ``init_process_group``, and the loss computed from the bare model instead of
 ``freezer.module``. The right ways to train stay accepted: gradient accumulation with ``no_sync``
-and evaluation forwards between steps."""
+and evaluation forwards between steps. Also the activation cache's two augmentation mistakes,
+refused on every rank before any freeze."""
 
 import os
 
@@ -155,11 +156,39 @@ def _accumulation(rank: int, world_size: int) -> dict:
     return {"bytes": accumulated_bytes, "expected": freezer.trainable_grad_bytes, "all_no_sync_error": error}
 
 
+def _cache_mistakes(rank: int, world_size: int) -> dict:
+    """The cache's two augmentation mistakes, on every rank alike and without a hang: a source that
+    augments randomly (refused at construction) and inputs augmented outside the source (refused at
+    the first training step, long before the first freeze)."""
+    from freeze.cache import CacheError, CacheSource
+
+    torch.manual_seed(0)
+    images = torch.randn(16, 3, 8, 8)
+    noisy = CacheSource(lambda keys: images[keys] + 0.01 * torch.randn(len(keys), 3, 8, 8), 16)
+    fixed = CacheSource(lambda keys: images[keys], 16)
+    out = {}
+    model = TinyNet()
+    try:
+        Freezer(model, split_blocks(model), cache="memory", cache_source=noisy)
+    except CacheError as e:
+        out["random_source"] = str(e)
+    freezer = Freezer(model, split_blocks(model), cache="memory", cache_source=fixed)
+    keys = torch.arange(rank * 4, rank * 4 + 4)
+    try:
+        freezer.module(images[keys].flip(-1), sample_ids=keys)
+    except CacheError as e:
+        out["outside_source"] = str(e)
+    out["boundary"] = freezer.boundary
+    freezer.close()
+    return out
+
+
 def _mistakes_worker(rank: int, world_size: int) -> dict:
     return {
         "bare": _bare_model_step(rank, world_size),
         "eval": _eval_forward_is_not_a_step(rank, world_size),
         "accumulation": _accumulation(rank, world_size),
+        "cache": _cache_mistakes(rank, world_size),
     }
 
 
@@ -185,6 +214,14 @@ def test_accumulation_with_no_sync_is_accepted_and_all_no_sync_refused(mistakes)
         out = r["accumulation"]
         assert out["bytes"] == out["expected"] > 0
         assert out["all_no_sync_error"] is not None and "no_sync()" in out["all_no_sync_error"]
+
+
+def test_cache_augmentation_mistakes_are_refused_on_every_rank_before_any_freeze(mistakes):
+    for r in mistakes:
+        out = r["cache"]
+        assert "random augmentation inside the source" in out.get("random_source", "")
+        assert "not cache_source.inputs(sample_ids)" in out.get("outside_source", "")
+        assert out["boundary"] == 0
 
 
 def test_bare_model_forward_in_one_process_is_accepted():
