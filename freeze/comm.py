@@ -11,6 +11,7 @@ about that construction lives here.
 # No `from __future__ import annotations`: DDP checks the comm hooks' annotations at runtime.
 
 import gc
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -27,6 +28,33 @@ from freeze.powersgd import PowerSGDState, compress_and_allreduce
 def is_distributed() -> bool:
     """True when a default process group exists (torch.distributed is available and initialised)."""
     return dist.is_available() and dist.is_initialized()
+
+
+def check_launch(owner: str, process_group=None) -> None:
+    """Refuse to train without a process group in a process that a launcher started as one of
+    several (torchrun, ``accelerate launch``: WORLD_SIZE > 1): without a group every such process
+    trains its own model, all-reduces nothing and exits 0 with results shaped like a correct run's
+    (seen in a new user's trial: parameter checksums 4680.56 and 4692.91 on 2 ranks). A WORLD_SIZE
+    of 1, or none, is one process: fine. An explicit ``process_group`` needs the default group too.
+
+    Args:
+        owner: who refuses (the error's first word, e.g. "Freezer").
+        process_group: the group the caller was given (None: the default group).
+
+    Raises:
+        RuntimeError: no default process group, and WORLD_SIZE > 1 or a ``process_group`` given.
+    """
+    if is_distributed():
+        return
+    fix = "call torch.distributed.init_process_group() first"
+    if process_group is not None:
+        raise RuntimeError(f"{owner}: process_group is given but torch.distributed is not initialised; {fix}")
+    world = os.environ.get("WORLD_SIZE", "1").strip()
+    if world.isdigit() and int(world) > 1:
+        raise RuntimeError(
+            f"{owner}: WORLD_SIZE={world} (a launcher such as torchrun started {world} processes) but no process "
+            f"group is initialised, so each process would train its own model; {fix}, then build the {owner}"
+        )
 
 
 def end_process_group() -> None:

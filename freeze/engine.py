@@ -80,6 +80,9 @@ class Engine:
         self._check_ranks = self.distributed  # at the next training forward: do the ranks hold the same weights?
         self._warned_no_keys = False
         self._warned_train_no_grad = False
+        # A forward through the current wrapper since the last after_backward whose backward DDP
+        # all-reduces (grad enabled, outside no_sync): see check_synced_forward.
+        self._synced_forward = False
 
     # ------------------------------------------------------------------ boundary changes
     def plan(self, boundary: int, epoch: int, done_fraction: float) -> CachePlan | None:
@@ -107,6 +110,8 @@ class Engine:
         self.wrapper = None  # each live wrapper holds its own gradient buckets: drop the old one first
         ignored = frozen_names(self.blocks, boundary)
         self.wrapper = comm.build_ddp(self.model, ignored, self.comm, self.comm_hook, self.ddp_kwargs)
+        # On the wrapper, not in forward(): trainers that call the wrapper themselves (Lightning) count too.
+        self.wrapper.register_forward_pre_hook(self._note_forward)
         elapsed_s = time.perf_counter() - start
         for listener in self._listeners:
             listener(self.wrapper)
@@ -142,6 +147,28 @@ class Engine:
             self._check_ranks = False
             self._refuse_diverged_ranks(fix)
 
+    def _note_forward(self, wrapper: nn.Module, args: tuple) -> None:
+        if torch.is_grad_enabled() and wrapper.require_backward_grad_sync:
+            self._synced_forward = True
+
+    def check_synced_forward(self) -> None:
+        """At every after_backward under a process group: some forward since the previous one ran
+        through the current DDP wrapper with autograd on and outside ``no_sync()``, so this step's
+        backward was all-reduced. Otherwise the script computed its loss from the bare model (or
+        only under ``no_sync``): each rank would keep its own gradients and the ranks would train
+        different models, silently (a new user's trial: exit 0, 0 bytes all-reduced). Evaluation
+        forwards (no autograd) and accumulation micro-batches under ``no_sync`` do not count, and
+        need not: the step's last micro-batch runs outside it. Without a process group nothing is
+        checked: the bare model computes the same gradients there (nothing is all-reduced to
+        miss), and Lightning's single-device strategy calls the LightningModule itself."""
+        if self.distributed and not self._synced_forward:
+            raise RuntimeError(
+                "Freezer: after_backward() ran but no training forward went through freezer.module since the last "
+                "step (outside no_sync()), so DDP all-reduced nothing and every rank trains its own model; compute "
+                "the loss from freezer.module(x), not from the bare model"
+            )
+        self._synced_forward = False
+
     def close(self) -> None:
         """Release the DDP wrapper: a live wrapper holds the process group, and then destroying the
         group leaves gloo's worker and transport threads running into interpreter shutdown (observed:
@@ -173,8 +200,8 @@ class Engine:
         if self.cache is None:
             return target(*args, **kwargs)
         self.cache.before_training_forward()  # on every rank: builds are collective
-        if self.cache.store is None:
-            return target(*args, **kwargs)
+        # The checks on the keys and inputs run from the first training step on, not only once a
+        # store exists: a wiring mistake shows before the run's first freeze (80 % into a freezeout run).
         if sample_ids is None:
             self._warn_no_keys()
             return target(*args, **kwargs)
@@ -186,10 +213,12 @@ class Engine:
                 f"Freezer: sample_ids holds {keys.numel()} keys for a batch of {batch}; pass one key per sample "
                 "(the keys the cache source numbers the inputs by)"
             )
+        self.cache.check_inputs(keys, (args, kwargs))
+        if self.cache.store is None:
+            return target(*args, **kwargs)
         rows = self.cache.read(keys, _device_of(self.model))
         if rows is None:  # exact fallback: the model computes the prefix, as without the cache
             return target(*args, **kwargs)
-        self.cache.check_inputs(keys, (args, kwargs))
         with self.cache.serving(rows):
             return target(*args, **kwargs)
 
@@ -212,8 +241,8 @@ class Engine:
         if not self._warned_no_keys:
             self._warned_no_keys = True
             warnings.warn(
-                "Freezer: the activation cache holds the frozen prefix but the training forward got no sample_ids, "
-                "so the prefix is computed as without the cache; pass freezer.module(x, sample_ids=keys)",
+                "Freezer: a training forward got no sample_ids, so the activation cache cannot serve it (the frozen "
+                "prefix is computed as without the cache); pass freezer.module(x, sample_ids=keys)",
                 RuntimeWarning,
                 stacklevel=_user_stacklevel(),
             )

@@ -95,6 +95,7 @@ class Freezer:
     ):
         refuse_wrapped(model)
         comm.check_comm_hook(comm_hook)  # before any hook goes onto the model
+        comm.check_launch("Freezer", process_group)
         if not blocks:
             raise ValueError("Freezer: blocks is empty; build them with split_blocks(model)")
         check_partition(model, blocks)
@@ -189,7 +190,12 @@ class Freezer:
                 detected anyway.
             grad_scale: the loss scale the gradients are still multiplied by (a float, or the
                 scaler's scale tensor, which keeps the call off the host); None: unscaled.
+
+        Raises:
+            RuntimeError: under a process group, no training forward ran through ``freezer.module``
+                since the last call (the loss came from the bare model: nothing was all-reduced).
         """
+        self.engine.check_synced_forward()
         if skipped:
             self.monitor.skip_step()
             self.counters.skipped_steps += 1
@@ -282,10 +288,15 @@ class Freezer:
         return self.monitor.history
 
     def explain(self) -> str:
-        """Why the policy did (not) freeze: per evaluation, the signal it read and the boundary it chose."""
+        """Why the policy did (not) freeze: per evaluation, the signal it read and the boundary it
+        chose; then, with a cache, one line with its state (active / waiting / refused) and why."""
         if not self.evaluations:
-            return f"{self.policy.spec()}: no evaluation yet (boundary {self.boundary})"
-        return "\n".join(f"{self.policy.spec()}: {e.line()}" for e in self.evaluations)
+            lines = [f"{self.policy.spec()}: no evaluation yet (boundary {self.boundary})"]
+        else:
+            lines = [f"{self.policy.spec()}: {e.line()}" for e in self.evaluations]
+        if self.cache is not None:
+            lines.append(self.cache.describe())
+        return "\n".join(lines)
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict:

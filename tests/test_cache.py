@@ -200,6 +200,79 @@ def test_inputs_other_than_the_sources_are_refused_at_the_first_served_forward()
         freezer.forward(freezer.cache.source.inputs(keys + 1), sample_ids=keys)  # keys of other samples
 
 
+def test_augmentation_outside_the_source_is_refused_at_the_first_training_step():
+    """Not at the first freeze, which a freezeout:t0=0.8 run reaches 80 % of the way in: the first
+    training forward given sample_ids compares its inputs with the source's, store or not."""
+    freezer = _freezer(TinyNet(), CacheConfig("memory"))
+    keys = torch.arange(4)
+    freezer.train()
+    with pytest.raises(CacheError, match="not cache_source.inputs\\(sample_ids\\)") as err:
+        freezer.forward(freezer.cache.source.inputs(keys).flip(-1), sample_ids=keys)
+    assert "\n" not in str(err.value) and freezer.boundary == 0 and freezer.cache.level is None
+
+
+def test_source_that_augments_randomly_is_refused_at_construction_in_one_line():
+    """A source reading a dataset with RandomCrop (a new user's trial): the cache used to be skipped
+    in silence, its status blaming 'batch statistics'. Fetching the same keys twice shows it."""
+    from torchvision.transforms import RandomCrop
+
+    torch.manual_seed(0)
+    images = torch.randn(N_KEYS, 3, 8, 8)
+    crop = RandomCrop(8, padding=2)
+    source = CacheSource(lambda keys: torch.stack([crop(images[int(k)]) for k in keys]), N_KEYS)
+    model = TinyNet()
+    rng_before = torch.get_rng_state()
+    with pytest.raises(CacheError, match="returned other inputs when called again with the same keys") as err:
+        Freezer(model, split_blocks(model), cache="memory", cache_source=source)
+    message = str(err.value)
+    assert "\n" not in message and "random augmentation" in message and "batch statistics" not in message
+    assert torch.equal(torch.get_rng_state(), rng_before)  # the probe drew from a forked random state
+
+
+def test_a_source_whose_keys_are_out_of_range_is_refused_at_construction_or_the_first_step():
+    x = torch.randn(N_KEYS, 3, 8, 8)
+    model = TinyNet()
+    source = CacheSource(lambda k: x[k], N_KEYS, epoch_keys=lambda epoch: torch.arange(N_KEYS + 1))
+    with pytest.raises(CacheError, match=f"epoch_keys\\(0\\) holds keys outside 0..{N_KEYS - 1}"):
+        Freezer(model, split_blocks(model), cache="memory", cache_source=source, epochs=2)
+    freezer = _freezer(TinyNet(), CacheConfig("memory"))
+    freezer.train()
+    with pytest.raises(CacheError, match=f"sample_ids holds keys outside 0..{N_KEYS - 1}"):
+        freezer.forward(x[:2], sample_ids=torch.tensor([0, N_KEYS]))
+
+
+def test_a_source_that_fails_is_named_in_one_line_at_construction():
+    model = TinyNet()
+    source = CacheSource(lambda keys: torch.load("/nonexistent/images.pt"), N_KEYS)
+    with pytest.raises(CacheError, match="cache_source.inputs\\(keys 0..7\\) failed \\(FileNotFoundError") as err:
+        Freezer(model, split_blocks(model), cache="memory", cache_source=source)
+    assert "\n" not in str(err.value)
+
+
+def test_a_model_no_boundary_of_which_can_be_served_is_said_at_construction():
+    model = TinyNet()
+    model.stem.append(nn.Dropout(0.5))  # frozen_mode="train" keeps it on: no prefix has one output
+    with pytest.warns(RuntimeWarning, match="can serve no boundary of this model exactly") as warned:
+        freezer = _freezer(model, CacheConfig("memory"), frozen_mode="train")
+    assert warned[0].filename.endswith("cache_harness.py")  # the line that built the Freezer
+    assert freezer.explain().splitlines()[-1].startswith("cache (memory): refused: no exact cut at any boundary")
+
+
+def test_explain_shows_the_caches_state_and_why():
+    freezer = _freezer(TinyNet(), CacheConfig("memory"))
+    assert freezer.explain().splitlines()[-1] == "cache (memory): waiting: no frozen prefix"
+    freezer.set_boundary(2)
+    assert "cache (memory): waiting: building the cache before block 2" in freezer.explain()
+    _step(freezer)
+    assert "cache (memory): active: serving the activations before block 2" in freezer.explain()
+    never = _freezer(TinyNet(), CacheConfig("auto", rule=lambda e: False), epochs=3)
+    never.set_boundary(2)
+    _step(never)
+    assert never.explain().splitlines()[-1].startswith("cache (auto): refused: auto: building the cache")
+    model = TinyNet()
+    assert "cache" not in Freezer(model, split_blocks(model)).explain()
+
+
 def test_auto_caches_only_where_it_pays():
     never = _freezer(TinyNet(), CacheConfig("auto", rule=lambda e: False), epochs=3)
     never.set_boundary(2)

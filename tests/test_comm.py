@@ -29,3 +29,23 @@ def test_an_unknown_comm_hook_is_one_line_listing_the_accepted_ones():
 def test_a_counter_starts_at_zero_on_the_default_group():
     counter = comm.CommCounter()
     assert (counter.process_group, counter.allreduce_bytes_total, counter.buckets_total) == (None, 0, 0)
+
+
+@pytest.mark.parametrize("world", [None, "1", " 1 ", "", "auto"])
+def test_one_process_without_a_group_is_accepted(monkeypatch, world):
+    # No launcher, a launcher of one process, or a value that is no count: nothing to refuse.
+    if world is None:
+        monkeypatch.delenv("WORLD_SIZE", raising=False)
+    else:
+        monkeypatch.setenv("WORLD_SIZE", world)
+    comm.check_launch("Freezer")
+
+
+def test_a_launcher_of_several_processes_without_a_group_is_refused_in_one_line(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    with pytest.raises(RuntimeError, match="WORLD_SIZE=4") as err:
+        comm.check_launch("Freezer")
+    assert "\n" not in str(err.value) and "init_process_group" in str(err.value)
+    monkeypatch.delenv("WORLD_SIZE")
+    with pytest.raises(RuntimeError, match="process_group is given but torch.distributed is not initialised"):
+        comm.check_launch("Freezer", process_group=object())

@@ -51,7 +51,15 @@ from torch.utils import _pytree as pytree
 from freeze import comm
 from freeze.blocks import Block
 from freeze.cache.build import FillPlan, Topology, fill
-from freeze.cache.config import CacheConfig, CacheCounters, CacheEstimate, CacheSource, LineageStep, pays
+from freeze.cache.config import (
+    CacheConfig,
+    CacheCounters,
+    CacheEstimate,
+    CacheSource,
+    LineageStep,
+    check_source,
+    pays,
+)
 from freeze.cache.cuts import CacheError, Cuts, probing, to_device
 from freeze.cache.store import (
     SHM_DIR,
@@ -68,6 +76,9 @@ from freeze.fingerprint import fingerprint, module_state
 # A GPU store is used when it takes at most this share of the device's free memory: the rest is
 # the training step's.
 DEVICE_STORE_SHARE = 0.1
+# Statuses under which the cache will not serve at the current boundary (ActivationCache.state).
+_REFUSALS = ("no exact cut", "auto:")
+_UNCHECKED = object()  # no training forward's inputs compared yet
 
 
 @dataclass(frozen=True)
@@ -118,14 +129,18 @@ class ActivationCache:
             raise CacheError("cache: cache_source must be a CacheSource with num_keys >= 1")
         self.model, self.blocks, self.config, self.source = model, list(blocks), config, source
         self.epochs, self.process_group, self.read_horizon_epochs = epochs, process_group, read_horizon_epochs
+        check_source(source, model)
         self.cuts = Cuts(model, self.blocks, self._inputs, source.num_keys, frozen_mode)  # probes the model now
+        self._never = self._refuse_unservable_model()
         self.topology = Topology.detect(process_group)
         self.token = _shared_token(process_group)
         self.store: ActivationStore | None = None
-        self._inputs_checked: ActivationStore | None = None  # the store whose inputs were compared
+        # The store whose inputs were last compared with the source's (None: the first training
+        # step's, before any store); _UNCHECKED until then.
+        self._inputs_checked: object = _UNCHECKED
         self.lineage: list[LineageStep] = []
         self.counters = CacheCounters()
-        self.status = "off"  # one line: why the cache is (not) serving at the current boundary
+        self.status = "no frozen prefix yet"  # one line: why the cache is (not) serving at the current boundary
         self._pending: CachePlan | None = None  # built at the next training forward
         self._replay: list[LineageStep] | None = None  # a checkpoint's lineage, repeated at the next training forward
         self._fingerprint: torch.Tensor | None = None  # of the prefix weights the store was computed from
@@ -147,6 +162,21 @@ class ActivationCache:
         if cut is None:
             return None
         return self.cuts.sample_meta[cut][0].numel() * element_bytes(self.config.storage_dtype)
+
+    @property
+    def state(self) -> str:
+        """active (serving stored activations), waiting (nothing to serve yet, or a build pending
+        for the next training step) or refused (no exact cut at the boundary, or ``auto`` found it
+        does not pay)."""
+        if self.store is not None:
+            return "active"
+        if self._pending is not None or self._replay is not None:
+            return "waiting"
+        return "refused" if self.status.startswith(_REFUSALS) else "waiting"
+
+    def describe(self) -> str:
+        """One line for ``freezer.explain()``: the state and why."""
+        return f"cache ({self.config.mode}): {self.state}: {self.status}"
 
     def read(self, keys: torch.Tensor, device: torch.device) -> torch.Tensor | None:
         """Stored activations of ``keys``, or None if any key has no entry (the caller computes)."""
@@ -180,7 +210,7 @@ class ActivationCache:
             return CachePlan(boundary, epoch, None, None, keep, "", 0.0, status)
 
         if boundary < 1:
-            return nothing("no frozen prefix", keep=False)
+            return nothing(self._never or "no frozen prefix", keep=False)
         cut, why = self.cuts.best(boundary)
         cut = _from_rank0(-1 if cut is None else cut, self.process_group)  # ranks follow one verdict
         if cut < 0:
@@ -288,11 +318,13 @@ class ActivationCache:
 
     # ------------------------------------------------------------------ internals
     def check_inputs(self, keys: torch.Tensor, given: Any) -> None:
-        """At the first served forward of each store: the inputs the training forward got for
-        ``keys`` must be the ones the store's rows were computed from (``source.inputs(keys)``), or
-        every served row is the activation of another input. Random augmentation outside the
-        source, or keys that are not the source's numbering, show here, once per store: one batch
-        of the source's inputs and one comparison (a host sync) per build, none per step.
+        """At the first training forward given keys, and again at the first one of each store: the
+        inputs the training forward got for ``keys`` must be ``source.inputs(keys)``, from which the
+        store's rows are computed, or every served row would be the activation of another input.
+        Random augmentation outside the source, or keys that are not the source's numbering, show
+        at the run's first step (not at the first freeze, which may come late in the run), and again
+        for each store: one batch of the source's inputs and one comparison (a host sync) then,
+        none per step.
 
         Args:
             keys: the batch's sample_ids.
@@ -301,9 +333,14 @@ class ActivationCache:
                 (arguments the source does not supply, such as a batch's labels, and non-tensor
                 arguments such as flags, are not compared).
         """
-        if self.store is None or self._inputs_checked is self.store:
+        if self._inputs_checked is self.store:
             return
         self._inputs_checked = self.store
+        if keys.numel() and (int(keys.min()) < 0 or int(keys.max()) >= self.source.num_keys):
+            raise CacheError(
+                f"Freezer: sample_ids holds keys outside 0..{self.source.num_keys - 1}; pass the keys the cache "
+                "source numbers the inputs by"
+            )
         expected = _tensor_arguments(self.model, self._inputs(keys.cpu()))
         actual = _tensor_arguments(self.model, given)
         same = (
@@ -322,6 +359,25 @@ class ActivationCache:
 
     def _inputs(self, keys: torch.Tensor) -> Any:
         return to_device(self.source.inputs(keys), self._device())
+
+    def _refuse_unservable_model(self) -> str:
+        """At construction: whether any boundary at all can be served exactly (the probe of every
+        cut from the top down, which the first freeze would otherwise run). If none can, the cache
+        will never build: said once now, not discovered after the run. Returns the status then
+        ("" if some cut is exact); the verdicts are kept for the boundary changes."""
+        if len(self.blocks) < 2:  # nothing can freeze: the status says "no frozen prefix"
+            return ""
+        cut, _ = self.cuts.best(len(self.blocks) - 1)
+        if cut is not None:
+            return ""
+        why = self.cuts.why_not(1)  # the shortest prefix's reason: the cause every longer one shares
+        warnings.warn(
+            f"Freezer: the activation cache can serve no boundary of this model exactly ({why}), so it will never "
+            "build; train with cache=None",
+            RuntimeWarning,
+            stacklevel=5,  # Freezer(...) -> make_cache -> ActivationCache -> here
+        )
+        return f"no exact cut at any boundary: {why}"
 
     def _device(self) -> torch.device:
         return next(self.model.parameters()).device

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from freeze.cache.cuts import CacheError
+from freeze.cache.cuts import CacheError, outputs_equal, probing
 from freeze.cache.store import STORAGE_DTYPES
 from freeze.checks import is_int
 from freeze.names import CACHE_MODES
@@ -25,6 +25,51 @@ class CacheSource:
     inputs: Callable[[torch.Tensor], torch.Tensor]
     num_keys: int
     epoch_keys: Callable[[int], torch.Tensor] | None = None
+
+
+# Keys the source is fetched twice for at construction (see check_source).
+PROBE_SOURCE_KEYS = 8
+
+
+def check_source(source: CacheSource, model: torch.nn.Module) -> None:
+    """The source's first calls, at construction, so that a source the cache cannot use is
+    refused in one line then, not found at the first freeze (80 % into a freezeout run):
+
+    - the same keys fetched twice give bitwise the same inputs. A source that augments randomly
+      (a dataset with RandomCrop) has no input a key could stand for, so no row could ever be
+      served; before this check the probe compared separate fetches, blamed the model ("batch
+      statistics") and the run went on without a cache, silently. Eight keys: a flip with p=0.5
+      on each would slip through with probability 1/256. Drawn under a forked random state.
+    - ``epoch_keys(0)`` is a 1-D integer tensor of keys in ``0..num_keys-1``.
+
+    Args:
+        source: the cache source.
+        model: the bare model (its random state and modes are left as they were).
+    """
+    keys = torch.arange(min(PROBE_SOURCE_KEYS, source.num_keys))
+    try:
+        with probing(model):
+            first, second = source.inputs(keys), source.inputs(keys)
+    except Exception as exc:  # the source's own error, named as such, in one line
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise CacheError(
+            f"cache: cache_source.inputs(keys 0..{keys.numel() - 1}) failed ({type(exc).__name__}: {reason})"
+        ) from None
+    if not outputs_equal(first, second):
+        raise CacheError(
+            "cache: cache_source.inputs(keys) returned other inputs when called again with the same keys (random "
+            "augmentation inside the source?), so a key names no one input and nothing can be cached; make inputs "
+            "deterministic per key (fixed augmented views, each its own key) or turn the cache off"
+        )
+    if source.epoch_keys is None:
+        return
+    keys = source.epoch_keys(0)
+    if not isinstance(keys, torch.Tensor) or keys.dim() != 1 or keys.is_floating_point() or keys.is_complex():
+        raise CacheError("cache: cache_source.epoch_keys(epoch) must return a 1-D integer tensor of keys")
+    if keys.numel() and (int(keys.min()) < 0 or int(keys.max()) >= source.num_keys):
+        raise CacheError(
+            f"cache: cache_source.epoch_keys(0) holds keys outside 0..{source.num_keys - 1} (num_keys={source.num_keys})"
+        )
 
 
 @dataclass(frozen=True)
