@@ -29,6 +29,7 @@ from torch import nn
 from freeze import comm, steering
 from freeze.blocks import Block, check_partition
 from freeze.cache import ActivationCache, CacheConfig, CacheSource, make_cache
+from freeze.checks import as_int
 from freeze.clock import RunClock
 from freeze.dispatch import FreezerModule
 from freeze.engine import Engine, refuse_wrapped
@@ -233,6 +234,8 @@ class Freezer:
         Returns:
             whether the boundary changed.
         """
+        # Checked before the clock moves: 0.0 or a float tensor used to advance it, then fail.
+        epoch = as_int(epoch, "Freezer.end_epoch: epoch")
         steps_taken = self.clock.end_epoch(epoch, self.counters.steps)
         self._steering.warn_if_no_steps(epoch, steps_taken)
         if self.cache is not None:
@@ -248,7 +251,8 @@ class Freezer:
             k: the new boundary, 0 .. len(blocks) - 1 (the head stays trainable); rank 0's value
                 is used on every rank.
         """
-        k = comm.broadcast_int_from_rank0(int(k), self.process_group)
+        # int(1.5) would be 1 and int(True) 1: only integer-like values, as Python ints.
+        k = comm.broadcast_int_from_rank0(as_int(k, "Freezer.set_boundary: k"), self.process_group)
         if not 0 <= k <= len(self.blocks) - 1:
             raise ValueError(
                 f"set_boundary: k={k} is out of range; accepted: 0..{len(self.blocks) - 1} (the head stays trainable)"
