@@ -122,6 +122,11 @@ class GradNormMonitor:
         # Flat parameter list and the block index of each: per-block norms are then one
         # segment-sum over one foreach norm, whatever the number of blocks.
         self._params: list[torch.nn.Parameter] = [p for b in self.blocks for p in b.params]
+        # Norms accumulate in fp32 (fp16/bf16 gradients are widened), and in fp64 when any parameter
+        # is fp64: torch refuses to narrow a double to a float32 norm, and an fp64 model asks for
+        # fp64 statistics. Fixed here, so every step's sums share one dtype.
+        wide = any(p.dtype == torch.float64 for p in self._params)
+        self._norm_dtype = torch.float64 if wide else torch.float32
         self._param_block = [i for i, b in enumerate(self.blocks) for _ in b.params]
         self._summed: dict[int, torch.Tensor] = {}  # param position -> summed gradient
         self._norm_sum: torch.Tensor | None = None  # [num_blocks] sum of per-step norms
@@ -154,11 +159,11 @@ class GradNormMonitor:
         ``positions``): one foreach norm and one segment-sum, whatever the number of blocks; 0 for
         blocks absent."""
         device = tensors[0].device
-        # fp32 accumulation: a finite fp16 block whose norm exceeds 65504 must not read as inf
-        # (that would mask a good step as an overflow).
-        per_tensor = torch.stack(list(torch._foreach_norm(tensors, ord, dtype=torch.float32)))
+        # fp32 (or fp64) accumulation: a finite fp16 block whose norm exceeds 65504 must not read
+        # as inf (that would mask a good step as an overflow).
+        per_tensor = torch.stack(list(torch._foreach_norm(tensors, ord, dtype=self._norm_dtype)))
         block_ids = self._block_ids_for(positions, device)
-        summed = torch.zeros(len(self.blocks), device=device)
+        summed = torch.zeros(len(self.blocks), device=device, dtype=self._norm_dtype)
         if ord == 1:  # the L1 norm of a block is the sum of its tensors' L1 norms
             return summed.index_add_(0, block_ids, per_tensor)
         return summed.index_add_(0, block_ids, per_tensor.square()).sqrt()
@@ -208,7 +213,7 @@ class GradNormMonitor:
         inv_scale = None
         if grad_scale is not None:
             if isinstance(grad_scale, torch.Tensor):
-                inv_scale = grad_scale.detach().to(device=device, dtype=torch.float32).reciprocal()
+                inv_scale = grad_scale.detach().to(device=device, dtype=self._norm_dtype).reciprocal()
             else:
                 if not grad_scale > 0:
                     raise ValueError(f"grad_scale must be > 0 (the loss scale), got {grad_scale}")
@@ -342,7 +347,7 @@ class GradNormMonitor:
             self._norm_sum = None
         else:
             device = self._params[0].device if self._params else torch.device("cpu")
-            self._norm_sum = norm_sum.to(device)
+            self._norm_sum = norm_sum.to(device=device, dtype=self._norm_dtype)
         # .get: checkpoints written before overflow detection have no such entries.
         overflows, overflow_steps = state.get("overflows"), state.get("overflow_steps")
         if overflows is None:
