@@ -35,9 +35,17 @@ from freeze.dispatch import FreezerModule
 from freeze.engine import Engine, refuse_wrapped
 from freeze.monitor import GradNormMonitor, IntervalStats
 from freeze.names import CommHook
-from freeze.optimizer import check_steps_model, drop_state, unwrap_optimizer
+from freeze.optimizer import check_saved_optimizer, check_steps_model, drop_state, unwrap_optimizer
 from freeze.policies import Policy, make_policy
-from freeze.records import Decision, Evaluation, FreezerCounters, check_saved_freezer, check_saved_training_state
+from freeze.records import (
+    Decision,
+    Evaluation,
+    FreezerCounters,
+    check_saved_freezer,
+    check_saved_model,
+    check_saved_training_state,
+    saved_records,
+)
 
 _log = logging.getLogger("freeze")
 
@@ -305,15 +313,23 @@ class Freezer:
 
     def load_state_dict(self, state: dict) -> None:
         """Restore a :meth:`state_dict`: after the model's state, before the optimizer's (see
-        :meth:`load_training_state_dict`, which does all three in that order).
+        :meth:`load_training_state_dict`, which does all three in that order). A state that cannot
+        be restored is refused in one line before anything changes.
 
         Args:
             state: what :meth:`state_dict` returned, for the same blocks and policy.
         """
+        self._check_saved(state)
+        self._restore(state)
+
+    def _check_saved(self, state: dict) -> None:
         check_saved_freezer(state, [b.name for b in self.blocks], self.policy.spec())
+        self.monitor.check_state(state["monitor"])
+
+    def _restore(self, state: dict) -> None:
+        """Apply a Freezer state :meth:`_check_saved` accepted."""
         self.monitor.load_state_dict(state["monitor"])
-        self.decisions = [Decision(**d) for d in state["decisions"]]
-        self.counters = FreezerCounters(**state["counters"])
+        self.decisions, self.counters = saved_records(state)
         self.engine.comm.allreduce_bytes_total = self.counters.allreduce_bytes_total
         self.clock.epochs_completed = int(state["epochs_completed"])
         self.clock.epoch_start_step = self.counters.steps
@@ -342,9 +358,16 @@ class Freezer:
             state: a dict with "model" and "freezer" entries, and "optimizer" when this Freezer
                 has one (e.g. ``torch.load(path, weights_only=True)``).
         """
+        # Everything is checked before anything is loaded: a refusal halfway used to leave the
+        # model's weights (and sometimes the boundary) replaced, and a caller that caught it and
+        # started over trained the other checkpoint's weights.
         check_saved_training_state(state, has_optimizer=self.optimizer is not None)
+        check_saved_model(state["model"], self.model)
+        self._check_saved(state["freezer"])
+        if self.optimizer is not None:
+            check_saved_optimizer(state["optimizer"], self.optimizer)
         self.model.load_state_dict(state["model"])
-        self.load_state_dict(state["freezer"])
+        self._restore(state["freezer"])
         if self.optimizer is not None:
             self.optimizer.load_state_dict(state["optimizer"])
 
