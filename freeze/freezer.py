@@ -194,7 +194,9 @@ class Freezer:
                 stay in step with the loop); its gradients are not read. Optional: overflow is
                 detected anyway.
             grad_scale: the loss scale the gradients are still multiplied by (a float, or the
-                scaler's scale tensor, which keeps the call off the host); None: unscaled.
+                scaler's scale tensor, which keeps the call off the host); None: unscaled. A
+                float that is not finite and > 0 is refused here; such a tensor masks its step
+                and is refused when the interval closes (end_epoch / after_step), read once there.
         """
         if skipped:
             self.monitor.skip_step()
@@ -244,6 +246,7 @@ class Freezer:
         """
         # Checked before the clock moves: 0.0 or a float tensor used to advance it, then fail.
         epoch = as_int(epoch, "Freezer.end_epoch: epoch")
+        self.monitor.refuse_bad_grad_scales()  # a bad scale tensor, read once per interval
         steps_taken = self.clock.end_epoch(epoch, self.counters.steps)
         self._steering.warn_if_no_steps(epoch, steps_taken)
         if self.cache is not None:
