@@ -43,6 +43,7 @@ from freeze.records import (
     FreezerCounters,
     check_saved_freezer,
     check_saved_model,
+    check_saved_monitor,
     check_saved_training_state,
     saved_records,
 )
@@ -327,7 +328,7 @@ class Freezer:
 
     def _check_saved(self, state: dict) -> None:
         check_saved_freezer(state, [b.name for b in self.blocks], self.policy.spec())
-        self.monitor.check_state(state["monitor"])
+        check_saved_monitor(state["monitor"], self.blocks)
 
     def _restore(self, state: dict) -> None:
         """Apply a Freezer state :meth:`_check_saved` accepted."""

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from freeze.blocks import Block
-from freeze.checks import is_int, is_number
+from freeze.checks import is_number
 
 
 @dataclass(frozen=True)
@@ -74,19 +74,6 @@ class IntervalStats:
 
 
 NORMS: tuple[str, ...] = ("l1", "l2")
-
-# What GradNormMonitor.state_dict writes and load_state_dict needs (the overflow entries are optional:
-# checkpoints written before overflow detection have none).
-_STATE_KEYS = (
-    "history",
-    "total_steps",
-    "first_active",
-    "interval_steps",
-    "interval_skipped_steps",
-    "block_steps",
-    "summed",
-    "norm_sum",
-)
 
 
 def summed_norms(stats: IntervalStats, norm: str = "l2") -> tuple[float | None, ...]:
@@ -396,45 +383,13 @@ class GradNormMonitor:
             "overflow_steps_total": self.overflow_steps_total,
         }
 
-    def check_state(self, state: dict) -> None:
-        """Refuse, in one line and before anything is loaded, a :meth:`state_dict` this monitor
-        cannot continue from: an entry missing, or counts and sums for other blocks or parameters.
-
-        Args:
-            state: what :meth:`state_dict` returned (e.g. read back from a checkpoint).
-        """
-
-        def refuse(what: str) -> ValueError:
-            return ValueError(
-                f"GradNormMonitor.load_state_dict: {what}; accepted: a state_dict of a monitor over these blocks"
-            )
-
-        if not isinstance(state, dict):
-            raise refuse(f"the state is a {type(state).__name__}")
-        missing = [key for key in _STATE_KEYS if key not in state]
-        if missing:
-            raise refuse(f"the state lacks {', '.join(repr(k) for k in missing)}")
-        num_blocks = len(self.blocks)
-        if not isinstance(state["block_steps"], list | tuple) or len(state["block_steps"]) != num_blocks:
-            raise refuse(f"block_steps does not hold one count per block ({num_blocks})")
-        if not is_int(state["first_active"]) or not 0 <= state["first_active"] < num_blocks:
-            raise refuse(f"first_active = {state['first_active']!r} with {num_blocks} blocks")
-        for pos, t in state["summed"].items():
-            param = self._params[int(pos)] if is_int(pos) and 0 <= int(pos) < len(self._params) else None
-            if param is None or not isinstance(t, torch.Tensor) or t.shape != param.shape:
-                raise refuse(f"the summed gradient of parameter {pos!r} does not fit this model's parameter {pos!r}")
-        for key in ("norm_sum", "overflows"):
-            saved = state.get(key)
-            if saved is not None and (not isinstance(saved, torch.Tensor) or saved.shape != (num_blocks,)):
-                raise refuse(f"{key} is not a tensor of {num_blocks} per-block values")
-
     def load_state_dict(self, state: dict) -> None:
         """Continue from a :meth:`state_dict`, partial interval sums included.
 
         Args:
-            state: written by :meth:`state_dict` of a monitor over the same blocks.
+            state: written by :meth:`state_dict` of a monitor over the same blocks (the Freezer
+                checks it first: :func:`freeze.records.check_saved_monitor`).
         """
-        self.check_state(state)
         self.history = [IntervalStats.from_dict(d) for d in state["history"]][-self.history_kept :]
         self.intervals_closed = int(state.get("intervals_closed", len(state["history"])))
         self.total_steps = int(state["total_steps"])

@@ -1,14 +1,17 @@
 """What a Freezer counts and records: plain dataclasses, saved in its state_dict; and the checks a
-saved state passes before a Freezer loads it."""
+saved training state (model, Freezer) passes before a Freezer loads any of it."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from freeze.blocks import Block
 from freeze.checks import is_int
+from freeze.monitor import IntervalStats
 
 
 @dataclass
@@ -119,9 +122,11 @@ def check_saved_model(saved: dict, model: nn.Module) -> None:
         )
     missing, unexpected = [k for k in mine if k not in saved], [k for k in saved if k not in mine]
     if missing or unexpected:
+        lacks = [f"lacks {_names(missing)}"] if missing else []
+        extra = [f"has {_names(unexpected)} this model does not"] if unexpected else []
         raise ValueError(
-            f"Freezer.load_training_state_dict: the checkpoint's model lacks {_names(missing)} and has "
-            f"{_names(unexpected)} this model does not; accepted: the state of the same architecture"
+            f"Freezer.load_training_state_dict: the checkpoint's model {' and '.join(lacks + extra)}; "
+            "accepted: the state of the same architecture"
         )
     shapes = [
         f"{k} {_shape(saved[k])} vs {_shape(t)}"
@@ -141,4 +146,53 @@ def _shape(value) -> tuple[int, ...] | str:
 
 def _names(keys: list[str]) -> str:
     shown = ", ".join(keys[:3]) + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
-    return f"{len(keys)} keys ({shown})" if keys else "no other keys"
+    return f"{len(keys)} keys ({shown})"
+
+
+# What GradNormMonitor.state_dict writes and its load_state_dict needs (the overflow entries are
+# optional: checkpoints written before overflow detection have none).
+MONITOR_STATE_KEYS = (
+    "history",
+    "total_steps",
+    "first_active",
+    "interval_steps",
+    "interval_skipped_steps",
+    "block_steps",
+    "summed",
+    "norm_sum",
+)
+
+
+def check_saved_monitor(state: dict, blocks: Sequence[Block]) -> None:
+    """Refuse a saved monitor state the monitor over ``blocks`` cannot continue from: an entry
+    missing, a history it cannot read, or counts and sums for other blocks or parameters."""
+
+    def refuse(what: str) -> ValueError:
+        return _refuse(f"the monitor's {what}; accepted: the state of a monitor over these blocks")
+
+    if not isinstance(state, dict) or any(key not in state for key in MONITOR_STATE_KEYS):
+        raise refuse(f"state lacks an entry of {', '.join(MONITOR_STATE_KEYS)}")
+    for key in ("total_steps", "interval_steps", "interval_skipped_steps"):
+        if not is_int(state[key]) or state[key] < 0:
+            raise refuse(f"{key} = {state[key]!r}, not an integer >= 0")
+    try:
+        for d in state["history"]:
+            IntervalStats.from_dict(d)
+    except (KeyError, TypeError, ValueError) as e:
+        raise refuse(f"history cannot be read ({type(e).__name__}: {e})") from None
+    num_blocks = len(blocks)
+    if not isinstance(state["block_steps"], list | tuple) or len(state["block_steps"]) != num_blocks:
+        raise refuse(f"block_steps do not hold one count per block ({num_blocks})")
+    if not is_int(state["first_active"]) or not 0 <= state["first_active"] < num_blocks:
+        raise refuse(f"first_active = {state['first_active']!r} with {num_blocks} blocks")
+    shapes = [p.shape for b in blocks for p in b.params]  # the monitor's flat parameter order
+    if not isinstance(state["summed"], dict):
+        raise refuse("summed gradients are not a dict")
+    for pos, t in state["summed"].items():
+        fits = is_int(pos) and 0 <= pos < len(shapes) and isinstance(t, torch.Tensor) and t.shape == shapes[pos]
+        if not fits:
+            raise refuse(f"summed gradient of parameter {pos!r} does not fit this model's")
+    for key in ("norm_sum", "overflows"):
+        saved = state.get(key)
+        if saved is not None and (not isinstance(saved, torch.Tensor) or saved.shape != (num_blocks,)):
+            raise refuse(f"{key} is not a tensor of {num_blocks} per-block values")

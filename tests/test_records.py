@@ -140,7 +140,12 @@ _SAVED_BY_ANOTHER_RUN = {
     "a monitor for other blocks": (
         {},
         _broken(lambda s: s["freezer"]["monitor"].update(block_steps=[0, 0])),
-        "block_steps does not hold one count per block",
+        "block_steps do not hold one count per block",
+    ),
+    "a summed gradient of another shape": (
+        {},
+        _broken(lambda s: s["freezer"]["monitor"].update(summed={0: torch.zeros(2)})),
+        "the monitor's summed gradient of parameter 0 does not fit this model's",
     ),
     "decisions of another version": (
         {},
