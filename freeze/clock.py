@@ -33,6 +33,10 @@ class RunClock:
                 raise ValueError(
                     f"Freezer: {name} must be >= 0 (0 or None: not given), got {value!r}; accepted: an integer"
                 )
+        # Python ints from here on: a numpy integer would reach Progress and the saved state.
+        self.interval_steps = int(self.interval_steps)
+        self.epochs = None if self.epochs is None else int(self.epochs)
+        self.steps_per_epoch = None if self.steps_per_epoch is None else int(self.steps_per_epoch)
 
     def check_policy(self, policy: Policy) -> None:
         """Refuse a run-length policy the run length was not given for."""

@@ -29,14 +29,24 @@ from torch import nn
 from freeze import comm, steering
 from freeze.blocks import Block, check_partition
 from freeze.cache import ActivationCache, CacheConfig, CacheSource, make_cache
+from freeze.checks import as_int
 from freeze.clock import RunClock
 from freeze.dispatch import FreezerModule
 from freeze.engine import Engine, refuse_wrapped
 from freeze.monitor import GradNormMonitor, IntervalStats
 from freeze.names import CommHook
-from freeze.optimizer import check_steps_model, drop_state, unwrap_optimizer
+from freeze.optimizer import check_saved_optimizer, check_steps_model, drop_state, unwrap_optimizer
 from freeze.policies import Policy, make_policy
-from freeze.records import Decision, Evaluation, FreezerCounters, check_saved_freezer, check_saved_training_state
+from freeze.records import (
+    Decision,
+    Evaluation,
+    FreezerCounters,
+    check_saved_freezer,
+    check_saved_model,
+    check_saved_monitor,
+    check_saved_training_state,
+    saved_records,
+)
 
 _log = logging.getLogger("freeze")
 
@@ -189,7 +199,9 @@ class Freezer:
                 stay in step with the loop); its gradients are not read. Optional: overflow is
                 detected anyway.
             grad_scale: the loss scale the gradients are still multiplied by (a float, or the
-                scaler's scale tensor, which keeps the call off the host); None: unscaled.
+                scaler's scale tensor, which keeps the call off the host); None: unscaled. A
+                float that is not finite and > 0 is refused here; such a tensor masks its step
+                and is refused when the interval closes (end_epoch / after_step), read once there.
 
         Raises:
             RuntimeError: under a process group, no training forward ran through ``freezer.module``
@@ -242,6 +254,9 @@ class Freezer:
         Returns:
             whether the boundary changed.
         """
+        # Checked before the clock moves: 0.0 or a float tensor used to advance it, then fail.
+        epoch = as_int(epoch, "Freezer.end_epoch: epoch")
+        self.monitor.refuse_bad_grad_scales()  # a bad scale tensor, read once per interval
         steps_taken = self.clock.end_epoch(epoch, self.counters.steps)
         self._steering.warn_if_no_steps(epoch, steps_taken)
         if self.cache is not None:
@@ -257,7 +272,8 @@ class Freezer:
             k: the new boundary, 0 .. len(blocks) - 1 (the head stays trainable); rank 0's value
                 is used on every rank.
         """
-        k = comm.broadcast_int_from_rank0(int(k), self.process_group)
+        # int(1.5) would be 1 and int(True) 1: only integer-like values, as Python ints.
+        k = comm.broadcast_int_from_rank0(as_int(k, "Freezer.set_boundary: k"), self.process_group)
         if not 0 <= k <= len(self.blocks) - 1:
             raise ValueError(
                 f"set_boundary: k={k} is out of range; accepted: 0..{len(self.blocks) - 1} (the head stays trainable)"
@@ -316,16 +332,24 @@ class Freezer:
 
     def load_state_dict(self, state: dict) -> None:
         """Restore a :meth:`state_dict`: after the model's state, before the optimizer's (see
-        :meth:`load_training_state_dict`, which does all three in that order).
+        :meth:`load_training_state_dict`, which does all three in that order). A state that cannot
+        be restored is refused in one line before anything changes.
 
         Args:
             state: what :meth:`state_dict` returned, for the same blocks and policy.
         """
+        self._check_saved(state)
+        self._restore(state)
+
+    def _check_saved(self, state: dict) -> None:
         check_saved_freezer(state, [b.name for b in self.blocks], self.policy.spec())
+        check_saved_monitor(state["monitor"], self.blocks)
         self._check_saved_powersgd(state.get("powersgd"))
+
+    def _restore(self, state: dict) -> None:
+        """Apply a Freezer state :meth:`_check_saved` accepted."""
         self.monitor.load_state_dict(state["monitor"])
-        self.decisions = [Decision(**d) for d in state["decisions"]]
-        self.counters = FreezerCounters(**state["counters"])
+        self.decisions, self.counters = saved_records(state)
         self.engine.comm.allreduce_bytes_total = self.counters.allreduce_bytes_total
         self.clock.epochs_completed = int(state["epochs_completed"])
         self.clock.epoch_start_step = self.counters.steps
@@ -355,10 +379,16 @@ class Freezer:
             state: a dict with "model" and "freezer" entries, and "optimizer" when this Freezer
                 has one (e.g. ``torch.load(path, weights_only=True)``).
         """
+        # Everything is checked before anything is loaded: a refusal halfway used to leave the
+        # model's weights (and sometimes the boundary) replaced, and a caller that caught it and
+        # started over trained the other checkpoint's weights.
         check_saved_training_state(state, has_optimizer=self.optimizer is not None)
-        self._check_saved_powersgd(state["freezer"].get("powersgd"))  # before the model's weights change
+        check_saved_model(state["model"], self.model)
+        self._check_saved(state["freezer"])  # the PowerSGD state's hook and rank too
+        if self.optimizer is not None:
+            check_saved_optimizer(state["optimizer"], self.optimizer)
         self.model.load_state_dict(state["model"])
-        self.load_state_dict(state["freezer"])
+        self._restore(state["freezer"])
         if self.optimizer is not None:
             self.optimizer.load_state_dict(state["optimizer"])
 

@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from freeze.blocks import Block
+from freeze.checks import is_number
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,11 @@ class IntervalStats:
     summed_grad_norm: tuple[float | None, ...]  # L2
     summed_grad_l1_norm: tuple[float | None, ...]
     mean_step_grad_norm: tuple[float | None, ...]  # L2
+
+    @property
+    def finite_steps(self) -> int:
+        """Steps whose gradients the sums hold: the interval's steps less the skipped (masked) ones."""
+        return self.steps - self.skipped_steps
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -79,7 +85,12 @@ def summed_norms(stats: IntervalStats, norm: str = "l2") -> tuple[float | None, 
 
 def relative_change(prev: IntervalStats, cur: IntervalStats, norm: str = "l2") -> list[float | None]:
     """eta_l = |G_prev - G_cur| / G_prev per block (AutoFreeze's gradient-norm change), G the
-    ``norm`` ("l1" or "l2") of the summed gradient.
+    ``norm`` ("l1" or "l2") of the summed gradient per finite step.
+
+    Per finite step: an interval whose non-finite (fp16 overflow, NaN) steps were masked sums fewer
+    gradients, and its raw sum read as a large change (2 NaN steps in an epoch moved AutoFreeze's
+    and CS744's decisions). Where both intervals have the same finite step count it cancels, and
+    eta is computed from the raw sums, bit for bit as before.
 
     Args:
         prev: the earlier interval.
@@ -89,13 +100,28 @@ def relative_change(prev: IntervalStats, cur: IntervalStats, norm: str = "l2") -
         One value per block, computed from ``summed_grad_norm``; ``None`` where either interval did
         not observe the block or G_prev is zero/non-finite.
     """
+    n_prev, n_cur = prev.finite_steps, cur.finite_steps
     out: list[float | None] = []
     for g_prev, g_cur in zip(summed_norms(prev, norm), summed_norms(cur, norm)):
         if g_prev is None or g_cur is None or not math.isfinite(g_prev) or g_prev <= 0.0:
             out.append(None)
-        else:
+        elif n_prev == n_cur:
             out.append(abs(g_prev - g_cur) / g_prev)
+        elif n_prev <= 0 or n_cur <= 0:  # only masked steps: no statistic (the sums are None then anyway)
+            out.append(None)
+        else:
+            per_step_prev, per_step_cur = g_prev / n_prev, g_cur / n_cur
+            out.append(abs(per_step_prev - per_step_cur) / per_step_prev)
     return out
+
+
+def _refuse_bad_float_scale(grad_scale: float | torch.Tensor | None) -> None:
+    """Refuse a host-side ``grad_scale`` that is not a finite number > 0 (checking a float costs no
+    sync; inf would zero every norm, NaN poison them). A tensor is checked on the device."""
+    if grad_scale is None or isinstance(grad_scale, torch.Tensor):
+        return
+    if not is_number(grad_scale) or not (math.isfinite(grad_scale) and grad_scale > 0):
+        raise ValueError(f"grad_scale = {grad_scale!r}; accepted: the loss scale, a finite number > 0")
 
 
 class GradNormMonitor:
@@ -122,6 +148,11 @@ class GradNormMonitor:
         # Flat parameter list and the block index of each: per-block norms are then one
         # segment-sum over one foreach norm, whatever the number of blocks.
         self._params: list[torch.nn.Parameter] = [p for b in self.blocks for p in b.params]
+        # Norms accumulate in fp32 (fp16/bf16 gradients are widened), and in fp64 when any parameter
+        # is fp64: torch refuses to narrow a double to a float32 norm, and an fp64 model asks for
+        # fp64 statistics. Fixed here, so every step's sums share one dtype.
+        wide = any(p.dtype == torch.float64 for p in self._params)
+        self._norm_dtype = torch.float64 if wide else torch.float32
         self._param_block = [i for i, b in enumerate(self.blocks) for _ in b.params]
         self._summed: dict[int, torch.Tensor] = {}  # param position -> summed gradient
         self._norm_sum: torch.Tensor | None = None  # [num_blocks] sum of per-step norms
@@ -138,6 +169,10 @@ class GradNormMonitor:
         self._overflows: torch.Tensor | None = None  # [num_blocks] float
         self._overflow_steps: torch.Tensor | None = None  # [] float
         self.overflow_steps_total = 0  # masked steps in closed intervals (host, updated at close)
+        # Steps whose grad_scale tensor was not a finite number > 0 (device, never reset: a
+        # non-zero count is refused), and whether a tensor scale came since the last check.
+        self._bad_scale_steps: torch.Tensor | None = None
+        self._scales_unchecked = False
 
     def _block_ids_for(self, positions: list[int], device: torch.device) -> torch.Tensor:
         key = tuple(positions)
@@ -154,11 +189,11 @@ class GradNormMonitor:
         ``positions``): one foreach norm and one segment-sum, whatever the number of blocks; 0 for
         blocks absent."""
         device = tensors[0].device
-        # fp32 accumulation: a finite fp16 block whose norm exceeds 65504 must not read as inf
-        # (that would mask a good step as an overflow).
-        per_tensor = torch.stack(list(torch._foreach_norm(tensors, ord, dtype=torch.float32)))
+        # fp32 (or fp64) accumulation: a finite fp16 block whose norm exceeds 65504 must not read
+        # as inf (that would mask a good step as an overflow).
+        per_tensor = torch.stack(list(torch._foreach_norm(tensors, ord, dtype=self._norm_dtype)))
         block_ids = self._block_ids_for(positions, device)
-        summed = torch.zeros(len(self.blocks), device=device)
+        summed = torch.zeros(len(self.blocks), device=device, dtype=self._norm_dtype)
         if ord == 1:  # the L1 norm of a block is the sum of its tensors' L1 norms
             return summed.index_add_(0, block_ids, per_tensor)
         return summed.index_add_(0, block_ids, per_tensor.square()).sqrt()
@@ -195,6 +230,7 @@ class GradNormMonitor:
             grad_scale: the loss scale the gradients are still multiplied by (GradScaler's
                 ``get_scale()``, or its scale tensor to stay off the host); None: unscaled.
         """
+        _refuse_bad_float_scale(grad_scale)  # before the step counts
         positions = [pos for pos in self._active_positions if self._params[pos].grad is not None]
         self._tick()
         for b in range(self._first_active, len(self.blocks)):
@@ -206,13 +242,12 @@ class GradNormMonitor:
         device = step_norms.device
         finite = torch.isfinite(step_norms.sum())  # a device bool: never read on the host here
         inv_scale = None
-        if grad_scale is not None:
-            if isinstance(grad_scale, torch.Tensor):
-                inv_scale = grad_scale.detach().to(device=device, dtype=torch.float32).reciprocal()
-            else:
-                if not grad_scale > 0:
-                    raise ValueError(f"grad_scale must be > 0 (the loss scale), got {grad_scale}")
-                inv_scale = 1.0 / float(grad_scale)
+        if isinstance(grad_scale, torch.Tensor):
+            inv_scale, scale_ok = self._checked_inverse(grad_scale, device)
+            finite = finite & scale_ok  # a NaN, 0 or negative scale masks the step, as an overflow
+        elif grad_scale is not None:
+            inv_scale = 1.0 / float(grad_scale)
+        if inv_scale is not None:
             step_norms = step_norms * inv_scale
         if self._norm_sum is None or self._norm_sum.device != device:
             self._norm_sum = torch.zeros_like(step_norms)
@@ -235,6 +270,33 @@ class GradNormMonitor:
                 else:
                     self._summed[pos].addcmul_(masked, inv_scale.to(g.dtype))
 
+    def _checked_inverse(self, grad_scale: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """1 / the scale tensor, and a device bool saying it is a finite number > 0; a bad scale is
+        counted on the device (its inverse is 0, so its step adds nothing) and refused by
+        :meth:`refuse_bad_grad_scales` when the interval closes: a check per step would read the
+        tensor on the host, the sync the tensor form exists to avoid."""
+        scale = grad_scale.detach().to(device=device, dtype=self._norm_dtype)
+        scale_ok = (torch.isfinite(scale) & (scale > 0)).all()
+        if self._bad_scale_steps is None or self._bad_scale_steps.device != device:
+            self._bad_scale_steps = torch.zeros((), device=device)
+        self._bad_scale_steps += (~scale_ok).float()
+        self._scales_unchecked = True
+        return torch.where(scale_ok, scale.reciprocal(), 0.0), scale_ok
+
+    def refuse_bad_grad_scales(self) -> None:
+        """Raise ValueError when a ``grad_scale`` tensor of the running interval was NaN, inf, 0 or
+        negative (the float form is refused at the call). One host read, and only when a tensor
+        scale came since the last check; :meth:`close_interval` calls it before changing anything."""
+        if not self._scales_unchecked:
+            return
+        bad_steps = int(self._bad_scale_steps.item())
+        if bad_steps:
+            raise ValueError(
+                f"grad_scale: the tensor passed to after_backward was NaN, inf, 0 or negative at {bad_steps} step(s) "
+                "of this interval (those steps were not read); accepted: the loss scale, a finite number > 0"
+            )
+        self._scales_unchecked = False
+
     # ---------------------------------------------------------------- per interval
     @torch.no_grad()
     def close_interval(self, epoch: int, boundary: int) -> IntervalStats:
@@ -247,6 +309,7 @@ class GradNormMonitor:
         Returns:
             The closed interval, also appended to ``history``.
         """
+        self.refuse_bad_grad_scales()
         num_blocks = len(self.blocks)
         overflows = [0.0] * num_blocks
         overflow_steps = 0
@@ -324,7 +387,8 @@ class GradNormMonitor:
         """Continue from a :meth:`state_dict`, partial interval sums included.
 
         Args:
-            state: written by :meth:`state_dict` of a monitor over the same blocks.
+            state: written by :meth:`state_dict` of a monitor over the same blocks (the Freezer
+                checks it first: :func:`freeze.records.check_saved_monitor`).
         """
         self.history = [IntervalStats.from_dict(d) for d in state["history"]][-self.history_kept :]
         self.intervals_closed = int(state.get("intervals_closed", len(state["history"])))
@@ -342,7 +406,7 @@ class GradNormMonitor:
             self._norm_sum = None
         else:
             device = self._params[0].device if self._params else torch.device("cpu")
-            self._norm_sum = norm_sum.to(device)
+            self._norm_sum = norm_sum.to(device=device, dtype=self._norm_dtype)
         # .get: checkpoints written before overflow detection have no such entries.
         overflows, overflow_steps = state.get("overflows"), state.get("overflow_steps")
         if overflows is None:

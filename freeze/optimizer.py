@@ -49,3 +49,22 @@ def drop_state(optimizer: torch.optim.Optimizer | None, params: Iterable[nn.Para
         return
     for p in params:
         optimizer.state.pop(p, None)
+
+
+def check_saved_optimizer(saved: dict, optimizer: torch.optim.Optimizer) -> None:
+    """Refuse, before anything is loaded, an optimizer state whose parameter groups differ in
+    number or size from ``optimizer``'s (torch refuses it too, but only after the model and the
+    Freezer state were loaded)."""
+    groups = saved.get("param_groups") if isinstance(saved, dict) else None
+    if not isinstance(groups, list) or "state" not in saved:
+        raise ValueError(
+            "Freezer.load_training_state_dict: 'optimizer' lacks 'state' or 'param_groups'; "
+            "accepted: what optimizer.state_dict() returns"
+        )
+    sizes_saved = [len(g.get("params", ())) for g in groups]
+    sizes_mine = [len(g["params"]) for g in optimizer.param_groups]
+    if sizes_saved != sizes_mine:
+        raise ValueError(
+            f"Freezer.load_training_state_dict: the checkpoint's optimizer has parameter groups of {sizes_saved} "
+            f"parameters, this one {sizes_mine}; accepted: an optimizer built over the same parameters as the saving run's"
+        )

@@ -1,6 +1,9 @@
 """freeze.clock: the run clock (epochs, steps per epoch, evaluation interval) and the run-length
 checks of the policy it asks."""
 
+import io
+
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -97,3 +100,59 @@ def test_epoch_done_fraction_is_the_share_of_the_running_epoch_and_0_when_its_le
     clock.end_epoch(0, steps=8)
     assert clock.epoch_done_fraction(14) == 0.75  # counted from the epoch's first step
     assert RunClock(epochs=2, steps_per_epoch=None, interval_steps=2).epoch_done_fraction(5) == 0.0
+
+
+# ------------------------------------------------------------------------------ integer-like inputs (issue 33, D4)
+def _trained_freezer(policy="geometric:alpha=0.5", **kwargs):
+    torch.manual_seed(0)
+    model = TinyNet()
+    freezer = Freezer(model, split_blocks(model), make_policy(policy), epochs=3, **kwargs)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    _step(freezer, opt, 0)
+    return freezer
+
+
+def _reloads_weights_only(state: dict) -> dict:
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=True)  # the README's resume
+
+
+@pytest.mark.parametrize("epoch", [np.int64(0), np.int32(0), torch.tensor(0), np.array(0)])
+def test_an_integer_like_epoch_is_taken_as_an_int_and_the_checkpoint_loads_weights_only(epoch):
+    freezer = _trained_freezer()
+    assert freezer.end_epoch(epoch)  # geometric:alpha=0.5 freezes after the first epoch
+    state = freezer.training_state_dict()
+    assert type(state["freezer"]["epochs_completed"]) is int
+    assert type(freezer.decisions[0].epoch) is int and type(freezer.history[0].epoch) is int
+    loaded = _reloads_weights_only(state)
+    assert loaded["freezer"]["decisions"] == state["freezer"]["decisions"]
+
+
+@pytest.mark.parametrize("epoch", [0.0, torch.tensor(0.0), True, np.float64(0), torch.tensor([0]), "0", None])
+def test_an_epoch_that_is_no_integer_is_refused_in_one_line_before_the_clock_moves(epoch):
+    freezer = _trained_freezer()
+    before = (freezer.clock.epochs_completed, freezer.clock.epoch_start_step, freezer.monitor.intervals_closed)
+    with pytest.raises(ValueError, match=r"Freezer.end_epoch: epoch = .*; accepted: an integer") as err:
+        freezer.end_epoch(epoch)
+    assert "\n" not in str(err.value)
+    assert (freezer.clock.epochs_completed, freezer.clock.epoch_start_step, freezer.monitor.intervals_closed) == before
+    assert freezer.end_epoch(0)  # the right call still goes through, once
+
+
+def test_set_boundary_takes_integer_like_values_as_ints_and_refuses_floats_and_bools():
+    freezer = _trained_freezer("none")
+    freezer.set_boundary(np.int64(2))
+    assert type(freezer.boundary) is int and freezer.boundary == 2
+    freezer.set_boundary(torch.tensor(1))
+    assert type(freezer.boundary) is int and freezer.boundary == 1
+    for bad in (1.5, 2.0, True, torch.tensor(1.0)):
+        with pytest.raises(ValueError, match=r"Freezer.set_boundary: k = .*; accepted: an integer"):
+            freezer.set_boundary(bad)
+        assert freezer.boundary == 1  # unchanged (int(1.5) used to freeze 1 block)
+
+
+def test_a_numpy_run_length_is_kept_as_python_ints():
+    clock = RunClock(epochs=np.int64(4), steps_per_epoch=np.int64(10), interval_steps=np.int64(2))
+    assert (type(clock.epochs), type(clock.steps_per_epoch), type(clock.interval_steps)) == (int, int, int)

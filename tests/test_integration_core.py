@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from freeze import Freezer, GradNormMonitor, make_policy, split_blocks
+from freeze.monitor import IntervalStats, relative_change
 from tests.tiny_models import TinyNet, global_batch
 
 
@@ -190,3 +191,82 @@ def test_a_trainers_communication_hook_is_refused_and_ddp_kwargs_are_filtered():
     with pytest.raises(ValueError, match="comm_hook='bf16'") as e:
         ddp_kwargs_of("T", {"comm_hook": "fp16"})
     assert "\n" not in str(e.value)
+
+
+# ------------------------------------------------------------------------------ masked steps and bad scales (issue 33, D8)
+def _five_block_mlp() -> nn.Sequential:
+    torch.manual_seed(0)
+    layers: list[nn.Module] = []
+    for i in range(4):
+        layers += [nn.Linear(8 if i else 6, 8), nn.Tanh()]
+    return nn.Sequential(*layers, nn.Linear(8, 3))
+
+
+def _decisions(policy: str, nan_steps: frozenset = frozenset(), epochs: int = 6, steps: int = 6) -> list[tuple]:
+    """The decisions on a 5-block MLP whose weights stay put (no optimizer) and whose epochs each
+    repeat one batch: every finite step of an epoch has the same gradient, so an epoch's per-step
+    gradient is the same with or without its NaN steps - and so must the decisions be."""
+    model = _five_block_mlp()
+    freezer = Freezer(model, split_blocks(model), make_policy(policy), epochs=epochs)
+    for epoch in range(epochs):
+        g = torch.Generator().manual_seed(epoch)
+        x, y = torch.randn(16, 6, generator=g), torch.randint(0, 3, (16,), generator=g)
+        for step in range(steps):
+            model.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(freezer.module(x), y)
+            (loss * math.nan if (epoch, step) in nan_steps else loss).backward()
+            freezer.after_backward()
+        freezer.end_epoch(epoch)
+    return [(d.epoch, d.boundary_before, d.boundary_after) for d in freezer.decisions]
+
+
+@pytest.mark.parametrize("policy", ["autofreeze", "autofreeze:norm=l2", "cs744"])
+def test_two_nan_steps_in_an_epoch_leave_the_decisions_of_every_gradient_policy_as_they_are(policy):
+    clean = _decisions(policy)
+    assert clean  # the pattern makes every policy move
+    assert _decisions(policy, nan_steps=frozenset({(1, 2), (1, 4)})) == clean
+
+
+def test_eta_compares_sums_per_finite_step_and_the_raw_sums_when_the_counts_are_equal():
+    def stats(steps, skipped, norms):
+        return IntervalStats(0, 0, steps, steps, skipped, 0, tuple(norms), tuple(norms), tuple(norms))
+
+    # 10 finite steps summing to 10, then 8 finite (2 masked) summing to 8: the same per step
+    assert relative_change(stats(10, 0, [10.0, 5.0]), stats(10, 2, [8.0, 6.0])) == [0.0, 0.5]
+    prev, cur = stats(10, 0, [3.0, 7.0]), stats(10, 0, [1.1, 9.3])
+    assert relative_change(prev, cur) == [abs(3.0 - 1.1) / 3.0, abs(7.0 - 9.3) / 7.0]  # bit for bit, as before
+
+
+@pytest.mark.parametrize("bad", [math.nan, 0.0, -1.0, math.inf])
+def test_a_bad_float_grad_scale_is_refused_at_the_call_before_the_step_counts(bad):
+    model = _model()
+    mon = GradNormMonitor(split_blocks(model))
+    _set_grads(model, [1.0, 2.0, 3.0])
+    with pytest.raises(ValueError, match="grad_scale = .*; accepted: the loss scale, a finite number > 0"):
+        mon.observe(grad_scale=bad)
+    assert mon.total_steps == 0 and mon.interval_steps == 0
+
+
+@pytest.mark.parametrize("bad", [math.nan, 0.0, -1.0, math.inf])
+def test_a_bad_grad_scale_tensor_is_masked_on_the_device_and_refused_when_the_epoch_ends(
+    bad, no_host_sync, monkeypatch
+):
+    torch.manual_seed(0)
+    model = TinyNet()
+    freezer = Freezer(model, split_blocks(model), make_policy("autofreeze"))
+    x, y = global_batch(0, 4)
+    F.cross_entropy(freezer.module(x), y).backward()
+    freezer.after_backward(grad_scale=torch.tensor(bad))  # on the device: no_host_sync raises on any read
+    freezer.after_backward(grad_scale=torch.tensor(2.0))
+    monkeypatch.undo()  # the refusal reads the count once, as the interval closes
+    with pytest.raises(ValueError, match=r"grad_scale: .* NaN, inf, 0 or negative at 1 step\(s\)") as err:
+        freezer.end_epoch(0)
+    assert "\n" not in str(err.value)
+    assert (freezer.clock.epochs_completed, freezer.monitor.intervals_closed) == (
+        0,
+        0,
+    )  # refused before the clock moved
+    with pytest.raises(ValueError, match="grad_scale"):  # and again: the bad step stays in the interval
+        freezer.monitor.close_interval(0, 0)
+    norm_sum = freezer.monitor._norm_sum
+    assert bool(torch.isfinite(norm_sum).all()) and bool((norm_sum >= 0).all())  # nothing poisoned the sums

@@ -1,10 +1,14 @@
 import math
 
+import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from freeze import GradNormMonitor, split_blocks
+from freeze import Freezer, GradNormMonitor, make_policy, split_blocks
 from freeze.monitor import IntervalStats, relative_change
+from freeze.policies import POLICIES
+from tests.tiny_models import TinyNet, global_batch
 
 
 def _model():
@@ -104,3 +108,41 @@ def test_skipped_steps_move_the_clock_not_the_statistics():
     assert (s.steps, s.skipped_steps, s.end_step, mon.total_steps) == (2, 1, 2, 2)
     assert math.isclose(s.mean_step_grad_norm[0], math.sqrt(6), rel_tol=1e-6)  # one observed step
     assert math.isclose(s.summed_grad_l1_norm[0], 6.0, rel_tol=1e-6)
+
+
+# ------------------------------------------------------------------------------ fp64 parameters (issue 33, D3)
+def _train_fp64(model: nn.Module, policy: str, epochs: int = 3, steps: int = 2) -> Freezer:
+    freezer = Freezer(model, split_blocks(model), make_policy(policy), epochs=epochs)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for epoch in range(epochs):
+        for step in range(steps):
+            x, y = global_batch(epoch * steps + step, 8)
+            opt.zero_grad(set_to_none=True)
+            F.cross_entropy(freezer.module(x.double()), y).backward()
+            freezer.after_backward()
+            opt.step()
+        freezer.end_epoch(epoch)
+    return freezer
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_an_fp64_model_trains_under_every_policy_with_finite_fp64_statistics(policy):
+    torch.manual_seed(0)
+    freezer = _train_fp64(TinyNet().double(), policy)
+    observed = [v for s in freezer.history for v in s.mean_step_grad_norm + s.summed_grad_norm if v is not None]
+    assert observed and all(math.isfinite(v) for v in observed)
+    assert freezer.monitor._norm_dtype == torch.float64
+
+
+def test_one_fp64_block_among_fp32_ones_is_read_in_fp64_and_equals_the_fp64_reference():
+    mixed = _model()
+    mixed[1].double()
+    reference = _model().double()
+    mon, ref = GradNormMonitor(split_blocks(mixed)), GradNormMonitor(split_blocks(reference))
+    for values in ([1.0, 2.0, 3.0], [0.5, -1.0, 0.25]):
+        _set_grads(mixed, values)
+        _set_grads(reference, values)
+        mon.observe()
+        ref.observe()
+    s, r = mon.close_interval(0, 0), ref.close_interval(0, 0)
+    assert s.summed_grad_norm == r.summed_grad_norm and s.mean_step_grad_norm == r.mean_step_grad_norm

@@ -110,7 +110,7 @@ class Payoff(Policy):
                     f"policy '{self.name}': interval {stats.index} has {len(stats.summed_grad_norm)} "
                     f"block statistics; accepted: exactly num_blocks = {num_blocks}"
                 )
-            steps = max(stats.steps - stats.skipped_steps, 1)
+            steps = max(stats.finite_steps, 1)
             per_step.append([None if g is None else g / steps for g in stats.summed_grad_norm])
         out: list[float | None] = []
         for block in range(num_blocks):
