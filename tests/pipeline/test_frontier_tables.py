@@ -32,7 +32,7 @@ def _run(setting, group, seed, policy, time_s, acc_pct, steps, fraction=1.0) -> 
         "epochs_planned": 1,
         "block_names": ["a", "b"],
     }
-    config = {"train": {"budget_fraction": fraction}}
+    config = {"train": {"budget_fraction": fraction}, "freeze": {"policy": policy}}
     metrics = pd.DataFrame(
         [
             {
@@ -145,3 +145,18 @@ def test_the_pareto_figure_draws_the_frontier_as_a_curve_and_a_setting_without_b
         (budgets, "budget frontier (from loopback)"),
         (budgets, "budget frontier"),
     ]
+
+
+def test_the_plain_sentences_read_budgets_as_the_frontier_and_say_where_each_arm_lies_against_it(tmp_path):
+    from freeze.pipeline.report.verdict import verdict_lines
+
+    for table in build_tables(_study(), "none"):
+        if table.name in ("paired", "main"):
+            table.data.to_csv(tmp_path / f"{table.name}.csv", index=False)
+    lines = {line.split(":")[0]: line for line in verdict_lines(tmp_path, 0.5)}
+    assert "full fine-tuning on 0.5 of the steps (a point of the budget frontier" in lines["loopback/budget-0.5"]
+    assert "no finding" not in lines["loopback/budget-0.5"]  # it froze nothing by design
+    assert (
+        "Its iso-accuracy speedup is 1.50x (95% CI [1.50, 1.50]): beyond the budget frontier" in lines["loopback/fast"]
+    )
+    assert "not beyond the budget frontier: training fewer steps does as well or better" in lines["loopback/slow"]

@@ -478,11 +478,18 @@ def csv_frame(rows: list[dict]) -> pd.DataFrame:
 def iso_fields(found: IsoSpeedup | None) -> dict:
     """The iso-accuracy columns of a main or paired row (NaN without a frontier to read)."""
     if found is None:
-        return {"iso_speedup": math.nan, "iso_speedup_low": math.nan, "iso_speedup_high": math.nan, "iso": None}
+        return {
+            "iso_speedup": math.nan,
+            "iso_speedup_low": math.nan,
+            "iso_speedup_high": math.nan,
+            "iso_verdict": "",
+            "iso": None,
+        }
     return {
         "iso_speedup": found.speedup,
         "iso_speedup_low": found.ci_low,
         "iso_speedup_high": found.ci_high,
+        "iso_verdict": found.verdict(),  # beyond the frontier: yes / no / undecided / ...
         "iso": found,
     }
 

@@ -79,6 +79,36 @@ def _no_finding_sentence(row: pd.Series) -> str | None:
     return None
 
 
+def _is_budget(row: pd.Series) -> bool:
+    """A point of the budget frontier: policy none on a fraction of the steps (paired.csv's
+    budget_fraction; absent in a csv written before budgets existed)."""
+    fraction = row.get("budget_fraction", 1.0)
+    return str(row.get("policy")) == "none" and isinstance(fraction, float) and fraction < 1.0
+
+
+def _budget_sentence(row: pd.Series) -> str:
+    speed = _interval(float(row["speedup"]), float(row["speedup_low"]), float(row["speedup_high"]), "x")
+    diff = _interval(float(row["diff_points"]), float(row["diff_low"]), float(row["diff_high"]), " points", "+.2f")
+    return (
+        f"{_label(row)}: full fine-tuning on {float(row['budget_fraction']):g} of the steps (a point of the budget "
+        f"frontier, what a user could do instead of freezing) trained {speed} as fast at {diff}."
+    )
+
+
+def _frontier_sentence(row: pd.Series) -> str:
+    """The arm against training fewer steps, when the report had a frontier to read it on."""
+    value = row.get("iso_speedup", math.nan)
+    if not isinstance(value, float) or not math.isfinite(value):
+        return ""
+    iso = _interval(value, float(row["iso_speedup_low"]), float(row["iso_speedup_high"]), "x")
+    meaning = {
+        "yes": "beyond the budget frontier: it beats training fewer steps",
+        "no": "not beyond the budget frontier: training fewer steps does as well or better",
+        "undecided": "too uncertain to tell whether it beats training fewer steps",
+    }.get(str(row.get("iso_verdict", "")), f"against the budget frontier: {row.get('iso_verdict', '')}")
+    return f" Its iso-accuracy speedup is {iso}: {meaning}."
+
+
 def _key(row: pd.Series) -> tuple[str, str, str]:
     setting = row.get("setting")
     return (setting if isinstance(setting, str) else "", str(row["group"]), str(row.get("world_size", "")))
@@ -140,12 +170,15 @@ def verdict_lines(report_dir: str | Path, margin_points: float) -> list[str]:
         for _, row in paired.iterrows():
             if bool(row["control"]):
                 lines.append(_control_sentence(row))
+            elif _is_budget(row):
+                lines.append(_budget_sentence(row))
             elif (no_finding := _no_finding_sentence(row)) is not None:
                 lines.append(no_finding)
             else:
                 lines.append(
                     f"{_speed_sentence(row)} {_accuracy_sentence(row, margin_points)}"
                     + _frozen_sentence(frozen.get(_key(row), math.nan))
+                    + _frontier_sentence(row)
                 )
     if convergence_csv.exists() and convergence_csv.stat().st_size > 1:
         convergence = pd.read_csv(convergence_csv, keep_default_na=False, na_values=[""])
