@@ -19,6 +19,7 @@ import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -270,12 +271,27 @@ def evaluate_epoch(
 
 
 def peak_memory_bytes(device: torch.device) -> int:
-    """This process's peak memory so far: allocated by torch on a GPU, resident (RSS) on a CPU, where
+    """This process's peak memory so far: allocated by torch on a GPU, resident (VmHWM) on a CPU, where
     the model, its activations and the activation cache all live in the process's memory. Freezing
-    competes on memory too: frozen blocks keep no activations for backward and no optimizer state."""
+    competes on memory too: frozen blocks keep no activations for backward and no optimizer state.
+
+    Not ``getrusage``'s ru_maxrss: Linux carries it across fork and exec, so every worker would report
+    at least the peak of the process that started it (the study, which hosts torchrun)."""
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    return vm_hwm_bytes(Path("/proc/self/status"))
+
+
+def vm_hwm_bytes(status: Path) -> int:
+    """VmHWM (the resident set's high-water mark) from a /proc/<pid>/status file; ru_maxrss where
+    there is none (not Linux)."""
+    try:
+        for line in status.read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024  # "VmHWM:   123456 kB"
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _grad_norm_record(freezer: Freezer, epoch: int) -> dict:

@@ -67,3 +67,16 @@ def test_only_seeds_the_arm_and_every_budget_share_are_used_and_none_is_refused(
         iso_accuracy_speedup(frontier, arm(60.0, 88.0, seeds=(9,)))
     with pytest.raises(ValueError, match="at least 2"):
         frontier_curve({1.0: [Point(100, 90)]})
+
+
+def test_an_arm_whose_resamples_fall_below_the_shortest_budget_is_undecided_not_beyond():
+    """Its ratio is capped at the shortest budget's time in those resamples: the interval's low end
+    is then a cap, not an estimate (an arm at 45 s near the 50 s budget's 80 % read 'beyond' before)."""
+    noise = {0: -1.5, 1: 1.5, 2: -1.2, 3: 1.2, 4: 0.0}  # the arm's own seed spread, not the frontier's
+    result = iso_accuracy_speedup(linear_frontier(), arm(45.0, 80.2, offsets=noise), resamples=2000)
+    assert result.bound == "exact" and result.below_start_share > 0.025 and result.low_is_capped
+    assert not result.beyond_frontier and result.verdict().startswith("undecided")
+    assert result.label().startswith("1.1") and "[<=" in result.label()
+    # the same arm well inside the frontier's span reads as before
+    inside = iso_accuracy_speedup(linear_frontier(), arm(60.0, 88.0), resamples=200)
+    assert inside.below_start_share == 0.0 and inside.beyond_frontier and inside.verdict() == "yes"

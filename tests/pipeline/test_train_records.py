@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -62,3 +63,16 @@ def test_probes_without_validation_images_are_refused_in_one_line():
     with pytest.raises(ConfigError) as err:
         load_config(SMOKE, ["data.val_size=0", "train.probe_every_steps=2"])
     assert str(err.value) == "train.probe_every_steps: the probes read validation images; accepted: data.val_size > 0"
+
+
+@pytest.mark.slow
+def test_a_worker_s_peak_memory_is_its_own_not_the_peak_of_the_process_that_started_it():
+    """ru_maxrss survives fork and exec on Linux: a worker started by a study holding 1.5 GB read at
+    least 1.5 GB. VmHWM is the worker's own."""
+    import subprocess
+    import sys
+
+    held = np.ones(1_500_000_000 // 8)  # touched: resident in this process
+    code = "from pathlib import Path; from freeze.pipeline.train import vm_hwm_bytes; print(vm_hwm_bytes(Path('/proc/self/status')))"
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert int(child.stdout) < 1_000_000_000 < held.nbytes  # importing torch takes a few hundred MB

@@ -52,16 +52,29 @@ class IsoSpeedup:
     ci_high: float
     bound: Bound  # "lower" / "upper": the arm's mean accuracy lies past the frontier's end / start
     seeds: int
+    # Shares of the bootstrap resamples whose arm fell below the frontier's start / past its end:
+    # there the ratio is capped at the end's time, so an interval end that rests on more than 2.5 %
+    # of such resamples is a cap, not an estimate.
+    below_start_share: float = 0.0
+    past_end_share: float = 0.0
+
+    @property
+    def low_is_capped(self) -> bool:
+        """The interval's low end rests on resamples below the frontier's start: it is no lower bound."""
+        return self.below_start_share > 0.025
 
     @property
     def beyond_frontier(self) -> bool:
-        """The arm beats training less: the whole interval above 1.00 (an upper bound never counts)."""
-        return self.bound != "upper" and self.ci_low > 1.0
+        """The arm beats training less: the whole interval above 1.00, with a low end that is a real
+        estimate (never an upper bound, never capped at the frontier's start)."""
+        return self.bound != "upper" and not self.low_is_capped and self.ci_low > 1.0
 
     def label(self) -> str:
         """``1.52x [1.31, 1.77]``, with ``>= `` / ``<= `` for a bound past the frontier's ends."""
         mark = {"exact": "", "lower": ">= ", "upper": "<= "}[self.bound]
-        interval = f" [{self.ci_low:.2f}, {self.ci_high:.2f}]" if np.isfinite(self.ci_low) else ""
+        low = ("<=" if self.low_is_capped else "") + f"{self.ci_low:.2f}"
+        high = (">=" if self.past_end_share > 0.025 else "") + f"{self.ci_high:.2f}"
+        interval = f" [{low}, {high}]" if np.isfinite(self.ci_low) else ""
         return f"{mark}{self.speedup:.2f}x{interval}"
 
     def verdict(self) -> str:
@@ -73,7 +86,9 @@ class IsoSpeedup:
             return "no (less accurate than the shortest budget)"
         if not np.isfinite(self.ci_low):
             return "n/a"
-        return "no" if self.ci_high < 1.0 else "undecided"
+        if self.low_is_capped:
+            return "undecided (its accuracy interval reaches below the shortest budget)"
+        return "no" if self.ci_high < 1.0 and self.past_end_share <= 0.025 else "undecided"
 
 
 def frontier_curve(runs: Mapping[float, Sequence[Point]]) -> tuple[np.ndarray, np.ndarray]:
@@ -154,9 +169,11 @@ def iso_accuracy_speedup(
     # Every resample's means at once (fractions x resamples); the same seeds for frontier and arm.
     sample_times, sample_accuracies = times[:, draws].mean(axis=2), accuracies[:, draws].mean(axis=2)
     sample_arm_times, sample_arm_accuracies = arm_times[draws].mean(axis=1), arm_accuracies[draws].mean(axis=1)
-    ratios = [
-        estimate(sample_times[:, i], sample_accuracies[:, i], sample_arm_times[i], sample_arm_accuracies[i])[0]
+    found = [
+        estimate(sample_times[:, i], sample_accuracies[:, i], sample_arm_times[i], sample_arm_accuracies[i])
         for i in range(resamples)
     ]
-    low, high = np.percentile(ratios, [2.5, 97.5])
-    return IsoSpeedup(speedup, float(low), float(high), bound, len(seeds))
+    low, high = np.percentile([ratio for ratio, _ in found], [2.5, 97.5])
+    below = sum(b == "upper" for _, b in found) / resamples
+    past = sum(b == "lower" for _, b in found) / resamples
+    return IsoSpeedup(speedup, float(low), float(high), bound, len(seeds), below, past)
