@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: test test-fast lint format study study-full bench gpu-check clean-venv
+.PHONY: test test-fast lint format study study-full study-frontier bench gpu-check clean-venv
 
 $(STAMP): requirements.txt setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -37,6 +37,12 @@ study: $(STAMP)
 # run again, or run in seed blocks (docs/study.md).
 study-full: $(STAMP)
 	$(BIN)/python -m experiments.study --config experiments/configs/study_fdsl32.toml --update-report
+
+# Issue 35's study: freezing against the budget frontier, gradient compression and the clock on
+# FDSL-32 (docs/frontier.md); 145 runs on 2 cores, resumable, in seed blocks with --seeds N. Its
+# tables go to report/frontier-study.md.
+study-frontier: $(STAMP)
+	$(BIN)/python -m experiments.study --config experiments/configs/study_frontier.toml --update-report
 
 bench: $(STAMP)
 	$(BIN)/python -m experiments.bench

@@ -188,7 +188,7 @@ def train_one_epoch(
         loss, data_s = train_step(t, cfg, ctx.device, batches, clock, sums)
         # The loss stays on the device: the progress line reads it only when it prints.
         progress.update(step + 1, t.steps_per_epoch, loss, time.perf_counter() - step_start_s, data_s)
-        if t.probe_loader is not None and freezer.counters.steps % cfg.train.probe_every_steps == 0:
+        if t.probe_loader is not None and _probe_due(freezer.counters.steps, t.steps_per_epoch, cfg):
             probes.append([freezer.counters.steps, clock.train_seconds(), probe_accuracy(t, cfg, ctx.device, clock)])
     freezer.end_epoch(epoch)
     clock.lap("freezer")
@@ -234,6 +234,12 @@ def evaluate(model, loader: EvalLoader, precision: str, device: torch.device) ->
         totals[2] += y.numel()
     loss_sum, correct, count = all_reduce_sum(totals).tolist()
     return loss_sum / count, correct / count
+
+
+def _probe_due(step: int, steps_per_epoch: int, cfg: Config) -> bool:
+    """Every train.probe_every_steps steps, and at the run's last step: the baseline's last probe is
+    the target's reference, and an arm that reaches it only at its last step must be seen doing so."""
+    return step % cfg.train.probe_every_steps == 0 or step == steps_per_epoch * cfg.train.epochs
 
 
 def probe_accuracy(t: Training, cfg: Config, device: torch.device, clock: PhaseClock) -> float:

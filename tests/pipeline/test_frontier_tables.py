@@ -13,7 +13,7 @@ import pytest
 from freeze.pipeline.report import build_tables
 from freeze.pipeline.report.frontier_tables import frontier_table, iso_speedup_table, iso_speedups
 from freeze.pipeline.report.load import Run
-from freeze.pipeline.report.tables import Baseline
+from freeze.pipeline.report.tables import Baseline, final_test_acc
 from freeze.pipeline.schema import PHASES
 
 SEEDS = (0, 1, 2)
@@ -160,3 +160,18 @@ def test_the_plain_sentences_read_budgets_as_the_frontier_and_say_where_each_arm
         "Its iso-accuracy speedup is 1.50x (95% CI [1.50, 1.50]): beyond the budget frontier" in lines["loopback/fast"]
     )
     assert "not beyond the budget frontier: training fewer steps does as well or better" in lines["loopback/slow"]
+
+
+def test_a_frontier_whose_time_is_not_proportional_to_steps_is_not_borrowed():
+    """The cluster's frontier times are its baseline's x the step fraction: right only when a budget's
+    time per step is full fine-tuning's. Here budget 0.5 takes 70 s for half the steps."""
+    runs = [
+        _run(r.setting, r.group, r.seed, r.policy, 70.0, 100 * final, 50, 0.5) if r.group == "budget-0.5" else r
+        for r, final in ((r, final_test_acc(r)) for r in _study())
+    ]
+    frontier = _rows(frontier_table(runs, BASE))
+    assert not frontier[("loopback", "budget-0.5")]["proportional"]
+    assert frontier[("loopback", "budget-0.5")]["time_per_step_ratio"] == pytest.approx(1.4)
+    assert frontier[("loopback", "budget-0.6")]["proportional"]
+    iso = iso_speedups(runs, BASE)
+    assert ("loopback", "fast", 2) in iso and ("cluster", "fast", 2) not in iso

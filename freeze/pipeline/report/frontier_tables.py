@@ -63,6 +63,27 @@ def _frontier_runs(
     return {**budgets, 1.0: {r.seed: r for r in base}}
 
 
+def _time_per_step_ratio(runs: list[Run], base: dict[int, Run]) -> tuple[float, float, float]:
+    """(time fraction) / (step fraction) of full fine-tuning, geometric mean over seeds with its 95 %
+    interval: 1.00 when training time is proportional to steps."""
+    paired = [r for r in runs if r.seed in base]
+    return ratio_ci95(
+        [(train_wall_s(r) / train_wall_s(base[r.seed])) / (_final_step(r) / _final_step(base[r.seed])) for r in paired]
+    )
+
+
+def _proportional(frontier: dict[float, dict[int, Run]]) -> bool:
+    """Every budget's time per step is full fine-tuning's within its interval (one seed: no evidence)."""
+    full = frontier[1.0]
+    for fraction, by_seed in frontier.items():
+        if fraction == 1.0:
+            continue
+        _, low, high = _time_per_step_ratio(list(by_seed.values()), full)
+        if not (low <= 1.0 <= high):  # NaN bounds (one seed) compare False: not shown
+            return False
+    return True
+
+
 def _frontier_points(
     groups: dict[GroupKey, list[Run]], baseline: Baseline, key: GroupKey
 ) -> tuple[dict[float, dict[int, Point]], str] | None:
@@ -75,6 +96,10 @@ def _frontier_points(
         borrowed = _frontier_runs(groups, baseline, setting, key[2])
         if borrowed is None or not base:
             continue
+        if not _proportional(borrowed):
+            # Its times cannot be carried over as step fractions: no frontier here, rather than a
+            # wrong one (the frontier table shows where time per step is not constant).
+            return None
         full = borrowed[1.0]
         points = {
             f: {
@@ -100,6 +125,7 @@ def frontier_table(runs: list[Run], baseline: Baseline) -> Table:
                 continue
             paired = [r for r in members if r.seed in base]
             time_fraction, low, high = ratio_ci95([train_wall_s(r) / train_wall_s(base[r.seed]) for r in paired])
+            per_step, per_step_low, per_step_high = _time_per_step_ratio(members, base)
             acc, half = mean_ci95([final_test_acc(r) for r in members])
             rows.append(
                 {
@@ -111,6 +137,10 @@ def frontier_table(runs: list[Run], baseline: Baseline) -> Table:
                     "time_fraction": time_fraction,
                     "time_fraction_low": low,
                     "time_fraction_high": high,
+                    "time_per_step_ratio": per_step,
+                    "time_per_step_low": per_step_low,
+                    "time_per_step_high": per_step_high,
+                    "proportional": per_step_low <= 1.0 <= per_step_high,
                     "train_s": float(np.mean([train_wall_s(r) for r in members])),
                     "test_acc_mean": acc,
                     "test_acc_ci95": half,
@@ -132,6 +162,15 @@ def frontier_table(runs: list[Run], baseline: Baseline) -> Table:
                 f"[{fmt_number(r['time_fraction_low'], '.3f')}, {fmt_number(r['time_fraction_high'], '.3f')}]"
             ),
         ),
+        (
+            "time per step / full's [95% CI]",
+            "r",
+            lambda r: (
+                f"{fmt_number(r['time_per_step_ratio'], '.3f')} "
+                f"[{fmt_number(r['time_per_step_low'], '.3f')}, {fmt_number(r['time_per_step_high'], '.3f')}]"
+            ),
+        ),
+        ("proportional", "l", lambda r: "" if r["budget_fraction"] == 1.0 else ("yes" if r["proportional"] else "NO")),
         ("train s", "r", lambda r: fmt_number(r["train_s"], ".1f")),
         (
             "test acc % ± 95% CI",
@@ -146,8 +185,9 @@ def frontier_table(runs: list[Run], baseline: Baseline) -> Table:
     caption = (
         "The budget frontier: full fine-tuning on a fraction of every epoch's steps with its schedule over its "
         "own length (train.budget_fraction), against the full budget (the baseline group), paired by seed; "
-        "train time / full is the geometric mean over seeds with a t interval on the logs. Where it tracks "
-        "steps / full, a setting without budget runs can take its frontier's times as the step fraction of "
+        "train time / full is the geometric mean over seeds with a t interval on the logs; proportional: the "
+        "interval of time per step against full fine-tuning's holds 1.00. Only where every budget is "
+        "proportional does a setting without budget runs take this frontier, its times the step fraction of "
         "its own baseline's time."
     )
     return Table("frontier", "Budget frontier", caption, data, display, align)

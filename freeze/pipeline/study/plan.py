@@ -277,7 +277,9 @@ def _read_frontier(path, frontier, settings: dict, arms: dict) -> dict[str, floa
             f"frontier.fractions = {fractions!r}; accepted: a non-empty list of distinct numbers in (0, 1) "
             f"(1.0 is the baseline arm {BASELINE_ARM!r}, which every study runs)",
         )
-    only = _string_list(path, "frontier.settings", frontier.get("settings", []))
+    only = frontier.get("settings", [])
+    if not isinstance(only, list) or not all(isinstance(v, str) for v in only):
+        raise _error(path, f"frontier.settings = {only!r}; accepted: a list of setting names ({', '.join(settings)})")
     unknown = sorted(set(only) - set(settings))
     if unknown:
         raise _error(path, f"frontier.settings {unknown}: not settings; settings: {', '.join(settings)}")
