@@ -59,8 +59,8 @@ class FreezeTrainer(Trainer):
         freeze_blocks: the blocks, or the names ``split_blocks`` takes; None: ``split_blocks(model)``.
         freeze_interval_steps: ask the policy every N optimizer steps, after steps N, 2N, ..., but
             not after the run's last step, where a new boundary would rebuild DDP for nothing (0:
-            at each epoch end). A policy that compares two intervals (autofreeze) can first
-            freeze after step 2N.
+            at each epoch end). autofreeze waits for min_intervals closed intervals (default
+            2), so it can first freeze after step 2N.
         freeze_options: more keyword arguments for :class:`freeze.Freezer` (``comm_hook="bf16"``,
             ``frozen_mode``, ``grad_checkpointing``, ``track_summed_grads``).
 
