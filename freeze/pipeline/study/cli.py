@@ -32,7 +32,7 @@ from freeze.pipeline.study.plan import (
     search_specs,
     with_command_line_overrides,
 )
-from freeze.pipeline.study.search import SearchError, best_arm, choose, search_markdown
+from freeze.pipeline.study.search import SearchError, best_arm, choose, search_markdown, shift_markdown
 from freeze.pipeline.sweep import (
     INTERRUPTED_EXIT_CODE,
     INTERRUPTED_MESSAGE,
@@ -277,7 +277,8 @@ def _main(argv: list[str] | None) -> int:
         print(f"error: report: {e}", file=sys.stderr)
         return 1
     if search_md is not None:
-        atomic_write_text(report_dir / f"{SEARCH_TABLE}.md", search_md)
+        shift = shift_markdown(candidates, base_val, load_runs(runs_dir), study.search.setting)
+        atomic_write_text(report_dir / f"{SEARCH_TABLE}.md", search_md + (f"\n{shift}" if shift else ""))
     print(f"== report: {report_dir}")
     for name in ("paired.md", "convergence.md", *((f"{PREDICTED_TABLE}.md",) if study.predict else ())):
         if (report_dir / name).exists():
