@@ -352,7 +352,8 @@ class RunDir:
 # environment
 
 
-_REPO_DIR = Path(__file__).resolve().parent.parent
+# The repository root: this file is <root>/freeze/pipeline/runs.py.
+_REPO_DIR = Path(__file__).resolve().parents[2]
 
 
 def _git(*args: str) -> str | None:
@@ -364,8 +365,10 @@ def _git(*args: str) -> str | None:
 
 
 def git_commit() -> str | None:
-    """HEAD of the repository this package lives in, "+dirty" when tracked files changed."""
+    """HEAD of the repository this package lives in, "+dirty" when tracked files changed; None
+    outside a git checkout (an installed copy) or without git."""
     # Without this check an installed copy in site-packages would report an unrelated outer repo.
+    # ``.git`` is a directory in a clone and a file in a worktree or submodule: both count.
     if not (_REPO_DIR / ".git").exists():
         return None
     commit = _git("rev-parse", "HEAD")
