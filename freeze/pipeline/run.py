@@ -35,6 +35,7 @@ import logging
 import os
 import shlex
 import sys
+import time
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
@@ -104,6 +105,29 @@ def _under_launcher() -> bool:
     return "WORLD_SIZE" in os.environ and "RANK" in os.environ
 
 
+# gloo's words for a peer whose process is gone (killed, or stopped by the agent).
+_PEER_LOST_MARKERS = ("closed by peer", "reset by peer", "Broken pipe")
+# How long a worker whose peer vanished waits for torchrun's agent to stop it: the agent polls its
+# workers every 0.1 s (--monitor-interval) and then sends SIGTERM to the rest at once.
+PEER_LOSS_GRACE_S = 10.0
+
+
+def _stopped_after_peer_loss(error: BaseException, grace_s: float = PEER_LOSS_GRACE_S) -> bool:
+    """True when ``error`` says a peer's connection was lost and this worker's agent then stopped it
+    (SIGTERM, within ``grace_s``): the error is a consequence of the peer's end, which the launcher
+    names, so this worker stays quiet instead of printing a ~45-line gloo traceback per rank. An
+    error of this rank's own (no marker, or no stop follows) keeps its traceback."""
+    if not _under_launcher() or not any(marker in str(error) for marker in _PEER_LOST_MARKERS):
+        return False
+    deadline = time.monotonic() + grace_s
+    try:
+        while not _Interrupt.seen and time.monotonic() < deadline:
+            time.sleep(0.05)
+    except KeyboardInterrupt:
+        pass  # the agent's SIGTERM, through _Interrupt's handler: what we waited for
+    return _Interrupt.seen
+
+
 def prepare_run_dir(config: Config, resume: bool) -> Path:
     """Refuse a run that must not start (complete, or progress without ``resume``, or a resume with
     another config) and write its resolved config.toml; returns that file's path, the one the
@@ -137,7 +161,11 @@ def launch_local(
     :func:`prepare_run_dir`, and return the run's exit code. The launcher agent runs in the calling
     process: a separate torchrun process would cost one more interpreter and torch import per run
     (sweeps call this directly for the same reason). ``lock``: the run's lock, held by the caller;
-    the workers get its token, and die with this process (:mod:`freeze.pipeline.lifetime`)."""
+    the workers get its token, and die with this process (:mod:`freeze.pipeline.lifetime`).
+    A worker that fails (a signal this process did not send, such as the out-of-memory killer's
+    SIGKILL, included) fails the run: one line, the manifest beside ``resolved_config`` marked
+    "failed" with it, exit code 1 (or the worker's own); only a stop sent to this process, or to
+    every worker, is an interruption (130)."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
@@ -169,13 +197,12 @@ def launch_local(
         with exported(env):
             run(get_args_parser().parse_args(argv))
     except ChildFailedError as e:
-        failures = sorted(e.failures.values(), key=lambda f: f.timestamp)
-        first = next((f for f in failures if f.exitcode > 0), failures[0])
-        code = first.exitcode if first.exitcode > 0 else 1
-        if code != 2:  # 2: the worker refused the run and printed why
-            print(
-                f"error: worker {first.local_rank} (pid {first.pid}) exited with code {first.exitcode}", file=sys.stderr
-            )
+        code, line, killed = worker_failure(e.failures.values())
+        if line is not None:
+            print(f"error: {line}", file=sys.stderr)
+            # The workers could not record it: the killed one is gone, its peers were stopped by the
+            # agent (and stay quiet, as when interrupted) or failed in a collective because of it.
+            record_failure(resolved_config.parent, line, replace_failed=killed)
         return code
     except SignalException:
         # torchrun's agent turns SIGINT/SIGTERM into this after stopping the workers; the caller
@@ -186,6 +213,61 @@ def launch_local(
         agent_log.removeFilter(death_line)
         _restore_signal_handlers(saved_handlers)
     return 0
+
+
+# What a worker exits with when it was stopped, not when it failed: 130 (its SIGINT/SIGTERM handler,
+# _Interrupt), or death by SIGINT/SIGTERM before that handler was installed. torchrun's agent stops
+# every other worker with SIGTERM once one has failed, so these are the consequence of a failure.
+_STOPPED_EXIT_CODES = (INTERRUPTED_EXIT_CODE, -2, -15)
+
+
+def signal_name(signum: int) -> str:
+    """``9`` -> ``"SIGKILL"`` (the number when the platform has no name for it)."""
+    import signal
+
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def killed_line(who: str, signum: int) -> str:
+    """The one line for a process that died of a signal its launcher did not send."""
+    hint = " (the kernel's out-of-memory killer sends SIGKILL: see dmesg)" if signum == 9 else ""
+    return f"{who} was killed by signal {signal_name(signum)}, which this launcher did not send{hint}"
+
+
+def worker_failure(failures) -> tuple[int, str | None, bool]:
+    """The run's exit code, its one-line cause and whether a signal killed a worker, from torchrun's per-worker failures (exit code <
+    0: killed by that signal). A worker killed by a signal is the cause (its peers' collective
+    errors and the agent's SIGTERMs follow from it), else the first worker that failed on its own;
+    when every worker was only stopped (SIGINT/SIGTERM sent to the workers, e.g. by a scheduler),
+    the run was interrupted. A cause of None: nothing to print (interrupted, or refused with its
+    own line)."""
+    ordered = sorted(failures, key=lambda f: f.timestamp)
+    causes = [f for f in ordered if f.exitcode not in _STOPPED_EXIT_CODES]
+    if not causes:
+        return INTERRUPTED_EXIT_CODE, None, False
+    first = next((f for f in causes if f.exitcode < 0), causes[0])
+    who = f"worker {first.local_rank} (pid {first.pid})"
+    if first.exitcode < 0:
+        return 1, killed_line(who, -first.exitcode), True
+    if first.exitcode == 2:  # the worker refused the run and printed why
+        return 2, None, False
+    return first.exitcode, f"{who} exited with code {first.exitcode}", False
+
+
+def record_failure(run_dir: Path, message: str, replace_failed: bool = False) -> None:
+    """Mark the run in ``run_dir`` failed with ``message`` when it is still "running" (or, with
+    ``replace_failed``, also when a worker marked it failed with an error that followed from this
+    one). A run that never started, completed or was interrupted is left as it is."""
+    run = RunDir(run_dir)
+    try:
+        status = run.status()
+        if status == "running" or (replace_failed and status == "failed"):
+            run.finish("failed", message)
+    except (RunError, OSError):
+        pass  # the manifest is unreadable or unwritable (a full disk): the exit code still says it
 
 
 _LAUNCHER_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
@@ -233,12 +315,7 @@ def _refuse(error: Exception) -> int:
 
 
 def _mark_failed(config: Config, error: BaseException) -> None:
-    run = RunDir(config.run_dir())
-    try:
-        if run.status() == "running":
-            run.finish("failed", f"{type(error).__name__}: {error}")
-    except (RunError, OSError):
-        pass  # the manifest itself is unreadable or unwritable (a full disk): nothing more can be recorded
+    record_failure(config.run_dir(), f"{type(error).__name__}: {error}")
 
 
 def run_worker(config: Config, resume: bool, argv: list[str] | None = None) -> int:
@@ -276,7 +353,9 @@ def run_worker(config: Config, resume: bool, argv: list[str] | None = None) -> i
             _mark_failed(config, e)
         return 1
     except Exception as e:
-        if _Interrupt.seen:  # a collective broke because a peer was stopped: part of the interrupt
+        # A collective broke because a peer was stopped or died: part of the interrupt, or of the
+        # peer's failure, which the launcher reports in one line.
+        if _Interrupt.seen or _stopped_after_peer_loss(e):
             traceback.clear_frames(e.__traceback__)
             return _interrupted(config, ctx, outcome, argv)
         if outcome.started and (ctx is None or ctx.is_main):
@@ -323,6 +402,7 @@ def run_launcher(config: Config, resume: bool, max_restarts: int, argv: list[str
             print(interrupted_line(config, argv or []), file=sys.stderr)
         elif code != 0:
             lock.discard_if_unstarted()  # the workers refused the run before it started
+            record_failure(config.run_dir(), f"exit code {code}")  # started, and no worker said why
         return code
 
 

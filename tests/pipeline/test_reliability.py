@@ -428,3 +428,123 @@ def test_ctrl_c_on_a_run_says_interrupted_in_one_line_with_the_resume_command(tm
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads((runs / "smoke" / "smoke" / "manifest.json").read_text())["status"] == "complete"
+
+
+# ------------------------------------------------------------------ a worker killed by a signal we did not send
+def _local_rank(pid: int) -> int | None:
+    """LOCAL_RANK in the environment torchrun gave worker ``pid`` (None if it is gone)."""
+    try:
+        environ = (Path("/proc") / str(pid) / "environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    found = [entry.split(b"=", 1)[1] for entry in environ if entry.startswith(b"LOCAL_RANK=")]
+    return int(found[0]) if found else None
+
+
+def sigkill_worker(launcher_pid: int, local_rank: int, n_workers: int = 2) -> None:
+    """SIGKILL the worker of ``launcher_pid`` with ``local_rank``, as the out-of-memory killer would."""
+
+    def started() -> list[int]:
+        found = _children(launcher_pid)
+        return found if len(found) >= n_workers else []
+
+    (victim,) = [pid for pid in _wait_for(started, 60, "the workers") if _local_rank(pid) == local_rank]
+    os.kill(victim, signal.SIGKILL)
+
+
+@pytest.mark.parametrize(
+    "exitcodes, expected",
+    [
+        # the killed rank, then its peer stopped by the agent (130), in one second or in either order
+        ({0: -9, 1: 130}, (1, "worker 0", "SIGKILL")),
+        ({1: 130, 0: -9}, (1, "worker 0", "SIGKILL")),
+        ({0: 1, 1: -9}, (1, "worker 1", "SIGKILL")),  # the peer's gloo error came first: still the kill
+        ({0: 130, 1: 1}, (1, "worker 1", "code 1")),  # a Python error on rank 1, rank 0 stopped
+        ({0: 130, 1: 2}, (2, None, None)),  # refused: the worker said why
+        ({0: 130, 1: -15}, (130, None, None)),  # every worker stopped from outside: interrupted
+    ],
+)
+def test_the_worker_that_failed_is_blamed_not_the_one_the_agent_stopped(exitcodes, expected):
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    from freeze.pipeline.run import worker_failure
+
+    failures = [ProcessFailure(rank, 1000 + rank, code, "/nonexistent") for rank, code in exitcodes.items()]
+    code, line, killed = worker_failure(failures)
+    want_code, who, what = expected
+    assert code == want_code
+    assert killed == (what == "SIGKILL")
+    if who is None:
+        assert line is None
+    else:
+        assert line.startswith(f"{who} (pid 100") and what in line and "\n" not in line
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc and signals as on Linux")
+def test_a_sigkilled_worker_fails_the_run_naming_it_and_the_signal(tmp_path):
+    """Was: the peer, stopped by torchrun with SIGTERM, was blamed ("worker 1 exited with code 130"),
+    the run recorded "interrupted" and exit 130, so a sweep or study stopped there."""
+    runs, repo = tmp_path / "runs", Path(__file__).resolve().parents[2]
+    args = ["--config", str(SMOKE), "dist.nproc=2", "train.epochs=8", f"run.out_dir={runs}"]
+    args += [f"data.root={tmp_path / 'data'}", "dist.timeout_s=60"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(repo))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "experiments.run", *args],
+        cwd=repo,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    metrics = runs / "smoke" / "smoke" / "metrics.jsonl"
+    try:
+        _wait_for(lambda: metrics.is_file() and metrics.read_text().strip(), 180, "the first epoch")
+        sigkill_worker(proc.pid, local_rank=0)
+        out, err = proc.communicate(timeout=90)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 1, err
+    errors = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "worker 0 (pid" in errors[0] and "signal SIGKILL" in errors[0], err
+    assert "interrupted" not in err, err
+    assert "Traceback" not in err, err
+    manifest = json.loads((runs / "smoke" / "smoke" / "manifest.json").read_text())
+    assert manifest["status"] == "failed", manifest
+    assert "worker 0" in manifest["error"] and "SIGKILL" in manifest["error"]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc and signals as on Linux")
+def test_a_sweep_goes_on_after_a_sigkilled_worker(tmp_path):
+    """Was: the run was recorded "interrupted" and the sweep stopped with exit 130 before run 2."""
+    runs, repo = tmp_path / "runs", Path(__file__).resolve().parents[2]
+    sweep = tmp_path / "sweep.toml"
+    overrides = [f"data.root={tmp_path / 'data'}", "dist.nproc=2", "dist.timeout_s=60"]
+    listed = ", ".join(f'"{o}"' for o in overrides)
+    # run 1 (8 epochs) is killed after its first; run 2 (1 epoch) must still run
+    sweep.write_text(
+        f'[sweep]\nbase = "{SMOKE}"\nstudy = "s"\noverrides = [{listed}]\n[grid]\n"train.epochs" = [8, 1]\n'
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "experiments.sweep", "--sweep", str(sweep), "--out-dir", str(runs)],
+        cwd=repo,
+        env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(repo)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    metrics = runs / "s" / "epochs=8" / "metrics.jsonl"
+    try:
+        _wait_for(lambda: metrics.is_file() and metrics.read_text().strip(), 180, "run 1's first epoch")
+        sigkill_worker(proc.pid, local_rank=1)
+        out, _ = proc.communicate(timeout=240)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 1, out
+    killed = json.loads((runs / "s" / "epochs=8" / "manifest.json").read_text())
+    assert killed["status"] == "failed" and "worker 1" in killed["error"] and "SIGKILL" in killed["error"], killed
+    assert json.loads((runs / "s" / "epochs=1" / "manifest.json").read_text())["status"] == "complete", out
+    assert "1 failed" in out and "Traceback" not in out, out
