@@ -30,6 +30,7 @@ from typing import Any, Literal
 import torch
 
 from freeze._atomic import atomic_write, atomic_write_json, atomic_write_text
+from freeze.integrity import CorruptFileError, check_torch_file
 from freeze.pipeline.jsonl import JsonLinesError, read_json_lines
 from freeze.pipeline.schema import (
     CHECKPOINT_FILE,
@@ -109,10 +110,20 @@ def load_torch_file(path: Path, map_location: Any = "cpu") -> Any:
 
 def load_checkpoint(path: str | Path, map_location: Any = "cpu") -> Any:
     """Load a checkpoint written by :func:`save_checkpoint` (:func:`load_torch_file`); RunError (one
-    line) when it is missing, corrupt or refers to anything but tensors and plain data."""
+    line) when it is missing, corrupt (its CRC32s checked first: torch.load loads a flipped bit
+    inside a tensor silently) or refers to anything but tensors and plain data."""
     path = Path(path)
     if not path.is_file():
         raise RunError(f"checkpoint {path} does not exist")
+    try:
+        check_torch_file(path)
+    except CorruptFileError as err:
+        raise RunError(
+            f"checkpoint {err}; refused (corrupt): put back a copy of an earlier epoch's checkpoint.pt "
+            "if you kept one, or delete it to start the run over"
+        ) from None
+    except OSError as err:
+        raise RunError(f"checkpoint {path} cannot be read: {err.strerror or err}") from None
     try:
         return load_torch_file(path, map_location)
     except UnsafeFileError as err:
