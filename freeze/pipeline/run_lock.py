@@ -125,12 +125,20 @@ class RunLock:
     @classmethod
     def for_worker(cls, run_dir: str | Path) -> RunLock:
         """Rank 0's lock: the launcher's when this worker was started with its token (checked to be
-        still held under it), else its own (:meth:`acquire`)."""
+        still held under it), else its own (:meth:`acquire`). Either way, temp files a killed writer
+        left behind are removed: under ``--max-restarts`` the writer killed mid-save was a worker of
+        this same launcher, after the launcher had taken the lock (and cleaned up) once."""
         token = os.environ.get(TOKEN_ENV)
         if not token:
             return cls.acquire(run_dir)
         lock = cls(Path(run_dir), None, token)
         lock.check_held()
+        try:
+            # Safe while the lock is held: the launcher writes nothing while its workers run, and
+            # torchrun restarts a worker only after stopping all of them.
+            remove_stale_temp_files(lock.run_dir)
+        except OSError as err:
+            raise RunError(f"cannot remove stale temp files in {lock.run_dir}: {err.strerror}") from None
         return lock
 
     def check_held(self) -> None:

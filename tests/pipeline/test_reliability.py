@@ -147,6 +147,22 @@ def test_a_killed_holder_leaves_no_stale_lock_and_its_temp_files_go(tmp_path):
         assert not (run_dir / ".checkpoint.pt.abcd1234.tmp").exists()
 
 
+def test_a_restarted_worker_removes_the_temp_file_its_killed_predecessor_left(tmp_path, monkeypatch):
+    """Under --max-restarts rank 0 works under its launcher's lock (delegated): the launcher cleaned
+    up when it took the lock, before any worker ran, so a temp file of a worker killed mid-save
+    (78 MB in the probe) stayed in the run after it completed."""
+    from freeze.pipeline.run_lock import TOKEN_ENV, RunLock
+
+    run_dir = tmp_path / "run"
+    with RunLock.acquire(run_dir) as launcher:
+        stale = run_dir / ".checkpoint.pt.abcd1234.tmp"
+        stale.write_bytes(b"\0" * 100)  # the first worker's save, cut short by SIGKILL
+        monkeypatch.setenv(TOKEN_ENV, launcher.token)
+        restarted = RunLock.for_worker(run_dir)
+        assert restarted.delegated and not stale.exists()
+        assert (run_dir / ".lock").is_file()  # the lock file itself is never a temp file
+
+
 def test_resume_is_refused_while_another_process_writes_the_run(tmp_path, capsys):
     import freeze.pipeline.run as run_module
 
