@@ -117,8 +117,10 @@ class RunLock:
             os.ftruncate(fd, 0)
             os.pwrite(fd, (json.dumps(record) + "\n").encode("utf-8"), 0)
             remove_stale_temp_files(run_dir)
-        except OSError as err:
-            os.close(fd)
+        except OSError as err:  # a full disk: refused, and a directory made for the run goes again
+            refused = cls(run_dir, fd, token, created)
+            refused.discard_if_unstarted()
+            refused.release()
             raise RunError(f"cannot write {path}: {err.strerror}") from None
         return cls(run_dir, fd, token, created)
 

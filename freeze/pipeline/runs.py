@@ -224,8 +224,11 @@ class RunDir:
             )
         if resume and self.config_path.exists():
             self._check_same_config(config_toml)
-        self.path.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(self.config_path, config_toml)
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(self.config_path, config_toml)
+        except OSError as err:  # a full disk, a read-only mount: refused before the run starts
+            raise RunError(f"cannot write {err.filename or self.config_path}: {err.strerror or err}") from None
         return status
 
     def begin(self, manifest: dict[str, Any], resume: bool) -> None:

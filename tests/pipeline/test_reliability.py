@@ -564,3 +564,63 @@ def test_a_sweep_goes_on_after_a_sigkilled_worker(tmp_path):
     assert killed["status"] == "failed" and "worker 1" in killed["error"] and "SIGKILL" in killed["error"], killed
     assert json.loads((runs / "s" / "epochs=1" / "manifest.json").read_text())["status"] == "complete", out
     assert "1 failed" in out and "Traceback" not in out, out
+
+
+# ------------------------------------------------------------------ a full disk at start-up: one line, exit 2
+def _no_space(*args, **kwargs):
+    import errno
+
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_a_full_disk_when_a_new_run_takes_its_lock_leaves_nothing(tmp_path, monkeypatch, capsys):
+    """Was: one line and exit 2, but an empty new run directory holding a 0-byte .lock."""
+    import freeze.pipeline.run as run_module
+
+    monkeypatch.setattr(os, "pwrite", _no_space)  # the lock's holder record is the first write
+    argv = ["--config", str(SMOKE), f"run.out_dir={tmp_path / 'runs'}", "dist.nproc=2"]
+    assert run_module.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith("error: cannot write ") and "No space left on device" in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_full_disk_at_a_resume_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
+    """Was: a 30-line OSError traceback from run_launcher (config.toml's write) and exit 1."""
+    import freeze.pipeline.run as run_module
+    import freeze.pipeline.runs as runs_module
+    from freeze.pipeline.config import config_to_toml, load_config
+    from freeze.pipeline.runs import RunDir
+
+    overrides = [f"run.out_dir={tmp_path / 'runs'}", "dist.nproc=2"]
+    config = load_config(SMOKE, overrides)
+    run = RunDir(config.run_dir())
+    run.create(config_to_toml(config), {"run_name": "smoke"}, resume=False)
+    run.append_metrics({"epoch": 0})
+    run.mark_interrupted()
+    before = {p.name: p.read_bytes() for p in run.path.iterdir()}
+    monkeypatch.setattr(runs_module, "atomic_write_text", _no_space)
+    assert run_module.main(["--config", str(SMOKE), "--resume", *overrides]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"error: cannot write {run.config_path}: No space left on device"
+    after = {p.name: p.read_bytes() for p in run.path.iterdir() if p.name != ".lock"}  # the lock file stays
+    assert after == before  # nothing changed, nothing lost
+
+
+def test_a_full_disk_at_a_sweeps_resume_fails_that_run_in_one_line(tmp_path, monkeypatch):
+    """Was: a 29-line traceback that ended the sweep."""
+    import freeze.pipeline.runs as runs_module
+    from freeze.pipeline.config import config_to_toml
+    from freeze.pipeline.runs import RunDir
+    from freeze.pipeline.sweep import expand, run_specs
+
+    (spec,) = expand(str(SMOKE), "s", {}, ["dist.nproc=2"], str(tmp_path / "runs"))
+    run = RunDir(spec.config.run_dir())
+    run.create(config_to_toml(spec.config), {"run_name": spec.name}, resume=False)
+    run.append_metrics({"epoch": 0})
+    run.mark_interrupted()
+    monkeypatch.setattr(runs_module, "atomic_write_text", _no_space)
+    lines: list[str] = []
+    summary = run_specs([spec], log=lines.append)
+    assert summary.failed == [(spec.name, f"cannot write {run.config_path}: No space left on device")]
+    assert run.status() == "interrupted"  # still resumable once there is space
