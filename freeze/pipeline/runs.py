@@ -224,6 +224,8 @@ class RunDir:
             )
         if resume and self.config_path.exists():
             self._check_same_config(config_toml)
+        if resume:
+            self.epoch_records()  # a bad line stops the run here, before any worker trains
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             atomic_write_text(self.config_path, config_toml)
@@ -350,12 +352,40 @@ class RunDir:
             raise RunError(f"{self.metrics_path}: {err}") from None
         return [record for _, record in numbered], valid_bytes
 
+    def epoch_records(self) -> list[dict[str, Any]]:
+        """:meth:`read_metrics` for a resume: RunError (one line, naming the file and line, what to
+        do) for a bad line other than a torn last one, or a record without an integer epoch."""
+        try:
+            records = self.read_metrics()
+        except RunError as err:
+            raise RunError(f"cannot resume {self.path}: {err}; repair that line, or choose another run.name") from None
+        for record in records:
+            if not isinstance(record.get("epoch"), int) or isinstance(record.get("epoch"), bool):
+                raise RunError(
+                    f"cannot resume {self.path}: {self.metrics_path}: a record has no integer 'epoch': "
+                    f"{str(record)[:120]}; repair it, or choose another run.name"
+                )
+        return records
+
+    def check_metrics_cover(self, epochs_done: int) -> None:
+        """RunError (one line) unless metrics.jsonl holds a record of every epoch before
+        ``epochs_done`` (the checkpoint's): a resume would otherwise complete a run whose missing
+        epochs nothing re-runs, and mark it complete. Records past the checkpoint are fine (the
+        resume re-runs those epochs and drops them first)."""
+        have = {record["epoch"] for record in self.epoch_records()}
+        missing = [epoch for epoch in range(epochs_done) if epoch not in have]
+        if not missing:
+            return
+        shown = ", ".join(map(str, missing[:5])) + (", ..." if len(missing) > 5 else "")
+        where = "has no metrics.jsonl" if not self.metrics_path.exists() else "metrics.jsonl lacks epoch(s) " + shown
+        raise RunError(
+            f"cannot resume {self.path}: its checkpoint is at epoch {epochs_done}, but the run {where}; "
+            "put the file back, or delete checkpoint.pt to re-run it from epoch 0"
+        )
+
     def truncate_metrics(self, num_epochs: int) -> list[dict[str, Any]]:
         """Keep only the records of epochs < ``num_epochs`` (atomic rewrite); used on resume."""
-        records = self.read_metrics()
-        for record in records:
-            if not isinstance(record.get("epoch"), int):
-                raise RunError(f"{self.metrics_path}: a record has no integer 'epoch': {str(record)[:120]}")
+        records = self.epoch_records()
         kept = [r for r in records if r["epoch"] < num_epochs]
         if self.metrics_path.exists():
             atomic_write_text(self.metrics_path, "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in kept))

@@ -624,3 +624,64 @@ def test_a_full_disk_at_a_sweeps_resume_fails_that_run_in_one_line(tmp_path, mon
     summary = run_specs([spec], log=lines.append)
     assert summary.failed == [(spec.name, f"cannot write {run.config_path}: No space left on device")]
     assert run.status() == "interrupted"  # still resumable once there is space
+
+
+# ------------------------------------------------------------------ metrics.jsonl that a resume cannot continue
+def _interrupted_run_with_metrics(tmp_path, metrics: bytes):
+    from freeze.pipeline.config import config_to_toml, load_config
+    from freeze.pipeline.runs import RunDir
+
+    overrides = [f"run.out_dir={tmp_path / 'runs'}", "dist.nproc=2"]
+    config = load_config(SMOKE, overrides)
+    run = RunDir(config.run_dir())
+    run.create(config_to_toml(config), {"run_name": "smoke"}, resume=False)
+    run.metrics_path.write_bytes(metrics)
+    run.mark_interrupted()
+    return run, overrides
+
+
+@pytest.mark.parametrize(
+    "metrics, expected",
+    [
+        (b'garbage{\n{"epoch":1}\n', "line 1: not valid JSON"),
+        (b'{"epoch":0}\n{"loss":1}\n', "a record has no integer 'epoch'"),
+    ],
+)
+def test_a_bad_middle_metrics_line_refuses_the_resume_before_any_worker_starts(tmp_path, capsys, metrics, expected):
+    """Was: one line from rank 0 after the run was marked running, a ~45-line traceback from rank 1
+    (already training), and the interrupted run rewritten as failed."""
+    import freeze.pipeline.run as run_module
+
+    run, overrides = _interrupted_run_with_metrics(tmp_path, metrics)
+    assert run_module.main(["--config", str(SMOKE), "--resume", *overrides]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith(f"error: cannot resume {run.path}: ") and expected in err, err
+    assert "run.name" in err and run.status() == "interrupted"
+
+
+def test_a_resume_whose_metrics_lack_the_checkpoints_epochs_is_refused(tmp_path):
+    """Was: the resume went on from the checkpoint and the run was marked complete with epochs
+    missing from metrics.jsonl, so nothing re-ran them."""
+    from freeze.pipeline.runs import RunDir
+
+    repo = Path(__file__).resolve().parents[2]
+    args = ["--config", str(SMOKE), "dist.nproc=1", "train.epochs=1", "run.keep_checkpoint=true"]
+    args += [f"run.out_dir={tmp_path / 'runs'}", f"data.root={tmp_path / 'data'}"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(repo))
+    first = subprocess.run([sys.executable, "-m", "experiments.run", *args], cwd=repo, env=env, capture_output=True)
+    assert first.returncode == 0, first.stderr[-2000:]
+    run = RunDir(tmp_path / "runs" / "smoke" / "smoke")
+    run.update_manifest(status="interrupted")  # as if stopped after its checkpoint of epoch 1
+    run.metrics_path.unlink()
+    again = subprocess.run(
+        [sys.executable, "-m", "experiments.run", *args, "--resume"], cwd=repo, env=env, capture_output=True, text=True
+    )
+    assert again.returncode == 2, again.stderr[-2000:]
+    err = again.stderr.strip()
+    assert "\n" not in err and "checkpoint is at epoch 1, but the run has no metrics.jsonl" in err, err
+    assert run.status() == "interrupted" and not run.metrics_path.exists()
+    run.metrics_path.write_text('{"epoch":0}\n')  # epoch 0's record back: the resume goes on
+    assert run.check_metrics_cover(1) is None
+    run.metrics_path.write_text('{"epoch":1}\n')
+    with pytest.raises(RunError, match=r"metrics.jsonl lacks epoch\(s\) 0;"):
+        run.check_metrics_cover(2)
