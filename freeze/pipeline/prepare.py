@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import random
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,6 +72,8 @@ def _manifest(cfg: Config, ctx: WorkerContext, blocks: list[Block], policy: Poli
         "epochs_done": 0,
         "block_names": [b.name for b in blocks],
         "block_param_bytes": [b.param_bytes for b in blocks],
+        # the resolved config the run (re)started with: a resume checks config.toml against it
+        "config": tomllib.loads(config_to_toml(cfg)),
         **environment_info(ctx.device.type),
         "start_time": now_iso(),
         "end_time": None,

@@ -158,8 +158,12 @@ KEYS_ADDED_LATER = {"run.keep_checkpoint": False}
 def first_differing_key(old_toml: str, new_toml: str) -> tuple[str, Any, Any] | None:
     """(dotted key, old value, new value) of the first key that differs, or None if equal as data
     (a key of :data:`KEYS_ADDED_LATER` absent from ``old_toml`` and at its default in ``new_toml`` is equal)."""
-    old = dict(_flatten(tomllib.loads(old_toml)))
-    new = dict(_flatten(tomllib.loads(new_toml)))
+    return first_differing_key_of(tomllib.loads(old_toml), tomllib.loads(new_toml))
+
+
+def first_differing_key_of(old_config: dict[str, Any], new_config: dict[str, Any]) -> tuple[str, Any, Any] | None:
+    """:func:`first_differing_key` of two configs already read (nested dicts, as TOML reads them)."""
+    old, new = dict(_flatten(old_config)), dict(_flatten(new_config))
     missing = object()
     for key in list(old) + [k for k in new if k not in old]:
         if key not in old and key in KEYS_ADDED_LATER and new.get(key) == KEYS_ADDED_LATER[key]:
@@ -224,6 +228,8 @@ class RunDir:
             )
         if resume and self.config_path.exists():
             self._check_same_config(config_toml)
+        if resume and status != "absent":
+            self._check_started_config(config_toml)
         if resume:
             self.epoch_records()  # a bad line stops the run here, before any worker trains
         try:
@@ -262,6 +268,25 @@ class RunDir:
         raise RunError(
             f"cannot resume {self.path} with a different config: {key} was {old!r}, now {new!r}; "
             "resume with the stored config, or choose another run.name"
+        )
+
+    def _check_started_config(self, config_toml: str) -> None:
+        """RunError unless ``config_toml`` is the config the run started with (the manifest's
+        ``config``): config.toml itself may have been edited, and resuming through
+        ``--config <run>/config.toml`` then passed :meth:`_check_same_config` while the checkpoint's
+        optimizer state silently overrode, say, a new optim.lr. Manifests of older versions hold no
+        config and are not checked."""
+        started = self.read_manifest().get("config")
+        if not isinstance(started, dict):
+            return
+        diff = first_differing_key_of(started, tomllib.loads(config_toml))
+        if diff is None:
+            return
+        key, old, new = diff
+        raise RunError(
+            f"cannot resume {self.path}: the run started with {key} = {old!r} ({self.manifest_path.name}), "
+            f"this config has {new!r} (was {self.config_path.name} edited?); resume with the config it "
+            "started with, or choose another run.name"
         )
 
     # --- manifest

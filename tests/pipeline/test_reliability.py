@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -383,7 +384,6 @@ def test_a_second_sweep_leaves_a_run_another_process_writes_and_says_so(tmp_path
 def test_checkpoint_of_another_policy_is_one_line_naming_both(tmp_path):
     """A checkpoint copied from a run of another policy (same model, same config otherwise): its
     boundary and policy state would be loaded under this run's policy. Refused, naming both specs."""
-    from types import SimpleNamespace
 
     from freeze import Freezer, make_policy, split_blocks
     from freeze.pipeline.prepare import resume_training
@@ -578,7 +578,13 @@ def test_a_full_disk_when_a_new_run_takes_its_lock_leaves_nothing(tmp_path, monk
     import freeze.pipeline.run as run_module
 
     monkeypatch.setattr(os, "pwrite", _no_space)  # the lock's holder record is the first write
-    argv = ["--config", str(SMOKE), f"run.out_dir={tmp_path / 'runs'}", "dist.nproc=2"]
+    argv = [
+        "--config",
+        str(SMOKE),
+        f"run.out_dir={tmp_path / 'runs'}",
+        f"data.root={tmp_path / 'data'}",
+        "dist.nproc=2",
+    ]
     assert run_module.main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and err.startswith("error: cannot write ") and "No space left on device" in err
@@ -592,7 +598,7 @@ def test_a_full_disk_at_a_resume_is_one_line_and_exit_2(tmp_path, monkeypatch, c
     from freeze.pipeline.config import config_to_toml, load_config
     from freeze.pipeline.runs import RunDir
 
-    overrides = [f"run.out_dir={tmp_path / 'runs'}", "dist.nproc=2"]
+    overrides = [f"run.out_dir={tmp_path / 'runs'}", f"data.root={tmp_path / 'data'}", "dist.nproc=2"]
     config = load_config(SMOKE, overrides)
     run = RunDir(config.run_dir())
     run.create(config_to_toml(config), {"run_name": "smoke"}, resume=False)
@@ -614,7 +620,7 @@ def test_a_full_disk_at_a_sweeps_resume_fails_that_run_in_one_line(tmp_path, mon
     from freeze.pipeline.runs import RunDir
     from freeze.pipeline.sweep import expand, run_specs
 
-    (spec,) = expand(str(SMOKE), "s", {}, ["dist.nproc=2"], str(tmp_path / "runs"))
+    (spec,) = expand(str(SMOKE), "s", {}, ["dist.nproc=2", f"data.root={tmp_path / 'data'}"], str(tmp_path / "runs"))
     run = RunDir(spec.config.run_dir())
     run.create(config_to_toml(spec.config), {"run_name": spec.name}, resume=False)
     run.append_metrics({"epoch": 0})
@@ -631,7 +637,7 @@ def _interrupted_run_with_metrics(tmp_path, metrics: bytes):
     from freeze.pipeline.config import config_to_toml, load_config
     from freeze.pipeline.runs import RunDir
 
-    overrides = [f"run.out_dir={tmp_path / 'runs'}", "dist.nproc=2"]
+    overrides = [f"run.out_dir={tmp_path / 'runs'}", f"data.root={tmp_path / 'data'}", "dist.nproc=2"]
     config = load_config(SMOKE, overrides)
     run = RunDir(config.run_dir())
     run.create(config_to_toml(config), {"run_name": "smoke"}, resume=False)
@@ -685,3 +691,29 @@ def test_a_resume_whose_metrics_lack_the_checkpoints_epochs_is_refused(tmp_path)
     run.metrics_path.write_text('{"epoch":1}\n')
     with pytest.raises(RunError, match=r"metrics.jsonl lacks epoch\(s\) 0;"):
         run.check_metrics_cover(2)
+
+
+def test_an_edited_config_toml_resumed_through_itself_is_refused(tmp_path, capsys):
+    """Was: accepted (the stored file is the --config file, so they agree), the new optim.lr
+    silently overridden by the checkpoint's optimizer state, and config.toml misdescribing the run."""
+    import freeze.pipeline.run as run_module
+    from freeze.pipeline.config import config_to_toml, load_config
+    from freeze.pipeline.prepare import _manifest
+    from freeze.pipeline.runs import RunDir
+
+    config = load_config(SMOKE, [f"run.out_dir={tmp_path / 'runs'}", f"data.root={tmp_path / 'data'}", "dist.nproc=2"])
+    run = RunDir(config.run_dir())
+    context = SimpleNamespace(world_size=2, device=torch.device("cpu"))
+    manifest = _manifest(config, context, [], SimpleNamespace(spec=lambda: config.freeze.policy))
+    run.create(config_to_toml(config), manifest, resume=False)  # what rank 0 writes as the run starts
+    run.append_metrics({"epoch": 0})
+    run.mark_interrupted()
+    edited = run.config_path.read_text().replace("lr = 0.05", "lr = 0.5")
+    assert edited != run.config_path.read_text()
+    run.config_path.write_text(edited)
+    assert run_module.main(["--config", str(run.config_path), "--resume"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "the run started with optim.lr = 0.05" in err and "this config has 0.5" in err, err
+    assert run.status() == "interrupted" and run.config_path.read_text() == edited  # nothing changed
+    run.config_path.write_text(config_to_toml(config))  # put back: the same command goes on
+    assert run.prepare(config_to_toml(config), resume=True) == "interrupted"
