@@ -93,6 +93,8 @@ class _Interrupt:
         import signal
 
         def handler(signum, frame):
+            if cls.seen:
+                return  # a second Ctrl-C (or the agent's SIGTERM after it): already stopping, quietly
             cls.seen = True
             raise KeyboardInterrupt
 
@@ -110,6 +112,22 @@ _PEER_LOST_MARKERS = ("closed by peer", "reset by peer", "Broken pipe")
 # How long a worker whose peer vanished waits for torchrun's agent to stop it: the agent polls its
 # workers every 0.1 s (--monitor-interval) and then sends SIGTERM to the rest at once.
 PEER_LOSS_GRACE_S = 10.0
+
+
+def collective_timeout_line(error: BaseException, timeout_s: int) -> str | None:
+    """One line for a collective that ran past ``dist.timeout_s`` (gloo: "Timed out waiting
+    20000ms for recv operation to complete"), or None for any other error. The limit bounds each
+    gloo send or receive, not a collective or the run: a broadcast of a large tensor over a slow
+    link is many such operations, so it can fail only after several times the limit."""
+    if "Timed out" not in str(error):
+        return None
+    detail = " ".join(str(error).split())
+    detail = detail.split("] ", 1)[-1]  # drop gloo's source-file prefix
+    return (
+        f"a collective operation exceeded dist.timeout_s = {timeout_s} s ({detail}): a peer stopped "
+        "answering, or the link is too slow for one send; the limit applies to each gloo operation, "
+        "not to the run (raise dist.timeout_s for slow links)"
+    )
 
 
 def _stopped_after_peer_loss(error: BaseException, grace_s: float = PEER_LOSS_GRACE_S) -> bool:
@@ -358,6 +376,14 @@ def run_worker(config: Config, resume: bool, argv: list[str] | None = None) -> i
         if _Interrupt.seen or _stopped_after_peer_loss(e):
             traceback.clear_frames(e.__traceback__)
             return _interrupted(config, ctx, outcome, argv)
+        timeout_line = collective_timeout_line(e, config.dist.timeout_s)
+        if timeout_line is not None:  # one line from rank 0, not a gloo traceback from every rank
+            if ctx is None or ctx.is_main:
+                print(f"error: {timeout_line}", file=sys.stderr)
+                if outcome.started:
+                    record_failure(config.run_dir(), timeout_line)
+            traceback.clear_frames(e.__traceback__)
+            return 1
         if outcome.started and (ctx is None or ctx.is_main):
             _mark_failed(config, e)
         # The traceback keeps train_worker's locals (its Freezer and DDP wrapper, which hold the
@@ -365,7 +391,12 @@ def run_worker(config: Config, resume: bool, argv: list[str] | None = None) -> i
         traceback.clear_frames(e.__traceback__)
         raise
     finally:
-        teardown_worker()
+        try:
+            teardown_worker()
+        except KeyboardInterrupt:
+            # Ctrl-C while the process group shuts down (the run's outcome is settled): the
+            # launcher, or the return code, says it; a traceback from gc.collect() says nothing.
+            _Interrupt.seen = True
 
 
 def _interrupted(config: Config, ctx, outcome, argv: list[str] | None) -> int:
@@ -377,6 +408,23 @@ def _interrupted(config: Config, ctx, outcome, argv: list[str] | None) -> int:
         if not in_sweep():
             print(interrupted_line(config, argv or []), file=sys.stderr)
     return INTERRUPTED_EXIT_CODE
+
+
+def _say_interrupted(config: Config, lock: RunLock, argv: list[str] | None) -> None:
+    """The launcher's one line after its workers stopped on Ctrl-C or SIGTERM (they say nothing)."""
+    run = RunDir(config.run_dir())
+    run.mark_interrupted()
+    try:
+        status = run.status()
+    except RunError:
+        status = "running"  # an unreadable manifest: the resume command is still the way on
+    if status == "complete":
+        print(f"interrupted: {run.path} had completed; its results are kept", file=sys.stderr)
+    elif status == "absent" and not run.has_progress():
+        lock.discard_if_unstarted()
+        print(f"interrupted: {run.path} had not started; nothing was kept", file=sys.stderr)
+    else:
+        print(interrupted_line(config, argv or []), file=sys.stderr)
 
 
 def run_launcher(config: Config, resume: bool, max_restarts: int, argv: list[str] | None = None) -> int:
@@ -398,8 +446,8 @@ def run_launcher(config: Config, resume: bool, max_restarts: int, argv: list[str
             code = launch_cluster(config, resolved, resume, max_restarts, lock)
         else:
             code = launch_local(resolved, config.dist.nproc, resume, max_restarts, lock)
-        if code == INTERRUPTED_EXIT_CODE and RunDir(config.run_dir()).mark_interrupted():
-            print(interrupted_line(config, argv or []), file=sys.stderr)
+        if code == INTERRUPTED_EXIT_CODE:
+            _say_interrupted(config, lock, argv)
         elif code != 0:
             lock.discard_if_unstarted()  # the workers refused the run before it started
             record_failure(config.run_dir(), f"exit code {code}")  # started, and no worker said why

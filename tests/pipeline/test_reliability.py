@@ -717,3 +717,50 @@ def test_an_edited_config_toml_resumed_through_itself_is_refused(tmp_path, capsy
     assert run.status() == "interrupted" and run.config_path.read_text() == edited  # nothing changed
     run.config_path.write_text(config_to_toml(config))  # put back: the same command goes on
     assert run.prepare(config_to_toml(config), resume=True) == "interrupted"
+
+
+# ------------------------------------------------------------------ a collective past dist.timeout_s: one line
+def _recv_that_times_out(rank: int, world_size: int) -> str | None:
+    """Rank 0 waits for a tensor rank 1 never sends (rank 1 stays alive past the timeout)."""
+    import torch.distributed as dist
+
+    if rank == 0:
+        try:
+            dist.recv(torch.zeros(1), src=1)
+        except RuntimeError as err:
+            return str(err)
+        return None
+    time.sleep(6)
+    return None
+
+
+def test_a_collective_timeout_is_one_line_naming_dist_timeout_s(tmp_path, monkeypatch, capsys):
+    """Was: a gloo traceback from every rank (148 lines on the emulated cluster) and no line naming
+    the setting that bounds it."""
+    import freeze.pipeline.distributed as distributed
+    import freeze.pipeline.run as run_module
+    import freeze.pipeline.train as train
+    from freeze.pipeline.config import config_to_toml, load_config
+    from freeze.pipeline.runs import RunDir
+    from tests.distributed_harness import run_distributed
+
+    gloo_message, _ = run_distributed(_recv_that_times_out, 2, tmp_path / "gloo", collective_timeout_s=2.0)
+    assert gloo_message and "Timed out" in gloo_message  # what gloo says, on 2 real ranks
+
+    config = load_config(SMOKE, [f"run.out_dir={tmp_path / 'runs'}", "dist.nproc=1", "dist.timeout_s=2"])
+    run = RunDir(config.run_dir())
+
+    def train_until_the_timeout(cfg, ctx, resume, outcome):
+        run.create(config_to_toml(cfg), {"run_name": cfg.run.name}, resume=False)
+        outcome.started = True
+        raise RuntimeError(gloo_message)
+
+    monkeypatch.setattr(run_module._Interrupt, "install", lambda: None)
+    monkeypatch.setattr(run_module._Interrupt, "seen", False)
+    monkeypatch.setattr(distributed, "setup_worker", lambda dist_config: None)
+    monkeypatch.setattr(distributed, "teardown_worker", lambda: None)
+    monkeypatch.setattr(train, "train_worker", train_until_the_timeout)
+    assert run_module.run_worker(config, resume=False) == 1
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "exceeded dist.timeout_s = 2 s" in err and "not to the run" in err, err
+    assert run.status() == "failed" and "dist.timeout_s" in run.read_manifest()["error"]
