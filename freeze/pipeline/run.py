@@ -200,19 +200,12 @@ def launch_local(
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # what torchrun sets for its workers when unset
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     env = {**launcher_env(), **(lock.env() if lock is not None else {})}
-    # torchrun logs every worker's exit in two lines ("failed (exitcode: 2) local_rank: 0 ...",
-    # "Sending process N closing signal SIGTERM"): a refused run has said why in one line already,
-    # and a failed one is summed up below in one.
-    exit_log = logging.getLogger(_WORKER_EXIT_LOGGER)
-    was_disabled, exit_log.disabled = exit_log.disabled, True
-    agent_log, death_line = logging.getLogger(_AGENT_LOGGER), _DropDeathSignalLine()
-    agent_log.addFilter(death_line)
     # torchrun's agent installs its own SIGINT/SIGTERM/SIGHUP/SIGQUIT handlers and never restores
     # them: after one local run, Ctrl-C in a sweep would raise torch's SignalException everywhere
     # else (between runs, in the cluster launcher, in the report) instead of KeyboardInterrupt.
     saved_handlers = _signal_handlers()
     try:
-        with exported(env):
+        with exported(env), quiet_torchrun_logs():
             run(get_args_parser().parse_args(argv))
     except ChildFailedError as e:
         code, line, killed = worker_failure(e.failures.values())
@@ -227,10 +220,25 @@ def launch_local(
         # (a sweep, a study) sees the same interrupted code as from the emulated cluster.
         return INTERRUPTED_EXIT_CODE
     finally:
-        exit_log.disabled = was_disabled
-        agent_log.removeFilter(death_line)
         _restore_signal_handlers(saved_handlers)
     return 0
+
+
+@contextlib.contextmanager
+def quiet_torchrun_logs() -> Iterator[None]:
+    """torchrun's agent without its per-worker exit lines and its "death signal" line."""
+    # torchrun logs every worker's exit in two lines ("failed (exitcode: 2) local_rank: 0 ...",
+    # "Sending process N closing signal SIGTERM"): a refused run has said why in one line already,
+    # and a failed one is summed up by its launcher in one.
+    exit_log = logging.getLogger(_WORKER_EXIT_LOGGER)
+    was_disabled, exit_log.disabled = exit_log.disabled, True
+    agent_log, death_line = logging.getLogger(_AGENT_LOGGER), _DropDeathSignalLine()
+    agent_log.addFilter(death_line)
+    try:
+        yield
+    finally:
+        exit_log.disabled = was_disabled
+        agent_log.removeFilter(death_line)
 
 
 # What a worker exits with when it was stopped, not when it failed: 130 (its SIGINT/SIGTERM handler,
