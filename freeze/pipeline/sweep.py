@@ -43,16 +43,9 @@ from pathlib import Path
 
 from freeze.pipeline.config import Config, ConfigError, load_config
 from freeze.pipeline.distributed import check_hardware
+from freeze.pipeline.failures import killed_line, record_failure
 from freeze.pipeline.lifetime import launcher_env, worker_argv
-from freeze.pipeline.run import (
-    INTERRUPTED_EXIT_CODE,
-    exported,
-    killed_line,
-    launch_cluster,
-    launch_local,
-    prepare_run_dir,
-    record_failure,
-)
+from freeze.pipeline.run import INTERRUPTED_EXIT_CODE, exported, launch_cluster, launch_local, prepare_run_dir
 from freeze.pipeline.run_lock import RunBusyError, RunLock
 from freeze.pipeline.runs import IN_SWEEP_ENV, RunDir, RunError
 from freeze.pipeline.schema import run_name_part

@@ -483,7 +483,7 @@ def sigkill_worker(launcher_pid: int, local_rank: int, n_workers: int = 2) -> No
 def test_the_worker_that_failed_is_blamed_not_the_one_the_agent_stopped(exitcodes, expected):
     from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
-    from freeze.pipeline.run import worker_failure
+    from freeze.pipeline.failures import worker_failure
 
     failures = [ProcessFailure(rank, 1000 + rank, code, "/nonexistent") for rank, code in exitcodes.items()]
     code, line, killed = worker_failure(failures)

@@ -19,7 +19,8 @@ def main(argv: list[str] | None = None) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
-    from freeze.pipeline.run import INTERRUPTED_EXIT_CODE, quiet_torchrun_logs, worker_failure
+    from freeze.pipeline.failures import INTERRUPTED_EXIT_CODE, worker_failure
+    from freeze.pipeline.run import quiet_torchrun_logs
 
     args = get_args_parser().parse_args(sys.argv[1:] if argv is None else argv)
     try:
