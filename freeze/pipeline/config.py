@@ -207,7 +207,7 @@ class DistConfig:
     backend: Literal["auto", "gloo", "nccl"] = "auto"
     device: Literal["auto", "cpu", "cuda"] = "auto"
     # Bounds each gloo send/receive (torch's process-group timeout), not a collective or the run: a
-    # 9.4 MB broadcast at 1 Mbit/s with timeout_s = 20 failed only after 116 s. Raise it for slow links.
+    # large broadcast over a slow link is many such operations. Raise it for slow links.
     timeout_s: int = _f(300, ge=1)
     threads_per_worker: int = _f(0, ge=0)  # 0 = cores / local workers
 
