@@ -37,6 +37,20 @@ def collective_timeout_line(error: BaseException, timeout_s: int) -> str | None:
     )
 
 
+# gloo's words for a peer whose process is gone (killed, or stopped by its agent).
+_PEER_LOST_MARKERS = ("closed by peer", "reset by peer", "Broken pipe")
+
+
+def peer_lost_line(error: BaseException) -> str | None:
+    """One line for a collective that broke because a peer's process is gone, or None for any other
+    error: a consequence, whose cause the worker that stopped first (or its node's agent) names."""
+    text = " ".join(str(error).split())
+    if not any(marker in text for marker in _PEER_LOST_MARKERS):
+        return None
+    detail = text.split("] ", 1)[-1].split(". ")[0]  # gloo's first sentence, without its source file
+    return f"a peer worker's connection was lost ({detail}): the worker that stopped first, or its node, says why"
+
+
 # What a worker exits with when it was stopped, not when it failed: 130 (its SIGINT/SIGTERM handler,
 # _Interrupt), or death by SIGINT/SIGTERM before that handler was installed. torchrun's agent stops
 # every other worker with SIGTERM once one has failed, so these are the consequence of a failure.

@@ -45,6 +45,7 @@ from freeze.pipeline.distributed import check_hardware
 from freeze.pipeline.failures import (
     INTERRUPTED_EXIT_CODE,
     collective_timeout_line,
+    peer_lost_line,
     record_failure,
     worker_failure,
 )
@@ -110,8 +111,6 @@ def _under_launcher() -> bool:
     return "WORLD_SIZE" in os.environ and "RANK" in os.environ
 
 
-# gloo's words for a peer whose process is gone (killed, or stopped by the agent).
-_PEER_LOST_MARKERS = ("closed by peer", "reset by peer", "Broken pipe")
 # How long a worker whose peer vanished waits for torchrun's agent to stop it: the agent polls its
 # workers every 0.1 s (--monitor-interval) and then sends SIGTERM to the rest at once.
 PEER_LOSS_GRACE_S = 10.0
@@ -121,8 +120,8 @@ def _stopped_after_peer_loss(error: BaseException, grace_s: float = PEER_LOSS_GR
     """True when ``error`` says a peer's connection was lost and this worker's agent then stopped it
     (SIGTERM, within ``grace_s``): the error is a consequence of the peer's end, which the launcher
     names, so this worker stays quiet instead of printing a ~45-line gloo traceback per rank. An
-    error of this rank's own (no marker, or no stop follows) keeps its traceback."""
-    if not _under_launcher() or not any(marker in str(error) for marker in _PEER_LOST_MARKERS):
+    error of this rank's own (not a lost peer, or no stop follows) is not."""
+    if not _under_launcher() or peer_lost_line(error) is None:
         return False
     deadline = time.monotonic() + grace_s
     try:
@@ -316,12 +315,14 @@ def run_worker(config: Config, resume: bool, argv: list[str] | None = None) -> i
         if _Interrupt.seen or _stopped_after_peer_loss(e):
             traceback.clear_frames(e.__traceback__)
             return _interrupted(config, ctx, outcome, argv)
-        timeout_line = collective_timeout_line(e, config.dist.timeout_s)
-        if timeout_line is not None:  # one line from rank 0, not a gloo traceback from every rank
+        # One line from rank 0, not a gloo traceback from every rank: a collective past the timeout,
+        # or a peer lost that no stop from our agent followed (it ran on another node).
+        line = collective_timeout_line(e, config.dist.timeout_s) or peer_lost_line(e)
+        if line is not None:
             if ctx is None or ctx.is_main:
-                print(f"error: {timeout_line}", file=sys.stderr)
+                print(f"error: {line}", file=sys.stderr)
                 if outcome.started:
-                    record_failure(config.run_dir(), timeout_line)
+                    record_failure(config.run_dir(), line)
             traceback.clear_frames(e.__traceback__)
             return 1
         if outcome.started and (ctx is None or ctx.is_main):

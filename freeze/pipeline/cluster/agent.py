@@ -12,6 +12,7 @@ codes: 0 done, 130 stopped by a signal, else the failing worker's (:func:`worker
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -19,7 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
-    from freeze.pipeline.failures import INTERRUPTED_EXIT_CODE, worker_failure
+    from freeze.pipeline.failures import INTERRUPTED_EXIT_CODE, record_failure, worker_failure
     from freeze.pipeline.run import quiet_torchrun_logs
 
     args = get_args_parser().parse_args(sys.argv[1:] if argv is None else argv)
@@ -29,11 +30,22 @@ def main(argv: list[str] | None = None) -> int:
     except SignalException:
         return INTERRUPTED_EXIT_CODE  # its launcher stopped it, and says so in one line
     except ChildFailedError as e:
-        code, line, _ = worker_failure(e.failures.values())
+        code, line, killed = worker_failure(e.failures.values())
         if line is not None:
-            print(f"error: node at {args.local_addr}: {line}", file=sys.stderr)
+            line = f"node at {args.local_addr}: {line}"
+            print(f"error: {line}", file=sys.stderr)
+            run_dir = _run_dir(args.training_script_args)
+            if killed and run_dir is not None:  # the killed worker recorded nothing; its launcher sees only "1"
+                record_failure(run_dir, line, replace_failed=True)
         return code
     return 0
+
+
+def _run_dir(script_args: list[str]) -> Path | None:
+    """The run directory of a ``freeze.pipeline.run`` entry: its resolved config lies in it."""
+    if "--config" not in script_args[:-1]:
+        return None
+    return Path(script_args[script_args.index("--config") + 1]).parent
 
 
 if __name__ == "__main__":
