@@ -213,6 +213,8 @@ class DistConfig:
     nproc: int = _f(1, ge=1)  # workers run.py starts itself when not under torchrun
     backend: Literal["auto", "gloo", "nccl"] = "auto"
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    # Bounds each gloo send/receive (torch's process-group timeout), not a collective or the run: a
+    # large broadcast over a slow link is many such operations. Raise it for slow links.
     timeout_s: int = _f(300, ge=1)
     threads_per_worker: int = _f(0, ge=0)  # 0 = cores / local workers
 

@@ -67,4 +67,9 @@ if __name__ == "__main__":
     sys.path.pop(0)  # this file's directory: its modules (data, log, ...) must not shadow others
     module = sys.argv.pop(1)
     sys.argv[0] = module
-    runpy.run_module(module, run_name="__main__", alter_sys=True)
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    except KeyboardInterrupt:
+        # Ctrl-C (the launcher passes it on) before the module handles it itself, e.g. while it
+        # still imports torch: every worker printed a traceback. The launcher says "interrupted".
+        sys.exit(130)

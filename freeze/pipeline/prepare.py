@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import random
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,6 +99,8 @@ def _manifest(cfg: Config, ctx: WorkerContext, blocks: list[Block], policy: Poli
         # learned nothing (a pipeline check at chance read as a finding misled a new user, issue 32)
         "num_classes": split.num_classes,
         "test_images": len(split.test_y),
+        # the resolved config the run (re)started with: a resume checks config.toml against it
+        "config": tomllib.loads(config_to_toml(cfg)),
         **environment_info(ctx.device.type),
         "start_time": now_iso(),
         "end_time": None,

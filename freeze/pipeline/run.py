@@ -35,12 +35,20 @@ import logging
 import os
 import shlex
 import sys
+import time
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
 
 from freeze.pipeline.config import Config, ConfigError, config_to_toml, load_config
 from freeze.pipeline.distributed import check_hardware
+from freeze.pipeline.failures import (
+    INTERRUPTED_EXIT_CODE,
+    collective_timeout_line,
+    peer_lost_line,
+    record_failure,
+    worker_failure,
+)
 from freeze.pipeline.lifetime import die_with_parent, launcher_env, worker_argv
 from freeze.pipeline.run_lock import RunLock
 from freeze.pipeline.runs import RunDir, RunError, in_sweep
@@ -61,9 +69,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 _WORKER_EXIT_LOGGER = "torch.distributed.elastic.multiprocessing.api"
 _AGENT_LOGGER = "torch.distributed.elastic.agent.server.api"
-# What a run exits with when Ctrl-C or SIGTERM stopped it: the shell's 128 + SIGINT. Sweeps and
-# studies stop on it instead of starting the next run.
-INTERRUPTED_EXIT_CODE = 130
 
 
 def resume_command(argv: list[str]) -> str:
@@ -96,6 +101,8 @@ class _Interrupt:
         import signal
 
         def handler(signum, frame):
+            if cls.seen:
+                return  # a second Ctrl-C (or the agent's SIGTERM after it): already stopping, quietly
             cls.seen = True
             raise KeyboardInterrupt
 
@@ -106,6 +113,27 @@ class _Interrupt:
 
 def _under_launcher() -> bool:
     return "WORLD_SIZE" in os.environ and "RANK" in os.environ
+
+
+# How long a worker whose peer vanished waits for torchrun's agent to stop it: the agent polls its
+# workers every 0.1 s (--monitor-interval) and then sends SIGTERM to the rest at once.
+PEER_LOSS_GRACE_S = 10.0
+
+
+def _stopped_after_peer_loss(error: BaseException, grace_s: float = PEER_LOSS_GRACE_S) -> bool:
+    """True when ``error`` says a peer's connection was lost and this worker's agent then stopped it
+    (SIGTERM, within ``grace_s``): the error is a consequence of the peer's end, which the launcher
+    names, so this worker stays quiet instead of printing a ~45-line gloo traceback per rank. An
+    error of this rank's own (not a lost peer, or no stop follows) is not."""
+    if not _under_launcher() or peer_lost_line(error) is None:
+        return False
+    deadline = time.monotonic() + grace_s
+    try:
+        while not _Interrupt.seen and time.monotonic() < deadline:
+            time.sleep(0.05)
+    except KeyboardInterrupt:
+        pass  # the agent's SIGTERM, through _Interrupt's handler: what we waited for
+    return _Interrupt.seen
 
 
 def prepare_run_dir(config: Config, resume: bool) -> Path:
@@ -141,7 +169,11 @@ def launch_local(
     :func:`prepare_run_dir`, and return the run's exit code. The launcher agent runs in the calling
     process: a separate torchrun process would cost one more interpreter and torch import per run
     (sweeps call this directly for the same reason). ``lock``: the run's lock, held by the caller;
-    the workers get its token, and die with this process (:mod:`freeze.pipeline.lifetime`)."""
+    the workers get its token, and die with this process (:mod:`freeze.pipeline.lifetime`).
+    A worker that fails (a signal this process did not send, such as the out-of-memory killer's
+    SIGKILL, included) fails the run: one line, the manifest beside ``resolved_config`` marked
+    "failed" with it, exit code 1 (or the worker's own); only a stop sent to this process, or to
+    every worker, is an interruption (130)."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
@@ -158,38 +190,45 @@ def launch_local(
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # what torchrun sets for its workers when unset
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     env = {**launcher_env(), **(lock.env() if lock is not None else {})}
-    # torchrun logs every worker's exit in two lines ("failed (exitcode: 2) local_rank: 0 ...",
-    # "Sending process N closing signal SIGTERM"): a refused run has said why in one line already,
-    # and a failed one is summed up below in one.
-    exit_log = logging.getLogger(_WORKER_EXIT_LOGGER)
-    was_disabled, exit_log.disabled = exit_log.disabled, True
-    agent_log, death_line = logging.getLogger(_AGENT_LOGGER), _DropDeathSignalLine()
-    agent_log.addFilter(death_line)
     # torchrun's agent installs its own SIGINT/SIGTERM/SIGHUP/SIGQUIT handlers and never restores
     # them: after one local run, Ctrl-C in a sweep would raise torch's SignalException everywhere
     # else (between runs, in the cluster launcher, in the report) instead of KeyboardInterrupt.
     saved_handlers = _signal_handlers()
     try:
-        with exported(env):
+        with exported(env), quiet_torchrun_logs():
             run(get_args_parser().parse_args(argv))
     except ChildFailedError as e:
-        failures = sorted(e.failures.values(), key=lambda f: f.timestamp)
-        first = next((f for f in failures if f.exitcode > 0), failures[0])
-        code = first.exitcode if first.exitcode > 0 else 1
-        if code != 2:  # 2: the worker refused the run and printed why
-            print(
-                f"error: worker {first.local_rank} (pid {first.pid}) exited with code {first.exitcode}", file=sys.stderr
-            )
+        code, line, killed = worker_failure(e.failures.values())
+        if line is not None:
+            print(f"error: {line}", file=sys.stderr)
+            # The workers could not record it: the killed one is gone, its peers were stopped by the
+            # agent (and stay quiet, as when interrupted) or failed in a collective because of it.
+            record_failure(resolved_config.parent, line, replace_failed=killed)
         return code
     except SignalException:
         # torchrun's agent turns SIGINT/SIGTERM into this after stopping the workers; the caller
         # (a sweep, a study) sees the same interrupted code as from the emulated cluster.
         return INTERRUPTED_EXIT_CODE
     finally:
-        exit_log.disabled = was_disabled
-        agent_log.removeFilter(death_line)
         _restore_signal_handlers(saved_handlers)
     return 0
+
+
+@contextlib.contextmanager
+def quiet_torchrun_logs() -> Iterator[None]:
+    """torchrun's agent without its per-worker exit lines and its "death signal" line."""
+    # torchrun logs every worker's exit in two lines ("failed (exitcode: 2) local_rank: 0 ...",
+    # "Sending process N closing signal SIGTERM"): a refused run has said why in one line already,
+    # and a failed one is summed up by its launcher in one.
+    exit_log = logging.getLogger(_WORKER_EXIT_LOGGER)
+    was_disabled, exit_log.disabled = exit_log.disabled, True
+    agent_log, death_line = logging.getLogger(_AGENT_LOGGER), _DropDeathSignalLine()
+    agent_log.addFilter(death_line)
+    try:
+        yield
+    finally:
+        exit_log.disabled = was_disabled
+        agent_log.removeFilter(death_line)
 
 
 _LAUNCHER_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
@@ -237,12 +276,7 @@ def _refuse(error: Exception) -> int:
 
 
 def _mark_failed(config: Config, error: BaseException) -> None:
-    run = RunDir(config.run_dir())
-    try:
-        if run.status() == "running":
-            run.finish("failed", f"{type(error).__name__}: {error}")
-    except (RunError, OSError):
-        pass  # the manifest itself is unreadable or unwritable (a full disk): nothing more can be recorded
+    record_failure(config.run_dir(), f"{type(error).__name__}: {error}")
 
 
 def run_worker(config: Config, resume: bool, argv: list[str] | None = None) -> int:
@@ -280,9 +314,21 @@ def run_worker(config: Config, resume: bool, argv: list[str] | None = None) -> i
             _mark_failed(config, e)
         return 1
     except Exception as e:
-        if _Interrupt.seen:  # a collective broke because a peer was stopped: part of the interrupt
+        # A collective broke because a peer was stopped or died: part of the interrupt, or of the
+        # peer's failure, which the launcher reports in one line.
+        if _Interrupt.seen or _stopped_after_peer_loss(e):
             traceback.clear_frames(e.__traceback__)
             return _interrupted(config, ctx, outcome, argv)
+        # One line from rank 0, not a gloo traceback from every rank: a collective past the timeout,
+        # or a peer lost that no stop from our agent followed (it ran on another node).
+        line = collective_timeout_line(e, config.dist.timeout_s) or peer_lost_line(e)
+        if line is not None:
+            if ctx is None or ctx.is_main:
+                print(f"error: {line}", file=sys.stderr)
+                if outcome.started:
+                    record_failure(config.run_dir(), line)
+            traceback.clear_frames(e.__traceback__)
+            return 1
         if outcome.started and (ctx is None or ctx.is_main):
             _mark_failed(config, e)
         # The traceback keeps train_worker's locals (its Freezer and DDP wrapper, which hold the
@@ -290,7 +336,12 @@ def run_worker(config: Config, resume: bool, argv: list[str] | None = None) -> i
         traceback.clear_frames(e.__traceback__)
         raise
     finally:
-        teardown_worker()
+        try:
+            teardown_worker()
+        except KeyboardInterrupt:
+            # Ctrl-C while the process group shuts down (the run's outcome is settled): the
+            # launcher, or the return code, says it; a traceback from gc.collect() says nothing.
+            _Interrupt.seen = True
 
 
 def _interrupted(config: Config, ctx, outcome, argv: list[str] | None) -> int:
@@ -302,6 +353,23 @@ def _interrupted(config: Config, ctx, outcome, argv: list[str] | None) -> int:
         if not in_sweep():
             print(interrupted_line(config, argv or []), file=sys.stderr)
     return INTERRUPTED_EXIT_CODE
+
+
+def _say_interrupted(config: Config, lock: RunLock, argv: list[str] | None) -> None:
+    """The launcher's one line after its workers stopped on Ctrl-C or SIGTERM (they say nothing)."""
+    run = RunDir(config.run_dir())
+    run.mark_interrupted()
+    try:
+        status = run.status()
+    except RunError:
+        status = "running"  # an unreadable manifest: the resume command is still the way on
+    if status == "complete":
+        print(f"interrupted: {run.path} had completed; its results are kept", file=sys.stderr)
+    elif status == "absent" and not run.has_progress():
+        lock.discard_if_unstarted()
+        print(f"interrupted: {run.path} had not started; nothing was kept", file=sys.stderr)
+    else:
+        print(interrupted_line(config, argv or []), file=sys.stderr)
 
 
 def run_launcher(config: Config, resume: bool, max_restarts: int, argv: list[str] | None = None) -> int:
@@ -323,10 +391,11 @@ def run_launcher(config: Config, resume: bool, max_restarts: int, argv: list[str
             code = launch_cluster(config, resolved, resume, max_restarts, lock)
         else:
             code = launch_local(resolved, config.dist.nproc, resume, max_restarts, lock)
-        if code == INTERRUPTED_EXIT_CODE and RunDir(config.run_dir()).mark_interrupted():
-            print(interrupted_line(config, argv or []), file=sys.stderr)
+        if code == INTERRUPTED_EXIT_CODE:
+            _say_interrupted(config, lock, argv)
         elif code != 0:
             lock.discard_if_unstarted()  # the workers refused the run before it started
+            record_failure(config.run_dir(), f"exit code {code}")  # started, and no worker said why
         return code
 
 

@@ -117,20 +117,30 @@ class RunLock:
             os.ftruncate(fd, 0)
             os.pwrite(fd, (json.dumps(record) + "\n").encode("utf-8"), 0)
             remove_stale_temp_files(run_dir)
-        except OSError as err:
-            os.close(fd)
+        except OSError as err:  # a full disk: refused, and a directory made for the run goes again
+            refused = cls(run_dir, fd, token, created)
+            refused.discard_if_unstarted()
+            refused.release()
             raise RunError(f"cannot write {path}: {err.strerror}") from None
         return cls(run_dir, fd, token, created)
 
     @classmethod
     def for_worker(cls, run_dir: str | Path) -> RunLock:
         """Rank 0's lock: the launcher's when this worker was started with its token (checked to be
-        still held under it), else its own (:meth:`acquire`)."""
+        still held under it), else its own (:meth:`acquire`). Either way, temp files a killed writer
+        left behind are removed: under ``--max-restarts`` the writer killed mid-save was a worker of
+        this same launcher, after the launcher had taken the lock (and cleaned up) once."""
         token = os.environ.get(TOKEN_ENV)
         if not token:
             return cls.acquire(run_dir)
         lock = cls(Path(run_dir), None, token)
         lock.check_held()
+        try:
+            # Safe while the lock is held: the launcher writes nothing while its workers run, and
+            # torchrun restarts a worker only after stopping all of them.
+            remove_stale_temp_files(lock.run_dir)
+        except OSError as err:
+            raise RunError(f"cannot remove stale temp files in {lock.run_dir}: {err.strerror}") from None
         return lock
 
     def check_held(self) -> None:

@@ -30,6 +30,7 @@ from typing import Any, Literal
 import torch
 
 from freeze._atomic import atomic_write, atomic_write_json, atomic_write_text
+from freeze.integrity import CorruptFileError, check_torch_file
 from freeze.pipeline.jsonl import JsonLinesError, read_json_lines
 from freeze.pipeline.schema import (
     CHECKPOINT_FILE,
@@ -109,10 +110,20 @@ def load_torch_file(path: Path, map_location: Any = "cpu") -> Any:
 
 def load_checkpoint(path: str | Path, map_location: Any = "cpu") -> Any:
     """Load a checkpoint written by :func:`save_checkpoint` (:func:`load_torch_file`); RunError (one
-    line) when it is missing, corrupt or refers to anything but tensors and plain data."""
+    line) when it is missing, corrupt (its CRC32s checked first: torch.load loads a flipped bit
+    inside a tensor silently) or refers to anything but tensors and plain data."""
     path = Path(path)
     if not path.is_file():
         raise RunError(f"checkpoint {path} does not exist")
+    try:
+        check_torch_file(path)
+    except CorruptFileError as err:
+        raise RunError(
+            f"checkpoint {err}; refused (corrupt): put back a copy of an earlier epoch's checkpoint.pt "
+            "if you kept one, or delete it to start the run over"
+        ) from None
+    except OSError as err:
+        raise RunError(f"checkpoint {path} cannot be read: {err.strerror or err}") from None
     try:
         return load_torch_file(path, map_location)
     except UnsafeFileError as err:
@@ -147,8 +158,12 @@ KEYS_ADDED_LATER = {"run.keep_checkpoint": False}
 def first_differing_key(old_toml: str, new_toml: str) -> tuple[str, Any, Any] | None:
     """(dotted key, old value, new value) of the first key that differs, or None if equal as data
     (a key of :data:`KEYS_ADDED_LATER` absent from ``old_toml`` and at its default in ``new_toml`` is equal)."""
-    old = dict(_flatten(tomllib.loads(old_toml)))
-    new = dict(_flatten(tomllib.loads(new_toml)))
+    return first_differing_key_of(tomllib.loads(old_toml), tomllib.loads(new_toml))
+
+
+def first_differing_key_of(old_config: dict[str, Any], new_config: dict[str, Any]) -> tuple[str, Any, Any] | None:
+    """:func:`first_differing_key` of two configs already read (nested dicts, as TOML reads them)."""
+    old, new = dict(_flatten(old_config)), dict(_flatten(new_config))
     missing = object()
     for key in list(old) + [k for k in new if k not in old]:
         if key not in old and key in KEYS_ADDED_LATER and new.get(key) == KEYS_ADDED_LATER[key]:
@@ -213,8 +228,15 @@ class RunDir:
             )
         if resume and self.config_path.exists():
             self._check_same_config(config_toml)
-        self.path.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(self.config_path, config_toml)
+        if resume and status != "absent":
+            self._check_started_config(config_toml)
+        if resume:
+            self.epoch_records()  # a bad line stops the run here, before any worker trains
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(self.config_path, config_toml)
+        except OSError as err:  # a full disk, a read-only mount: refused before the run starts
+            raise RunError(f"cannot write {err.filename or self.config_path}: {err.strerror or err}") from None
         return status
 
     def begin(self, manifest: dict[str, Any], resume: bool) -> None:
@@ -246,6 +268,25 @@ class RunDir:
         raise RunError(
             f"cannot resume {self.path} with a different config: {key} was {old!r}, now {new!r}; "
             "resume with the stored config, or choose another run.name"
+        )
+
+    def _check_started_config(self, config_toml: str) -> None:
+        """RunError unless ``config_toml`` is the config the run started with (the manifest's
+        ``config``): config.toml itself may have been edited, and resuming through
+        ``--config <run>/config.toml`` then passed :meth:`_check_same_config` while the checkpoint's
+        optimizer state silently overrode, say, a new optim.lr. Manifests of older versions hold no
+        config and are not checked."""
+        started = self.read_manifest().get("config")
+        if not isinstance(started, dict):
+            return
+        diff = first_differing_key_of(started, tomllib.loads(config_toml))
+        if diff is None:
+            return
+        key, old, new = diff
+        raise RunError(
+            f"cannot resume {self.path}: the run started with {key} = {old!r} ({self.manifest_path.name}), "
+            f"this config has {new!r} (was {self.config_path.name} edited?); resume with the config it "
+            "started with, or choose another run.name"
         )
 
     # --- manifest
@@ -336,12 +377,40 @@ class RunDir:
             raise RunError(f"{self.metrics_path}: {err}") from None
         return [record for _, record in numbered], valid_bytes
 
+    def epoch_records(self) -> list[dict[str, Any]]:
+        """:meth:`read_metrics` for a resume: RunError (one line, naming the file and line, what to
+        do) for a bad line other than a torn last one, or a record without an integer epoch."""
+        try:
+            records = self.read_metrics()
+        except RunError as err:
+            raise RunError(f"cannot resume {self.path}: {err}; repair that line, or choose another run.name") from None
+        for record in records:
+            if not isinstance(record.get("epoch"), int) or isinstance(record.get("epoch"), bool):
+                raise RunError(
+                    f"cannot resume {self.path}: {self.metrics_path}: a record has no integer 'epoch': "
+                    f"{str(record)[:120]}; repair it, or choose another run.name"
+                )
+        return records
+
+    def check_metrics_cover(self, epochs_done: int) -> None:
+        """RunError (one line) unless metrics.jsonl holds a record of every epoch before
+        ``epochs_done`` (the checkpoint's): a resume would otherwise complete a run whose missing
+        epochs nothing re-runs, and mark it complete. Records past the checkpoint are fine (the
+        resume re-runs those epochs and drops them first)."""
+        have = {record["epoch"] for record in self.epoch_records()}
+        missing = [epoch for epoch in range(epochs_done) if epoch not in have]
+        if not missing:
+            return
+        shown = ", ".join(map(str, missing[:5])) + (", ..." if len(missing) > 5 else "")
+        where = "has no metrics.jsonl" if not self.metrics_path.exists() else "metrics.jsonl lacks epoch(s) " + shown
+        raise RunError(
+            f"cannot resume {self.path}: its checkpoint is at epoch {epochs_done}, but the run {where}; "
+            "put the file back, or delete checkpoint.pt to re-run it from epoch 0"
+        )
+
     def truncate_metrics(self, num_epochs: int) -> list[dict[str, Any]]:
         """Keep only the records of epochs < ``num_epochs`` (atomic rewrite); used on resume."""
-        records = self.read_metrics()
-        for record in records:
-            if not isinstance(record.get("epoch"), int):
-                raise RunError(f"{self.metrics_path}: a record has no integer 'epoch': {str(record)[:120]}")
+        records = self.epoch_records()
         kept = [r for r in records if r["epoch"] < num_epochs]
         if self.metrics_path.exists():
             atomic_write_text(self.metrics_path, "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in kept))
@@ -352,7 +421,8 @@ class RunDir:
 # environment
 
 
-_REPO_DIR = Path(__file__).resolve().parent.parent
+# The repository root: this file is <root>/freeze/pipeline/runs.py.
+_REPO_DIR = Path(__file__).resolve().parents[2]
 
 
 def _git(*args: str) -> str | None:
@@ -364,8 +434,10 @@ def _git(*args: str) -> str | None:
 
 
 def git_commit() -> str | None:
-    """HEAD of the repository this package lives in, "+dirty" when tracked files changed."""
+    """HEAD of the repository this package lives in, "+dirty" when tracked files changed; None
+    outside a git checkout (an installed copy) or without git."""
     # Without this check an installed copy in site-packages would report an unrelated outer repo.
+    # ``.git`` is a directory in a clone and a file in a worktree or submodule: both count.
     if not (_REPO_DIR / ".git").exists():
         return None
     commit = _git("rev-parse", "HEAD")

@@ -34,6 +34,7 @@ import argparse
 import contextlib
 import itertools
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -43,6 +44,7 @@ from pathlib import Path
 
 from freeze.pipeline.config import Config, ConfigError, load_config
 from freeze.pipeline.distributed import check_hardware
+from freeze.pipeline.failures import killed_line, record_failure
 from freeze.pipeline.lifetime import launcher_env, worker_argv
 from freeze.pipeline.run import INTERRUPTED_EXIT_CODE, exported, launch_cluster, launch_local, prepare_run_dir
 from freeze.pipeline.run_lock import RunBusyError, RunLock
@@ -216,7 +218,13 @@ def _launch(config: Config, resume: bool, lock: RunLock) -> int:
     # dies with the sweep and works under the sweep's lock (launcher_env, lock.env).
     cmd = [sys.executable, *worker_argv("freeze.pipeline.run"), "--config", str(resolved)]
     env = {**os.environ, **launcher_env(), **lock.env()}
-    return subprocess.run(cmd + (["--resume"] if resume else []), env=env).returncode
+    code = subprocess.run(cmd + (["--resume"] if resume else []), env=env).returncode
+    if code < 0 and -code not in (signal.SIGINT, signal.SIGTERM):  # killed (the OOM killer): it recorded nothing
+        line = killed_line("the run's process", -code)
+        print(f"error: {line}", file=sys.stderr)
+        record_failure(config.run_dir(), line, replace_failed=True)
+        return 1
+    return code
 
 
 # INTERRUPTED_EXIT_CODE (run.py): what a launcher returns when it was interrupted (Ctrl-C or
@@ -265,6 +273,8 @@ def _run_one(spec: RunSpec, tag: str, summary: SweepSummary, log) -> None:
             return
         if code != 0:
             lock.discard_if_unstarted()  # refused before it started: nothing left behind
+        if code not in (0, INTERRUPTED_EXIT_CODE):
+            record_failure(run.path, f"exit code {code}")  # started, and no worker said why
     summary.ran.append(spec.name)
     if resume:
         summary.resumed.append(spec.name)

@@ -476,6 +476,8 @@ def _train(
     start_epoch, cumulative_wall_s = 0, 0.0
     if resume and run.checkpoint_path.exists():
         start_epoch, cumulative_wall_s = resume_training(t, run.checkpoint_path, ctx.device)
+        # before begin_run: a refused resume keeps its status, and every rank stops on it
+        run_and_agree(lambda: run.check_metrics_cover(start_epoch), run_here=ctx.is_main, error_type=RunError)
         logger.info("resumed %s at epoch %d (boundary %d)", run.path, start_epoch, t.freezer.boundary)
     begin_run(cfg, ctx, run, blocks, policy, split, resume)
     outcome.started = True

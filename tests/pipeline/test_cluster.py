@@ -255,6 +255,12 @@ def test_two_node_run_crosses_the_shaped_links_and_leaves_nothing_behind(cluster
     assert all(link["lo_tx_bytes"] < 0.01 * allreduce for link in record["links"])
 
 
+def _is_agent(pid: int) -> bool:
+    """Whether ``pid`` is a node's torchrun agent (ours, or torchrun's own module), not a worker."""
+    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    return b"freeze.pipeline.cluster.agent" in cmdline or b"torch.distributed.run" in cmdline
+
+
 @needs_cluster
 def test_killed_worker_on_one_node_restarts_and_resumes_to_the_same_result(cluster_run):
     """torchrun --max-restarts 1 on every node: node 1's worker is SIGKILLed after the first
@@ -269,11 +275,7 @@ def test_killed_worker_on_one_node_restarts_and_resumes_to_the_same_result(clust
             assert proc.poll() is None, (tmp_path / "launcher.log").read_text()[-3000:]
             assert time.monotonic() < deadline, "no checkpoint within the deadline"
             time.sleep(0.05)
-        workers = [
-            pid
-            for pid in net.namespace_pids(f"{net.PREFIX}-{cluster_id}-n1")
-            if b"torch.distributed.run" not in Path(f"/proc/{pid}/cmdline").read_bytes()
-        ]
+        workers = [pid for pid in net.namespace_pids(f"{net.PREFIX}-{cluster_id}-n1") if not _is_agent(pid)]
         assert len(workers) == 1, workers
         os.kill(workers[0], signal.SIGKILL)
     except BaseException:
@@ -337,7 +339,10 @@ def test_interrupted_launcher_removes_its_cluster(tmp_path, sig):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     assert _our_namespaces(cluster_id) == [] and not (net.OWNER_DIR / f"{cluster_id}.json").exists()
-    assert "interrupted; agents stopped and namespaces removed" in (tmp_path / "launcher.log").read_text()
+    log = (tmp_path / "launcher.log").read_text()
+    assert "interrupted; agents stopped and namespaces removed" in log
+    # Was: 64 lines of the agents' SignalException tracebacks before that line.
+    assert "Traceback" not in log and "SignalException" not in log, log
 
 
 @needs_cluster
@@ -411,3 +416,30 @@ def test_probe_tables_bytes():
         "|---|---|---|---|---|---|\n"
         "| 2 | 1gbit | idle | 1.2 | 100 / 200 us | 420 (42%) |"
     )
+
+
+@needs_cluster
+def test_a_sigkilled_worker_on_one_node_fails_the_run_naming_the_node_and_the_signal(tmp_path):
+    """Without restarts: node 1's worker is SIGKILLed (the out-of-memory killer). The run is failed,
+    the manifest names the node and the signal (the launcher saw only the agent's exit code 1)."""
+    proc = _launch(_run_args(tmp_path, "oom"), tmp_path)
+    deadline = time.monotonic() + DEADLINE_S
+    try:
+        cluster_id = _cluster_id_of(proc.pid, deadline)
+        metrics = tmp_path / "runs" / "smoke" / "oom" / "metrics.jsonl"
+        while not (metrics.exists() and metrics.read_text().strip()):
+            assert proc.poll() is None, (tmp_path / "launcher.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "no epoch within the deadline"
+            time.sleep(0.05)
+        workers = [pid for pid in net.namespace_pids(f"{net.PREFIX}-{cluster_id}-n1") if not _is_agent(pid)]
+        assert len(workers) == 1, workers
+        os.kill(workers[0], signal.SIGKILL)
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGTERM)
+        raise
+    out = _wait(proc, tmp_path, deadline)
+    assert proc.returncode == 1, out[-4000:]
+    manifest = json.loads((tmp_path / "runs" / "smoke" / "oom" / "manifest.json").read_text())
+    assert manifest["status"] == "failed", manifest
+    assert manifest["error"].startswith("node at 10.") and "signal SIGKILL" in manifest["error"], manifest
+    assert "Traceback" not in out, out[-4000:]

@@ -50,3 +50,33 @@ def test_complete_runs_trade_their_checkpoint_for_their_final_weights(tmp_path, 
 def test_a_folder_that_is_not_there_is_one_line(tmp_path, capsys):
     assert main([str(tmp_path / "nope")]) == 2
     assert capsys.readouterr().err.strip() == f"error: {tmp_path / 'nope'} is not a directory"
+
+
+def test_temp_files_of_killed_writers_go_except_in_a_run_another_process_writes(tmp_path, capsys):
+    """A writer killed mid-save leaves .checkpoint.pt.XXXXXXXX.tmp (78 MB in the probe); prune kept it."""
+    import subprocess
+    import sys
+
+    runs = _study(tmp_path)
+    study = runs / "fixture_study"
+    failed, busy = study / "autofreeze-s2", study / "none-s0"  # a run that may still resume; one being written
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"from freeze.pipeline.run_lock import RunLock; RunLock.acquire({str(busy)!r}); "
+         "print('locked', flush=True); input()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        for run_dir in (failed, busy):  # the busy run's is its writer's save in progress
+            (run_dir / ".checkpoint.pt.abcd1234.tmp").write_bytes(b"\0" * 2_000_000)
+        assert main([str(runs), "--dry-run"]) == 0
+        assert "would remove 4 MB of temp files that killed writers left in 2 run(s)" in capsys.readouterr().out
+        assert main([str(runs)]) == 0
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+    out = capsys.readouterr().out
+    assert "removed 2 MB of temp files that killed writers left in 1 run(s)" in out, out
+    assert "1 busy (another process writes them)" in out
+    assert not (failed / ".checkpoint.pt.abcd1234.tmp").exists() and (failed / "checkpoint.pt").is_file()
+    assert (busy / ".checkpoint.pt.abcd1234.tmp").exists() and (busy / "checkpoint.pt").is_file()

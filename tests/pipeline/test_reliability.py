@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -145,6 +146,22 @@ def test_a_killed_holder_leaves_no_stale_lock_and_its_temp_files_go(tmp_path):
         holder.wait(timeout=30)
     with RunLock.acquire(run_dir):  # the kernel dropped the dead holder's flock
         assert not (run_dir / ".checkpoint.pt.abcd1234.tmp").exists()
+
+
+def test_a_restarted_worker_removes_the_temp_file_its_killed_predecessor_left(tmp_path, monkeypatch):
+    """Under --max-restarts rank 0 works under its launcher's lock (delegated): the launcher cleaned
+    up when it took the lock, before any worker ran, so a temp file of a worker killed mid-save
+    (78 MB in the probe) stayed in the run after it completed."""
+    from freeze.pipeline.run_lock import TOKEN_ENV, RunLock
+
+    run_dir = tmp_path / "run"
+    with RunLock.acquire(run_dir) as launcher:
+        stale = run_dir / ".checkpoint.pt.abcd1234.tmp"
+        stale.write_bytes(b"\0" * 100)  # the first worker's save, cut short by SIGKILL
+        monkeypatch.setenv(TOKEN_ENV, launcher.token)
+        restarted = RunLock.for_worker(run_dir)
+        assert restarted.delegated and not stale.exists()
+        assert (run_dir / ".lock").is_file()  # the lock file itself is never a temp file
 
 
 def test_resume_is_refused_while_another_process_writes_the_run(tmp_path, capsys):
@@ -367,7 +384,6 @@ def test_a_second_sweep_leaves_a_run_another_process_writes_and_says_so(tmp_path
 def test_checkpoint_of_another_policy_is_one_line_naming_both(tmp_path):
     """A checkpoint copied from a run of another policy (same model, same config otherwise): its
     boundary and policy state would be loaded under this run's policy. Refused, naming both specs."""
-    from types import SimpleNamespace
 
     from freeze import Freezer, make_policy, split_blocks
     from freeze.pipeline.prepare import resume_training
@@ -428,3 +444,323 @@ def test_ctrl_c_on_a_run_says_interrupted_in_one_line_with_the_resume_command(tm
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads((runs / "smoke" / "smoke" / "manifest.json").read_text())["status"] == "complete"
+
+
+# ------------------------------------------------------------------ a worker killed by a signal we did not send
+def _local_rank(pid: int) -> int | None:
+    """LOCAL_RANK in the environment torchrun gave worker ``pid`` (None if it is gone)."""
+    try:
+        environ = (Path("/proc") / str(pid) / "environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    found = [entry.split(b"=", 1)[1] for entry in environ if entry.startswith(b"LOCAL_RANK=")]
+    return int(found[0]) if found else None
+
+
+def sigkill_worker(launcher_pid: int, local_rank: int, n_workers: int = 2) -> None:
+    """SIGKILL the worker of ``launcher_pid`` with ``local_rank``, as the out-of-memory killer would."""
+
+    def started() -> list[int]:
+        found = _children(launcher_pid)
+        return found if len(found) >= n_workers else []
+
+    (victim,) = [pid for pid in _wait_for(started, 60, "the workers") if _local_rank(pid) == local_rank]
+    os.kill(victim, signal.SIGKILL)
+
+
+@pytest.mark.parametrize(
+    "exitcodes, expected",
+    [
+        # the killed rank, then its peer stopped by the agent (130), in one second or in either order
+        ({0: -9, 1: 130}, (1, "worker 0", "SIGKILL")),
+        ({1: 130, 0: -9}, (1, "worker 0", "SIGKILL")),
+        ({0: 1, 1: -9}, (1, "worker 1", "SIGKILL")),  # the peer's gloo error came first: still the kill
+        ({0: 130, 1: 1}, (1, "worker 1", "code 1")),  # a Python error on rank 1, rank 0 stopped
+        ({0: 130, 1: 2}, (2, None, None)),  # refused: the worker said why
+        ({0: 130, 1: -15}, (130, None, None)),  # every worker stopped from outside: interrupted
+    ],
+)
+def test_the_worker_that_failed_is_blamed_not_the_one_the_agent_stopped(exitcodes, expected):
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    from freeze.pipeline.failures import worker_failure
+
+    failures = [ProcessFailure(rank, 1000 + rank, code, "/nonexistent") for rank, code in exitcodes.items()]
+    code, line, killed = worker_failure(failures)
+    want_code, who, what = expected
+    assert code == want_code
+    assert killed == (what == "SIGKILL")
+    if who is None:
+        assert line is None
+    else:
+        assert line.startswith(f"{who} (pid 100") and what in line and "\n" not in line
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc and signals as on Linux")
+def test_a_sigkilled_worker_fails_the_run_naming_it_and_the_signal(tmp_path):
+    """Was: the peer, stopped by torchrun with SIGTERM, was blamed ("worker 1 exited with code 130"),
+    the run recorded "interrupted" and exit 130, so a sweep or study stopped there."""
+    runs, repo = tmp_path / "runs", Path(__file__).resolve().parents[2]
+    args = ["--config", str(SMOKE), "dist.nproc=2", "train.epochs=8", f"run.out_dir={runs}"]
+    args += [f"data.root={tmp_path / 'data'}", "dist.timeout_s=60"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(repo))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "experiments.run", *args],
+        cwd=repo,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    metrics = runs / "smoke" / "smoke" / "metrics.jsonl"
+    try:
+        _wait_for(lambda: metrics.is_file() and metrics.read_text().strip(), 180, "the first epoch")
+        sigkill_worker(proc.pid, local_rank=0)
+        out, err = proc.communicate(timeout=90)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 1, err
+    errors = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "worker 0 (pid" in errors[0] and "signal SIGKILL" in errors[0], err
+    assert "interrupted" not in err, err
+    assert "Traceback" not in err, err
+    manifest = json.loads((runs / "smoke" / "smoke" / "manifest.json").read_text())
+    assert manifest["status"] == "failed", manifest
+    assert "worker 0" in manifest["error"] and "SIGKILL" in manifest["error"]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc and signals as on Linux")
+def test_a_sweep_goes_on_after_a_sigkilled_worker(tmp_path):
+    """Was: the run was recorded "interrupted" and the sweep stopped with exit 130 before run 2."""
+    runs, repo = tmp_path / "runs", Path(__file__).resolve().parents[2]
+    sweep = tmp_path / "sweep.toml"
+    overrides = [f"data.root={tmp_path / 'data'}", "dist.nproc=2", "dist.timeout_s=60"]
+    listed = ", ".join(f'"{o}"' for o in overrides)
+    # run 1 (8 epochs) is killed after its first; run 2 (1 epoch) must still run
+    sweep.write_text(
+        f'[sweep]\nbase = "{SMOKE}"\nstudy = "s"\noverrides = [{listed}]\n[grid]\n"train.epochs" = [8, 1]\n'
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "experiments.sweep", "--sweep", str(sweep), "--out-dir", str(runs)],
+        cwd=repo,
+        env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(repo)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    metrics = runs / "s" / "epochs=8" / "metrics.jsonl"
+    try:
+        _wait_for(lambda: metrics.is_file() and metrics.read_text().strip(), 180, "run 1's first epoch")
+        sigkill_worker(proc.pid, local_rank=1)
+        out, _ = proc.communicate(timeout=240)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 1, out
+    killed = json.loads((runs / "s" / "epochs=8" / "manifest.json").read_text())
+    assert killed["status"] == "failed" and "worker 1" in killed["error"] and "SIGKILL" in killed["error"], killed
+    assert json.loads((runs / "s" / "epochs=1" / "manifest.json").read_text())["status"] == "complete", out
+    assert "1 failed" in out and "Traceback" not in out, out
+
+
+# ------------------------------------------------------------------ a full disk at start-up: one line, exit 2
+def _no_space(*args, **kwargs):
+    import errno
+
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_a_full_disk_when_a_new_run_takes_its_lock_leaves_nothing(tmp_path, monkeypatch, capsys):
+    """Was: one line and exit 2, but an empty new run directory holding a 0-byte .lock."""
+    import freeze.pipeline.run as run_module
+
+    monkeypatch.setattr(os, "pwrite", _no_space)  # the lock's holder record is the first write
+    argv = [
+        "--config",
+        str(SMOKE),
+        f"run.out_dir={tmp_path / 'runs'}",
+        f"data.root={tmp_path / 'data'}",
+        "dist.nproc=2",
+    ]
+    assert run_module.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith("error: cannot write ") and "No space left on device" in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_full_disk_at_a_resume_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
+    """Was: a 30-line OSError traceback from run_launcher (config.toml's write) and exit 1."""
+    import freeze.pipeline.run as run_module
+    import freeze.pipeline.runs as runs_module
+    from freeze.pipeline.config import config_to_toml, load_config
+    from freeze.pipeline.runs import RunDir
+
+    overrides = [f"run.out_dir={tmp_path / 'runs'}", f"data.root={tmp_path / 'data'}", "dist.nproc=2"]
+    config = load_config(SMOKE, overrides)
+    run = RunDir(config.run_dir())
+    run.create(config_to_toml(config), {"run_name": "smoke"}, resume=False)
+    run.append_metrics({"epoch": 0})
+    run.mark_interrupted()
+    before = {p.name: p.read_bytes() for p in run.path.iterdir()}
+    monkeypatch.setattr(runs_module, "atomic_write_text", _no_space)
+    assert run_module.main(["--config", str(SMOKE), "--resume", *overrides]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"error: cannot write {run.config_path}: No space left on device"
+    after = {p.name: p.read_bytes() for p in run.path.iterdir() if p.name != ".lock"}  # the lock file stays
+    assert after == before  # nothing changed, nothing lost
+
+
+def test_a_full_disk_at_a_sweeps_resume_fails_that_run_in_one_line(tmp_path, monkeypatch):
+    """Was: a 29-line traceback that ended the sweep."""
+    import freeze.pipeline.runs as runs_module
+    from freeze.pipeline.config import config_to_toml
+    from freeze.pipeline.runs import RunDir
+    from freeze.pipeline.sweep import expand, run_specs
+
+    (spec,) = expand(str(SMOKE), "s", {}, ["dist.nproc=2", f"data.root={tmp_path / 'data'}"], str(tmp_path / "runs"))
+    run = RunDir(spec.config.run_dir())
+    run.create(config_to_toml(spec.config), {"run_name": spec.name}, resume=False)
+    run.append_metrics({"epoch": 0})
+    run.mark_interrupted()
+    monkeypatch.setattr(runs_module, "atomic_write_text", _no_space)
+    lines: list[str] = []
+    summary = run_specs([spec], log=lines.append)
+    assert summary.failed == [(spec.name, f"cannot write {run.config_path}: No space left on device")]
+    assert run.status() == "interrupted"  # still resumable once there is space
+
+
+# ------------------------------------------------------------------ metrics.jsonl that a resume cannot continue
+def _interrupted_run_with_metrics(tmp_path, metrics: bytes):
+    from freeze.pipeline.config import config_to_toml, load_config
+    from freeze.pipeline.runs import RunDir
+
+    overrides = [f"run.out_dir={tmp_path / 'runs'}", f"data.root={tmp_path / 'data'}", "dist.nproc=2"]
+    config = load_config(SMOKE, overrides)
+    run = RunDir(config.run_dir())
+    run.create(config_to_toml(config), {"run_name": "smoke"}, resume=False)
+    run.metrics_path.write_bytes(metrics)
+    run.mark_interrupted()
+    return run, overrides
+
+
+@pytest.mark.parametrize(
+    "metrics, expected",
+    [
+        (b'garbage{\n{"epoch":1}\n', "line 1: not valid JSON"),
+        (b'{"epoch":0}\n{"loss":1}\n', "a record has no integer 'epoch'"),
+    ],
+)
+def test_a_bad_middle_metrics_line_refuses_the_resume_before_any_worker_starts(tmp_path, capsys, metrics, expected):
+    """Was: one line from rank 0 after the run was marked running, a ~45-line traceback from rank 1
+    (already training), and the interrupted run rewritten as failed."""
+    import freeze.pipeline.run as run_module
+
+    run, overrides = _interrupted_run_with_metrics(tmp_path, metrics)
+    assert run_module.main(["--config", str(SMOKE), "--resume", *overrides]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith(f"error: cannot resume {run.path}: ") and expected in err, err
+    assert "run.name" in err and run.status() == "interrupted"
+
+
+def test_a_resume_whose_metrics_lack_the_checkpoints_epochs_is_refused(tmp_path):
+    """Was: the resume went on from the checkpoint and the run was marked complete with epochs
+    missing from metrics.jsonl, so nothing re-ran them."""
+    from freeze.pipeline.runs import RunDir
+
+    repo = Path(__file__).resolve().parents[2]
+    args = ["--config", str(SMOKE), "dist.nproc=1", "train.epochs=1", "run.keep_checkpoint=true"]
+    args += [f"run.out_dir={tmp_path / 'runs'}", f"data.root={tmp_path / 'data'}"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(repo))
+    first = subprocess.run([sys.executable, "-m", "experiments.run", *args], cwd=repo, env=env, capture_output=True)
+    assert first.returncode == 0, first.stderr[-2000:]
+    run = RunDir(tmp_path / "runs" / "smoke" / "smoke")
+    run.update_manifest(status="interrupted")  # as if stopped after its checkpoint of epoch 1
+    run.metrics_path.unlink()
+    again = subprocess.run(
+        [sys.executable, "-m", "experiments.run", *args, "--resume"], cwd=repo, env=env, capture_output=True, text=True
+    )
+    assert again.returncode == 2, again.stderr[-2000:]
+    err = again.stderr.strip()
+    assert "\n" not in err and "checkpoint is at epoch 1, but the run has no metrics.jsonl" in err, err
+    assert run.status() == "interrupted" and not run.metrics_path.exists()
+    run.metrics_path.write_text('{"epoch":0}\n')  # epoch 0's record back: the resume goes on
+    assert run.check_metrics_cover(1) is None
+    run.metrics_path.write_text('{"epoch":1}\n')
+    with pytest.raises(RunError, match=r"metrics.jsonl lacks epoch\(s\) 0;"):
+        run.check_metrics_cover(2)
+
+
+def test_an_edited_config_toml_resumed_through_itself_is_refused(tmp_path, capsys):
+    """Was: accepted (the stored file is the --config file, so they agree), the new optim.lr
+    silently overridden by the checkpoint's optimizer state, and config.toml misdescribing the run."""
+    import freeze.pipeline.run as run_module
+    from freeze.pipeline.config import config_to_toml, load_config
+    from freeze.pipeline.prepare import _manifest
+    from freeze.pipeline.runs import RunDir
+
+    config = load_config(SMOKE, [f"run.out_dir={tmp_path / 'runs'}", f"data.root={tmp_path / 'data'}", "dist.nproc=2"])
+    run = RunDir(config.run_dir())
+    context = SimpleNamespace(world_size=2, device=torch.device("cpu"))
+    manifest = _manifest(config, context, [], SimpleNamespace(spec=lambda: config.freeze.policy))
+    run.create(config_to_toml(config), manifest, resume=False)  # what rank 0 writes as the run starts
+    run.append_metrics({"epoch": 0})
+    run.mark_interrupted()
+    edited = run.config_path.read_text().replace("lr = 0.05", "lr = 0.5")
+    assert edited != run.config_path.read_text()
+    run.config_path.write_text(edited)
+    assert run_module.main(["--config", str(run.config_path), "--resume"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "the run started with optim.lr = 0.05" in err and "this config has 0.5" in err, err
+    assert run.status() == "interrupted" and run.config_path.read_text() == edited  # nothing changed
+    run.config_path.write_text(config_to_toml(config))  # put back: the same command goes on
+    assert run.prepare(config_to_toml(config), resume=True) == "interrupted"
+
+
+# ------------------------------------------------------------------ a collective past dist.timeout_s: one line
+def _recv_that_times_out(rank: int, world_size: int) -> str | None:
+    """Rank 0 waits for a tensor rank 1 never sends (rank 1 stays alive past the timeout)."""
+    import torch.distributed as dist
+
+    if rank == 0:
+        try:
+            dist.recv(torch.zeros(1), src=1)
+        except RuntimeError as err:
+            return str(err)
+        return None
+    time.sleep(6)
+    return None
+
+
+def test_a_collective_timeout_is_one_line_naming_dist_timeout_s(tmp_path, monkeypatch, capsys):
+    """Was: a gloo traceback from every rank (148 lines on the emulated cluster) and no line naming
+    the setting that bounds it."""
+    import freeze.pipeline.distributed as distributed
+    import freeze.pipeline.run as run_module
+    import freeze.pipeline.train as train
+    from freeze.pipeline.config import config_to_toml, load_config
+    from freeze.pipeline.runs import RunDir
+    from tests.distributed_harness import run_distributed
+
+    gloo_message, _ = run_distributed(_recv_that_times_out, 2, tmp_path / "gloo", collective_timeout_s=2.0)
+    assert gloo_message and "Timed out" in gloo_message  # what gloo says, on 2 real ranks
+
+    config = load_config(SMOKE, [f"run.out_dir={tmp_path / 'runs'}", "dist.nproc=1", "dist.timeout_s=2"])
+    run = RunDir(config.run_dir())
+
+    def train_until_the_timeout(cfg, ctx, resume, outcome):
+        run.create(config_to_toml(cfg), {"run_name": cfg.run.name}, resume=False)
+        outcome.started = True
+        raise RuntimeError(gloo_message)
+
+    monkeypatch.setattr(run_module._Interrupt, "install", lambda: None)
+    monkeypatch.setattr(run_module._Interrupt, "seen", False)
+    monkeypatch.setattr(distributed, "setup_worker", lambda dist_config: None)
+    monkeypatch.setattr(distributed, "teardown_worker", lambda: None)
+    monkeypatch.setattr(train, "train_worker", train_until_the_timeout)
+    assert run_module.run_worker(config, resume=False) == 1
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "exceeded dist.timeout_s = 2 s" in err and "not to the run" in err, err
+    assert run.status() == "failed" and "dist.timeout_s" in run.read_manifest()["error"]

@@ -92,3 +92,65 @@ def test_an_interrupted_single_process_run_speaks_unless_a_sweep_started_it(tmp_
         else f"interrupted: {config.run_dir()} keeps its completed epochs; resume with: "
         "python -m experiments.run --config c.toml --resume\n"
     )
+
+
+def test_ctrl_c_before_the_run_started_is_one_line_and_leaves_nothing(tmp_path, monkeypatch, capsys):
+    """Ctrl-C while the workers still import: exit 130, but no line at all (and a traceback per worker)."""
+    overrides = _overrides(tmp_path)
+    monkeypatch.setattr(run_module, "launch_local", lambda *args: 130)  # stopped before any manifest
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert run_module.main(["--config", str(SMOKE), *overrides]) == 130
+    run_dir = load_config(SMOKE, overrides).run_dir()
+    assert capsys.readouterr().err == f"interrupted: {run_dir} had not started; nothing was kept\n"
+    assert not (tmp_path / "runs").exists()
+
+
+def test_ctrl_c_after_the_run_completed_says_so_in_one_line(tmp_path, monkeypatch, capsys):
+    overrides = _overrides(tmp_path)
+    config = load_config(SMOKE, overrides)
+    monkeypatch.setattr(run_module, "launch_local", lambda *args: _started_run(config).finish("complete") and 130)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert run_module.main(["--config", str(SMOKE), *overrides]) == 130
+    assert capsys.readouterr().err == f"interrupted: {config.run_dir()} had completed; its results are kept\n"
+    assert RunDir(config.run_dir()).status() == "complete"
+
+
+def test_a_second_ctrl_c_and_one_during_teardown_raise_no_traceback(tmp_path, monkeypatch):
+    """Ctrl-C at the very end (16 lines) or twice (42 lines): KeyboardInterrupt raised inside
+    teardown_worker's gc.collect(), past run_worker's handlers."""
+    import signal
+
+    import freeze.pipeline.distributed as distributed
+    import freeze.pipeline.train as train
+
+    handlers = {}
+    monkeypatch.setattr(signal, "signal", lambda sig, handler: handlers.setdefault(sig, handler))
+    monkeypatch.setattr(run_module._Interrupt, "seen", False)
+    run_module._Interrupt.install()
+    with pytest.raises(KeyboardInterrupt):
+        handlers[signal.SIGINT](signal.SIGINT, None)
+    assert handlers[signal.SIGINT](signal.SIGINT, None) is None  # the second one: already stopping
+    assert handlers[signal.SIGTERM](signal.SIGTERM, None) is None
+
+    def interrupted_teardown():
+        raise KeyboardInterrupt  # what the handler raised from gc.collect()
+
+    monkeypatch.setattr(run_module._Interrupt, "seen", False)
+    monkeypatch.setattr(run_module._Interrupt, "install", lambda: None)
+    monkeypatch.setattr(distributed, "setup_worker", lambda dist_config: None)
+    monkeypatch.setattr(distributed, "teardown_worker", interrupted_teardown)
+    monkeypatch.setattr(train, "train_worker", lambda *args: None)
+    config = load_config(SMOKE, [*_overrides(tmp_path), "dist.nproc=1"])
+    assert run_module.run_worker(config, resume=False) == 0  # the run finished; the launcher says the rest
+
+
+def test_a_worker_interrupted_while_it_imports_exits_130_quietly(tmp_path):
+    import subprocess
+    import sys
+
+    from freeze.pipeline.lifetime import worker_argv
+
+    (tmp_path / "slow_import.py").write_text("raise KeyboardInterrupt  # Ctrl-C during 'import torch'\n")
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path)}
+    done = subprocess.run([sys.executable, *worker_argv("slow_import")], env=env, capture_output=True, text=True)
+    assert (done.returncode, done.stdout, done.stderr) == (130, "", "")

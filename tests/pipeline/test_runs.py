@@ -3,6 +3,7 @@ import logging
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 import torch
@@ -243,6 +244,23 @@ def test_git_commit_and_dirty_suffix(tmp_path, monkeypatch):
     assert runs.git_commit() == head + "+dirty"
     monkeypatch.setattr(runs, "_REPO_DIR", tmp_path / "not-a-repo")
     assert runs.git_commit() is None
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="git not installed")
+def test_git_commit_of_this_repository_unpatched():
+    """The manifest's git_commit is this checkout's HEAD, found from the package's own location (no
+    patched path: the layout move had made it null in every manifest while the patched test passed)."""
+    repo_root = Path(runs.__file__).resolve().parents[2]
+    if not (repo_root / ".git").exists():
+        pytest.skip("the package is not in a git checkout (an installed or unpacked copy)")
+
+    def git(*args):
+        done = subprocess.run(["git", *args], cwd=repo_root, check=True, capture_output=True, text=True)
+        return done.stdout.strip()
+
+    head = git("rev-parse", "HEAD")
+    dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+    assert environment_info()["git_commit"] == (head + "+dirty" if dirty else head)
 
 
 def test_logger_is_rank_aware(tmp_path, capsys):

@@ -1,8 +1,9 @@
 """One torchrun agent per node of an emulated cluster, with a c10d rendezvous on node 0's address.
 
 Each agent runs ``unshare --pid --fork --kill-child ip netns exec <node> python -m
-torch.distributed.run --nnodes=N --rdzv-backend=c10d --rdzv-endpoint=<node 0>:29400
---rdzv-conf=is_host=<1 on node 0> --local-addr=<node address> ...``:
+freeze.pipeline.cluster.agent --nnodes=N --rdzv-backend=c10d --rdzv-endpoint=<node 0>:29400
+--rdzv-conf=is_host=<1 on node 0> --local-addr=<node address> ...`` (torchrun's own agent,
+:mod:`freeze.pipeline.cluster.agent`, ending in one line instead of torchrun's tracebacks):
 
 - ``ip netns exec`` does not change the hostname, so every node has the same one and the c10d
   backend cannot tell by name which node hosts the store: ``is_host`` says it, and
@@ -47,7 +48,7 @@ def agent_argv(
     torchrun = [
         sys.executable,
         "-m",
-        "torch.distributed.run",
+        "freeze.pipeline.cluster.agent",  # torchrun's agent, ending in one line (no tracebacks)
         f"--nnodes={cluster.spec.nodes}",
         f"--nproc-per-node={nproc_per_node}",
         "--rdzv-backend=c10d",
