@@ -704,7 +704,8 @@ def test_an_edited_config_toml_resumed_through_itself_is_refused(tmp_path, capsy
     config = load_config(SMOKE, [f"run.out_dir={tmp_path / 'runs'}", f"data.root={tmp_path / 'data'}", "dist.nproc=2"])
     run = RunDir(config.run_dir())
     context = SimpleNamespace(world_size=2, device=torch.device("cpu"))
-    manifest = _manifest(config, context, [], SimpleNamespace(spec=lambda: config.freeze.policy))
+    split = SimpleNamespace(num_classes=10, test_y=torch.zeros(128))
+    manifest = _manifest(config, context, [], SimpleNamespace(spec=lambda: config.freeze.policy), split)
     run.create(config_to_toml(config), manifest, resume=False)  # what rank 0 writes as the run starts
     run.append_metrics({"epoch": 0})
     run.mark_interrupted()
