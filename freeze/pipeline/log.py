@@ -54,17 +54,35 @@ def get_logger(rank: int, log_file: Path | str | None = None) -> logging.Logger:
     return logger
 
 
-def process_rss_bytes() -> int:
-    """Resident set size of this process now (peak RSS where /proc is not available)."""
+def _proc_status_bytes(field: str) -> int | None:
+    """A ``kB`` field of /proc/self/status (VmRSS, VmHWM) in bytes; None where /proc is not available."""
     try:
         with open("/proc/self/status", encoding="ascii") as f:
             for line in f:
-                if line.startswith("VmRSS:"):
+                if line.startswith(f"{field}:"):
                     return int(line.split()[1]) * 1024  # the field is in kB
     except OSError:
         pass
+    return None
+
+
+def _max_rss_bytes() -> int:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, kB elsewhere
+
+
+def process_rss_bytes() -> int:
+    """Resident set size of this process now (peak RSS where /proc is not available)."""
+    found = _proc_status_bytes("VmRSS")
+    return found if found is not None else _max_rss_bytes()
+
+
+def process_peak_rss_bytes() -> int:
+    """This process's own peak resident set (VmHWM). Not ``getrusage``'s ru_maxrss, except where
+    /proc is not available: Linux carries ru_maxrss across fork and exec, so every worker would
+    report at least the peak of the process that started it (the study, which hosts torchrun)."""
+    found = _proc_status_bytes("VmHWM")
+    return found if found is not None else _max_rss_bytes()
 
 
 def memory_bytes(device: torch.device | str | None) -> int:
@@ -73,6 +91,14 @@ def memory_bytes(device: torch.device | str | None) -> int:
     if device is not None and device.type == "cuda" and torch.cuda.is_available():
         return torch.cuda.max_memory_allocated(device)
     return process_rss_bytes()
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """This process's peak memory so far: allocated by torch on a GPU, resident on a CPU, where the
+    model, its activations and the activation cache all live in the process's memory."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return process_peak_rss_bytes()
 
 
 class ProgressLine:

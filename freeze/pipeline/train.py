@@ -14,24 +14,21 @@ import contextlib
 import dataclasses
 import logging
 import os
-import resource
 import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from freeze import comm
 from freeze.cache import CacheCounters
 from freeze.freezer import Freezer
 from freeze.monitor import relative_change
 from freeze.pipeline.config import Config
 from freeze.pipeline.data import EvalLoader
 from freeze.pipeline.distributed import WorkerContext, all_reduce_sum, any_rank, from_rank0, run_and_agree
-from freeze.pipeline.log import ProgressLine, get_logger
+from freeze.pipeline.log import ProgressLine, get_logger, peak_memory_bytes
 from freeze.pipeline.models import build_model
 from freeze.pipeline.prepare import (
     Training,
@@ -236,6 +233,13 @@ def evaluate(model, loader: EvalLoader, precision: str, device: torch.device) ->
     return loss_sum / count, correct / count
 
 
+def _enter_evaluation(t: Training) -> None:
+    """Trainable BN statistics are rank-local since the last forward: evaluate with rank 0's, as
+    DDP's next forward would, with the model in eval mode."""
+    t.freezer.sync_buffers()
+    t.freezer.eval()
+
+
 def _probe_due(step: int, steps_per_epoch: int, cfg: Config) -> bool:
     """Every train.probe_every_steps steps, and at the run's last step: the baseline's last probe is
     the target's reference, and an arm that reaches it only at its last step must be seen doing so."""
@@ -246,8 +250,7 @@ def probe_accuracy(t: Training, cfg: Config, device: torch.device, clock: PhaseC
     """Accuracy on the fixed validation subset in the middle of an epoch, billed to evaluation (off
     the training clock). Only evaluation reads the trainable BatchNorm statistics it syncs, so the
     training that follows is the same with probes or without."""
-    comm.broadcast_from_rank0(list(t.model.buffers()))
-    t.freezer.eval()
+    _enter_evaluation(t)
     _, accuracy = evaluate(t.model, t.probe_loader, cfg.train.precision, device)
     t.freezer.train()
     clock.lap(EVAL_PHASE)
@@ -262,10 +265,7 @@ def evaluate_epoch(
     t: Training, cfg: Config, device: torch.device, clock: PhaseClock, is_last_epoch: bool
 ) -> dict[str, float | None]:
     """Validation and test loss and accuracy (None for a set that is not evaluated)."""
-    # Trainable BN statistics are rank-local since the last forward: evaluate with rank 0's, as
-    # DDP's next forward would.
-    comm.broadcast_from_rank0(list(t.model.buffers()))
-    t.freezer.eval()
+    _enter_evaluation(t)
     val_loss = val_acc = None
     if t.val_loader is not None:
         val_loss, val_acc = evaluate(t.model, t.val_loader, cfg.train.precision, device)
@@ -274,30 +274,6 @@ def evaluate_epoch(
         test_loss, test_acc = evaluate(t.model, t.test_loader, cfg.train.precision, device)
     clock.lap(EVAL_PHASE)
     return {"val_loss": val_loss, "val_acc": val_acc, "test_loss": test_loss, "test_acc": test_acc}
-
-
-def peak_memory_bytes(device: torch.device) -> int:
-    """This process's peak memory so far: allocated by torch on a GPU, resident (VmHWM) on a CPU, where
-    the model, its activations and the activation cache all live in the process's memory. Freezing
-    competes on memory too: frozen blocks keep no activations for backward and no optimizer state.
-
-    Not ``getrusage``'s ru_maxrss: Linux carries it across fork and exec, so every worker would report
-    at least the peak of the process that started it (the study, which hosts torchrun)."""
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
-    return vm_hwm_bytes(Path("/proc/self/status"))
-
-
-def vm_hwm_bytes(status: Path) -> int:
-    """VmHWM (the resident set's high-water mark) from a /proc/<pid>/status file; ru_maxrss where
-    there is none (not Linux)."""
-    try:
-        for line in status.read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024  # "VmHWM:   123456 kB"
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _grad_norm_record(freezer: Freezer, epoch: int) -> dict:

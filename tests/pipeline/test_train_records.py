@@ -74,6 +74,6 @@ def test_a_worker_s_peak_memory_is_its_own_not_the_peak_of_the_process_that_star
     import sys
 
     held = np.ones(1_500_000_000 // 8)  # touched: resident in this process
-    code = "from pathlib import Path; from freeze.pipeline.train import vm_hwm_bytes; print(vm_hwm_bytes(Path('/proc/self/status')))"
+    code = "from freeze.pipeline.log import process_peak_rss_bytes; print(process_peak_rss_bytes())"
     child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert int(child.stdout) < 1_000_000_000 < held.nbytes  # importing torch takes a few hundred MB

@@ -33,6 +33,9 @@ Bound = Literal["exact", "lower", "upper"]
 
 BOOTSTRAP_RESAMPLES = 10_000
 BOOTSTRAP_SEED = 0  # fixed: the same runs give the same interval, byte for byte, every time
+# The share of resamples in each tail the 95 % interval leaves out: past a frontier's end in more than
+# this share of resamples, that end of the interval is a cap, not an estimate.
+TAIL_SHARE = 0.025
 
 
 @dataclass(frozen=True)
@@ -61,7 +64,7 @@ class IsoSpeedup:
     @property
     def low_is_capped(self) -> bool:
         """The interval's low end rests on resamples below the frontier's start: it is no lower bound."""
-        return self.below_start_share > 0.025
+        return self.below_start_share > TAIL_SHARE
 
     @property
     def beyond_frontier(self) -> bool:
@@ -73,7 +76,7 @@ class IsoSpeedup:
         """``1.52x [1.31, 1.77]``, with ``>= `` / ``<= `` for a bound past the frontier's ends."""
         mark = {"exact": "", "lower": ">= ", "upper": "<= "}[self.bound]
         low = ("<=" if self.low_is_capped else "") + f"{self.ci_low:.2f}"
-        high = (">=" if self.past_end_share > 0.025 else "") + f"{self.ci_high:.2f}"
+        high = (">=" if self.past_end_share > TAIL_SHARE else "") + f"{self.ci_high:.2f}"
         interval = f" [{low}, {high}]" if np.isfinite(self.ci_low) else ""
         return f"{mark}{self.speedup:.2f}x{interval}"
 
@@ -88,7 +91,7 @@ class IsoSpeedup:
             return "n/a"
         if self.low_is_capped:
             return "undecided (its accuracy interval reaches below the shortest budget)"
-        return "no" if self.ci_high < 1.0 and self.past_end_share <= 0.025 else "undecided"
+        return "no" if self.ci_high < 1.0 and self.past_end_share <= TAIL_SHARE else "undecided"
 
 
 def frontier_curve(runs: Mapping[float, Sequence[Point]]) -> tuple[np.ndarray, np.ndarray]:
@@ -103,13 +106,16 @@ def frontier_curve(runs: Mapping[float, Sequence[Point]]) -> tuple[np.ndarray, n
     """
     if len(runs) < 2:
         raise ValueError(f"frontier: {len(runs)} budget fraction(s); accepted: at least 2 to interpolate between")
-    means = sorted(
-        (float(np.mean([p.time_s for p in points])), float(np.mean([p.accuracy_pct for p in points])))
-        for points in runs.values()
-    )
-    times = np.array([t for t, _ in means])
-    accuracies = np.maximum.accumulate(np.array([a for _, a in means]))
-    return times, accuracies
+    times = np.array([np.mean([p.time_s for p in points]) for points in runs.values()])
+    accuracies = np.array([np.mean([p.accuracy_pct for p in points]) for points in runs.values()])
+    return monotone_curve(times, accuracies)
+
+
+def monotone_curve(times_s: np.ndarray, accuracies_pct: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Budget points sorted by time, accuracy made non-decreasing (running maximum): a longer budget
+    is never read as reaching less than a shorter one (a dip is seed noise)."""
+    order = np.argsort(times_s, kind="stable")
+    return times_s[order], np.maximum.accumulate(accuracies_pct[order])
 
 
 def frontier_time(accuracy_pct: float, times_s: np.ndarray, accuracies_pct: np.ndarray) -> tuple[float, Bound]:
@@ -156,9 +162,7 @@ def iso_accuracy_speedup(
     arm_accuracies = np.array([arm[s].accuracy_pct for s in seeds])
 
     def estimate(mean_times: np.ndarray, mean_accuracies: np.ndarray, arm_time: float, arm_acc: float):
-        order = np.argsort(mean_times, kind="stable")
-        curve = np.maximum.accumulate(mean_accuracies[order])
-        needed, bound = frontier_time(float(arm_acc), mean_times[order], curve)
+        needed, bound = frontier_time(float(arm_acc), *monotone_curve(mean_times, mean_accuracies))
         return needed / float(arm_time), bound
 
     speedup, bound = estimate(times.mean(axis=1), accuracies.mean(axis=1), arm_times.mean(), arm_accuracies.mean())

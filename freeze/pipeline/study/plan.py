@@ -186,13 +186,8 @@ def read_study(path: str | Path) -> StudyFile:
         raise _error(path, f"unknown key(s) {', '.join(sorted(unknown))}; accepted: {', '.join(sorted(_STUDY_KEYS))}")
     settings = _names(path, "settings", data.get("settings", {})) or {"": ()}
     arms = _read_arms(path, data.get("arms", {}), settings)
-    frontier = _read_frontier(path, data.get("frontier"), settings, arms)
-    arms.update(
-        {
-            name: Arm(("freeze.policy=none", f"train.budget_fraction={f!r}"), _frontier_settings(data))
-            for name, f in frontier.items()
-        }
-    )
+    frontier, budget_arms = _read_frontier(path, data.get("frontier"), settings, arms)
+    arms.update(budget_arms)
     margin = study.get("margin_points", 0.5)
     if not is_number(margin) or not margin > 0:
         raise _error(path, f"margin_points must be a number > 0, got {margin!r}")
@@ -257,15 +252,11 @@ def _read_arms(path, data: dict, settings: dict) -> dict[str, Arm]:
     return arms
 
 
-def _frontier_settings(data: dict) -> tuple[str, ...] | None:
-    only = (data.get("frontier") or {}).get("settings")
-    return tuple(only) if only else None
-
-
-def _read_frontier(path, frontier, settings: dict, arms: dict) -> dict[str, float]:
-    """[frontier] -> budget arm name -> fraction; every problem one line naming the key."""
+def _read_frontier(path, frontier, settings: dict, arms: dict) -> tuple[dict[str, float], dict[str, Arm]]:
+    """[frontier] -> (budget arm name -> fraction, budget arm name -> its arm: policy none on that
+    fraction of the steps, in the table's settings); every problem one line naming the key."""
     if frontier is None:
-        return {}
+        return {}, {}
     if not isinstance(frontier, dict) or set(frontier) - _FRONTIER_KEYS:
         unknown = ", ".join(sorted(set(frontier) - _FRONTIER_KEYS)) if isinstance(frontier, dict) else "not a table"
         raise _error(path, f"[frontier]: {unknown}; accepted keys: {', '.join(sorted(_FRONTIER_KEYS))}")
@@ -287,7 +278,11 @@ def _read_frontier(path, frontier, settings: dict, arms: dict) -> dict[str, floa
     taken = sorted(set(names) & set(arms))
     if taken:
         raise _error(path, f"[arms] {', '.join(taken)}: the names of [frontier]'s arms; rename the arm(s)")
-    return names
+    where = tuple(only) or None  # None: every setting
+    budget_arms = {
+        name: Arm(("freeze.policy=none", f"train.budget_fraction={f!r}"), where) for name, f in names.items()
+    }
+    return names, budget_arms
 
 
 def _read_search(path, search, arms: dict, settings: dict, seeds: tuple[int, ...], margin: float) -> Search | None:
