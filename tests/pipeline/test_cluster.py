@@ -261,19 +261,14 @@ def _is_agent(pid: int) -> bool:
     return b"freeze.pipeline.cluster.agent" in cmdline or b"torch.distributed.run" in cmdline
 
 
-@needs_cluster
-def test_killed_worker_on_one_node_restarts_and_resumes_to_the_same_result(cluster_run):
-    """torchrun --max-restarts 1 on every node: node 1's worker is SIGKILLed after the first
-    checkpoint; every node restarts its workers, they resume, and the result is bit-identical."""
-    tmp_path, _, _, (ref_ckpt, ref_metrics, _, _) = cluster_run
-    proc = _launch(_run_args(tmp_path, "killed") + ["--max-restarts", "1"], tmp_path)
-    deadline = time.monotonic() + DEADLINE_S
+def _sigkill_node1_worker_once(proc: subprocess.Popen, tmp_path: Path, deadline: float, ready, late: str) -> None:
+    """Once ``ready()`` holds, SIGKILL node 1's one worker (not its agent), as the out-of-memory
+    killer would; the launcher must still be running until then. Any failure stops the launcher."""
     try:
         cluster_id = _cluster_id_of(proc.pid, deadline)
-        ckpt_path = tmp_path / "runs" / "smoke" / "killed" / "checkpoint.pt"
-        while not ckpt_path.exists():
+        while not ready():
             assert proc.poll() is None, (tmp_path / "launcher.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "no checkpoint within the deadline"
+            assert time.monotonic() < deadline, late
             time.sleep(0.05)
         workers = [pid for pid in net.namespace_pids(f"{net.PREFIX}-{cluster_id}-n1") if not _is_agent(pid)]
         assert len(workers) == 1, workers
@@ -281,6 +276,17 @@ def test_killed_worker_on_one_node_restarts_and_resumes_to_the_same_result(clust
     except BaseException:
         os.killpg(proc.pid, signal.SIGTERM)
         raise
+
+
+@needs_cluster
+def test_killed_worker_on_one_node_restarts_and_resumes_to_the_same_result(cluster_run):
+    """torchrun --max-restarts 1 on every node: node 1's worker is SIGKILLed after the first
+    checkpoint; every node restarts its workers, they resume, and the result is bit-identical."""
+    tmp_path, _, _, (ref_ckpt, ref_metrics, _, _) = cluster_run
+    proc = _launch(_run_args(tmp_path, "killed") + ["--max-restarts", "1"], tmp_path)
+    deadline = time.monotonic() + DEADLINE_S
+    ckpt_path = tmp_path / "runs" / "smoke" / "killed" / "checkpoint.pt"
+    _sigkill_node1_worker_once(proc, tmp_path, deadline, ckpt_path.exists, "no checkpoint within the deadline")
     out = _wait(proc, tmp_path, deadline)
     assert proc.returncode == 0, out[-4000:]
     assert "resumed" in out
@@ -424,19 +430,12 @@ def test_a_sigkilled_worker_on_one_node_fails_the_run_naming_the_node_and_the_si
     the manifest names the node and the signal (the launcher saw only the agent's exit code 1)."""
     proc = _launch(_run_args(tmp_path, "oom"), tmp_path)
     deadline = time.monotonic() + DEADLINE_S
-    try:
-        cluster_id = _cluster_id_of(proc.pid, deadline)
-        metrics = tmp_path / "runs" / "smoke" / "oom" / "metrics.jsonl"
-        while not (metrics.exists() and metrics.read_text().strip()):
-            assert proc.poll() is None, (tmp_path / "launcher.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "no epoch within the deadline"
-            time.sleep(0.05)
-        workers = [pid for pid in net.namespace_pids(f"{net.PREFIX}-{cluster_id}-n1") if not _is_agent(pid)]
-        assert len(workers) == 1, workers
-        os.kill(workers[0], signal.SIGKILL)
-    except BaseException:
-        os.killpg(proc.pid, signal.SIGTERM)
-        raise
+    metrics = tmp_path / "runs" / "smoke" / "oom" / "metrics.jsonl"
+
+    def has_epoch() -> bool:
+        return metrics.exists() and bool(metrics.read_text().strip())
+
+    _sigkill_node1_worker_once(proc, tmp_path, deadline, has_epoch, "no epoch within the deadline")
     out = _wait(proc, tmp_path, deadline)
     assert proc.returncode == 1, out[-4000:]
     manifest = json.loads((tmp_path / "runs" / "smoke" / "oom" / "manifest.json").read_text())

@@ -496,6 +496,31 @@ def test_the_worker_that_failed_is_blamed_not_the_one_the_agent_stopped(exitcode
         assert line.startswith(f"{who} (pid 100") and what in line and "\n" not in line
 
 
+def _sigkill_a_worker_after_an_epoch(
+    module_args: list[str], repo: Path, metrics: Path, local_rank: int, timeout_s: float, what: str
+) -> tuple[subprocess.Popen, str, str]:
+    """Start ``python -m <module_args>`` in a session of its own, wait until ``metrics`` holds an
+    epoch, SIGKILL the worker with ``local_rank`` and collect the exit (every process of the session
+    is gone afterwards, whatever happened). Returns the process, its stdout and its stderr."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", *module_args],
+        cwd=repo,
+        env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(repo)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        _wait_for(lambda: metrics.is_file() and metrics.read_text().strip(), 180, what)
+        sigkill_worker(proc.pid, local_rank=local_rank)
+        out, err = proc.communicate(timeout=timeout_s)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    return proc, out, err
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc and signals as on Linux")
 def test_a_sigkilled_worker_fails_the_run_naming_it_and_the_signal(tmp_path):
     """Was: the peer, stopped by torchrun with SIGTERM, was blamed ("worker 1 exited with code 130"),
@@ -503,24 +528,10 @@ def test_a_sigkilled_worker_fails_the_run_naming_it_and_the_signal(tmp_path):
     runs, repo = tmp_path / "runs", Path(__file__).resolve().parents[2]
     args = ["--config", str(SMOKE), "dist.nproc=2", "train.epochs=8", f"run.out_dir={runs}"]
     args += [f"data.root={tmp_path / 'data'}", "dist.timeout_s=60"]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(repo))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "experiments.run", *args],
-        cwd=repo,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
     metrics = runs / "smoke" / "smoke" / "metrics.jsonl"
-    try:
-        _wait_for(lambda: metrics.is_file() and metrics.read_text().strip(), 180, "the first epoch")
-        sigkill_worker(proc.pid, local_rank=0)
-        out, err = proc.communicate(timeout=90)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+    proc, out, err = _sigkill_a_worker_after_an_epoch(
+        ["experiments.run", *args], repo, metrics, 0, 90, "the first epoch"
+    )
     assert proc.returncode == 1, err
     errors = [line for line in err.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and "worker 0 (pid" in errors[0] and "signal SIGKILL" in errors[0], err
@@ -542,23 +553,10 @@ def test_a_sweep_goes_on_after_a_sigkilled_worker(tmp_path):
     sweep.write_text(
         f'[sweep]\nbase = "{SMOKE}"\nstudy = "s"\noverrides = [{listed}]\n[grid]\n"train.epochs" = [8, 1]\n'
     )
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "experiments.sweep", "--sweep", str(sweep), "--out-dir", str(runs)],
-        cwd=repo,
-        env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(repo)),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
     metrics = runs / "s" / "epochs=8" / "metrics.jsonl"
-    try:
-        _wait_for(lambda: metrics.is_file() and metrics.read_text().strip(), 180, "run 1's first epoch")
-        sigkill_worker(proc.pid, local_rank=1)
-        out, _ = proc.communicate(timeout=240)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+    command = ["experiments.sweep", "--sweep", str(sweep), "--out-dir", str(runs)]
+    proc, stdout, stderr = _sigkill_a_worker_after_an_epoch(command, repo, metrics, 1, 240, "run 1's first epoch")
+    out = stdout + stderr  # both streams, as the sweep's user sees them
     assert proc.returncode == 1, out
     killed = json.loads((runs / "s" / "epochs=8" / "manifest.json").read_text())
     assert killed["status"] == "failed" and "worker 1" in killed["error"] and "SIGKILL" in killed["error"], killed
