@@ -14,7 +14,7 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
-from freeze.pipeline.runs import RunDir, RunError
+from freeze.pipeline.runs import RunDir
 
 # What a run exits with when Ctrl-C or SIGTERM stopped it: the shell's 128 + SIGINT. Sweeps and
 # studies stop on it instead of starting the next run.
@@ -95,10 +95,4 @@ def record_failure(run_dir: Path, message: str, replace_failed: bool = False) ->
     """Mark the run in ``run_dir`` failed with ``message`` when it is still "running" (or, with
     ``replace_failed``, also when a worker marked it failed with an error that followed from this
     one). A run that never started, completed or was interrupted is left as it is."""
-    run = RunDir(run_dir)
-    try:
-        status = run.status()
-        if status == "running" or (replace_failed and status == "failed"):
-            run.finish("failed", message)
-    except (RunError, OSError):
-        pass  # the manifest is unreadable or unwritable (a full disk): the exit code still says it
+    RunDir(run_dir).finish_if(("running", "failed") if replace_failed else ("running",), "failed", message)

@@ -14,6 +14,8 @@ is continued only on request (``resume=True``) and only with the identical confi
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import pickle
@@ -173,6 +175,22 @@ def first_differing_key_of(old_config: dict[str, Any], new_config: dict[str, Any
     return None
 
 
+# Serialises the manifest's read-modify-writes across processes (RunDir._manifest_lock).
+MANIFEST_LOCK_FILE = ".manifest.lock"
+
+
+def _end_fields(status: str, error: str | None) -> dict[str, Any]:
+    """The manifest fields that record how a run ended."""
+    if status not in ("complete", "interrupted", "failed"):
+        raise ValueError(f"finish: status {status!r} is not accepted; accepted: complete, interrupted, failed")
+    return {
+        "status": status,
+        "end_time": now_iso(),
+        "load_avg_1min_end": round(os.getloadavg()[0], 2),
+        "error": None if error is None else _one_line(error),
+    }
+
+
 class RunDir:
     """One run directory: runs/<study>/<run-name>/."""
 
@@ -305,19 +323,48 @@ class RunDir:
         return manifest
 
     def update_manifest(self, **fields: Any) -> dict[str, Any]:
+        with self._manifest_lock():
+            return self._merge_into_manifest(fields)
+
+    def finish(self, status: Literal["complete", "interrupted", "failed"], error: str | None = None) -> dict[str, Any]:
+        return self.update_manifest(**_end_fields(status, error))
+
+    def finish_if(
+        self, current: tuple[RunStatus, ...], status: Literal["interrupted", "failed"], error: str | None = None
+    ) -> bool:
+        """Record how the run ended when its status is one of ``current``; True when it did.
+
+        A compare-and-set under the manifest's lock: when a worker dies, the surviving rank 0 ("a
+        peer's connection was lost"), the dead worker's node agent ("killed by SIGKILL") and the
+        launcher may each record the end at the same moment, and an unlocked read-then-write let the
+        consequence overwrite the cause. An unreadable or unwritable manifest is left as it is: the
+        exit code still says it."""
+        try:
+            with self._manifest_lock():
+                if self.status() not in current:
+                    return False
+                self._merge_into_manifest(_end_fields(status, error))
+        except (RunError, OSError):
+            return False
+        return True
+
+    @contextlib.contextmanager
+    def _manifest_lock(self) -> Iterator[None]:
+        """Every read-modify-write of manifest.json, in any process, holds this: an exclusive
+        ``flock`` on ``.manifest.lock`` (not ``.lock``, which the run's one writer holds for the whole
+        run). A file opened for writing, as NFS's byte-range locks need, and released by the kernel
+        with its holder (a SIGKILLed writer never leaves it taken). Not re-entrant."""
+        fd = os.open(self.path / MANIFEST_LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing the descriptor releases the lock
+
+    def _merge_into_manifest(self, fields: dict[str, Any]) -> dict[str, Any]:
         manifest = {**self.read_manifest(), **fields}
         atomic_write_json(self.manifest_path, manifest)
         return manifest
-
-    def finish(self, status: Literal["complete", "interrupted", "failed"], error: str | None = None) -> dict[str, Any]:
-        if status not in ("complete", "interrupted", "failed"):
-            raise ValueError(f"finish: status {status!r} is not accepted; accepted: complete, interrupted, failed")
-        return self.update_manifest(
-            status=status,
-            end_time=now_iso(),
-            load_avg_1min_end=round(os.getloadavg()[0], 2),
-            error=None if error is None else _one_line(error),
-        )
 
     def write_final_weights(self, state_dict: dict) -> None:
         """model.pt: the final weights, loadable with ``torch.load(path, weights_only=True)`` and as
@@ -336,13 +383,7 @@ class RunDir:
     def mark_interrupted(self) -> bool:
         """Set a running run's status to "interrupted" (Ctrl-C, SIGTERM); True when it did. A run
         that had not started, or had completed or failed meanwhile, is left as it is."""
-        try:
-            if self.status() != "running":
-                return False
-            self.finish("interrupted")
-        except (RunError, OSError):
-            return False  # an unreadable or unwritable manifest: the exit code still says it
-        return True
+        return self.finish_if(("running",), "interrupted")
 
     # --- metrics
 

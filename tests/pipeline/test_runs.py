@@ -3,6 +3,7 @@ import logging
 import re
 import shutil
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ import torch
 
 import freeze.pipeline.runs as runs
 from freeze._atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
+from freeze.pipeline.failures import record_failure
 from freeze.pipeline.log import ProgressLine, get_logger
 from freeze.pipeline.runs import (
     RunDir,
@@ -100,6 +102,26 @@ def test_create_and_finish(tmp_path):
     manifest = run.read_manifest()
     assert manifest["status"] == "complete" and manifest["end_time"] and manifest["block_names"] == ["a", "b"]
     assert leftovers(run.path) == []
+
+
+def test_the_cause_of_a_failure_outlives_its_consequence_written_at_the_same_moment(tmp_path):
+    """A SIGKILLed worker's node agent records the cause while the surviving rank 0 records "a
+    peer's connection was lost": each change of the manifest is a locked compare-and-set, so the
+    consequence, checked while the cause is being written, sees "failed" and keeps it (CI once
+    ended with the consequence, when both read "running" before either wrote)."""
+    run = RunDir(tmp_path / "r")
+    run.create(CONFIG_A, MANIFEST, resume=False)
+    survivor = threading.Thread(target=record_failure, args=(run.path, "a peer worker's connection was lost"))
+    with run._manifest_lock():  # the agent, between reading "running" and writing the cause
+        survivor.start()
+        survivor.join(timeout=0.5)
+        assert survivor.is_alive()  # waits for the lock instead of reading a status about to change
+        run._merge_into_manifest({"status": "failed", "error": "node at 10.0.0.2: worker 0 was killed by SIGKILL"})
+    survivor.join(timeout=10)
+    assert not survivor.is_alive()
+    assert run.read_manifest()["error"].endswith("killed by SIGKILL")
+    record_failure(run.path, "node at 10.0.0.2: the cause, named later", replace_failed=True)
+    assert run.read_manifest()["error"] == "node at 10.0.0.2: the cause, named later"  # the agent's line wins
 
 
 @pytest.mark.parametrize("resume", [False, True])
