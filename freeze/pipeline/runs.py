@@ -339,6 +339,8 @@ class RunDir:
         launcher may each record the end at the same moment, and an unlocked read-then-write let the
         consequence overwrite the cause. An unreadable or unwritable manifest is left as it is: the
         exit code still says it."""
+        if not self.manifest_path.exists():
+            return False  # never started: no lock file left in a directory that holds no run
         try:
             with self._manifest_lock():
                 if self.status() not in current:
