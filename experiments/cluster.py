@@ -22,7 +22,7 @@ from pathlib import Path
 
 from freeze.pipeline.cluster import ClusterError, ClusterSpec, ClusterUnavailable, check_host, cleanup_stale
 from freeze.pipeline.cluster.jobs import exit_code
-from freeze.pipeline.cluster.probe import DEFAULT_SIZES_MIB, FORMAT, compare_table, run_probe, table
+from freeze.pipeline.cluster.probe import DEFAULT_SIZES_MIB, PROBE_FORMAT, compare_table, run_probe, table
 from freeze.pipeline.cluster.spec import DEFAULT_SUBNET
 
 
@@ -106,8 +106,8 @@ def table_main(argv: list[str]) -> int:
         except (OSError, ValueError) as e:
             print(f"error: {path}: not a readable probe result ({e})", file=sys.stderr)
             return 2
-        if result.get("format") != FORMAT:
-            print(f"error: {path}: format {result.get('format')!r}, expected {FORMAT!r}", file=sys.stderr)
+        if result.get("format") != PROBE_FORMAT:
+            print(f"error: {path}: format {result.get('format')!r}, expected {PROBE_FORMAT!r}", file=sys.stderr)
             return 2
         results.append(result)
     print(compare_table(results))

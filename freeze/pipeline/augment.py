@@ -1,4 +1,5 @@
-"""Training-set augmentation: what ``data.augment`` accepts and the crop/flip it applies.
+"""Training-set augmentation: the crop/flip each ``data.augment`` kind applies (the kinds are parsed
+with the config: :class:`freeze.pipeline.config.Augment`).
 
 ``crop-flip``  a new random crop (4 px zero padding) and horizontal flip for every sample in every
                epoch, drawn per global position of the epoch (the standard CIFAR recipe).
@@ -16,50 +17,11 @@ augmenting: the pipeline refuses that combination instead.
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 
-AUGMENT_KINDS = ("crop-flip", "views:V", "none")
 PAD = 4  # pixels of zero padding for the random crop, as in the standard CIFAR recipe
 _VIEWS_STREAM = 0x76696577  # "view": separates the fixed-view stream from the per-epoch streams
-
-
-class AugmentError(ValueError):
-    """An augmentation spec that is not accepted; one line."""
-
-
-@dataclass(frozen=True)
-class Augment:
-    kind: str  # "crop-flip", "views" or "none"
-    views: int = 1  # V for "views", 1 otherwise
-
-    @property
-    def finite(self) -> bool:
-        """Whether every training input is one of a fixed, finite set (identified by a key)."""
-        return self.kind != "crop-flip"
-
-    def spec(self) -> str:
-        return f"views:{self.views}" if self.kind == "views" else self.kind
-
-
-def parse_augment(spec: str | bool) -> Augment:
-    """``"crop-flip"``, ``"views:V"`` (V >= 1) or ``"none"``; ``True``/``False`` (the old boolean
-    config key) mean crop-flip / none."""
-    if spec is True or spec == "true":
-        return Augment("crop-flip")
-    if spec is False or spec == "false":
-        return Augment("none")
-    if spec in ("crop-flip", "none"):
-        return Augment(spec)
-    match = re.fullmatch(r"views:([0-9]+)", spec) if isinstance(spec, str) else None
-    if match and int(match.group(1)) >= 1:
-        return Augment("views", int(match.group(1)))
-    raise AugmentError(
-        f"data.augment: {spec!r} is not accepted; accepted: crop-flip, views:V (V >= 1 fixed views per sample), none"
-    )
 
 
 def crop_flip(x: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, flip: torch.Tensor, pad: int) -> torch.Tensor:

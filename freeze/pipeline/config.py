@@ -115,6 +115,39 @@ DATASET_NAMES: tuple[str, ...] = typing.get_args(DatasetName)
 
 
 @dataclass(frozen=True)
+class Augment:
+    """``data.augment``, parsed once where the config is read (freeze.pipeline.augment applies it):
+    ``crop-flip`` (a new random crop and flip per sample per epoch), ``views:V`` (V fixed views per
+    sample) or ``none``."""
+
+    kind: Literal["crop-flip", "views", "none"]
+    views: int = 1  # V for "views", 1 otherwise
+
+    @property
+    def finite(self) -> bool:
+        """Whether every training input is one of a fixed, finite set (identified by a key): what
+        an activation cache needs."""
+        return self.kind != "crop-flip"
+
+    def spec(self) -> str:
+        return f"views:{self.views}" if self.kind == "views" else self.kind
+
+
+CROP_FLIP = Augment("crop-flip")  # the default: the standard CIFAR recipe
+AUGMENT_ACCEPTED = "crop-flip, views:V (V >= 1 fixed views per sample), none"
+
+
+def parse_augment(spec: object) -> Augment:
+    """``"crop-flip"``, ``"views:V"`` (V >= 1) or ``"none"``; ConfigError (one line) otherwise."""
+    if spec in ("crop-flip", "none"):
+        return Augment(spec)
+    match = re.fullmatch(r"views:([0-9]+)", spec) if isinstance(spec, str) else None
+    if match and int(match.group(1)) >= 1:
+        return Augment("views", int(match.group(1)))
+    raise ConfigError(f"data.augment: {_show(spec)} is not accepted; accepted: {AUGMENT_ACCEPTED}")
+
+
+@dataclass(frozen=True)
 class DataConfig:
     dataset: DatasetName = "cifar10"
     root: str = "data"
@@ -122,9 +155,7 @@ class DataConfig:
     val_size: int = _f(5000, ge=0)  # images held out of the training set
     train_size: int = _f(0, ge=0)  # 0 = all remaining training images, else the first N after the val split
     test_size: int = _f(0, ge=0)  # 0 = all
-    # crop-flip | views:V (V fixed crop+flip views per sample) | none; the old true/false mean
-    # crop-flip/none (freeze.pipeline.augment)
-    augment: str = "crop-flip"
+    augment: Augment = CROP_FLIP  # written and read as its spec: crop-flip | views:V | none
     synthetic_train_size: int = _f(20000, ge=1)
     synthetic_test_size: int = _f(4000, ge=1)
     synthetic_seed: int = _f(0, ge=0)
@@ -268,11 +299,18 @@ def config_to_dict(config: Config) -> dict[str, dict[str, Any]]:
     """Plain nested dict (tuples become lists), ready for TOML or JSON."""
     return {
         section: {
-            key: list(value) if isinstance(value, tuple) else value
-            for key, value in dataclasses.asdict(getattr(config, section)).items()
+            f.name: _plain(getattr(getattr(config, section), f.name))
+            for f in dataclasses.fields(_section_class(section))
         }
         for section in SECTIONS
     }
+
+
+def _plain(value: Any) -> Any:
+    """A config value as TOML and JSON spell it: a tuple as a list, a parsed value as its spec."""
+    if isinstance(value, tuple):
+        return list(value)
+    return value.spec() if isinstance(value, Augment) else value
 
 
 def did_you_mean(word: str, accepted, show=repr) -> str:
@@ -361,6 +399,8 @@ def _check_value(dotted: str, value: Any, hint: Any, bounds: Range | None) -> An
             return tuple(_check_number(dotted, v, a, bounds) for v, a in zip(value, args))
         except ConfigError:
             raise ConfigError(f"{dotted}: expected a list of {len(args)} numbers{rng}, got {_show(value)}") from None
+    if hint is Augment:
+        return value if isinstance(value, Augment) else parse_augment(value)
     if hint is bool:
         if not isinstance(value, bool):
             raise ConfigError(f"{dotted}: expected true or false, got {_show(value)}")
@@ -399,16 +439,6 @@ def _check_no_control_characters(config: Config) -> None:
             raise ConfigError(f"{dotted}: expected no control characters, got {_show(value)}")
 
 
-def _check_arch(arch: str) -> None:
-    # Deferred: importing this module must stay cheap (models imports torch and torchvision).
-    from freeze.pipeline.models import ModelError, check_arch
-
-    try:
-        check_arch(arch)
-    except ModelError as err:
-        raise ConfigError(str(err)) from None
-
-
 def _check_weights(weights: str, check_files: bool) -> None:
     if weights in ("none", "imagenet") or not check_files:
         return
@@ -420,33 +450,8 @@ def _check_weights(weights: str, check_files: bool) -> None:
         raise ConfigError(f"model.weights: {weights!r} is not a file {accepted}")
 
 
-def _check_policy(spec: str) -> None:
-    # Imported here: freeze.policies may import heavier modules, and config must load without them.
-    from freeze.policies import parse_policy
-
-    try:
-        parse_policy(spec)
-    except ValueError as err:
-        message = str(err)
-        raise ConfigError(message if message.startswith("freeze.policy") else f"freeze.policy: {message}") from None
-
-
-def _normalize_augment(config: Config) -> Config:
-    """data.augment was a boolean once: old configs (true/false) still load, as crop-flip/none."""
-    from freeze.pipeline.augment import AugmentError, parse_augment  # deferred: keeps this module light
-
-    value = config.data.augment
-    if not isinstance(value, (str, bool)):
-        raise ConfigError(f"data.augment: expected a string (crop-flip, views:V, none), got {_show(value)}")
-    try:
-        spec = parse_augment(value).spec()
-    except AugmentError as err:
-        raise ConfigError(str(err)) from None
-    return dataclasses.replace(config, data=dataclasses.replace(config.data, augment=spec))
-
-
 def _check_cache(config: Config) -> None:
-    if config.freeze.cache != "off" and config.data.augment == "crop-flip":
+    if config.freeze.cache != "off" and not config.data.augment.finite:
         raise ConfigError(
             f"freeze.cache = {config.freeze.cache!r} needs inputs that repeat exactly, but data.augment = 'crop-flip' "
             "draws a new view every epoch (a cache would silently freeze it): use data.augment = 'views:V' or 'none'"
@@ -470,7 +475,6 @@ def validate(config: Config, check_files: bool = True) -> Config:
     ``check_files=False`` skips the existence check of ``model.weights``, for reading a finished
     run directory on a machine that does not have the weights file.
     """
-    config = _normalize_augment(config)
     normalized = {}
     for section in SECTIONS:
         cls = _section_class(section)
@@ -492,8 +496,6 @@ def validate(config: Config, check_files: bool = True) -> Config:
         raise ConfigError("optim.nesterov: true requires optim.momentum > 0, got optim.momentum = 0")
     _check_cluster(config.cluster)
     _check_weights(config.model.weights, check_files)
-    _check_arch(config.model.arch)
-    _check_policy(config.freeze.policy)
     _check_cache(config)
     if config.train.probe_every_steps and not config.data.val_size:
         raise ConfigError("train.probe_every_steps: the probes read validation images; accepted: data.val_size > 0")
@@ -527,7 +529,7 @@ def apply_override(data: dict[str, dict[str, Any]], override: str) -> None:
         raise _unknown_key_error(section, key)
     value = _parse_override_value(text.strip())
     hint = typing.get_type_hints(_section_class(section))[key]
-    if (hint is str or typing.get_origin(hint) is Literal) and not isinstance(value, str):
+    if (hint in (str, Augment) or typing.get_origin(hint) is Literal) and not isinstance(value, str):
         # run.name=123 or run.name=true means the name "123"/"true", not a type error.
         value = text.strip()
     data.setdefault(section, {})[key] = value

@@ -33,15 +33,15 @@ from torchvision.datasets import CIFAR10
 from torchvision.datasets.utils import check_integrity, download_and_extract_archive
 
 from freeze.cache import CacheSource
-from freeze.pipeline.augment import PAD, FixedViews, crop_flip, parse_augment
-from freeze.pipeline.substrate import fdsl, planted
-from freeze.pipeline.substrate.fdsl import render_fdsl_split
-from freeze.pipeline.synthetic import SYNTHETIC_VERSION, render_synthetic_split, synthetic_class_names
-from freeze.pipeline.synthetic import TASKS as SYNTHETIC_TASKS
+from freeze.pipeline.augment import PAD, FixedViews, crop_flip
+from freeze.pipeline.config import CROP_FLIP, Augment
+from freeze.pipeline.datasets import fdsl, planted
+from freeze.pipeline.datasets.fdsl import render_fdsl_split
+from freeze.pipeline.datasets.images import normalize_uint8
+from freeze.pipeline.datasets.synthetic import SYNTHETIC_VERSION, render_synthetic_split, synthetic_class_names
+from freeze.pipeline.datasets.synthetic import TASKS as SYNTHETIC_TASKS
 
 CIFAR10_FOLDER = CIFAR10.base_folder
-CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)  # per-channel mean of the 50k training images, [0, 1] scale
-CIFAR10_STD = (0.2470, 0.2435, 0.2616)  # per-channel (population) std of the same images
 NUM_CLASSES = 10  # of the official CIFAR-10; generated data may hold more (FDSL-32's source: 128)
 IMAGE_BYTES = 3 * 32 * 32
 SYNTHETIC_MARKER = "SYNTHETIC.json"
@@ -57,8 +57,8 @@ class Generator:
     tasks: tuple[str, ...]
 
 
-# data.dataset = "<family>-<task>". "synthetic" is the original pair (freeze.pipeline.synthetic),
-# kept by name for comparison; "fdsl32" is the formula-driven substrate (freeze.pipeline.substrate.fdsl).
+# data.dataset = "<family>-<task>". "synthetic" is the original pair (freeze.pipeline.datasets.synthetic),
+# kept by name for comparison; "fdsl32" is the formula-driven substrate (freeze.pipeline.datasets.fdsl).
 # The renderers are looked up when called (through this module's globals), so a test can replace one.
 GENERATORS = {
     "synthetic": Generator(
@@ -480,14 +480,6 @@ def _check_images(x: torch.Tensor, y: torch.Tensor) -> None:
         raise DataError(f"labels must be a tensor [{x.shape[0]}], got {tuple(y.shape)}")
 
 
-def normalize_uint8(x: torch.Tensor) -> torch.Tensor:
-    """uint8 [B, 3, H, W] -> float32 normalized with the CIFAR-10 mean/std (the one formula both
-    loaders use, so "no augmentation" means exactly these values)."""
-    mean = torch.tensor(CIFAR10_MEAN, device=x.device).view(1, 3, 1, 1)
-    std = torch.tensor(CIFAR10_STD, device=x.device).view(1, 3, 1, 1)
-    return (x.float().div_(255.0) - mean) / std
-
-
 def epoch_generator(seed: int, epoch: int) -> torch.Generator:
     """The CPU generator of one epoch: a pure function of (seed, epoch), so resume needs no RNG state."""
     if seed < 0 or epoch < 0:
@@ -503,8 +495,8 @@ class TrainLoader:
     iteration yields steps s..len-1 of epoch e. With ``drop_last=False`` the last, partial global
     batch is split into ``world_size`` near-equal parts (dropped if smaller than ``world_size``).
 
-    ``augment``: "crop-flip", "views:V" or "none" (freeze.pipeline.augment; True/False = crop-flip/
-    none). Iterating yields ``(x, y)``; :meth:`iter_keyed` yields ``(x, y, keys)``, where a key
+    ``augment``: the config's parsed ``data.augment`` (crop-flip, views:V or none). Iterating
+    yields ``(x, y)``; :meth:`iter_keyed` yields ``(x, y, keys)``, where a key
     identifies the exact input (``sample * V + view``; None under crop-flip, whose inputs never repeat),
     and :meth:`cache_source` hands those keys' inputs to the activation cache."""
 
@@ -518,7 +510,7 @@ class TrainLoader:
         rank: int,
         world_size: int,
         seed: int,
-        augment: str | bool = "crop-flip",
+        augment: Augment = CROP_FLIP,
         device: str | torch.device = "cpu",
         drop_last: bool = True,
     ) -> None:
@@ -530,7 +522,7 @@ class TrainLoader:
         self.batch_size, self.rank, self.world_size = batch_size, rank, world_size
         self.global_batch_size = batch_size * world_size
         self.seed, self.drop_last = seed, drop_last
-        self.augment = parse_augment(augment)
+        self.augment = augment
         n = self.x.shape[0]
         # Fixed views are seeded by the data seed alone: they must not change with the epoch.
         self.views = FixedViews(n, self.augment.views, seed, self.pad) if self.augment.kind == "views" else None

@@ -35,9 +35,10 @@ from freeze.pipeline.data import (
 from freeze.pipeline.distributed import WorkerContext, run_and_agree
 from freeze.pipeline.models import imagenet_weights_file, imagenet_weights_placement, state_dict_mismatch
 from freeze.pipeline.optim import build_optimizer, build_scheduler
+from freeze.pipeline.preflight import parse_policy_spec
 from freeze.pipeline.run_lock import RunLock
 from freeze.pipeline.runs import RunDir, RunError, environment_info, load_checkpoint, now_iso
-from freeze.policies import Policy, PolicyError, parse_policy
+from freeze.policies import Policy, PolicyError
 
 
 def load_data(cfg: Config, ctx: WorkerContext) -> DataSplit:
@@ -131,7 +132,7 @@ def claim_run(cfg: Config, ctx: WorkerContext, run: RunDir, resume: bool) -> Run
 def build_policy(cfg: Config, blocks: list[Block]) -> Policy:
     """The configured policy, refused (ConfigError) when it does not fit the model's blocks: a
     static:k=99 on a 10-block model must not run as k=9 under the name k=99."""
-    policy = parse_policy(cfg.freeze.policy)
+    policy = parse_policy_spec(cfg.freeze.policy)
     try:
         policy.initial_boundary(len(blocks))
     except PolicyError as err:

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import logging
 import os
 import shlex
 import sys
@@ -50,8 +49,10 @@ from freeze.pipeline.failures import (
     worker_failure,
 )
 from freeze.pipeline.lifetime import die_with_parent, launcher_env, worker_argv
+from freeze.pipeline.preflight import preflight
 from freeze.pipeline.run_lock import RunLock
 from freeze.pipeline.runs import RunDir, RunError, in_sweep
+from freeze.pipeline.torchrun_agent import quiet_torchrun_logs, restore_signal_handlers, signal_handlers
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -67,10 +68,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_intermixed_args(argv)  # overrides may come before and after flags
 
 
-_WORKER_EXIT_LOGGER = "torch.distributed.elastic.multiprocessing.api"
-_AGENT_LOGGER = "torch.distributed.elastic.agent.server.api"
-
-
 def resume_command(argv: list[str]) -> str:
     """The command that continues this run: the one typed, with --resume."""
     args = [a for a in argv if a != "--resume"]
@@ -79,14 +76,6 @@ def resume_command(argv: list[str]) -> str:
 
 def interrupted_line(config: Config, argv: list[str]) -> str:
     return f"interrupted: {config.run_dir()} keeps its completed epochs; resume with: {resume_command(argv)}"
-
-
-class _DropDeathSignalLine(logging.Filter):
-    """torchrun's agent logs "Received 2 death signal, shutting down workers" on Ctrl-C; the
-    launcher says "interrupted" itself, in one line with the command that resumes."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "death signal" not in record.getMessage()
 
 
 class _Interrupt:
@@ -193,7 +182,7 @@ def launch_local(
     # torchrun's agent installs its own SIGINT/SIGTERM/SIGHUP/SIGQUIT handlers and never restores
     # them: after one local run, Ctrl-C in a sweep would raise torch's SignalException everywhere
     # else (between runs, in the cluster launcher, in the report) instead of KeyboardInterrupt.
-    saved_handlers = _signal_handlers()
+    saved_handlers = signal_handlers()
     try:
         with exported(env), quiet_torchrun_logs():
             run(get_args_parser().parse_args(argv))
@@ -210,46 +199,8 @@ def launch_local(
         # (a sweep, a study) sees the same interrupted code as from the emulated cluster.
         return INTERRUPTED_EXIT_CODE
     finally:
-        _restore_signal_handlers(saved_handlers)
+        restore_signal_handlers(saved_handlers)
     return 0
-
-
-@contextlib.contextmanager
-def quiet_torchrun_logs() -> Iterator[None]:
-    """torchrun's agent without its per-worker exit lines and its "death signal" line."""
-    # torchrun logs every worker's exit in two lines ("failed (exitcode: 2) local_rank: 0 ...",
-    # "Sending process N closing signal SIGTERM"): a refused run has said why in one line already,
-    # and a failed one is summed up by its launcher in one.
-    exit_log = logging.getLogger(_WORKER_EXIT_LOGGER)
-    was_disabled, exit_log.disabled = exit_log.disabled, True
-    agent_log, death_line = logging.getLogger(_AGENT_LOGGER), _DropDeathSignalLine()
-    agent_log.addFilter(death_line)
-    try:
-        yield
-    finally:
-        exit_log.disabled = was_disabled
-        agent_log.removeFilter(death_line)
-
-
-_LAUNCHER_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
-
-
-def _signal_handlers() -> dict:
-    """This process's handlers of the signals torchrun's agent takes over (main thread only)."""
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        return {}
-    return {sig: signal.getsignal(sig) for name in _LAUNCHER_SIGNALS if (sig := getattr(signal, name, None))}
-
-
-def _restore_signal_handlers(saved: dict) -> None:
-    import signal
-
-    for sig, handler in saved.items():
-        if handler is not None:  # None: installed from C, cannot be put back from Python
-            signal.signal(sig, handler)
 
 
 def launch_cluster(
@@ -405,6 +356,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         config = load_config(args.config, args.overrides)
+        if not _under_launcher():  # a worker parses its policy where it builds it: once per process
+            preflight(config)
         check_hardware(config)
     except ConfigError as e:
         return _refuse(e)

@@ -46,6 +46,7 @@ from freeze.pipeline.config import Config, ConfigError, load_config
 from freeze.pipeline.distributed import check_hardware
 from freeze.pipeline.failures import killed_line, record_failure
 from freeze.pipeline.lifetime import launcher_env, worker_argv
+from freeze.pipeline.preflight import preflight
 from freeze.pipeline.run import INTERRUPTED_EXIT_CODE, exported, launch_cluster, launch_local, prepare_run_dir
 from freeze.pipeline.run_lock import RunBusyError, RunLock
 from freeze.pipeline.runs import IN_SWEEP_ENV, RunDir, RunError
@@ -188,6 +189,7 @@ def expand(base: str, study: str, grid: dict, overrides: list[str], out_dir: str
             run_overrides.append(f"run.out_dir={out_dir}")
         try:
             config = load_config(base, run_overrides, check_files=False)
+            preflight(config)  # every point refused before the first run starts, not hours in
         except ConfigError as e:
             raise SweepError(f"run {'_'.join(_slug(k, v) for k, v in pairs) or base}: {e}") from None
         specs.append(RunSpec(config))

@@ -6,6 +6,7 @@ import pytest
 
 from freeze.pipeline.config import (
     SECTIONS,
+    Augment,
     Config,
     ConfigError,
     OptimConfig,
@@ -15,6 +16,7 @@ from freeze.pipeline.config import (
     load_config,
     section_keys,
 )
+from freeze.pipeline.preflight import preflight
 
 
 def write(tmp_path: Path, text: str, name: str = "c.toml") -> Path:
@@ -28,7 +30,7 @@ def test_defaults_match_the_schema():
     assert config == Config()
     assert SECTIONS == ("run", "data", "model", "freeze", "optim", "schedule", "train", "dist", "cluster")
     assert (config.run.name, config.run.study, config.run.out_dir, config.run.seed) == ("run", "default", "runs", 0)
-    assert (config.data.dataset, config.data.val_size, config.data.augment) == ("cifar10", 5000, "crop-flip")
+    assert (config.data.dataset, config.data.val_size, config.data.augment.spec()) == ("cifar10", 5000, "crop-flip")
     assert (config.model.arch, config.model.stem, config.model.weights, config.model.blocks) == (
         "resnet18",
         "imagenet",
@@ -118,7 +120,7 @@ BAD_OVERRIDES = [
 @pytest.mark.parametrize("overrides,expected", BAD_OVERRIDES, ids=[" ".join(o) for o, _ in BAD_OVERRIDES])
 def test_bad_override_gives_one_clear_line(overrides, expected):
     with pytest.raises(ConfigError) as info:
-        load_config(None, overrides)
+        preflight(load_config(None, overrides))  # what a launcher, sweep or study does before any run
     message = str(info.value)
     assert len(message.splitlines()) == 1, message
     for part in expected:
@@ -192,7 +194,7 @@ def test_overrides(tmp_path):
             "train.precision=bf16",
             "optim.betas=[0.9,0.95]",
             "run.name=123",  # a string field keeps the text, not the TOML integer
-            "data.augment=false",
+            "data.augment=none",
             "train.epochs=3",
             "train.epochs=4",  # the last override wins
             'run.study="with space"',
@@ -203,7 +205,7 @@ def test_overrides(tmp_path):
     assert config.train.precision == "bf16"
     assert config.optim.betas == (0.9, 0.95)
     assert config.run.name == "123"
-    assert config.data.augment == "none"  # the old boolean key still loads
+    assert config.data.augment == Augment("none")
     assert config.train.epochs == 4
     assert config.run.study == "with space"
     assert config.run_group() == "autofreeze:percentile=50"
@@ -221,15 +223,15 @@ def test_weights_path_must_exist(tmp_path):
     assert load_config(None, [f"model.weights={gone}"], check_files=False).model.weights == gone
 
 
-def test_policy_is_validated_with_parse_policy():
-    pytest.importorskip("freeze.policies")
+def test_policy_is_checked_by_the_preflight_with_parse_policy():
+    config = load_config(None, ["freeze.policy=nosuchpolicy"])  # structure only: torch-free
     with pytest.raises(ConfigError) as info:
-        load_config(None, ["freeze.policy=nosuchpolicy"])
+        preflight(config)
     message = str(info.value)
     assert message.startswith("freeze.policy: ") and len(message.splitlines()) == 1
     assert "nosuchpolicy" in message and "autofreeze" in message  # names the accepted policies
     with pytest.raises(ConfigError, match="^freeze.policy: .*percentile"):
-        load_config(None, ["freeze.policy=autofreeze:percentile=500"])
+        preflight(load_config(None, ["freeze.policy=autofreeze:percentile=500"]))
 
 
 def tricky_config() -> Config:
@@ -286,9 +288,15 @@ def test_an_override_changes_one_key_and_is_validated():
         load_config(None, ["optim.rate=0.1"])
 
 
-def test_old_boolean_augment_key_still_loads(tmp_path):
-    assert load_config(write(tmp_path, "[data]\naugment = true\n")).data.augment == "crop-flip"
-    assert load_config(write(tmp_path, "[data]\naugment = false\n")).data.augment == "none"
+def test_augment_is_parsed_where_the_config_is_read_and_written_back_as_its_spec(tmp_path):
     config = load_config(None, ["data.augment=views:4", "freeze.cache=disk", "freeze.cache_dtype=bf16"])
-    assert (config.data.augment, config.freeze.cache, config.freeze.cache_dtype) == ("views:4", "disk", "bf16")
+    assert (config.data.augment, config.freeze.cache, config.freeze.cache_dtype) == (Augment("views", 4), "disk", "bf16")
+    assert config.data.augment.finite and not load_config(None).data.augment.finite
+    assert 'augment = "views:4"' in config_to_toml(config)
     assert load_config(write(tmp_path, config_to_toml(config))) == config
+
+
+def test_the_old_boolean_augment_key_is_refused_in_one_line(tmp_path):
+    # Converted once (python -m experiments.convert_runs), not read forever.
+    with pytest.raises(ConfigError, match="^config .*: data.augment: true is not accepted; accepted: crop-flip"):
+        load_config(write(tmp_path, "[data]\naugment = true\n"))

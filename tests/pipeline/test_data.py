@@ -10,19 +10,18 @@ from torchvision.datasets import CIFAR10
 
 import freeze.pipeline.data as data
 from freeze.pipeline.data import (
-    CIFAR10_MEAN,
-    CIFAR10_STD,
     CifarArrays,
     DataError,
     EvalLoader,
     TrainLoader,
     load_dataset,
-    normalize_uint8,
     read_cifar10,
     split_validation,
     write_synthetic_cifar,
 )
-from freeze.pipeline.synthetic import render_synthetic_split, synthetic_class_names
+from freeze.pipeline.config import parse_augment
+from freeze.pipeline.datasets.images import CIFAR10_MEAN, CIFAR10_STD, normalize_uint8
+from freeze.pipeline.datasets.synthetic import render_synthetic_split, synthetic_class_names
 
 N_TRAIN, N_TEST = 200, 50
 
@@ -264,7 +263,7 @@ def test_ranks_partition_the_single_process_global_batches(drop_last):
 
 def test_without_augmentation_batches_are_the_normalized_images():
     x, y = _indexed_images(64)
-    (xb, yb), *_ = _epoch(TrainLoader(x, y, 32, 0, 1, seed=0, augment=False), 0)
+    (xb, yb), *_ = _epoch(TrainLoader(x, y, 32, 0, 1, seed=0, augment=parse_augment("none")), 0)
     mean = torch.tensor(CIFAR10_MEAN).view(1, 3, 1, 1)
     std = torch.tensor(CIFAR10_STD).view(1, 3, 1, 1)
     assert xb.dtype == torch.float32 and yb.dtype == torch.int64
@@ -363,7 +362,7 @@ def _keyed_epoch(loader: TrainLoader, epoch: int) -> list[tuple[torch.Tensor, to
 def test_fixed_views_are_keyed_and_the_same_in_every_epoch_rank_and_world_size():
     x, y = _indexed_images(48)
     views = 3
-    single = TrainLoader(x, y, 8, 0, 1, seed=4, augment=f"views:{views}")
+    single = TrainLoader(x, y, 8, 0, 1, seed=4, augment=parse_augment(f"views:{views}"))
     seen: dict[int, torch.Tensor] = {}
     for epoch in range(4):
         batches = _keyed_epoch(single, epoch)
@@ -381,7 +380,7 @@ def test_fixed_views_are_keyed_and_the_same_in_every_epoch_rank_and_world_size()
         by_sample.setdefault(key // views, []).append(img)
     assert all(img.shape == (3, 32, 32) for img in seen.values())
     assert any(not torch.equal(a, b) for imgs in by_sample.values() for a in imgs for b in imgs)  # views differ
-    ranks = [_keyed_epoch(TrainLoader(x, y, 4, r, 2, seed=4, augment=f"views:{views}"), 2) for r in range(2)]
+    ranks = [_keyed_epoch(TrainLoader(x, y, 4, r, 2, seed=4, augment=parse_augment(f"views:{views}")), 2) for r in range(2)]
     for step, (gx, _, gk) in enumerate(_keyed_epoch(single, 2)):
         assert torch.equal(torch.cat([r[step][2] for r in ranks]), gk)
         assert torch.equal(torch.cat([r[step][0] for r in ranks]), gx)
@@ -389,13 +388,10 @@ def test_fixed_views_are_keyed_and_the_same_in_every_epoch_rank_and_world_size()
 
 def test_keys_without_augmentation_are_the_samples_and_crop_flip_has_none():
     x, y = _indexed_images(32)
-    (xb, yb, kb), *_ = _keyed_epoch(TrainLoader(x, y, 16, 0, 1, seed=0, augment="none"), 1)
+    (xb, yb, kb), *_ = _keyed_epoch(TrainLoader(x, y, 16, 0, 1, seed=0, augment=parse_augment("none")), 1)
     assert torch.equal(kb, yb) and torch.equal(xb, normalize_uint8(x[kb]))
-    (_, _, none_keys), *_ = _keyed_epoch(TrainLoader(x, y, 16, 0, 1, seed=0, augment="crop-flip"), 1)
+    (_, _, none_keys), *_ = _keyed_epoch(TrainLoader(x, y, 16, 0, 1, seed=0, augment=parse_augment("crop-flip")), 1)
     assert none_keys is None
-    # the old boolean and the new name give the same batches
-    old, new = TrainLoader(x, y, 16, 0, 1, seed=3, augment=True), TrainLoader(x, y, 16, 0, 1, seed=3)
-    assert all(torch.equal(a[0], b[0]) for a, b in zip(_epoch(old, 2), _epoch(new, 2)))
 
 
 def test_the_config_accepts_exactly_the_datasets_the_data_module_can_make():

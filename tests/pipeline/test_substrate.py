@@ -17,8 +17,8 @@ from freeze.pipeline.data import (
     split_validation,
     write_synthetic_cifar,
 )
+from freeze.pipeline.datasets import fdsl
 from freeze.pipeline.models import build_model
-from freeze.pipeline.substrate import fdsl
 from freeze.pipeline.substrate.probe import ProbeError, bn_shift, fit_logreg, linear_probe, pooled_features
 
 
@@ -137,7 +137,7 @@ def test_bn_shift_is_zero_when_running_stats_come_from_the_same_data():
     # eval-mode inputs of each BN differ from train-mode ones after the first BN, so compare bn1 only
     model.train()
     with torch.no_grad():
-        from freeze.pipeline.data import normalize_uint8
+        from freeze.pipeline.datasets.images import normalize_uint8
 
         model(normalize_uint8(x))
     rows = {name: (shift, ratio) for name, shift, ratio in bn_shift(model, x)}
@@ -158,7 +158,7 @@ def test_logistic_regression_fits_separable_data_and_c_is_chosen_on_validation()
 
 # ------------------------------------------------------------------------------ committed weights
 def test_fp16_export_round_trips_into_the_fp32_model(tmp_path):
-    from freeze.pipeline.substrate.weights import export_fp16, verify
+    from freeze.pipeline.datasets.weights import export_fp16, verify
 
     torch.manual_seed(0)
     source = build_model("resnet18", 128, "imagenet")
@@ -176,7 +176,7 @@ def test_fp16_export_round_trips_into_the_fp32_model(tmp_path):
 
 
 def test_altered_or_missing_weights_are_refused_in_one_line(tmp_path):
-    from freeze.pipeline.substrate.weights import WeightsError, sidecar, verify
+    from freeze.pipeline.datasets.weights import WeightsError, sidecar, verify
 
     path = tmp_path / "w.pt"
     with pytest.raises(WeightsError, match="is missing: it is committed"):
@@ -190,9 +190,9 @@ def test_altered_or_missing_weights_are_refused_in_one_line(tmp_path):
 
 
 def test_a_study_takes_committed_weights_instead_of_pretraining(tmp_path):
+    from freeze.pipeline.datasets.weights import sha256_of, sidecar
     from freeze.pipeline.study.cli import _pretrain
     from freeze.pipeline.study.plan import read_study
-    from freeze.pipeline.substrate.weights import sha256_of, sidecar
     from freeze.pipeline.sweep import SweepError
 
     weights = tmp_path / "w.pt"
@@ -224,7 +224,7 @@ def test_paired_interval_and_relative_weight_change():
 
 # -------------------------------------------------------------------------------- planted tasks
 def test_planted_readout_is_a_linear_function_of_depth_d_features():
-    from freeze.pipeline.substrate.planted import depth_maps, depth_of, fit_readout
+    from freeze.pipeline.datasets.planted import depth_maps, depth_of, fit_readout
 
     torch.manual_seed(0)
     model = build_model("resnet18", 10, "imagenet")
@@ -246,8 +246,8 @@ def test_planted_readout_is_a_linear_function_of_depth_d_features():
 def _made_up_gate_study(tmp_path):
     """A gate study whose runs are made up (complete manifests, metrics, a final checkpoint in which
     only layer4 moved): checks arithmetic and plumbing, not any measurement."""
+    from freeze.pipeline.datasets.weights import export_fp16
     from freeze.pipeline.substrate.gates import ARMS
-    from freeze.pipeline.substrate.weights import export_fp16
 
     torch.manual_seed(0)
     model = build_model("resnet18", 128, "imagenet")

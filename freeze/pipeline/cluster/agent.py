@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     from torch.distributed.run import get_args_parser, run
 
     from freeze.pipeline.failures import INTERRUPTED_EXIT_CODE, record_failure, worker_failure
-    from freeze.pipeline.run import quiet_torchrun_logs
+    from freeze.pipeline.torchrun_agent import quiet_torchrun_logs
 
     args = get_args_parser().parse_args(sys.argv[1:] if argv is None else argv)
     try:

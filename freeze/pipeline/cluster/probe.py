@@ -40,9 +40,9 @@ from pathlib import Path
 
 from freeze._atomic import atomic_write_text
 from freeze.pipeline import markdown
-from freeze.pipeline.costmodel.link import PROBE_FORMAT
 
-FORMAT = PROBE_FORMAT  # owned by the cost model, which reads these files
+# The probe file's format, owned by its writer; the cost model (freeze.pipeline.costmodel.link) reads it.
+PROBE_FORMAT = "freeze-cluster-probe/1"
 DEFAULT_SIZES_MIB = (1, 2, 4, 8, 16, 32, 64)
 LATENCY_BYTES = 4
 LATENCY_REPEATS = 50
@@ -143,7 +143,7 @@ def summarize(ranks: list[dict], spec, load: bool, host: dict) -> dict:
             }
         )
     return {
-        "format": FORMAT,
+        "format": PROBE_FORMAT,
         "nodes": spec.nodes,
         "procs_per_node": 1,
         "world_size": world,

@@ -27,7 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-PROBE_FORMAT = "freeze-cluster-probe/1"
+from freeze.pipeline.cluster.probe import PROBE_FORMAT
+
 LINK_FORMS = ("pipelined", "additive")
 
 

@@ -149,7 +149,7 @@ def _pretrain(study: StudyFile, out_dir: str) -> tuple[list[RunSpec], tuple[str,
     """The pretraining run (if any) and the override that makes its checkpoint the model weights;
     with ``weights`` (committed weights), no run: the file's sha256 is checked and it is the weights."""
     if study.weights:
-        from freeze.pipeline.substrate.weights import WeightsError, verify
+        from freeze.pipeline.datasets.weights import WeightsError, verify
 
         try:
             verify(study.weights)

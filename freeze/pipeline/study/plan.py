@@ -58,6 +58,7 @@ from pathlib import Path
 
 from freeze.checks import is_int, is_number
 from freeze.pipeline.config import ConfigError, load_config
+from freeze.pipeline.preflight import preflight
 from freeze.pipeline.schema import run_name_part
 from freeze.pipeline.sweep import RunSpec, SweepError, read_toml
 
@@ -130,7 +131,7 @@ class StudyFile:
     arms: dict[str, Arm]
     search: Search | None = None
     predict: bool = False  # the cost-model stage after the runs (freeze.pipeline.study.predict)
-    weights: str | None = None  # committed pretrained weights (freeze.pipeline.substrate.weights), instead of pretrain
+    weights: str | None = None  # committed pretrained weights (freeze.pipeline.datasets.weights), instead of pretrain
     frontier: dict[str, float] = dataclasses.field(default_factory=dict)  # budget arm -> its fraction of the steps
     # section.key=value from the command line, applied to every run after all of the file's (e.g.
     # dist.nproc=8 on a machine with 8 GPUs): the study's machine, not its design, without editing it
@@ -349,7 +350,9 @@ def _spec(
     if out_dir is not None:
         run_overrides.append(f"run.out_dir={out_dir}")
     try:
-        return RunSpec(load_config(study.finetune, run_overrides, check_files=False))
+        config = load_config(study.finetune, run_overrides, check_files=False)
+        preflight(config)  # every run refused before the first one starts, not hours in
+        return RunSpec(config)
     except ConfigError as e:
         raise SweepError(f"study file {study.path}: run {name}: {e}") from None
 

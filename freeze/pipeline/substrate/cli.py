@@ -23,12 +23,12 @@ from pathlib import Path
 
 from freeze.pipeline.config import ConfigError
 from freeze.pipeline.data import DataError
+from freeze.pipeline.datasets.weights import WeightsError
 from freeze.pipeline.markdown import MarkerError
 from freeze.pipeline.models import ModelError
 from freeze.pipeline.runs import RunError
 from freeze.pipeline.substrate.gates import GateError
 from freeze.pipeline.substrate.probe import ProbeError
-from freeze.pipeline.substrate.weights import WeightsError
 from freeze.pipeline.sweep import INTERRUPTED_EXIT_CODE
 
 
@@ -136,7 +136,7 @@ def _main(argv: list[str] | None) -> int:
             print(f"{args.report}: spliced {', '.join(written)}")
             return 0
         if args.command == "planted":
-            from freeze.pipeline.substrate.planted import identifiability
+            from freeze.pipeline.substrate.identifiability import identifiability
 
             print(identifiability(tuple(args.tasks), args.out, command))
             return 0

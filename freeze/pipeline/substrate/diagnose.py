@@ -17,7 +17,7 @@ from freeze.pipeline.data import load_dataset, split_validation
 from freeze.pipeline.models import build_model
 from freeze.pipeline.substrate.probe import bn_shift, linear_probe, pooled_features
 
-# Probe label sets on the OLD target (freeze.pipeline.synthetic): class l is composition l // 2 in
+# Probe label sets on the OLD target (freeze.pipeline.datasets.synthetic): class l is composition l // 2 in
 # palette "warm" (l even) or "cool" (l odd), see synthetic._PALETTES.
 OLD_TARGET_LABELS = {
     "10 target classes": (lambda y: y, 10),
@@ -28,7 +28,7 @@ DEPTH_C_GRID = (1e-2, 1e-1, 1.0)  # per-depth probes: a coarser grid than the co
 DEPTH_MAX_ITER = 150  # L-BFGS iterations per depth probe (the converged probe of section 3: 500)
 
 
-# On fdsl32-mix, -size and -place (freeze.pipeline.substrate.fdsl): classes 0-5 are six systems,
+# On fdsl32-mix, -size and -place (freeze.pipeline.datasets.fdsl): classes 0-5 are six systems,
 # classes 6/7 and 8/9 one system each split by the task's cue (saturation, size, place). "system"
 # merges each split pair: the gap between the 10-class and the 8-system probe at a depth is what the
 # cue costs a linear readout there.

@@ -1,5 +1,5 @@
 """``python -m experiments.substrate pretrain``: the substrate's one-off pretraining, resumable, then
-the fp16 export of its weights with their sha256 and provenance (freeze.pipeline.substrate.weights).
+the fp16 export of its weights with their sha256 and provenance (freeze.pipeline.datasets.weights).
 
 The run is an ordinary pipeline run (``python -m experiments.run``, a checkpoint every epoch); this
 command starts it, or continues it from its checkpoint when an earlier invocation was interrupted
@@ -17,8 +17,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from freeze.pipeline.config import load_config
+from freeze.pipeline.datasets.weights import export_fp16
 from freeze.pipeline.runs import RunDir
-from freeze.pipeline.substrate.weights import export_fp16
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -16,19 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from freeze.pipeline.data import normalize_uint8
+from freeze.pipeline.datasets.images import normalize_uint8
+from freeze.pipeline.datasets.planted import DEPTH_MODULES
 
-DEPTH_MODULES = (
-    "maxpool",
-    "layer1.0",
-    "layer1.1",
-    "layer2.0",
-    "layer2.1",
-    "layer3.0",
-    "layer3.1",
-    "layer4.0",
-    "layer4.1",
-)  # depth d = 1..9 is the output of DEPTH_MODULES[d - 1]
 C_GRID = tuple(10.0**e for e in range(-4, 4))  # inverse L2 strength, as scikit-learn's C
 
 

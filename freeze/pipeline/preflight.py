@@ -1,0 +1,35 @@
+"""The config's checks that need torch: ``model.arch`` is a torchvision classification model, and
+``freeze.policy`` parses against the policy registry.
+
+They are kept out of :func:`freeze.pipeline.config.load_config`, so that reading a config imports
+neither torch nor torchvision (every launcher, sweep expansion and report read one). Whatever starts
+runs calls :func:`preflight` once per config, before the first run starts: the launcher
+(:mod:`freeze.pipeline.run`), a sweep for each of its points, a study for each of its runs. A worker
+parses the policy once, where it builds it (:func:`parse_policy_spec`), which is its own check under
+a plain ``torchrun``.
+"""
+
+from __future__ import annotations
+
+from freeze.pipeline.config import Config, ConfigError
+from freeze.pipeline.models import ModelError, check_arch
+from freeze.policies import Policy, parse_policy
+
+
+def preflight(config: Config) -> None:
+    """ConfigError (one line naming the field and what is accepted) for an unknown ``model.arch`` or
+    a ``freeze.policy`` that does not parse."""
+    try:
+        check_arch(config.model.arch)
+    except ModelError as err:
+        raise ConfigError(str(err)) from None
+    parse_policy_spec(config.freeze.policy)
+
+
+def parse_policy_spec(spec: str) -> Policy:
+    """The policy ``freeze.policy`` names; ConfigError (one line) when it does not parse."""
+    try:
+        return parse_policy(spec)
+    except ValueError as err:
+        message = str(err)
+        raise ConfigError(message if message.startswith("freeze.policy") else f"freeze.policy: {message}") from None
