@@ -24,6 +24,8 @@ test-fast: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	@# the import arrows (pyproject.toml's [tool.importlinter] contracts; docs/architecture.md)
+	$(BIN)/lint-imports --no-logo
 
 format: $(STAMP)
 	$(BIN)/ruff check --fix .

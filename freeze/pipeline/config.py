@@ -21,7 +21,7 @@ import math
 import re
 import tomllib
 import typing
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -535,6 +535,17 @@ def apply_override(data: dict[str, dict[str, Any]], override: str) -> None:
     data.setdefault(section, {})[key] = value
 
 
+def apply_value(data: dict[str, dict[str, Any]], dotted: str, value: Any) -> None:
+    """Set one ``section.key`` to a typed value (a sweep's grid value, a study's seed) in place:
+    no text round trip; validate checks its type and range like any other value."""
+    section, _, key = dotted.partition(".")
+    if section not in SECTIONS:
+        raise _unknown_section_error(section)
+    if key not in section_keys(section):
+        raise _unknown_key_error(section, key)
+    data.setdefault(section, {})[key] = value
+
+
 def _in_file(err: ConfigError, path: Path) -> ConfigError:
     """The same one line, naming the config file the offending key was read from."""
     return ConfigError(f"config {path}: {str(err).removeprefix('config: ')}")
@@ -554,8 +565,14 @@ def _check_file_keys(data: dict[str, Any]) -> None:
                 raise _unknown_key_error(section, key)
 
 
-def load_config(path: str | Path | None, overrides: Sequence[str] = (), check_files: bool = True) -> Config:
-    """Read a TOML file (None: all defaults), apply ``section.key=value`` overrides, validate.
+def load_config(
+    path: str | Path | None,
+    overrides: Sequence[str] = (),
+    check_files: bool = True,
+    values: Mapping[str, Any] | None = None,
+) -> Config:
+    """Read a TOML file (None: all defaults), apply ``section.key=value`` overrides, then the typed
+    ``values`` (``{"section.key": value}``: a sweep's grid point, a study's names), and validate.
 
     An error about a key the file set names the file ("config experiments/configs/smoke.toml:
     unknown key 'train.epoch' ..."); one about an override's key does not (its caller names where
@@ -582,6 +599,9 @@ def load_config(path: str | Path | None, overrides: Sequence[str] = (), check_fi
     for override in overrides:
         apply_override(data, override)
         from_file.discard(override.partition("=")[0].strip())
+    for dotted, value in (values or {}).items():
+        apply_value(data, dotted, value)
+        from_file.discard(dotted)
     try:
         return validate(config_from_dict(data), check_files=check_files)
     except ConfigError as err:

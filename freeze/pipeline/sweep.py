@@ -105,14 +105,6 @@ def _slug(key: str, value) -> str:
     return run_name_part(text if key == "freeze.policy" else f"{short}={text}")
 
 
-def _override_value(value) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, list):
-        return "[" + ",".join(_override_value(v) for v in value) + "]"
-    return str(value)
-
-
 def read_toml(path: str | Path, kind: str) -> dict:
     """A sweep or study file as a dict; a missing file or bad TOML is one SweepError line."""
     path = Path(path)
@@ -180,15 +172,15 @@ def expand(base: str, study: str, grid: dict, overrides: list[str], out_dir: str
     specs = []
     for values in itertools.product(*(grid[k] for k in keys)):
         pairs = list(zip(keys, values))
-        run_overrides = list(overrides) + [f"{k}={_override_value(v)}" for k, v in pairs] + [f"run.study={study}"]
+        point = {**dict(pairs), "run.study": study}  # typed, as the sweep file holds them
         if pairs:  # an empty grid is one run that keeps the config's own run.name and run.group
             name = "_".join(_slug(k, v) for k, v in pairs)
             group = "_".join(_slug(k, v) for k, v in pairs if k != SEED_KEY) or name
-            run_overrides += [f"run.name={name}", f"run.group={group}"]
+            point |= {"run.name": name, "run.group": group}
         if out_dir is not None:
-            run_overrides.append(f"run.out_dir={out_dir}")
+            point["run.out_dir"] = str(out_dir)
         try:
-            config = load_config(base, run_overrides, check_files=False)
+            config = load_config(base, overrides, check_files=False, values=point)
             preflight(config)  # every point refused before the first run starts, not hours in
         except ConfigError as e:
             raise SweepError(f"run {'_'.join(_slug(k, v) for k, v in pairs) or base}: {e}") from None

@@ -290,7 +290,11 @@ def test_an_override_changes_one_key_and_is_validated():
 
 def test_augment_is_parsed_where_the_config_is_read_and_written_back_as_its_spec(tmp_path):
     config = load_config(None, ["data.augment=views:4", "freeze.cache=disk", "freeze.cache_dtype=bf16"])
-    assert (config.data.augment, config.freeze.cache, config.freeze.cache_dtype) == (Augment("views", 4), "disk", "bf16")
+    assert (config.data.augment, config.freeze.cache, config.freeze.cache_dtype) == (
+        Augment("views", 4),
+        "disk",
+        "bf16",
+    )
     assert config.data.augment.finite and not load_config(None).data.augment.finite
     assert 'augment = "views:4"' in config_to_toml(config)
     assert load_config(write(tmp_path, config_to_toml(config))) == config

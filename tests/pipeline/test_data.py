@@ -380,7 +380,9 @@ def test_fixed_views_are_keyed_and_the_same_in_every_epoch_rank_and_world_size()
         by_sample.setdefault(key // views, []).append(img)
     assert all(img.shape == (3, 32, 32) for img in seen.values())
     assert any(not torch.equal(a, b) for imgs in by_sample.values() for a in imgs for b in imgs)  # views differ
-    ranks = [_keyed_epoch(TrainLoader(x, y, 4, r, 2, seed=4, augment=parse_augment(f"views:{views}")), 2) for r in range(2)]
+    ranks = [
+        _keyed_epoch(TrainLoader(x, y, 4, r, 2, seed=4, augment=parse_augment(f"views:{views}")), 2) for r in range(2)
+    ]
     for step, (gx, _, gk) in enumerate(_keyed_epoch(single, 2)):
         assert torch.equal(torch.cat([r[step][2] for r in ranks]), gk)
         assert torch.equal(torch.cat([r[step][0] for r in ranks]), gx)

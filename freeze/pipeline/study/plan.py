@@ -335,22 +335,14 @@ def _spec(
     study: StudyFile, folder: str, setting: str, group: str, seed: int, overrides: tuple[str, ...], out_dir
 ) -> RunSpec:
     name = "_".join(p for p in (run_name_part(setting), run_name_part(group), f"seed={seed}") if p)
-    run_overrides = [
-        *study.overrides,
-        *study.settings[setting],
-        *overrides,
-        *study.command_line_overrides,
-        f"run.study={folder}",
-        f"run.name={name}",
-        f"run.group={group}",
-        f"run.seed={seed}",
-    ]
+    run_overrides = [*study.overrides, *study.settings[setting], *overrides, *study.command_line_overrides]
+    names = {"run.study": folder, "run.name": name, "run.group": group, "run.seed": seed}  # typed: no text round trip
     if setting:
-        run_overrides.append(f"run.setting={setting}")
+        names["run.setting"] = setting
     if out_dir is not None:
-        run_overrides.append(f"run.out_dir={out_dir}")
+        names["run.out_dir"] = str(out_dir)
     try:
-        config = load_config(study.finetune, run_overrides, check_files=False)
+        config = load_config(study.finetune, run_overrides, check_files=False, values=names)
         preflight(config)  # every run refused before the first one starts, not hours in
         return RunSpec(config)
     except ConfigError as e:
