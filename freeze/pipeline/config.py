@@ -16,7 +16,6 @@ what is accepted.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 import re
 import tomllib
@@ -26,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from freeze.checks import is_int, is_number
+from freeze.checks import Range, did_you_mean, is_int, is_number, spell
 from freeze.names import CacheMode, CommHook, StorageDtype
 from freeze.pipeline.cluster.spec import DEFAULT_SUBNET, ClusterSpecError, parse_delay, parse_rate, parse_subnet
 
@@ -36,40 +35,6 @@ class ConfigError(ValueError):
 
     def __init__(self, message: str):
         super().__init__(" ".join(str(message).splitlines()))
-
-
-@dataclass(frozen=True)
-class Range:
-    """Closed/open bounds of a numeric field, checked by :func:`validate`."""
-
-    ge: float | None = None
-    gt: float | None = None
-    le: float | None = None
-    lt: float | None = None
-
-    def contains(self, value: float) -> bool:
-        return not (
-            (self.ge is not None and value < self.ge)
-            or (self.gt is not None and value <= self.gt)
-            or (self.le is not None and value > self.le)
-            or (self.lt is not None and value >= self.lt)
-        )
-
-    def describe(self) -> str:
-        low = self.ge if self.ge is not None else self.gt
-        high = self.le if self.le is not None else self.lt
-        if low is not None and high is not None:
-            opening, closing = "[" if self.ge is not None else "(", "]" if self.le is not None else ")"
-            return f"in {opening}{_num(low)}, {_num(high)}{closing}"
-        if low is not None:
-            return f"{'>=' if self.ge is not None else '>'} {_num(low)}"
-        if high is not None:
-            return f"{'<=' if self.le is not None else '<'} {_num(high)}"
-        return ""
-
-
-def _num(x: float) -> str:
-    return str(int(x)) if float(x).is_integer() else repr(x)
 
 
 def _f(default: Any, **bounds: float) -> Any:
@@ -313,12 +278,6 @@ def _plain(value: Any) -> Any:
     return value.spec() if isinstance(value, Augment) else value
 
 
-def did_you_mean(word: str, accepted, show=repr) -> str:
-    """ " (did you mean 'x'?)" for the accepted name closest to ``word``, or "" when none is close."""
-    close = difflib.get_close_matches(word, list(accepted), n=1)
-    return f" (did you mean {show(close[0])}?)" if close else ""
-
-
 def _unknown_key_error(section: str, key: str) -> ConfigError:
     keys = section_keys(section)
     hint = did_you_mean(key, keys, lambda k: f"'{section}.{k}'")
@@ -359,11 +318,10 @@ def config_from_dict(data: dict[str, Any]) -> Config:
 
 
 def _show(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
+    """A value as an error message quotes it: strings in quotes, the rest as TOML spells them."""
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_show(v) for v in value) + "]"
-    return repr(value)
+    return repr(value) if isinstance(value, str) else spell(value)
 
 
 def _check_number(dotted: str, value: Any, kind: type, bounds: Range | None) -> int | float:
@@ -615,13 +573,6 @@ _TOML_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n"
 
 
 def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        # repr is the shortest string that round-trips exactly; inf/nan are spelled as TOML spells them.
-        return repr(value)
     if isinstance(value, str):
         out = []
         for ch in value:
@@ -634,6 +585,9 @@ def _toml_value(value: Any) -> str:
         return '"' + "".join(out) + '"'
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, (bool, int, float)):
+        # A float's repr is the shortest string that round-trips exactly; inf and nan as TOML spells them.
+        return spell(value)
     raise TypeError(f"config_to_toml: cannot write a value of type {type(value).__name__}: {value!r}")
 
 

@@ -9,7 +9,6 @@ that wrote it did.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import functools
 import math
 import numbers
@@ -19,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from freeze.checks import is_int
+from freeze.checks import Range, did_you_mean, is_int, spell
 from freeze.monitor import IntervalStats, relative_change, summed_norms
 from freeze.names import split_policy_spec
 
@@ -82,8 +81,13 @@ def param(
         high_open: exclude ``high`` itself.
         choices: the accepted strings (string parameters), or None for any.
     """
-    limits = {"low": low, "high": high, "low_open": low_open, "high_open": high_open}
-    return field(default=default, metadata={**limits, "choices": choices})
+    bounds = Range(
+        ge=None if low_open else low,
+        gt=low if low_open else None,
+        le=None if high_open else high,
+        lt=high if high_open else None,
+    )
+    return field(default=default, metadata={"range": bounds, "choices": choices})
 
 
 class Policy(ABC):
@@ -138,7 +142,7 @@ class Policy(ABC):
 
     def spec(self) -> str:
         """Canonical config string with every parameter written out; parse_policy(p.spec()) == p."""
-        params = ",".join(f"{f.name}={_format(getattr(self, f.name))}" for f in _fields(self))
+        params = ",".join(f"{f.name}={spell(getattr(self, f.name))}" for f in _fields(self))
         return f"{self.name}:{params}" if params else self.name
 
     def state_dict(self) -> dict:
@@ -246,7 +250,7 @@ def make_policy(name: str, **params: Any) -> Policy:
     for key in params:
         if key not in accepted:
             raise PolicyError(
-                f"policy '{name}': unknown parameter '{key}'{_did_you_mean(key, accepted)}; "
+                f"policy '{name}': unknown parameter '{key}'{did_you_mean(key, accepted)}; "
                 f"accepted: {', '.join(accepted) or 'no parameters'}"
             )
     return cls(**params)
@@ -290,16 +294,10 @@ def _policy_class(name: str) -> type[Policy]:
     # this module (a submodule import runs its package first): no import is deferred here.
     if name not in POLICIES:
         raise PolicyError(
-            f"unknown policy {name!r}{_did_you_mean(name, POLICIES)}; accepted: {', '.join(POLICIES)} (as a name, or as a spec "
+            f"unknown policy {name!r}{did_you_mean(name, POLICIES)}; accepted: {', '.join(POLICIES)} (as a name, or as a spec "
             "'name:param=value,...' for make_policy and parse_policy)"
         )
     return POLICIES[name]
-
-
-def _did_you_mean(word: Any, names: Sequence[str] | dict) -> str:
-    """`` (did you mean 'x'?)`` for the closest name, as config keys get; empty when none is close."""
-    close = difflib.get_close_matches(str(word), list(names), n=1)
-    return f" (did you mean '{close[0]}'?)" if close else ""
 
 
 def _fields(policy: Policy | type[Policy]) -> tuple[dataclasses.Field, ...]:
@@ -312,18 +310,10 @@ def _param_types(cls: type[Policy]) -> dict[str, Any]:
 
 
 def _accepted(f: dataclasses.Field, typ: type) -> str:
-    meta = f.metadata
-    if meta.get("choices"):
-        return "one of " + ", ".join(meta["choices"])
-    low, high = meta.get("low"), meta.get("high")
-    if low is not None and high is not None:
-        left, right = "(" if meta["low_open"] else "[", ")" if meta["high_open"] else "]"
-        return f"{typ.__name__} in {left}{low:g}, {high:g}{right}"
-    if low is not None:
-        return f"{typ.__name__} {'>' if meta['low_open'] else '>='} {low:g}"
-    if high is not None:
-        return f"{typ.__name__} {'<' if meta['high_open'] else '<='} {high:g}"
-    return typ.__name__
+    if f.metadata.get("choices"):
+        return "one of " + ", ".join(f.metadata["choices"])
+    bounds = f.metadata["range"].describe()
+    return f"{typ.__name__} {bounds}" if bounds else typ.__name__
 
 
 def _convert(typ: type, value: Any) -> Any:
@@ -363,20 +353,9 @@ def _coerce(cls: type[Policy], f: dataclasses.Field, value: Any) -> Any:
     meta = f.metadata
     if meta.get("choices") and out not in meta["choices"]:
         raise bad("is not accepted")
-    low, high = meta.get("low"), meta.get("high")
-    if low is not None and (out < low or (meta["low_open"] and out == low)):
-        raise bad("is out of range")
-    if high is not None and (out > high or (meta["high_open"] and out == high)):
+    if typ in (int, float) and not meta["range"].contains(out):
         raise bad("is out of range")
     return out
-
-
-def _format(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float):
-        return repr(value)  # shortest string that parses back to the same float
-    return str(value)
 
 
 def floor_with_slack(x: float) -> int:
