@@ -39,8 +39,11 @@ import traceback
 from collections.abc import Iterator
 from pathlib import Path
 
+from freeze.cache import CacheError
+from freeze.pipeline.cluster.jobs import run_config_entry, run_on_cluster
 from freeze.pipeline.config import Config, ConfigError, config_to_toml, load_config
-from freeze.pipeline.distributed import check_hardware
+from freeze.pipeline.data import DataError
+from freeze.pipeline.distributed import check_hardware, setup_worker, teardown_worker
 from freeze.pipeline.failures import (
     INTERRUPTED_EXIT_CODE,
     collective_timeout_line,
@@ -49,10 +52,12 @@ from freeze.pipeline.failures import (
     worker_failure,
 )
 from freeze.pipeline.lifetime import die_with_parent, launcher_env, worker_argv
+from freeze.pipeline.models import ModelError
 from freeze.pipeline.preflight import preflight
 from freeze.pipeline.run_lock import RunLock
 from freeze.pipeline.runs import RunDir, RunError, in_sweep
 from freeze.pipeline.torchrun_agent import quiet_torchrun_logs, restore_signal_handlers, signal_handlers
+from freeze.pipeline.train import WorkerOutcome, train_worker
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -212,8 +217,6 @@ def launch_cluster(
     caller; the workers get its token. They die with this process through the cluster's own PID
     namespaces (freeze.pipeline.cluster.launch), not through :data:`lifetime.PARENT_PID_ENV`: their
     parent is their node's agent, which the launcher's pid would not match."""
-    from freeze.pipeline.cluster.jobs import run_config_entry, run_on_cluster
-
     entry = run_config_entry(resolved_config, resume)
     with exported(lock.env() if lock is not None else {}):  # each node's agent copies os.environ
         return run_on_cluster(config.cluster, entry, config.dist.nproc, max_restarts, run_dir=config.run_dir())
@@ -233,13 +236,6 @@ def _mark_failed(config: Config, error: BaseException) -> None:
 def run_worker(config: Config, resume: bool, argv: list[str] | None = None) -> int:
     """This process trains: alone, or as one worker of torchrun (ours or a plain torchrun command).
     ``argv``: the command's arguments, for the resume command an interrupted single process prints."""
-    # Heavy imports only in the worker: the launcher process stays light.
-    from freeze.cache import CacheError
-    from freeze.pipeline.data import DataError
-    from freeze.pipeline.distributed import setup_worker, teardown_worker
-    from freeze.pipeline.models import ModelError
-    from freeze.pipeline.train import WorkerOutcome, train_worker
-
     ctx, outcome = None, WorkerOutcome()
     _Interrupt.install()
     try:

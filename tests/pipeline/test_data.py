@@ -9,6 +9,7 @@ import torch
 from torchvision.datasets import CIFAR10
 
 import freeze.pipeline.data as data
+from freeze.pipeline.config import parse_augment
 from freeze.pipeline.data import (
     CifarArrays,
     DataError,
@@ -19,7 +20,6 @@ from freeze.pipeline.data import (
     split_validation,
     write_synthetic_cifar,
 )
-from freeze.pipeline.config import parse_augment
 from freeze.pipeline.datasets.images import CIFAR10_MEAN, CIFAR10_STD, normalize_uint8
 from freeze.pipeline.datasets.synthetic import render_synthetic_split, synthetic_class_names
 

@@ -191,8 +191,8 @@ def test_altered_or_missing_weights_are_refused_in_one_line(tmp_path):
 
 def test_a_study_takes_committed_weights_instead_of_pretraining(tmp_path):
     from freeze.pipeline.datasets.weights import sha256_of, sidecar
-    from freeze.pipeline.study.cli import _pretrain
     from freeze.pipeline.study.plan import read_study
+    from freeze.pipeline.study.stages import pretrain_stage
     from freeze.pipeline.sweep import SweepError
 
     weights = tmp_path / "w.pt"
@@ -201,9 +201,9 @@ def test_a_study_takes_committed_weights_instead_of_pretraining(tmp_path):
     study_file = tmp_path / "s.toml"
     study_file.write_text(body.format(w=weights, extra=""))
     with pytest.raises(SweepError, match="sha256 cannot be checked"):
-        _pretrain(read_study(study_file), str(tmp_path))
+        pretrain_stage(read_study(study_file), str(tmp_path))
     sidecar(weights).write_text(f"{sha256_of(weights)}  w.pt\n")
-    assert _pretrain(read_study(study_file), str(tmp_path)) == ([], (f"model.weights={weights}",))
+    assert pretrain_stage(read_study(study_file), str(tmp_path)) == ([], (f"model.weights={weights}",))
     study_file.write_text(body.format(w=weights, extra='pretrain = "experiments/configs/offline_pretrain.toml"\n'))
     with pytest.raises(SweepError, match="pretrain and weights both give the model's weights"):
         read_study(study_file)

@@ -22,7 +22,6 @@ from pathlib import Path
 from freeze._atomic import atomic_write_bytes, atomic_write_text
 from freeze.pipeline import markdown
 from freeze.pipeline.config import ConfigError
-from freeze.pipeline.runs import RunDir
 from freeze.pipeline.study.plan import (
     StudyFile,
     main_specs,
@@ -33,6 +32,7 @@ from freeze.pipeline.study.plan import (
     with_command_line_overrides,
 )
 from freeze.pipeline.study.search import SearchError, best_arm, choose, search_markdown, shift_markdown
+from freeze.pipeline.study.stages import pretrain_stage, run_stage
 from freeze.pipeline.sweep import (
     INTERRUPTED_EXIT_CODE,
     INTERRUPTED_MESSAGE,
@@ -40,8 +40,6 @@ from freeze.pipeline.sweep import (
     SweepError,
     WorkEta,
     check_runnable_here,
-    expand,
-    run_specs,
 )
 
 # The name of the cost model's table (freeze.pipeline.report.predicted, not imported: a dry run never
@@ -145,26 +143,6 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _pretrain(study: StudyFile, out_dir: str) -> tuple[list[RunSpec], tuple[str, ...]]:
-    """The pretraining run (if any) and the override that makes its checkpoint the model weights;
-    with ``weights`` (committed weights), no run: the file's sha256 is checked and it is the weights."""
-    if study.weights:
-        from freeze.pipeline.datasets.weights import WeightsError, verify
-
-        try:
-            verify(study.weights)
-        except WeightsError as e:
-            raise SweepError(f"study file {study.path}: weights: {e}") from None
-        return [], (f"model.weights={study.weights}",)
-    if not study.pretrain:
-        return [], ()
-    try:
-        specs = expand(study.pretrain, f"{study.name}-pretrain", {}, [], out_dir)
-    except SweepError as e:  # its run config names itself; say which study pointed at it
-        raise SweepError(f"study file {study.path}: pretrain: {e}") from None
-    return specs, (f"model.weights={RunDir(specs[0].config.run_dir()).model_path}",)  # its final weights
-
-
 def _print_plan(study: StudyFile, pretrain: list[RunSpec], search: list[RunSpec], grid: list[RunSpec]) -> None:
     for spec in pretrain:
         print(f"pretrain  {spec.name}")
@@ -177,15 +155,6 @@ def _print_plan(study: StudyFile, pretrain: list[RunSpec], search: list[RunSpec]
     if study.predict:
         print("predict   every study run's training time with the cost model (profiles in <study dir>/costmodel)")
     print(f"{len(pretrain)} pretraining, {len(search)} search and {len(grid)} study runs")
-
-
-def _run_stage(title: str, specs: list[RunSpec], eta: WorkEta | None = None) -> bool:
-    """Run one stage; ``eta``: the whole study's, so each run's eta line covers every stage still to come."""
-    print(f"== {title}: {len(specs)} runs", flush=True)
-    summary = run_specs(specs, eta=eta)
-    for line in summary.lines():
-        print(line)
-    return summary.ok  # a run left to another writer (busy) is not complete either
 
 
 def _publish(study: StudyFile, report_dir: Path) -> None:
@@ -219,7 +188,7 @@ def _main(argv: list[str] | None) -> int:
         if args.update_report:  # a broken span is found now, not after the study's hours of runs
             markdown.spans(Path(study.report_md).read_text(encoding="utf-8"), study.report_md)
         out_dir = str(runs_root(study, args.out_dir))
-        pretrain, weights = _pretrain(study, out_dir)
+        pretrain, weights = pretrain_stage(study, out_dir)
         search = search_specs(study, out_dir, weights)
         placeholder = {arm: specs[0] for arm, specs in (study.search.candidates if study.search else {}).items()}
         if study.search:
@@ -235,7 +204,7 @@ def _main(argv: list[str] | None) -> int:
         return 0
 
     eta = WorkEta(len(pretrain) + len(search) + len(grid))  # the whole study's time left, not one stage's
-    if pretrain and not _run_stage(f"pretraining ({study.pretrain})", pretrain, eta):
+    if pretrain and not run_stage(f"pretraining ({study.pretrain})", pretrain, eta):
         return 1
     # The report reads run directories only; imported here so a dry run never pays for pandas.
     from freeze.pipeline.report import ReportInputError, build_report
@@ -243,7 +212,7 @@ def _main(argv: list[str] | None) -> int:
 
     search_md = None
     if search:
-        if not _run_stage("parameter search on the validation split", search, eta):
+        if not run_stage("parameter search on the validation split", search, eta):
             return 1
         try:
             chosen, candidates, base_val = choose(study.search, load_runs(search[0].config.run_dir().parent))
@@ -253,7 +222,7 @@ def _main(argv: list[str] | None) -> int:
         search_md = search_markdown(candidates, base_val, study.search)
         print(search_md)
         grid = main_specs(study, study.search.choices_for(chosen, best_arm(candidates)), out_dir, weights)
-    ok = _run_stage("study grid (interleaved per seed)", grid, eta)
+    ok = run_stage("study grid (interleaved per seed)", grid, eta)
 
     runs_dir = Path(out_dir) / study.name
     report_dir = runs_dir.parent / f"{study.name}-report"

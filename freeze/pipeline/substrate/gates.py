@@ -29,8 +29,11 @@ from pathlib import Path
 
 from freeze.pipeline.config import ConfigError, load_config
 from freeze.pipeline.data import load_dataset, split_validation
+from freeze.pipeline.models import build_model
 from freeze.pipeline.runs import RunDir, load_torch_file
 from freeze.pipeline.study.plan import main_specs, only_seeds, read_study, runs_root
+from freeze.pipeline.study.stages import pretrain_stage, run_stage
+from freeze.pipeline.substrate.probe import linear_probe, pooled_features
 from freeze.pipeline.sweep import SweepError, check_runnable_here
 
 ARMS = ("none", "scratch", "static-k3", "static-k5", "static-k7", "static-k8", "static-k9")
@@ -97,8 +100,6 @@ def _relative_change(initial: dict, final: dict, prefixes: tuple[str, ...]) -> f
 
 def _probe_per_seed(study, weights_path: str, seeds: list[int], split: str = "test") -> dict[int, tuple[float, float]]:
     """seed -> (converged linear-probe accuracy % on ``split``, chosen C) on that seed's fine-tuning split."""
-    from freeze.pipeline.models import build_model
-    from freeze.pipeline.substrate.probe import linear_probe, pooled_features
 
     cfg = load_config(study.finetune, list(study.overrides), check_files=False)
     d = cfg.data
@@ -129,19 +130,18 @@ def _run_study(study_path: str, arms: tuple[str, ...], run: bool, seeds: tuple[i
     missing = [a for a in arms if a not in study.arms]
     if missing:
         raise GateError(f"study {study_path} lacks the arm(s) {', '.join(missing)}; it needs {', '.join(arms)}")
-    from freeze.pipeline.study.cli import _pretrain, _run_stage
 
     root = runs_root(study, None)
     try:
-        pretrain, weights = _pretrain(study, str(root))
+        pretrain, weights = pretrain_stage(study, str(root))
         grid = main_specs(study, {}, str(root), weights)
         check_runnable_here(pretrain + grid)
     except (SweepError, ConfigError) as e:
         raise GateError(str(e)) from None
     if run:
-        if pretrain and not _run_stage(f"pretraining ({study.pretrain})", pretrain):
+        if pretrain and not run_stage(f"pretraining ({study.pretrain})", pretrain):
             raise GateError("the pretraining run failed; re-run this command to continue it")
-        _run_stage("gate runs (interleaved per seed)", grid)
+        run_stage("gate runs (interleaved per seed)", grid)
     weights_path = weights[0].split("=", 1)[1]
     runs = _complete_runs(root / study.name)
     seeds = [s for s in study.seeds if all((a, s) in runs for a in arms)]

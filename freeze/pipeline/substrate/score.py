@@ -32,16 +32,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from freeze._atomic import atomic_write_json, atomic_write_text
+from freeze._atomic import atomic_write, atomic_write_json, atomic_write_text
 from freeze.checks import is_int, is_number
 from freeze.pipeline import markdown
+from freeze.pipeline.config import ConfigError
 from freeze.pipeline.report.paired import UNDECIDED, non_inferiority
 from freeze.pipeline.report.tables import ratio_ci95
 from freeze.pipeline.runs import RunDir
 from freeze.pipeline.schema import BOUNDARY_AT_EPOCH_START, BOUNDARY_STEPS
 from freeze.pipeline.study.plan import BASELINE_ARM, Arm, StudyFile, main_specs
+from freeze.pipeline.study.stages import pretrain_stage, run_stage
 from freeze.pipeline.substrate.gates import GateError, Paired, paired
-from freeze.pipeline.sweep import SweepError, read_toml
+from freeze.pipeline.substrate.report import splice_file
+from freeze.pipeline.sweep import SweepError, check_runnable_here, read_toml
+from freeze.policies import parse_policy
 
 ORACLE = "oracle"
 TASKS = (3, 5, 7)  # the planted tasks that exist (planted.py)
@@ -449,7 +453,6 @@ def choose(
 
 def same_policy(spec: str, other: str) -> bool:
     """Do two specs make the same policy ("autofreeze" and "autofreeze:percentile=50" do)?"""
-    from freeze.policies import parse_policy
 
     return parse_policy(spec) == parse_policy(other)
 
@@ -552,8 +555,6 @@ def tracking_figure(scores: list[Score], out_png: Path) -> None:
     from matplotlib import colormaps
     from matplotlib.figure import Figure
 
-    from freeze._atomic import atomic_write
-
     fig = Figure(figsize=(8.0, 4.4))
     ax = fig.add_subplot()
     tasks = sorted({s.d for s in scores})
@@ -579,18 +580,14 @@ def tracking_figure(scores: list[Score], out_png: Path) -> None:
 
 # ---------------------------------------------------------------------------- the command
 def _run(title: str, specs: list) -> None:
-    from freeze.pipeline.study.cli import _run_stage
 
-    if not _run_stage(title, specs):
+    if not run_stage(title, specs):
         raise GateError(f"{title}: not every run completed; re-run the same command to continue")
 
 
 def run_score(path: str | Path, out_dir: Path, runs_root: str, command: str, run: bool = True) -> str:
     """Run (unless ``run`` is False) the search and the scored grid, skipping complete runs; then
     write the tables and the figure from the complete runs. Returns the scores table."""
-    from freeze.pipeline.config import ConfigError
-    from freeze.pipeline.study.cli import _pretrain
-    from freeze.pipeline.sweep import check_runnable_here
 
     score = read_score(path)
     if score.report_md:  # a missing span is found now, not after the runs
@@ -603,7 +600,9 @@ def run_score(path: str | Path, out_dir: Path, runs_root: str, command: str, run
     search_folder = {d: f"{score.name}-search-d{d}" for d in score.tasks}
     folder = {d: f"{score.name}-d{d}" for d in score.tasks}
     try:
-        _, weights = _pretrain(task_study(score, score.tasks[0], folder[score.tasks[0]], score.seeds, {}), str(root))
+        _, weights = pretrain_stage(
+            task_study(score, score.tasks[0], folder[score.tasks[0]], score.seeds, {}), str(root)
+        )
         search_arms = {search_arm(p, spec): spec for p, specs in score.candidates.items() for spec in specs}
         search_studies = [
             task_study(score, d, search_folder[d], score.search_seeds, search_arms, oracle=False) for d in score.tasks
@@ -657,8 +656,6 @@ def run_score(path: str | Path, out_dir: Path, runs_root: str, command: str, run
     atomic_write_text(out_dir / f"{score.name}.md", text)
     tracking_figure(scores, out_dir / f"{score.name}-tracking.png")
     if score.report_md:
-        from freeze.pipeline.substrate.report import splice_file
-
         # the span named after the score file's name: planted-score for experiments/configs/planted_score.toml
         splice_file(
             Path(score.report_md), score.name, out_dir / f"{score.name}.md", out_dir / f"{score.name}-tracking.png"
