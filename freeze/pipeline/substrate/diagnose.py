@@ -67,9 +67,24 @@ def run_diagnostics(
         "pretrained": build_model("resnet18", split.num_classes, "imagenet", weights),
         "random init": build_model("resnet18", split.num_classes, "imagenet", "none"),
     }
-    feats = {}
-    for name, model in models.items():
-        feats[name] = [pooled_features(model, x) for x in (split.train_x, split.val_x, split.test_x)]
+    feats = {
+        name: [pooled_features(model, x) for x in (split.train_x, split.val_x, split.test_x)]
+        for name, model in models.items()
+    }
+    lines = [
+        *_depth_probe_section(weights, dataset, command, data_seed, split, feats),
+        *_bn_shift_section(models["pretrained"], split),
+        *_converged_probe_section(split, feats),
+    ]
+    text = "\n".join(lines) + "\n"
+    text = text.replace("{elapsed}", f"{time.perf_counter() - start:.0f}")
+    out_md.parent.mkdir(parents=True, exist_ok=True)
+    out_md.write_text(text, encoding="utf-8")
+    return text
+
+
+def _depth_probe_section(weights: str, dataset: str, command: str, data_seed: int, split, feats: dict) -> list[str]:
+    """The page's header and section 1: per-depth linear probes of every label set, both models."""
     lines = [
         f"# Diagnostics of `{dataset}` under `{weights}`",
         "",
@@ -85,29 +100,31 @@ def run_diagnostics(
         f"C chosen on the validation split from {list(DEPTH_C_GRID)}, at most {DEPTH_MAX_ITER} L-BFGS iterations. The random-init row is the reference: "
         "the same architecture without pretraining.",
         "",
+        "| labels | model | " + " | ".join(f"d={d}" for d in range(1, 10)) + " |",
+        "|---|---|" + "---:|" * 9,
     ]
-    label_sets = _label_sets(dataset)
-    header = "| labels | model | " + " | ".join(f"d={d}" for d in range(1, 10)) + " |"
-    lines += [header, "|---|---|" + "---:|" * 9]
-    probes = {}
-    for label_name, (fn, k) in label_sets.items():
+    for label_name, (fn, k) in _label_sets(dataset).items():
         k = k or split.num_classes
-        for model_name in models:
-            tr, va, te = feats[model_name]
-            accs = []
-            for d in range(9):
-                r = linear_probe(
+        for model_name, (tr, va, te) in feats.items():
+            accs = [
+                100
+                * linear_probe(
                     (tr[d], fn(split.train_y)),
                     (va[d], fn(split.val_y)),
                     (te[d], fn(split.test_y)),
                     k,
                     DEPTH_C_GRID,
                     DEPTH_MAX_ITER,
-                )
-                accs.append(100 * r.test_acc)
-            probes[(label_name, model_name)] = accs
+                ).test_acc
+                for d in range(9)
+            ]
             lines.append(f"| {label_name} | {model_name} | " + " | ".join(f"{a:.1f}" for a in accs) + " |")
-    lines += [
+    return lines
+
+
+def _bn_shift_section(pretrained: torch.nn.Module, split) -> list[str]:
+    """Section 2: the pretrained model's BatchNorm running statistics against the target's."""
+    lines = [
         "",
         "## 2. Frozen BatchNorm statistics against the target's",
         "",
@@ -119,9 +136,14 @@ def run_diagnostics(
         "| BN layer | mean shift | log var ratio |",
         "|---|---:|---:|",
     ]
-    for name, shift, ratio in bn_shift(models["pretrained"], split.train_x):
-        lines.append(f"| {name} | {shift:.3f} | {ratio:.3f} |")
-    lines += [
+    return lines + [
+        f"| {name} | {shift:.3f} | {ratio:.3f} |" for name, shift, ratio in bn_shift(pretrained, split.train_x)
+    ]
+
+
+def _converged_probe_section(split, feats: dict) -> list[str]:
+    """Section 3: the converged linear probe on penultimate (depth-9) features, both models."""
+    lines = [
         "",
         "## 3. The converged linear probe on penultimate features (protocol check)",
         "",
@@ -131,12 +153,7 @@ def run_diagnostics(
         "| model | chosen C | val acc % | test acc % |",
         "|---|---:|---:|---:|",
     ]
-    for model_name in models:
-        tr, va, te = feats[model_name]
+    for model_name, (tr, va, te) in feats.items():
         r = linear_probe((tr[8], split.train_y), (va[8], split.val_y), (te[8], split.test_y), split.num_classes)
         lines.append(f"| {model_name} | {r.c:g} | {100 * r.val_acc:.1f} | {100 * r.test_acc:.1f} |")
-    text = "\n".join(lines) + "\n"
-    text = text.replace("{elapsed}", f"{time.perf_counter() - start:.0f}")
-    out_md.parent.mkdir(parents=True, exist_ok=True)
-    out_md.write_text(text, encoding="utf-8")
-    return text
+    return lines

@@ -158,6 +158,28 @@ def _when(runs: dict, seeds: list[int]) -> tuple[str, str]:
 SPLITS = ("test", "val")
 
 
+@dataclass(frozen=True)
+class GateMeasurements:
+    """What the gates read off the gate study's runs, per seed and paired against full fine-tuning."""
+
+    seeds: list[int]
+    acc: dict  # (arm, seed) -> final accuracy % on the split
+    full: dict  # seed -> full fine-tuning's accuracy %
+    costs: dict  # k -> Paired cost of static:k vs full fine-tuning, points
+    gain: Paired  # full fine-tuning over training from scratch, points
+    val_last_change: list[float]  # full fine-tuning's last-epoch validation change, points
+    probe: dict  # seed -> (probe accuracy %, chosen C)
+    probe_gap: Paired
+    k9_vs_k8: Paired
+    steps: list[Paired]  # acc(k=5)-acc(k=3), acc(k=7)-acc(k=5), acc(k=8)-acc(k=7)
+    ratios: list[float]  # ||dW||/||W0|| of stem+layer1 over layer4's, per seed
+    bottoms: list[float]
+    tops: list[float]
+
+    def cost(self, arm: str) -> Paired:
+        return paired([self.acc[(arm, s)] - self.full[s] for s in self.seeds])
+
+
 def run_gates(
     study_path: str,
     out_dir: Path,
@@ -175,6 +197,30 @@ def run_gates(
         out_dir = out_dir / "selection"
     start_s, load_start = time.perf_counter(), os.getloadavg()
     study, weights_path, runs, seeds = _run_study(study_path, ARMS, run, seeds)
+    m = _measure(study, weights_path, runs, seeds, split)
+    gates = _gate_rows(m)
+    header = _gates_header(study, study_path, command, runs, seeds, split, load_start)
+    text = "\n".join([*header, *_gates_tables(m, gates, split)]) + "\n"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"gates-{study.name}.md").write_text(text, encoding="utf-8")
+    record = {
+        "study": study.name,
+        "study_file": study_path,
+        "split": split,
+        "seeds": seeds,
+        "full_ft_acc": sum(m.full.values()) / len(seeds),
+        "costs": {str(k): [c.mean, c.low, c.high] for k, c in m.costs.items()},
+        "scratch_gain": [m.gain.mean, m.gain.low, m.gain.high],
+        "probe_gap": [m.probe_gap.mean, m.probe_gap.low, m.probe_gap.high],
+        "gates": {name: bool(flag) for name, _, _, flag in gates},
+        "elapsed_s": time.perf_counter() - start_s,
+    }
+    (out_dir / f"gates-{study.name}.json").write_text(json.dumps(record, indent=1) + "\n")
+    write_curves(out_dir)
+    return text
+
+
+def _measure(study, weights_path: str, runs: dict, seeds: list[int], split: str) -> GateMeasurements:
     final = {key: _final_records(path)[-1] for key, path in runs.items()}
     acc = {key: 100 * rec[f"{split}_acc"] for key, rec in final.items()}
     full = {s: acc[("none", s)] for s in seeds}
@@ -182,16 +228,11 @@ def run_gates(
     def cost(arm: str) -> Paired:
         return paired([acc[(arm, s)] - full[s] for s in seeds])
 
-    costs = {k: cost(arm) for k, arm in K_ARMS.items()}
-    gain = paired([full[s] - acc[("scratch", s)] for s in seeds])
     val_last_change = [
         100 * (_final_records(runs[("none", s)])[-1]["val_acc"] - _final_records(runs[("none", s)])[-2]["val_acc"])
         for s in seeds
     ]
     probe = _probe_per_seed(study, weights_path, seeds, split)
-    probe_gap = paired([probe[s][0] - full[s] for s in seeds])
-    k9_vs_k8 = paired([acc[("static-k9", s)] - acc[("static-k8", s)] for s in seeds])
-    steps = [paired([acc[(K_ARMS[b], s)] - acc[(K_ARMS[a], s)] for s in seeds]) for a, b in ((3, 5), (5, 7), (7, 8))]
     initial = load_torch_file(Path(weights_path))
     initial = initial.get("model", initial)
     ratios, bottoms, tops = [], [], []
@@ -200,17 +241,33 @@ def run_gates(
         bottoms.append(_relative_change(initial, final_state, BOTTOM))
         tops.append(_relative_change(initial, final_state, TOP))
         ratios.append(bottoms[-1] / tops[-1])
+    return GateMeasurements(
+        seeds=seeds,
+        acc=acc,
+        full=full,
+        costs={k: cost(arm) for k, arm in K_ARMS.items()},
+        gain=paired([full[s] - acc[("scratch", s)] for s in seeds]),
+        val_last_change=val_last_change,
+        probe=probe,
+        probe_gap=paired([probe[s][0] - full[s] for s in seeds]),
+        k9_vs_k8=paired([acc[("static-k9", s)] - acc[("static-k8", s)] for s in seeds]),
+        steps=[paired([acc[(K_ARMS[b], s)] - acc[(K_ARMS[a], s)] for s in seeds]) for a, b in ((3, 5), (5, 7), (7, 8))],
+        ratios=ratios,
+        bottoms=bottoms,
+        tops=tops,
+    )
 
-    def ok(flag: bool) -> str:
-        return "**met**" if flag else "**not met**"
 
-    c3, c5, c7, c8 = (costs[k] for k in (3, 5, 7, 8))
-    gates = [
+def _gate_rows(m: GateMeasurements) -> list[tuple[str, str, str, bool]]:
+    """(gate, requirement, measured, met) for each gate of the module doc."""
+    c3, c5, c7, c8 = (m.costs[k] for k in (3, 5, 7, 8))
+    steps, probe = m.steps, m.probe
+    return [
         (
             "pretraining helps",
             "full FT >= 15 points above from scratch; FT plateaued (last-epoch val change <= 1 point)",
-            f"{gain.text()} points; last-epoch val change {', '.join(f'{v:+.2f}' for v in val_last_change)}",
-            gain.mean >= 15 and all(abs(v) <= 1 + 1e-9 for v in val_last_change),  # 1 point = 10 of 1000 images
+            f"{m.gain.text()} points; last-epoch val change {', '.join(f'{v:+.2f}' for v in m.val_last_change)}",
+            m.gain.mean >= 15 and all(abs(v) <= 1 + 1e-9 for v in m.val_last_change),  # 1 point = 10 of 1000 images
         ),
         (
             "shallow freezing is cheap",
@@ -241,20 +298,25 @@ def run_gates(
             "linear probe",
             "converged L-BFGS probe on cached penultimate features (C on val) 5-25 points below full FT; "
             "study-protocol probe (k=9) no better than k=8",
-            f"probe - full FT {probe_gap.text()} points (probe {sum(p[0] for p in probe.values()) / len(probe):.1f} %, "
-            f"C {sorted({p[1] for p in probe.values()})}); acc(k=9)-acc(k=8) {k9_vs_k8.text()}",
-            -25 <= probe_gap.mean <= -5 and not (k9_vs_k8.n >= 2 and k9_vs_k8.low > 0),
+            f"probe - full FT {m.probe_gap.text()} points (probe {sum(p[0] for p in probe.values()) / len(probe):.1f} %, "
+            f"C {sorted({p[1] for p in probe.values()})}); acc(k=9)-acc(k=8) {m.k9_vs_k8.text()}",
+            -25 <= m.probe_gap.mean <= -5 and not (m.k9_vs_k8.n >= 2 and m.k9_vs_k8.low > 0),
         ),
         (
             "bottom-up stability",
             "during full FT, ||dW||/||W0|| of stem+layer1 <= 0.3x that of layer4",
-            f"ratio {', '.join(f'{r:.2f}' for r in ratios)} (stem+layer1 "
-            f"{', '.join(f'{b:.3f}' for b in bottoms)}; layer4 {', '.join(f'{t:.3f}' for t in tops)})",
-            max(ratios) <= 0.3,
+            f"ratio {', '.join(f'{r:.2f}' for r in m.ratios)} (stem+layer1 "
+            f"{', '.join(f'{b:.3f}' for b in m.bottoms)}; layer4 {', '.join(f'{t:.3f}' for t in m.tops)})",
+            max(m.ratios) <= 0.3,
         ),
     ]
+
+
+def _gates_header(
+    study, study_path: str, command: str, runs: dict, seeds: list[int], split: str, load_start
+) -> list[str]:
     first, last = _when(runs, seeds)
-    lines = [
+    return [
         f"Gates of study `{study.name}` ({study_path}), generated by `{command}`: "
         f"{len(seeds)} paired seeds ({', '.join(map(str, seeds))}) x {len(ARMS)} arms = {len(seeds) * len(ARMS)} "
         f"fine-tuning runs, final-epoch {'test' if split == 'test' else 'VALIDATION (selection only)'} accuracy, "
@@ -263,6 +325,14 @@ def run_gates(
         f"{load_start[0]:.1f} when this command started, {os.getloadavg()[0]:.1f} when it ended "
         "(other engineers' work shares the machine). Costs are points vs full fine-tuning of the same seed.",
         "",
+    ]
+
+
+def _gates_tables(m: GateMeasurements, gates: list[tuple[str, str, str, bool]], split: str) -> list[str]:
+    def ok(flag: bool) -> str:
+        return "**met**" if flag else "**not met**"
+
+    lines = [
         "| gate | requirement | measured | |",
         "|---|---|---|---|",
         *(f"| {name} | {req} | {meas} | {ok(flag)} |" for name, req, meas, flag in gates),
@@ -271,33 +341,16 @@ def run_gates(
         "|---|---:|---:|---|",
     ]
     for arm in ARMS:
-        mean_acc = sum(acc[(arm, s)] for s in seeds) / len(seeds)
+        mean_acc = sum(m.acc[(arm, s)] for s in m.seeds) / len(m.seeds)
         k = next((k for k, a in K_ARMS.items() if a == arm), None)
         band = f"[{BANDS[k][0]:+.1f}, {BANDS[k][1]:+.1f}]" if k in BANDS else ""
-        c = "" if arm == "none" else cost(arm).text()
+        c = "" if arm == "none" else m.cost(arm).text()
         lines.append(f"| {arm} | {mean_acc:.2f} | {c} | {band} |")
     lines.append(
-        f"| linear probe (converged L-BFGS) | {sum(p[0] for p in probe.values()) / len(probe):.2f} | "
-        f"{probe_gap.text()} | [-25, -5] (issue) |"
+        f"| linear probe (converged L-BFGS) | {sum(p[0] for p in m.probe.values()) / len(m.probe):.2f} | "
+        f"{m.probe_gap.text()} | [-25, -5] (issue) |"
     )
-    text = "\n".join(lines) + "\n"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / f"gates-{study.name}.md").write_text(text, encoding="utf-8")
-    record = {
-        "study": study.name,
-        "study_file": study_path,
-        "split": split,
-        "seeds": seeds,
-        "full_ft_acc": sum(full.values()) / len(seeds),
-        "costs": {str(k): [c.mean, c.low, c.high] for k, c in costs.items()},
-        "scratch_gain": [gain.mean, gain.low, gain.high],
-        "probe_gap": [probe_gap.mean, probe_gap.low, probe_gap.high],
-        "gates": {name: bool(flag) for name, _, _, flag in gates},
-        "elapsed_s": time.perf_counter() - start_s,
-    }
-    (out_dir / f"gates-{study.name}.json").write_text(json.dumps(record, indent=1) + "\n")
-    write_curves(out_dir)
-    return text
+    return lines
 
 
 def _cell(mean: float, low: float, high: float, n: int) -> str:

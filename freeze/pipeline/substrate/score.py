@@ -116,7 +116,30 @@ def read_score(path: str | Path) -> ScoreFile:
             f"unknown table(s) {', '.join(sorted(set(data) - {'score', 'policies', 'search'}))}; "
             "accepted: score, policies, search",
         )
-    score = data.get("score")
+    score = _score_table(path, data.get("score"))
+    policies = _policies_table(path, data.get("policies") or {})
+    seeds = _ints(path, "seeds", score.get("seeds", [0, 1, 2]))
+    search_seeds, candidates = _search_table(path, data.get("search") or {}, seeds, policies)
+    return ScoreFile(
+        path=Path(path),
+        name=str(score["name"]),
+        finetune=str(score["finetune"]),
+        weights=str(score["weights"]),
+        tasks=_ints(path, "tasks", score.get("tasks", list(TASKS)), TASKS),
+        seeds=seeds,
+        order_seed=int(score.get("order_seed", 0)),
+        margin_points=float(score.get("margin_points", 0.5)),
+        overrides=_strings(path, "overrides", score.get("overrides", [])),
+        setting=_strings(path, "setting", score.get("setting", [])),
+        report_md=score.get("report_md"),
+        policies=policies,
+        search_seeds=search_seeds,
+        candidates=candidates,
+    )
+
+
+def _score_table(path: str | Path, score) -> dict:
+    """[score], checked key by key."""
     if not isinstance(score, dict) or not {"name", "finetune", "weights"} <= set(score):
         raise _error(path, "needs a [score] table with 'name', 'finetune' and 'weights'")
     if set(score) - _SCORE_KEYS:
@@ -127,14 +150,18 @@ def read_score(path: str | Path) -> ScoreFile:
         raise _error(path, f"margin_points must be a number > 0, got {margin!r}")
     if not is_int(score.get("order_seed", 0)):
         raise _error(path, f"order_seed must be an integer, got {score['order_seed']!r}")
-    policies = data.get("policies") or {}
-    if not isinstance(policies, dict) or not policies:
-        raise _error(path, 'needs a [policies] table: one line per policy, name = "spec"')
     if not isinstance(score.get("report_md", ""), str):
         raise _error(path, f"report_md must be a path to a markdown file, got {score['report_md']!r}")
     if str(score["name"]) == "planted" or not str(score["name"]).strip():
         # its folders would be planted-d<d>, the planted checks' own (whose runs it would then reuse)
         raise _error(path, f"name {score['name']!r} is taken by the planted checks' folders; choose another")
+    return score
+
+
+def _policies_table(path: str | Path, policies) -> dict[str, str]:
+    """[policies]: arm name -> policy spec."""
+    if not isinstance(policies, dict) or not policies:
+        raise _error(path, 'needs a [policies] table: one line per policy, name = "spec"')
     for arm, spec in policies.items():
         if arm in (BASELINE_ARM, ORACLE) or not isinstance(spec, str) or not spec:
             raise _error(
@@ -142,49 +169,37 @@ def read_score(path: str | Path) -> ScoreFile:
                 f"policies.{arm} = {spec!r}: a policy spec string, under a name other than "
                 f"{BASELINE_ARM!r} and {ORACLE!r}",
             )
-    search = data.get("search") or {}
+    return dict(policies)
+
+
+def _search_table(
+    path: str | Path, search: dict, seeds: tuple[int, ...], policies: dict[str, str]
+) -> tuple[tuple[int, ...], dict[str, tuple[str, ...]]]:
+    """[search] (optional): its seeds, apart from the scored ones, and each policy's candidate specs."""
     if set(search) - {"seeds", "candidates"}:
         raise _error(
             path,
             f"[search]: unknown key(s) {', '.join(sorted(set(search) - {'seeds', 'candidates'}))}; "
             "accepted: seeds, candidates",
         )
-    seeds = _ints(path, "seeds", score.get("seeds", [0, 1, 2]))
-    search_seeds: tuple[int, ...] = ()
+    if not search:
+        return (), {}
+    search_seeds = _ints(path, "search.seeds", search.get("seeds"))
+    if set(search_seeds) & set(seeds):
+        # Choosing parameters on the runs that are then scored is selection on the result.
+        raise _error(path, f"search.seeds {sorted(set(search_seeds) & set(seeds))} are also scored seeds; use others")
+    if not isinstance(search.get("candidates", {}), dict):
+        raise _error(path, "[search.candidates] must be a table: policy -> list of specs")
     candidates: dict[str, tuple[str, ...]] = {}
-    if search:
-        search_seeds = _ints(path, "search.seeds", search.get("seeds"))
-        if set(search_seeds) & set(seeds):
-            # Choosing parameters on the runs that are then scored is selection on the result.
-            raise _error(
-                path, f"search.seeds {sorted(set(search_seeds) & set(seeds))} are also scored seeds; use others"
-            )
-        if not isinstance(search.get("candidates", {}), dict):
-            raise _error(path, "[search.candidates] must be a table: policy -> list of specs")
-        for arm, specs in (search.get("candidates") or {}).items():
-            if arm not in policies:
-                raise _error(path, f"search.candidates.{arm}: no policy {arm!r}; policies: {', '.join(policies)}")
-            candidates[arm] = _strings(path, f"search.candidates.{arm}", specs)
-            if not candidates[arm]:
-                raise _error(path, f"search.candidates.{arm} is empty; give at least one spec")
-        if not candidates:
-            raise _error(path, "[search] needs a [search.candidates] table: policy -> list of specs")
-    return ScoreFile(
-        path=Path(path),
-        name=str(score["name"]),
-        finetune=str(score["finetune"]),
-        weights=str(score["weights"]),
-        tasks=_ints(path, "tasks", score.get("tasks", list(TASKS)), TASKS),
-        seeds=seeds,
-        order_seed=int(score.get("order_seed", 0)),
-        margin_points=float(margin),
-        overrides=_strings(path, "overrides", score.get("overrides", [])),
-        setting=_strings(path, "setting", score.get("setting", [])),
-        report_md=score.get("report_md"),
-        policies=dict(policies),
-        search_seeds=search_seeds,
-        candidates=candidates,
-    )
+    for arm, specs in (search.get("candidates") or {}).items():
+        if arm not in policies:
+            raise _error(path, f"search.candidates.{arm}: no policy {arm!r}; policies: {', '.join(policies)}")
+        candidates[arm] = _strings(path, f"search.candidates.{arm}", specs)
+        if not candidates[arm]:
+            raise _error(path, f"search.candidates.{arm} is empty; give at least one spec")
+    if not candidates:
+        raise _error(path, "[search] needs a [search.candidates] table: policy -> list of specs")
+    return search_seeds, candidates
 
 
 def _policy_arm(spec: str) -> tuple[str, ...]:
