@@ -1,5 +1,7 @@
 import dataclasses
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,8 @@ from freeze.pipeline.config import (
     section_keys,
 )
 from freeze.pipeline.preflight import preflight
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def write(tmp_path: Path, text: str, name: str = "c.toml") -> Path:
@@ -304,3 +308,17 @@ def test_the_old_boolean_augment_key_is_refused_in_one_line(tmp_path):
     # Converted once (python -m experiments.convert_runs), not read forever.
     with pytest.raises(ConfigError, match="^config .*: data.augment: true is not accepted; accepted: crop-flip"):
         load_config(write(tmp_path, "[data]\naugment = true\n"))
+
+
+@pytest.mark.processes
+def test_reading_a_config_imports_neither_torch_nor_torchvision():
+    # Every launcher, sweep expansion and report reads configs; the checks that need torch are the
+    # preflight's (freeze.pipeline.preflight), run once by whatever starts runs.
+    code = (
+        "import sys; from freeze.pipeline.config import load_config; "
+        "load_config('experiments/configs/smoke.toml', ['data.augment=views:4']); "
+        "print(sorted(m for m in ('torch', 'torchvision', 'numpy') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
