@@ -80,3 +80,15 @@ def test_an_arm_whose_resamples_fall_below_the_shortest_budget_is_undecided_not_
     # the same arm well inside the frontier's span reads as before
     inside = iso_accuracy_speedup(linear_frontier(), arm(60.0, 88.0), resamples=200)
     assert inside.below_start_share == 0.0 and inside.beyond_frontier and inside.verdict() == "yes"
+
+
+def test_fewer_than_five_paired_seeds_decide_nothing():
+    """Two seeds of the frontier study gave "beyond the frontier" at 1.05x [1.01, 1.05]: a bootstrap
+    over 2 seeds has 3 distinct resamples, no 95 % interval. Below 5 seeds the verdict is undecided."""
+    seeds = (0, 1, 2, 3, 4)
+    offsets = {0: -0.4, 1: 0.3, 2: -0.1, 3: 0.2, 4: 0.0}
+    five = iso_accuracy_speedup(linear_frontier(seeds, offsets), arm(40.0, 88.0, seeds, offsets), resamples=200)
+    assert five.beyond_frontier and five.verdict() == "yes"
+    two = iso_accuracy_speedup(linear_frontier(seeds[:2], offsets), arm(40.0, 88.0, seeds[:2], offsets), resamples=200)
+    assert two.ci_low > 1.0 and not two.beyond_frontier
+    assert two.verdict() == "undecided (2 paired seeds; the bootstrap interval needs at least 5)"

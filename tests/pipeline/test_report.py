@@ -13,6 +13,7 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -21,6 +22,7 @@ from scipy import stats
 from freeze.pipeline.report import build_report
 from freeze.pipeline.report.cli import main
 from freeze.pipeline.report.paired import is_control
+from freeze.pipeline.report.tables import ReportInputError, resolve_baseline
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 RUNS = FIXTURES / "runs"
@@ -728,3 +730,33 @@ def test_an_undecided_verdict_is_called_undecided(report):
     out, _ = report
     assert _rows(out / "paired.csv")[AF]["verdict"] == "undecided"
     assert "not shown" not in (out / "paired.md").read_text()
+
+
+def test_policy_none_groups_are_compared_within_each_study_setting():
+    """The frontier study: none and control in both settings, budget arms on loopback only, the
+    compression hooks on the cluster only. Compared across settings, every group differed in
+    dist.nproc and cluster.nodes and the study's report asked for --baseline; within a setting
+    only none and control hold the defaults."""
+
+    def run(group: str, setting: str, **edits) -> SimpleNamespace:
+        config = {
+            "dist": {"nproc": 2 if setting == "loopback" else 1},
+            "cluster": {"nodes": 0 if setting == "loopback" else 2},
+        }
+        for dotted, value in edits.items():
+            section, key = dotted.split("__")
+            config.setdefault(section, {})[key] = value
+        return SimpleNamespace(group=group, setting=setting, is_complete=True, policy="none", config=config)
+
+    runs = [
+        *(run(g, s) for g in ("none", "control") for s in ("loopback", "cluster-1gbit")),
+        run("budget-0.5", "loopback", train__budget_fraction=0.5),
+        run("bf16", "cluster-1gbit", freeze__comm_hook="bf16"),
+    ]
+    chosen = resolve_baseline(runs, None)
+    assert chosen.group == "none"
+    assert "other policy-none groups not used: bf16, budget-0.5, control" in chosen.note
+    # two computations, neither at the defaults: the report cannot choose, and says so in one line
+    ambiguous = [run("lr=1", "loopback", optim__lr=1.0), run("lr=2", "loopback", optim__lr=2.0)]
+    with pytest.raises(ReportInputError, match="several policy-none groups .* differ in optim.lr; choose"):
+        resolve_baseline(ambiguous, None)

@@ -36,6 +36,9 @@ BOOTSTRAP_SEED = 0  # fixed: the same runs give the same interval, byte for byte
 # The share of resamples in each tail the 95 % interval leaves out: past a frontier's end in more than
 # this share of resamples, that end of the interval is a cap, not an estimate.
 TAIL_SHARE = 0.025
+# A percentile bootstrap over n paired seeds has few distinct resamples (n = 2: 3, n = 3: 10,
+# n = 5: 126): below this many seeds its percentiles are no 95 % interval, so no verdict is drawn.
+MIN_VERDICT_SEEDS = 5
 
 
 @dataclass(frozen=True)
@@ -70,7 +73,9 @@ class IsoSpeedup:
     def beyond_frontier(self) -> bool:
         """The arm beats training less: the whole interval above 1.00, with a low end that is a real
         estimate (never an upper bound, never capped at the frontier's start)."""
-        return self.bound != "upper" and not self.low_is_capped and self.ci_low > 1.0
+        return (
+            self.seeds >= MIN_VERDICT_SEEDS and self.bound != "upper" and not self.low_is_capped and self.ci_low > 1.0
+        )
 
     def label(self) -> str:
         """``1.52x [1.31, 1.77]``, with ``>= `` / ``<= `` for a bound past the frontier's ends."""
@@ -81,10 +86,12 @@ class IsoSpeedup:
         return f"{mark}{self.speedup:.2f}x{interval}"
 
     def verdict(self) -> str:
-        """Whether the arm lies beyond the frontier: yes, no, undecided (the interval holds 1.00), or
-        n/a (one seed: no interval)."""
+        """Whether the arm lies beyond the frontier: yes, no, undecided (the interval holds 1.00, or
+        fewer than MIN_VERDICT_SEEDS seeds), or n/a (one seed: no interval)."""
         if self.beyond_frontier:
             return "yes"
+        if 2 <= self.seeds < MIN_VERDICT_SEEDS:
+            return f"undecided ({self.seeds} paired seeds; the bootstrap interval needs at least {MIN_VERDICT_SEEDS})"
         if self.bound == "upper":
             return "no (less accurate than the shortest budget)"
         if not np.isfinite(self.ci_low):

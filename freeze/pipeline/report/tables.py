@@ -152,7 +152,11 @@ def _default_policy_none_group(runs: list[Run], candidates: list[str]) -> str:
     """The policy-none group to compare against when several exist: the one whose config keys, where
     the candidates differ, hold the defaults (a sweep's none_cache=off beside none_cache=memory: the
     cache is off by default). Candidates computing the same thing (a study's none and control) tie,
-    and "none" or the first name is taken. Otherwise ReportInputError asks for --baseline."""
+    and "none" or the first name is taken. Otherwise ReportInputError asks for --baseline.
+
+    Configs are compared within each study setting: a study's settings differ in keys of their own
+    (dist.nproc, cluster.nodes), and a group that runs in one setting only (a budget arm on loopback,
+    a compression hook on the cluster) is compared with the groups of that setting."""
     if len(candidates) == 1:
         return candidates[0]
     # The config schema, not the training code: the defaults every config.toml writes out.
@@ -161,18 +165,29 @@ def _default_policy_none_group(runs: list[Run], candidates: list[str]) -> str:
     from freeze.pipeline.config import config_to_toml, load_config
 
     defaults = _flat_config(tomllib.loads(config_to_toml(load_config(None, check_files=False))))
-    configs = {}
-    for group in candidates:
-        run = next(r for r in runs if r.group == group and r.is_complete)
-        configs[group] = _flat_config(run.config)
-    keys = sorted({k for c in configs.values() for k in c})
-    value = {g: {k: configs[g].get(k, defaults.get(k)) for k in keys} for g in candidates}  # absent: default
-    differing = [k for k in keys if len({repr(v[k]) for v in value.values()}) > 1]
-    at_defaults = [g for g in candidates if all(value[g][k] == defaults.get(k) for k in differing)]
-    if at_defaults and len({repr(value[g]) for g in at_defaults}) == 1:  # one computation (none and control)
+    differing: set[str] = set()
+    off_defaults: set[str] = set()  # groups with a non-default value where the groups of a setting differ
+    computations: dict[str, set[str]] = {}  # group -> its configs, one per setting
+    for setting in sorted({r.setting for r in runs if r.group in candidates and r.is_complete}):
+        configs = {}
+        for group in candidates:
+            run = next((r for r in runs if r.group == group and r.setting == setting and r.is_complete), None)
+            if run is not None:
+                configs[group] = _flat_config(run.config)
+        keys = sorted({k for c in configs.values() for k in c})
+        value = {g: {k: c.get(k, defaults.get(k)) for k in keys} for g, c in configs.items()}  # absent: default
+        here = [k for k in keys if len({repr(v[k]) for v in value.values()}) > 1]
+        differing.update(here)
+        off_defaults.update(g for g in value if any(value[g][k] != defaults.get(k) for k in here))
+        for g in value:
+            computations.setdefault(g, set()).add(repr({k: value[g][k] for k in here}))
+    at_defaults = [g for g in candidates if g not in off_defaults]
+    if (
+        at_defaults and len({frozenset(computations[g]) for g in at_defaults}) == 1
+    ):  # one computation (none and control)
         return "none" if "none" in at_defaults else at_defaults[0]
     raise ReportInputError(
-        f"several policy-none groups ({', '.join(candidates)}) differ in {', '.join(differing)}; "
+        f"several policy-none groups ({', '.join(candidates)}) differ in {', '.join(sorted(differing))}; "
         "choose the baseline with --baseline GROUP"
     )
 

@@ -101,11 +101,14 @@ def _frontier_sentence(row: pd.Series) -> str:
     if not isinstance(value, float) or not math.isfinite(value):
         return ""
     iso = _interval(value, float(row["iso_speedup_low"]), float(row["iso_speedup_high"]), "x")
+    verdict = str(row.get("iso_verdict", ""))
     meaning = {
         "yes": "beyond the budget frontier: it beats training fewer steps",
         "no": "not beyond the budget frontier: training fewer steps does as well or better",
         "undecided": "too uncertain to tell whether it beats training fewer steps",
-    }.get(str(row.get("iso_verdict", "")), f"against the budget frontier: {row.get('iso_verdict', '')}")
+    }.get(verdict, f"against the budget frontier: {verdict}")
+    if verdict.startswith("undecided ("):  # the reason in parentheses: too few seeds, or a capped interval
+        meaning = f"too uncertain to tell whether it beats training fewer steps ({verdict.split('(', 1)[1]}"
     return f" Its iso-accuracy speedup is {iso}: {meaning}."
 
 
