@@ -15,6 +15,7 @@ is continued only on request (``resume=True``) and only with the identical confi
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import json
 import os
@@ -42,6 +43,7 @@ from freeze.pipeline.schema import (
     METRICS_FILE,
     MODEL_FILE,
     RUN_STATUSES,
+    RunEnd,
 )
 
 # Set (to "1") by a sweep or a study for the runs it starts: the sweep says what comes next, so a run
@@ -183,12 +185,13 @@ def _end_fields(status: str, error: str | None) -> dict[str, Any]:
     """The manifest fields that record how a run ended."""
     if status not in ("complete", "interrupted", "failed"):
         raise ValueError(f"finish: status {status!r} is not accepted; accepted: complete, interrupted, failed")
-    return {
-        "status": status,
-        "end_time": now_iso(),
-        "load_avg_1min_end": round(os.getloadavg()[0], 2),
-        "error": None if error is None else _one_line(error),
-    }
+    end = RunEnd(
+        status=status,
+        end_time=now_iso(),
+        load_avg_1min_end=round(os.getloadavg()[0], 2),
+        error=None if error is None else _one_line(error),
+    )
+    return dataclasses.asdict(end)
 
 
 class RunDir:
