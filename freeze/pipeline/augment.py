@@ -45,16 +45,11 @@ class Augment:
         return f"views:{self.views}" if self.kind == "views" else self.kind
 
 
-def parse_augment(spec: str | bool) -> Augment:
-    """``"crop-flip"``, ``"views:V"`` (V >= 1) or ``"none"``; ``True``/``False`` (the old boolean
-    config key) mean crop-flip / none."""
-    if spec is True or spec == "true":
-        return Augment("crop-flip")
-    if spec is False or spec == "false":
-        return Augment("none")
+def parse_augment(spec: str) -> Augment:
+    """``"crop-flip"``, ``"views:V"`` (V >= 1) or ``"none"``."""
     if spec in ("crop-flip", "none"):
         return Augment(spec)
-    match = re.fullmatch(r"views:([0-9]+)", spec) if isinstance(spec, str) else None
+    match = re.fullmatch(r"views:([0-9]+)", spec)
     if match and int(match.group(1)) >= 1:
         return Augment("views", int(match.group(1)))
     raise AugmentError(

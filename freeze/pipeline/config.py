@@ -432,11 +432,11 @@ def _check_policy(spec: str) -> None:
 
 
 def _normalize_augment(config: Config) -> Config:
-    """data.augment was a boolean once: old configs (true/false) still load, as crop-flip/none."""
+    """data.augment in its one spelling (views:04 is views:4), or ConfigError."""
     from freeze.pipeline.augment import AugmentError, parse_augment  # deferred: keeps this module light
 
     value = config.data.augment
-    if not isinstance(value, (str, bool)):
+    if not isinstance(value, str):
         raise ConfigError(f"data.augment: expected a string (crop-flip, views:V, none), got {_show(value)}")
     try:
         spec = parse_augment(value).spec()

@@ -503,8 +503,7 @@ class TrainLoader:
     iteration yields steps s..len-1 of epoch e. With ``drop_last=False`` the last, partial global
     batch is split into ``world_size`` near-equal parts (dropped if smaller than ``world_size``).
 
-    ``augment``: "crop-flip", "views:V" or "none" (freeze.pipeline.augment; True/False = crop-flip/
-    none). Iterating yields ``(x, y)``; :meth:`iter_keyed` yields ``(x, y, keys)``, where a key
+    ``augment``: "crop-flip", "views:V" or "none" (freeze.pipeline.augment). Iterating yields ``(x, y)``; :meth:`iter_keyed` yields ``(x, y, keys)``, where a key
     identifies the exact input (``sample * V + view``; None under crop-flip, whose inputs never repeat),
     and :meth:`cache_source` hands those keys' inputs to the activation cache."""
 
@@ -518,7 +517,7 @@ class TrainLoader:
         rank: int,
         world_size: int,
         seed: int,
-        augment: str | bool = "crop-flip",
+        augment: str = "crop-flip",
         device: str | torch.device = "cpu",
         drop_last: bool = True,
     ) -> None:

@@ -154,14 +154,8 @@ def _flatten(data: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]
             yield dotted, value
 
 
-# Keys a newer version writes into config.toml that run directories of older versions lack, with the
-# default that changes nothing a resumed run computes: such a run still resumes.
-KEYS_ADDED_LATER = {"run.keep_checkpoint": False}
-
-
 def first_differing_key(old_toml: str, new_toml: str) -> tuple[str, Any, Any] | None:
-    """(dotted key, old value, new value) of the first key that differs, or None if equal as data
-    (a key of :data:`KEYS_ADDED_LATER` absent from ``old_toml`` and at its default in ``new_toml`` is equal)."""
+    """(dotted key, old value, new value) of the first key that differs, or None if equal as data."""
     return first_differing_key_of(tomllib.loads(old_toml), tomllib.loads(new_toml))
 
 
@@ -170,8 +164,6 @@ def first_differing_key_of(old_config: dict[str, Any], new_config: dict[str, Any
     old, new = dict(_flatten(old_config)), dict(_flatten(new_config))
     missing = object()
     for key in list(old) + [k for k in new if k not in old]:
-        if key not in old and key in KEYS_ADDED_LATER and new.get(key) == KEYS_ADDED_LATER[key]:
-            continue
         if old.get(key, missing) != new.get(key, missing):
             return key, old.get(key), new.get(key)
     return None

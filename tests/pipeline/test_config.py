@@ -192,7 +192,7 @@ def test_overrides(tmp_path):
             "train.precision=bf16",
             "optim.betas=[0.9,0.95]",
             "run.name=123",  # a string field keeps the text, not the TOML integer
-            "data.augment=false",
+            "data.augment=none",
             "train.epochs=3",
             "train.epochs=4",  # the last override wins
             'run.study="with space"',
@@ -203,7 +203,7 @@ def test_overrides(tmp_path):
     assert config.train.precision == "bf16"
     assert config.optim.betas == (0.9, 0.95)
     assert config.run.name == "123"
-    assert config.data.augment == "none"  # the old boolean key still loads
+    assert config.data.augment == "none"
     assert config.train.epochs == 4
     assert config.run.study == "with space"
     assert config.run_group() == "autofreeze:percentile=50"
@@ -286,9 +286,10 @@ def test_an_override_changes_one_key_and_is_validated():
         load_config(None, ["optim.rate=0.1"])
 
 
-def test_old_boolean_augment_key_still_loads(tmp_path):
-    assert load_config(write(tmp_path, "[data]\naugment = true\n")).data.augment == "crop-flip"
-    assert load_config(write(tmp_path, "[data]\naugment = false\n")).data.augment == "none"
+def test_augment_is_a_name_and_round_trips_with_the_cache(tmp_path):
+    # the boolean of earlier versions is converted once (experiments/convert_runs.py), not read
+    with pytest.raises(ConfigError, match=r"data.augment: expected a string \(crop-flip, views:V, none\), got true"):
+        load_config(write(tmp_path, "[data]\naugment = true\n"))
     config = load_config(None, ["data.augment=views:4", "freeze.cache=disk", "freeze.cache_dtype=bf16"])
     assert (config.data.augment, config.freeze.cache, config.freeze.cache_dtype) == ("views:4", "disk", "bf16")
     assert load_config(write(tmp_path, config_to_toml(config))) == config
