@@ -244,7 +244,7 @@ def _probes(record: dict, where: str) -> list[tuple[float, float]]:
     ]
 
 
-def check_epoch_record_keys(record: dict, where: str) -> None:
+def _check_record_keys(record: dict, where: str) -> None:
     """ReportInputError (one line) when ``record`` lacks a field of :class:`EpochRecord` the report
     requires, or has a key that is not one of its fields (a run directory of an older version)."""
     missing = [k for k in _RECORD_REQUIRED if k not in record]
@@ -259,7 +259,7 @@ def check_epoch_record_keys(record: dict, where: str) -> None:
 
 
 def _parse_metrics_record(record: dict, where: str, n_blocks: int) -> tuple[dict, list[float]]:
-    check_epoch_record_keys(record, where)
+    _check_record_keys(record, where)
     row = {}
     for key in _RECORD_SCALARS:
         nullable = type(None) in _RECORD_TYPES[key]
