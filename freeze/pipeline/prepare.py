@@ -9,6 +9,7 @@ behind; once it is written, the run either completes or is marked failed.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import tomllib
@@ -38,6 +39,7 @@ from freeze.pipeline.optim import build_optimizer, build_scheduler
 from freeze.pipeline.preflight import parse_policy_spec
 from freeze.pipeline.run_lock import RunLock
 from freeze.pipeline.runs import RunDir, RunError, environment_info, load_checkpoint, now_iso
+from freeze.pipeline.schema import Manifest
 from freeze.policies import Policy, PolicyError
 
 
@@ -81,34 +83,29 @@ def build_blocks(model: nn.Module, how: str) -> list[Block]:
     return split_blocks(model, children_block_names(model) if how == "children" else None)
 
 
-def _manifest(cfg: Config, ctx: WorkerContext, blocks: list[Block], policy: Policy, split: DataSplit) -> dict:
-    return {
-        "run_name": cfg.run.name,
-        "study": cfg.run.study,
-        "group": cfg.run_group(),
-        "setting": cfg.run.setting,
-        "policy": policy.spec(),
-        "seed": cfg.run.seed,
-        "world_size": ctx.world_size,
-        "status": "running",
-        "error": None,
-        "epochs_planned": cfg.train.epochs,
-        "epochs_done": 0,
-        "block_names": [b.name for b in blocks],
-        "block_param_bytes": [b.param_bytes for b in blocks],
-        # what chance level is, and how noisy a test accuracy near it is: the report flags an arm that
-        # learned nothing (a pipeline check at chance read as a finding misled a new user, issue 32)
-        "num_classes": split.num_classes,
-        "test_images": len(split.test_y),
-        # the resolved config the run (re)started with: a resume checks config.toml against it
-        "config": tomllib.loads(config_to_toml(cfg)),
+def _manifest(cfg: Config, ctx: WorkerContext, blocks: list[Block], policy: Policy, split: DataSplit) -> Manifest:
+    return Manifest(
+        run_name=cfg.run.name,
+        study=cfg.run.study,
+        group=cfg.run_group(),
+        setting=cfg.run.setting,
+        policy=policy.spec(),
+        seed=cfg.run.seed,
+        world_size=ctx.world_size,
+        status="running",
+        error=None,
+        epochs_planned=cfg.train.epochs,
+        epochs_done=0,
+        block_names=[b.name for b in blocks],
+        block_param_bytes=[b.param_bytes for b in blocks],
+        num_classes=split.num_classes,
+        test_images=len(split.test_y),
+        config=tomllib.loads(config_to_toml(cfg)),
         **environment_info(ctx.device.type),
-        "start_time": now_iso(),
-        "end_time": None,
-        # the machine's 1-minute load average as the run started (and, at its end, finished): what a
-        # report says a timing was measured under on a shared machine
-        "load_avg_1min_start": round(os.getloadavg()[0], 2),
-    }
+        start_time=now_iso(),
+        end_time=None,
+        load_avg_1min_start=round(os.getloadavg()[0], 2),
+    )
 
 
 def claim_run(cfg: Config, ctx: WorkerContext, run: RunDir, resume: bool) -> RunLock | None:
@@ -145,7 +142,7 @@ def begin_run(
 ) -> None:
     """Rank 0 writes the "running" manifest: from here on the run completes or is marked failed."""
     run_and_agree(
-        lambda: run.begin(_manifest(cfg, ctx, blocks, policy, split), resume=resume),
+        lambda: run.begin(dataclasses.asdict(_manifest(cfg, ctx, blocks, policy, split)), resume=resume),
         run_here=ctx.is_main,
         error_type=RunError,
     )

@@ -15,6 +15,7 @@ is continued only on request (``resume=True``) and only with the identical confi
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import json
 import os
@@ -42,6 +43,7 @@ from freeze.pipeline.schema import (
     METRICS_FILE,
     MODEL_FILE,
     RUN_STATUSES,
+    RunEnd,
 )
 
 # Set (to "1") by a sweep or a study for the runs it starts: the sweep says what comes next, so a run
@@ -152,14 +154,8 @@ def _flatten(data: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]
             yield dotted, value
 
 
-# Keys a newer version writes into config.toml that run directories of older versions lack, with the
-# default that changes nothing a resumed run computes: such a run still resumes.
-KEYS_ADDED_LATER = {"run.keep_checkpoint": False}
-
-
 def first_differing_key(old_toml: str, new_toml: str) -> tuple[str, Any, Any] | None:
-    """(dotted key, old value, new value) of the first key that differs, or None if equal as data
-    (a key of :data:`KEYS_ADDED_LATER` absent from ``old_toml`` and at its default in ``new_toml`` is equal)."""
+    """(dotted key, old value, new value) of the first key that differs, or None if equal as data."""
     return first_differing_key_of(tomllib.loads(old_toml), tomllib.loads(new_toml))
 
 
@@ -168,8 +164,6 @@ def first_differing_key_of(old_config: dict[str, Any], new_config: dict[str, Any
     old, new = dict(_flatten(old_config)), dict(_flatten(new_config))
     missing = object()
     for key in list(old) + [k for k in new if k not in old]:
-        if key not in old and key in KEYS_ADDED_LATER and new.get(key) == KEYS_ADDED_LATER[key]:
-            continue
         if old.get(key, missing) != new.get(key, missing):
             return key, old.get(key), new.get(key)
     return None
@@ -183,12 +177,13 @@ def _end_fields(status: str, error: str | None) -> dict[str, Any]:
     """The manifest fields that record how a run ended."""
     if status not in ("complete", "interrupted", "failed"):
         raise ValueError(f"finish: status {status!r} is not accepted; accepted: complete, interrupted, failed")
-    return {
-        "status": status,
-        "end_time": now_iso(),
-        "load_avg_1min_end": round(os.getloadavg()[0], 2),
-        "error": None if error is None else _one_line(error),
-    }
+    end = RunEnd(
+        status=status,
+        end_time=now_iso(),
+        load_avg_1min_end=round(os.getloadavg()[0], 2),
+        error=None if error is None else _one_line(error),
+    )
+    return dataclasses.asdict(end)
 
 
 class RunDir:

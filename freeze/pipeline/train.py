@@ -43,15 +43,7 @@ from freeze.pipeline.prepare import (
 )
 from freeze.pipeline.run_lock import RunLock
 from freeze.pipeline.runs import RunDir, RunError, in_sweep, save_checkpoint
-from freeze.pipeline.schema import (
-    BOUNDARY_AT_EPOCH_START,
-    BOUNDARY_STEPS,
-    EVAL_PHASE,
-    PEAK_MEMORY,
-    PHASES,
-    PROBES,
-    TRAIN_PHASES,
-)
+from freeze.pipeline.schema import EVAL_PHASE, PHASES, TRAIN_PHASES, EpochRecord
 
 
 @dataclass
@@ -291,65 +283,66 @@ def epoch_record(
     evaluation: dict[str, float | None],
     clock: PhaseClock,
     cumulative_wall_s: float,
-) -> dict:
-    """The epoch's line in metrics.jsonl (the keys the report reads are in freeze.pipeline.schema)."""
+) -> EpochRecord:
+    """The epoch's line in metrics.jsonl (:class:`freeze.pipeline.schema.EpochRecord`)."""
     counters = t.freezer.counters
-    return {
-        "epoch": epoch,
-        "step": counters.steps,
-        "lr": t.optimizer.param_groups[0]["lr"],
-        "boundary": t.freezer.boundary,
-        BOUNDARY_AT_EPOCH_START: train.boundary_at_epoch_start,
-        "frozen_param_fraction": train.frozen_param_fraction,
-        "train_loss": train.train_loss,
-        "train_acc": train.train_acc,
+    return EpochRecord(
+        epoch=epoch,
+        step=counters.steps,
+        lr=t.optimizer.param_groups[0]["lr"],
+        boundary=t.freezer.boundary,
+        boundary_at_epoch_start=train.boundary_at_epoch_start,
+        frozen_param_fraction=train.frozen_param_fraction,
+        train_loss=train.train_loss,
+        train_acc=train.train_acc,
         **evaluation,
-        "epoch_wall_s": clock.train_seconds(),
-        "cumulative_wall_s": cumulative_wall_s,
-        "phase_s": dict(clock.seconds),
-        "allreduce_bytes": train.allreduce_bytes,
-        "allreduce_bytes_per_step": counters.allreduce_bytes_last_step,
-        "rewraps": counters.rewraps,
-        "rewrap_s": counters.rewrap_s_total,
-        "grad_norm": _grad_norm_record(t.freezer, epoch),
-        # Why the policy did (not) move the boundary: each evaluation of this epoch, in one line.
-        "policy_evaluations": [e.line() for e in t.freezer.evaluations if e.epoch == epoch],
-        BOUNDARY_STEPS: [[d.step, d.boundary_after] for d in t.freezer.decisions if d.epoch == epoch],
-        "cache": train.cache,
-        PROBES: train.probes,
-        PEAK_MEMORY: peak_memory_bytes(clock.device),
-    }
-
-
-def _log_epoch(logger: logging.Logger, record: dict, epochs: int) -> None:
-    val_acc, test_acc = record["val_acc"], record["test_acc"]
-    logger.info(
-        "epoch %d/%d  train loss %.4f acc %.4f  val acc %s  test acc %s  boundary %d->%d  %.1f s  %.2f MB/step",
-        record["epoch"] + 1,
-        epochs,
-        record["train_loss"],
-        record["train_acc"],
-        "-" if val_acc is None else f"{val_acc:.4f}",
-        "-" if test_acc is None else f"{test_acc:.4f}",
-        record[BOUNDARY_AT_EPOCH_START],
-        record["boundary"],
-        record["epoch_wall_s"],
-        record["allreduce_bytes_per_step"] / 1e6,
+        epoch_wall_s=clock.train_seconds(),
+        cumulative_wall_s=cumulative_wall_s,
+        phase_s=dict(clock.seconds),
+        allreduce_bytes=train.allreduce_bytes,
+        allreduce_bytes_per_step=counters.allreduce_bytes_last_step,
+        rewraps=counters.rewraps,
+        rewrap_s=counters.rewrap_s_total,
+        grad_norm=_grad_norm_record(t.freezer, epoch),
+        policy_evaluations=[e.line() for e in t.freezer.evaluations if e.epoch == epoch],
+        boundary_steps=[[d.step, d.boundary_after] for d in t.freezer.decisions if d.epoch == epoch],
+        cache=train.cache,
+        probes=train.probes,
+        peak_memory_bytes=peak_memory_bytes(clock.device),
     )
 
 
-def save_epoch(t: Training, cfg: Config, ctx: WorkerContext, run: RunDir, lock: RunLock | None, record: dict) -> None:
+def _log_epoch(logger: logging.Logger, record: EpochRecord, epochs: int) -> None:
+    val_acc, test_acc = record.val_acc, record.test_acc
+    logger.info(
+        "epoch %d/%d  train loss %.4f acc %.4f  val acc %s  test acc %s  boundary %d->%d  %.1f s  %.2f MB/step",
+        record.epoch + 1,
+        epochs,
+        record.train_loss,
+        record.train_acc,
+        "-" if val_acc is None else f"{val_acc:.4f}",
+        "-" if test_acc is None else f"{test_acc:.4f}",
+        record.boundary_at_epoch_start,
+        record.boundary,
+        record.epoch_wall_s,
+        record.allreduce_bytes_per_step / 1e6,
+    )
+
+
+def save_epoch(
+    t: Training, cfg: Config, ctx: WorkerContext, run: RunDir, lock: RunLock | None, record: EpochRecord
+) -> None:
     """Rank 0 appends the record and (every run.checkpoint_every_epochs, and at the end) saves the
     checkpoint, while it still holds the run; no rank goes on before that is done, and a failed
     write (a full disk) stops every rank with one line naming the file."""
-    epochs_done = record["epoch"] + 1
+    epochs_done = record.epoch + 1
 
     def save() -> None:
         lock.check_held()  # a worker whose launcher died must not write after a new writer started
         try:
-            run.append_metrics(record)
+            run.append_metrics(dataclasses.asdict(record))
             if epochs_done == cfg.train.epochs or epochs_done % cfg.run.checkpoint_every_epochs == 0:
-                save_checkpoint(checkpoint_state(t, epochs_done, record["cumulative_wall_s"]), run.checkpoint_path)
+                save_checkpoint(checkpoint_state(t, epochs_done, record.cumulative_wall_s), run.checkpoint_path)
             run.update_manifest(epochs_done=epochs_done)
         except OSError as err:
             raise RunError(f"cannot write {err.filename or run.path}: {err.strerror or err}") from None
@@ -399,8 +392,11 @@ class WorkerOutcome:
     started: bool = False
 
 
-def train_worker(cfg: Config, ctx: WorkerContext, resume: bool, outcome: WorkerOutcome | None = None) -> dict:
-    """Run (or resume) the configured run on this worker; returns the last metrics record."""
+def train_worker(
+    cfg: Config, ctx: WorkerContext, resume: bool, outcome: WorkerOutcome | None = None
+) -> EpochRecord | None:
+    """Run (or resume) the configured run on this worker; returns the last epoch's record (None when
+    no epoch was left to run)."""
     outcome = outcome if outcome is not None else WorkerOutcome()
     run = RunDir(cfg.run_dir())
     # torchrun --max-restarts restarts every worker after a failure: continue from the checkpoint.
@@ -421,7 +417,7 @@ def train_worker(cfg: Config, ctx: WorkerContext, resume: bool, outcome: WorkerO
 
 def _train(
     cfg: Config, ctx: WorkerContext, run: RunDir, lock: RunLock | None, resume: bool, outcome: WorkerOutcome
-) -> dict:
+) -> EpochRecord | None:
     logger = get_logger(ctx.rank, run.path / f"log.rank{ctx.rank}.txt" if ctx.is_main else None)
     announce_start(cfg, ctx, run, logger)
     torch.manual_seed(cfg.run.seed)  # model init: identical on all ranks, and the Freezer syncs anyway
@@ -461,7 +457,7 @@ def _train(
         run.truncate_metrics(start_epoch)  # epochs after the checkpoint are re-run, not duplicated
     logger.info("training: policy %s, %d epochs of %d steps", policy.spec(), cfg.train.epochs, t.steps_per_epoch)
 
-    record: dict = {}
+    record = None
     for epoch in range(start_epoch, cfg.train.epochs):
         clock = PhaseClock(ctx.device)
         train = train_one_epoch(t, cfg, ctx, epoch, clock, logger)

@@ -7,7 +7,7 @@ cost model's :func:`freeze.pipeline.costmodel.predict_run`, and the training tim
 
 The one reader of a trajectory, shared by ``python -m experiments.predict --run`` and the study's
 prediction stage (freeze.pipeline.study.predict). It needs only the keys ``step`` and
-``boundary_at_epoch_start`` (older runs: ``boundary_during``) per metrics.jsonl line, so a run
+``boundary_at_epoch_start`` per metrics.jsonl line, so a run
 directory without a manifest (copied off a machine, or cut short) still has a trajectory.
 
 An epoch's steps are charged to the boundary in force at its first step: a run records boundaries
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from freeze.checks import is_int, is_number
 from freeze.pipeline.jsonl import JsonLinesError, read_json_lines
-from freeze.pipeline.schema import BOUNDARY_AT_EPOCH_START, LEGACY_METRIC_KEYS, METRICS_FILE
+from freeze.pipeline.schema import METRICS_FILE
 
 
 class TrajectoryError(ValueError):
@@ -57,14 +57,13 @@ def read_trajectory(run_dir: str | Path) -> Trajectory:
     except JsonLinesError as e:
         raise TrajectoryError(f"{path}:{e.line}: {e.reason}") from None
     segments, previous_step, train_s = [], 0, 0.0
-    legacy = LEGACY_METRIC_KEYS[BOUNDARY_AT_EPOCH_START]
     for line_no, record in records:
-        k = record.get(BOUNDARY_AT_EPOCH_START, record.get(legacy))
+        k = record.get("boundary_at_epoch_start")
         step = record.get("step")
         if not is_int(k) or not is_int(step) or step < previous_step:
             raise TrajectoryError(
                 f"{path}:{line_no}: keys 'step' (a count that never decreases) and "
-                f"'{BOUNDARY_AT_EPOCH_START}' (an integer) are needed"
+                "'boundary_at_epoch_start' (an integer) are needed"
             )
         segments.append((step - previous_step, k))
         previous_step = step

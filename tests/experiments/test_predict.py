@@ -25,7 +25,7 @@ def _inputs(tmp_path):
 
 def test_run_trajectory_is_read_per_epoch():
     segments, info = predict.run_segments(FIXTURE_RUN)
-    # steps 100, 200, 300 with boundary_during (the legacy key) 0, 1, 2
+    # steps 100, 200, 300 with boundary_at_epoch_start 0, 1, 2
     assert segments == [(100, 0), (100, 1), (100, 2)]
     assert info["measured_wall_s"] == pytest.approx(240.0) and info["arch"] == "resnet18"
 

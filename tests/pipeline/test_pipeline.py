@@ -101,10 +101,15 @@ def test_two_worker_run_end_to_end(uninterrupted):
     assert metrics[-1]["cumulative_wall_s"] == pytest.approx(sum(m["epoch_wall_s"] for m in metrics))
     assert len(ckpt["freezer"]["monitor"]["history"]) == 6  # 12 steps / interval of 2
     # the writer keeps the contract the report reads (freeze.pipeline.schema owns its keys)
-    from freeze.pipeline.schema import MANIFEST_KEYS, METRIC_KEYS, METRIC_SCALARS_OPTIONAL, RUN_STATUSES
+    from dataclasses import fields
 
-    assert all(isinstance(manifest[k], t) for k, t in MANIFEST_KEYS.items()) and manifest["status"] in RUN_STATUSES
-    assert all(set(METRIC_KEYS) | set(METRIC_SCALARS_OPTIONAL) <= set(m) for m in metrics)
+    from freeze.pipeline.schema import RUN_STATUSES, EpochRecord, Manifest, RunEnd, field_types, required_fields
+
+    types = field_types(Manifest)
+    assert all(isinstance(manifest[k], types[k]) for k in required_fields(Manifest))
+    assert manifest["status"] in RUN_STATUSES
+    assert set(manifest) <= {f.name for f in (*fields(Manifest), *fields(RunEnd))}
+    assert all(list(m) == [f.name for f in fields(EpochRecord)] for m in metrics)
 
 
 def test_killed_worker_is_restarted_and_resumes_to_the_same_result(uninterrupted, tmp_path):

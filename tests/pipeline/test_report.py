@@ -395,21 +395,6 @@ def test_no_eta_heatmap_for_a_group_that_recorded_no_summed_gradients(tmp_path):
     assert heatmaps == ["eta_autofreeze_percentile_50_ws2.png", "eta_static_k_2_ws2.png"]
 
 
-def test_boundary_at_epoch_start_is_read_under_its_old_and_new_key(tmp_path):
-    from freeze.pipeline.report import load_runs
-
-    runs = _copy_study(tmp_path)
-    metrics = runs / "fixture_study" / "autofreeze-s0" / "metrics.jsonl"
-    old = [json.loads(line) for line in metrics.read_text().splitlines()]
-    assert all("boundary_during" in r for r in old)  # the fixture is an old run directory
-    (af_old,) = [r for r in load_runs(runs) if r.name == "autofreeze-s0"]
-    assert af_old.metrics["boundary_at_epoch_start"].tolist() == [0.0, 1.0, 2.0]
-    renamed = [{("boundary_at_epoch_start" if k == "boundary_during" else k): v for k, v in r.items()} for r in old]
-    metrics.write_text("".join(json.dumps(r) + "\n" for r in renamed))
-    (af_new,) = [r for r in load_runs(runs) if r.name == "autofreeze-s0"]
-    assert af_new.metrics["boundary_at_epoch_start"].tolist() == [0.0, 1.0, 2.0]
-
-
 def test_a_crash_while_writing_the_report_keeps_the_previous_files(tmp_path, monkeypatch):
     import freeze._atomic
 

@@ -178,15 +178,6 @@ def test_resume_with_different_config_names_the_key(tmp_path):
     run.create(CONFIG_A.replace("lr = 0.1", "lr   =   0.1"), MANIFEST, resume=True)
 
 
-def test_a_run_of_an_older_version_resumes_although_it_lacks_run_keep_checkpoint():
-    """Run directories written before run.keep_checkpoint existed lack it; at its default it changes
-    nothing the run computes, so their resume is not refused. Set to true, it is a difference."""
-    old = '[run]\nname = "a"\n[optim]\nlr = 0.1\n'
-    assert runs.first_differing_key(old, '[run]\nname = "a"\nkeep_checkpoint = false\n[optim]\nlr = 0.1\n') is None
-    changed = runs.first_differing_key(old, '[run]\nname = "a"\nkeep_checkpoint = true\n[optim]\nlr = 0.1\n')
-    assert changed == ("run.keep_checkpoint", None, True)
-
-
 def test_half_written_metrics_line_is_dropped_and_repaired(tmp_path):
     run = RunDir(tmp_path / "r")
     run.create(CONFIG_A, MANIFEST, resume=False)

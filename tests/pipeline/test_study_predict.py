@@ -256,7 +256,7 @@ def test_trajectory_refuses_a_line_without_a_boundary(tmp_path):
     with pytest.raises(TrajectoryError, match="boundary_at_epoch_start"):
         read_trajectory(tmp_path)
     # a torn last line (a crash mid-append) is dropped, as a resume drops it
-    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 3, "boundary_during": 1}) + '\n{"step": 6, "bo')
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 3, "boundary_at_epoch_start": 1}) + '\n{"step": 6, "bo')
     assert read_trajectory(tmp_path).segments == ((3, 1),)
 
 

@@ -14,7 +14,6 @@ import torch
 import freeze.pipeline.run as run_module
 from freeze.pipeline.config import ConfigError, load_config
 from freeze.pipeline.report.load import load_run
-from freeze.pipeline.schema import PEAK_MEMORY, PROBES
 
 SMOKE = Path(__file__).resolve().parents[2] / "experiments" / "configs" / "smoke.toml"
 
@@ -36,28 +35,28 @@ def test_probes_read_the_fixed_subset_every_n_steps_off_the_clock_and_change_no_
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     plain, plain_weights = _run(tmp_path, "plain")
     probed, probed_weights = _run(tmp_path, "probed", "train.probe_every_steps=4", "train.probe_val_size=40")
-    assert [r[PROBES] for r in plain] == [[], []]
+    assert [r["probes"] for r in plain] == [[], []]
     # every 4 steps, counted across epochs, and at the run's last step (6)
-    assert [[p[0] for p in r[PROBES]] for r in probed] == [[], [4, 6]]
+    assert [[p[0] for p in r["probes"]] for r in probed] == [[], [4, 6]]
     for record in probed:
-        seconds = [p[1] for p in record[PROBES]]
+        seconds = [p[1] for p in record["probes"]]
         assert seconds == sorted(seconds) and all(s <= record["epoch_wall_s"] for s in seconds)  # epoch train s so far
         # accuracy of 40 images: a multiple of 1/40
-        assert all(0 <= p[2] <= 1 and round(p[2] * 40, 6) == int(round(p[2] * 40)) for p in record[PROBES])
+        assert all(0 <= p[2] <= 1 and round(p[2] * 40, 6) == int(round(p[2] * 40)) for p in record["probes"])
     assert all(torch.equal(plain_weights[k], probed_weights[k]) for k in plain_weights)
     assert [r["boundary"] for r in probed] == [r["boundary"] for r in plain]
     assert [r["val_acc"] for r in probed] == [r["val_acc"] for r in plain]
     # the peak memory of the process so far: positive, never decreasing, and at least the model's weights
     weights_bytes = sum(t.numel() * t.element_size() for t in probed_weights.values())
-    peaks = [r[PEAK_MEMORY] for r in probed]
+    peaks = [r["peak_memory_bytes"] for r in probed]
     assert peaks == sorted(peaks) and peaks[0] > weights_bytes
     # the report reads them as (cumulative train s, accuracy), epoch by epoch
     loaded = load_run(tmp_path / "smoke" / "probed")
     first_epoch_s = probed[0]["cumulative_wall_s"]
     assert loaded.probes == tuple(
-        (p[1] + (first_epoch_s if e else 0.0), p[2]) for e, r in enumerate(probed) for p in r[PROBES]
+        (p[1] + (first_epoch_s if e else 0.0), p[2]) for e, r in enumerate(probed) for p in r["probes"]
     )
-    assert loaded.metrics[PEAK_MEMORY].tolist() == peaks
+    assert loaded.metrics["peak_memory_bytes"].tolist() == peaks
 
 
 def test_probes_without_validation_images_are_refused_in_one_line():

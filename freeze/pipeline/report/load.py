@@ -23,17 +23,27 @@ from freeze.pipeline.jsonl import JsonLinesError, read_json_lines
 from freeze.pipeline.schema import (
     CONFIG_FILE,
     EVAL_PHASE,
-    LEGACY_METRIC_KEYS,
     MANIFEST_FILE,
-    MANIFEST_KEYS,
-    METRIC_KEYS,
-    METRIC_SCALARS_OPTIONAL,
     METRICS_FILE,
     PHASES,
-    PROBES,
     RUN_STATUSES,
+    EpochRecord,
+    Manifest,
+    field_types,
+    required_fields,
 )
 
+_MANIFEST_TYPES = field_types(Manifest)
+_RECORD_TYPES = field_types(EpochRecord)
+_RECORD_REQUIRED = required_fields(EpochRecord)
+# The numbers of a record, each a column of Run.metrics (phase_s and grad_norm are read apart). In
+# the frame: the epoch, the fields the report does without, then those it requires.
+_RECORD_SCALARS = tuple(k for k, kinds in _RECORD_TYPES.items() if set(kinds) <= {int, float, type(None)})
+_METRIC_COLUMNS = (
+    "epoch",
+    *(k for k in _RECORD_SCALARS if k not in _RECORD_REQUIRED),
+    *(k for k in _RECORD_SCALARS if k in _RECORD_REQUIRED and k != "epoch"),
+)
 # A world of 0 workers or -5 planned epochs would divide by zero or count a run as complete.
 _MANIFEST_MINIMUMS = {"seed": 0, "world_size": 1, "epochs_planned": 1, "epochs_done": 0}
 
@@ -165,7 +175,8 @@ def read_manifest(path: Path) -> dict:
         raise ReportInputError(f"{path}: cannot read ({exc})") from None
     if not isinstance(manifest, dict):
         raise ReportInputError(f"{path}: expected a JSON object, got {type(manifest).__name__}")
-    for key, kind in MANIFEST_KEYS.items():
+    for key in required_fields(Manifest):
+        (kind,) = _MANIFEST_TYPES[key]
         value = manifest.get(key)
         # bool is an int subclass; a seed of true is still a broken manifest.
         if not (is_int(value) if kind is int else isinstance(value, kind)):
@@ -215,39 +226,44 @@ def read_metrics(path: Path, n_blocks: int) -> tuple[pd.DataFrame, np.ndarray, t
             probes += [(before_s + epoch_s, acc) for epoch_s, acc in _probes(record, f"{path}:{line_no}")]
             rows.append(row)
             eta_rows.append(eta)
-    columns = [
-        "epoch",
-        *METRIC_SCALARS_OPTIONAL,
-        *[k for k in METRIC_KEYS if k not in ("epoch", "phase_s", "grad_norm")],
-    ]
-    columns += [f"phase_{name}_s" for name in PHASES]
+    columns = [*_METRIC_COLUMNS, *(f"phase_{name}_s" for name in PHASES)]
     frame = pd.DataFrame(rows, columns=columns).astype(float).astype({"epoch": int})
     eta = np.array(eta_rows, dtype=float).reshape(len(eta_rows), n_blocks)
     return frame, eta, tuple(probes)
 
 
 def _probes(record: dict, where: str) -> list[tuple[float, float]]:
-    """An epoch's probes as (epoch train s so far, accuracy); none in older run directories."""
-    probes = record.get(PROBES, [])
+    """An epoch's probes as (epoch train s so far, accuracy); none when the record has none."""
+    probes = record.get("probes", [])
     ok = isinstance(probes, list) and all(isinstance(p, list) and len(p) == 3 for p in probes)
     if not ok:
-        raise ReportInputError(f"{where}: malformed metrics line ({PROBES} must be a list of [step, s, accuracy])")
+        raise ReportInputError(f"{where}: malformed metrics line (probes must be a list of [step, s, accuracy])")
     return [
-        (_number(s, PROBES, where, nullable=False), _number(acc, PROBES, where, nullable=False)) for _, s, acc in probes
+        (_number(s, "probes", where, nullable=False), _number(acc, "probes", where, nullable=False))
+        for _, s, acc in probes
     ]
 
 
-def _parse_metrics_record(record: dict, where: str, n_blocks: int) -> tuple[dict, list[float]]:
-    missing = [k for k in METRIC_KEYS if k not in record]
+def _check_record_keys(record: dict, where: str) -> None:
+    """ReportInputError (one line) when ``record`` lacks a field of :class:`EpochRecord` the report
+    requires, or has a key that is not one of its fields (a run directory of an older version)."""
+    missing = [k for k in _RECORD_REQUIRED if k not in record]
     if missing:
         raise ReportInputError(f"{where}: malformed metrics line (missing keys: {', '.join(missing)})")
-    row = {"epoch": _number(record["epoch"], "epoch", where, nullable=False)}
-    for key in METRIC_KEYS:
-        if key not in ("epoch", "phase_s", "grad_norm"):
-            row[key] = _number(record[key], key, where, nullable=key in ("val_acc", "test_acc"))
-    for key in METRIC_SCALARS_OPTIONAL:
-        key_in_file = key if key in record else LEGACY_METRIC_KEYS.get(key, key)  # older run directories
-        row[key] = _number(record.get(key_in_file), key_in_file, where, nullable=True)
+    unknown = [k for k in record if k not in _RECORD_TYPES]
+    if unknown:
+        raise ReportInputError(
+            f"{where}: malformed metrics line (unknown keys: {', '.join(unknown)}; a run directory of an "
+            "older version is converted once by python -m experiments.convert_runs)"
+        )
+
+
+def _parse_metrics_record(record: dict, where: str, n_blocks: int) -> tuple[dict, list[float]]:
+    _check_record_keys(record, where)
+    row = {}
+    for key in _RECORD_SCALARS:
+        nullable = type(None) in _RECORD_TYPES[key]
+        row[key] = _number(record.get(key), key, where, nullable=nullable)
     phase_s = record["phase_s"]
     if not isinstance(phase_s, dict):
         raise ReportInputError(f"{where}: malformed metrics line (phase_s must be an object)")

@@ -22,7 +22,7 @@ from freeze.names import split_policy_spec
 from freeze.pipeline import markdown
 from freeze.pipeline.report.frontier import IsoSpeedup
 from freeze.pipeline.report.load import ReportInputError, Run
-from freeze.pipeline.schema import PEAK_MEMORY, TRAIN_PHASES
+from freeze.pipeline.schema import TRAIN_PHASES
 
 GroupKey = tuple[str, str, int]  # (setting, group, world_size)
 # table phase name -> metrics column; total is epoch_wall_s (no eval)
@@ -479,7 +479,7 @@ def _main_row(members: list[Run]) -> dict:
         "allreduce_gb": float(np.mean([r.metrics["allreduce_bytes"].sum() / 1e9 for r in members])),
         "frozen_fraction": _per_run_mean(members, "frozen_param_fraction"),
         # the process's peak over the whole run (older run directories did not record it: NaN)
-        "peak_memory_mb": float(np.mean([r.metrics[PEAK_MEMORY].max() for r in members])) / 1e6,
+        "peak_memory_mb": float(np.mean([r.metrics["peak_memory_bytes"].max() for r in members])) / 1e6,
         "at_chance": at_chance(members),
         "froze_nothing": froze_nothing(members),
     }

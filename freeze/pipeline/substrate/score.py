@@ -39,7 +39,6 @@ from freeze.pipeline.config import ConfigError
 from freeze.pipeline.report.paired import UNDECIDED, non_inferiority
 from freeze.pipeline.report.tables import ratio_ci95
 from freeze.pipeline.runs import RunDir
-from freeze.pipeline.schema import BOUNDARY_AT_EPOCH_START, BOUNDARY_STEPS
 from freeze.pipeline.study.plan import BASELINE_ARM, Arm, StudyFile, main_specs
 from freeze.pipeline.study.stages import pretrain_stage, run_stage
 from freeze.pipeline.substrate.gates import GateError, Paired, paired
@@ -270,12 +269,12 @@ def boundary_per_step(records: list[dict]) -> tuple[int, ...]:
     start_step = 0
     for record in records:
         end_step = int(record["step"])
-        if BOUNDARY_STEPS not in record or BOUNDARY_AT_EPOCH_START not in record:
+        if "boundary_steps" not in record or "boundary_at_epoch_start" not in record:
             raise GateError(
-                f"metrics record of epoch {record.get('epoch')} lacks {BOUNDARY_STEPS}: a run of an older version"
+                f"metrics record of epoch {record.get('epoch')} lacks boundary_steps: a run of an older version"
             )
-        k = int(record[BOUNDARY_AT_EPOCH_START])
-        changes = {int(s): int(b) for s, b in record[BOUNDARY_STEPS]}
+        k = int(record["boundary_at_epoch_start"])
+        changes = {int(s): int(b) for s, b in record["boundary_steps"]}
         for step in range(start_step, end_step):
             steps.append(k)
             k = changes.get(step + 1, k)
