@@ -296,7 +296,8 @@ def _check_table(section: str, values: Any) -> None:
 
 
 def config_from_dict(data: dict[str, Any]) -> Config:
-    """Build a Config from a nested dict; missing keys take their defaults. Does not validate."""
+    """Build a Config from a nested dict; missing keys take their defaults. Checks keys and parses
+    specs (data.augment), nothing else: :func:`validate` checks the values."""
     sections = {}
     for section, values in data.items():
         if section not in SECTIONS:
@@ -306,11 +307,19 @@ def config_from_dict(data: dict[str, Any]) -> Config:
         for key in values:
             if key not in keys:
                 raise _unknown_key_error(section, key)
-        # Lists become tuples so that the frozen dataclass stays hashable and compares by value.
-        sections[section] = _section_class(section)(
-            **{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
-        )
+        hints = typing.get_type_hints(_section_class(section))
+        sections[section] = _section_class(section)(**{k: _typed(v, hints[k]) for k, v in values.items()})
     return Config(**sections)
+
+
+def _typed(value: Any, hint: Any) -> Any:
+    # Lists become tuples so that the frozen dataclass stays hashable and compares by value; a
+    # spec string becomes its parsed value (data.augment), so every Config holds the typed value.
+    if isinstance(value, list):
+        return tuple(value)
+    if hint is Augment and isinstance(value, str):
+        return parse_augment(value)
+    return value
 
 
 # ---------------------------------------------------------------------------------------------

@@ -62,7 +62,7 @@ def test_an_old_run_directory_converts_once_and_then_reads_and_resumes_as_a_curr
     assert (run_dir / "metrics.jsonl").read_bytes().endswith(b"}\n" + TORN_TAIL)  # the torn line stays as it was
     # the current version loads its config and resumes it with that config
     config = load_config(run_dir / "config.toml", check_files=False)
-    assert (config.data.augment, config.run.keep_checkpoint) == ("crop-flip", False)
+    assert (config.data.augment.spec(), config.run.keep_checkpoint) == ("crop-flip", False)
     started = json.loads((run_dir / "manifest.json").read_text())["config"]
     assert (started["data"]["augment"], started["run"]["keep_checkpoint"]) == ("crop-flip", False)
     assert RunDir(run_dir).prepare(config_to_toml(config), resume=True) == "interrupted"

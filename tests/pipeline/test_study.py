@@ -16,7 +16,7 @@ import pytest
 from freeze.pipeline.config import config_to_toml
 from freeze.pipeline.report.load import load_runs
 from freeze.pipeline.report.paired import is_control
-from freeze.pipeline.study import cli
+from freeze.pipeline.study import cli, stages
 from freeze.pipeline.study.plan import main_specs, read_study, search_specs
 from freeze.pipeline.study.search import SearchError, choose
 from freeze.pipeline.sweep import SweepError, SweepSummary
@@ -276,7 +276,7 @@ def _fake_runner(specs, log=print, eta=None):
 
 
 def test_study_chooses_on_validation_runs_interleaved_and_reports(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(cli, "run_specs", _fake_runner)
+    monkeypatch.setattr(stages, "run_specs", _fake_runner)
     report_md = tmp_path / "REPORT.md"
     report_md.write_text("before\n<!-- paired:start -->\nold\n<!-- paired:end -->\n")
     text = STUDY.replace("order_seed = 7", f'order_seed = 7\nreport_md = "{report_md}"')
@@ -308,7 +308,7 @@ def test_study_chooses_on_validation_runs_interleaved_and_reports(tmp_path, monk
     assert f"The full study's measured answer is in {report_md} (make study-full; docs/study.md)." in meaning
     # --update-report splices the generated tables in; complete runs are skipped, not re-made
     monkeypatch.setattr(
-        cli, "run_specs", lambda specs, log=print, eta=None: SweepSummary(skipped=[s.name for s in specs])
+        stages, "run_specs", lambda specs, log=print, eta=None: SweepSummary(skipped=[s.name for s in specs])
     )
     assert cli.main(["--config", str(path), "--out-dir", str(out_dir), "--update-report"]) == 0
     assert "\nold\n" not in report_md.read_text() and "non-inferior" in report_md.read_text()
@@ -317,7 +317,7 @@ def test_study_chooses_on_validation_runs_interleaved_and_reports(tmp_path, monk
 def test_a_study_without_prediction_or_search_leaves_no_stale_table(tmp_path, monkeypatch):
     """predict = false and no [search]: a predicted or search span of REPORT.md (and its .md in the
     report folder) left by an earlier invocation must not pass for this study's result."""
-    monkeypatch.setattr(cli, "run_specs", _fake_runner)
+    monkeypatch.setattr(stages, "run_specs", _fake_runner)
     report_md = tmp_path / "REPORT.md"
     old = "| setting | group | predicted s |\n| old | table | 1.0 |"
     report_md.write_text(
@@ -422,7 +422,7 @@ def test_same_as_arm_runs_the_policy_chosen_for_its_source(tmp_path):
 def test_a_study_whose_runs_all_refused_ends_with_one_line(tmp_path, monkeypatch, capsys):
     """Runs refused before writing their directory (e.g. weights that do not load): no traceback."""
     monkeypatch.setattr(
-        cli, "run_specs", lambda specs, log=print, eta=None: SweepSummary(failed=[(s.name, "x") for s in specs])
+        stages, "run_specs", lambda specs, log=print, eta=None: SweepSummary(failed=[(s.name, "x") for s in specs])
     )
     path = _study(tmp_path, STUDY.split("[search]")[0])
     assert cli.main(["--config", str(path), "--out-dir", str(tmp_path / "runs")]) == 1
@@ -433,7 +433,7 @@ def test_a_study_whose_runs_all_refused_ends_with_one_line(tmp_path, monkeypatch
 def test_update_report_with_a_broken_span_stops_before_any_run(tmp_path, monkeypatch, capsys):
     """A REPORT.md span without its end marker is one line naming the file and the marker, up front,
     not after the study's runs (nor a silent skip of that table)."""
-    monkeypatch.setattr(cli, "run_specs", lambda *a, **k: pytest.fail("ran before checking REPORT.md"))
+    monkeypatch.setattr(stages, "run_specs", lambda *a, **k: pytest.fail("ran before checking REPORT.md"))
     report_md = tmp_path / "REPORT.md"
     report_md.write_text("before\n<!-- paired:start -->\nold\n")
     path = _study(tmp_path, STUDY.replace("order_seed = 7", f'order_seed = 7\nreport_md = "{report_md}"'))
