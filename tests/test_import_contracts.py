@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.processes  # lint-imports runs in a process of its own
+
 REPO = Path(__file__).resolve().parents[1]
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 
@@ -28,19 +30,30 @@ def test_this_tree_keeps_every_import_contract():
 
 
 PLANTED = [
-    # (module, the import planted at its end, the contract that must break)
-    ("freeze/names.py", "import freeze.pipeline.config", "The library never imports the application BROKEN"),
-    ("freeze/names.py", "import freeze.comm", "No import cycle between sibling modules or packages BROKEN"),
+    # (module, the import planted at its end, the contract that must break, how it names the import)
+    (
+        "freeze/names.py",
+        "import freeze.pipeline.config",
+        "The library never imports the application BROKEN",
+        "freeze.names -> freeze.pipeline.config",
+    ),
+    (
+        "freeze/names.py",
+        "import freeze.comm",
+        "No import cycle between sibling modules or packages BROKEN",
+        ".names -> .comm",
+    ),
     (
         "freeze/pipeline/config.py",
         "import freeze.pipeline.train",
         "The application's layers import downward only BROKEN",
+        "freeze.pipeline.config -> freeze.pipeline.train",
     ),
 ]
 
 
-@pytest.mark.parametrize("module,line,broken", PLANTED, ids=[f"{m}: {line}" for m, line, _ in PLANTED])
-def test_a_planted_wrong_way_import_breaks_its_contract(tmp_path, module, line, broken):
+@pytest.mark.parametrize("module,line,broken,named", PLANTED, ids=[f"{m}: {line}" for m, line, _, _ in PLANTED])
+def test_a_planted_wrong_way_import_breaks_its_contract(tmp_path, module, line, broken, named):
     shutil.copytree(REPO / "freeze", tmp_path / "freeze", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
     with open(tmp_path / module, "a", encoding="utf-8") as f:
@@ -48,4 +61,4 @@ def test_a_planted_wrong_way_import_breaks_its_contract(tmp_path, module, line, 
     result = _lint(tmp_path)
     assert result.returncode == 1, result.stdout[-3000:]
     assert broken in result.stdout
-    assert line.split()[-1] in result.stdout  # the planted import is named
+    assert named in result.stdout, result.stdout[-3000:]
