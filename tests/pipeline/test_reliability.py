@@ -5,6 +5,7 @@ The malicious files carry a payload that would create a marker file when unpickl
 shows the load refused in one line and no marker."""
 
 import contextlib
+import dataclasses
 import json
 import os
 import pickle
@@ -704,7 +705,7 @@ def test_an_edited_config_toml_resumed_through_itself_is_refused(tmp_path, capsy
     context = SimpleNamespace(world_size=2, device=torch.device("cpu"))
     split = SimpleNamespace(num_classes=10, test_y=torch.zeros(128))
     manifest = _manifest(config, context, [], SimpleNamespace(spec=lambda: config.freeze.policy), split)
-    run.create(config_to_toml(config), manifest, resume=False)  # what rank 0 writes as the run starts
+    run.create(config_to_toml(config), dataclasses.asdict(manifest), resume=False)  # what rank 0 writes at the start
     run.append_metrics({"epoch": 0})
     run.mark_interrupted()
     edited = run.config_path.read_text().replace("lr = 0.05", "lr = 0.5")
