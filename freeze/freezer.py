@@ -25,6 +25,7 @@ from dataclasses import asdict
 
 import torch
 from torch import nn
+from torch.nn.parallel import DataParallel, DistributedDataParallel
 
 from freeze import comm, steering
 from freeze.blocks import Block, check_partition
@@ -32,7 +33,7 @@ from freeze.cache import ActivationCache, CacheConfig, CacheSource, make_cache
 from freeze.checks import as_int
 from freeze.clock import RunClock
 from freeze.dispatch import FreezerModule
-from freeze.engine import Engine, refuse_wrapped
+from freeze.engine import Engine
 from freeze.monitor import GradNormMonitor, IntervalStats
 from freeze.names import CommHook
 from freeze.optimizer import check_saved_optimizer, check_steps_model, drop_state, unwrap_optimizer
@@ -103,7 +104,7 @@ class Freezer:
         cache: CacheConfig | str | None = None,
         cache_source: CacheSource | None = None,
     ):
-        refuse_wrapped(model)
+        _refuse_wrapped(model)
         comm.check_comm_hook(comm_hook)  # before any hook goes onto the model
         comm.check_launch("Freezer", process_group)
         if not blocks:
@@ -132,7 +133,7 @@ class Freezer:
         cache_args = (cache, cache_source, epochs, process_group, frozen_mode, self.policy.may_unfreeze)
         ddp = {"comm_hook": comm_hook, "ddp_kwargs": ddp_kwargs, "process_group": process_group}
         self.engine = Engine(model, self.blocks, make_cache(model, self.blocks, *cache_args), **ddp)
-        self.module = FreezerModule(self, self.engine)
+        self.module = FreezerModule(model, self.engine, train=self.train)
         self._apply(self._clamp(self.policy.initial_boundary(len(self.blocks))), first=True)
 
     # ------------------------------------------------------------------ the user-facing loop API
@@ -468,3 +469,32 @@ class Freezer:
             self.counters.rewraps += 1
             self.counters.rewrap_s_total += elapsed_s
             self.counters.rewrap_s_last = elapsed_s
+
+
+def _refuse_wrapped(model: nn.Module) -> None:
+    """A wrapper cannot be frozen from outside: DDP fixed its parameters when it was built; other
+    engines partition, shard or compile the model in ways a rebuild cannot follow."""
+    if isinstance(model, (DistributedDataParallel, DataParallel)):
+        raise ValueError(
+            f"Freezer: the model is a {type(model).__name__} wrapper; pass the bare model ({type(model).__name__}"
+            ".module): the Freezer builds DDP itself and rebuilds it whenever the boundary moves"
+        )
+    if isinstance(model, FreezerModule):
+        raise ValueError("Freezer: the model is another Freezer's freezer.module; pass the bare model (freezer.model)")
+    if type(model).__name__ in ("DeepSpeedEngine", "PipelineEngine") or hasattr(model, "zero_optimization_stage"):
+        raise ValueError(
+            "Freezer: the model is a DeepSpeed engine, which partitions the trainable parameters once at "
+            "deepspeed.initialize; train with DDP instead (no deepspeed config / strategy='ddp') and pass the bare model"
+        )
+    if any(type(m).__name__.startswith(("FullyShardedDataParallel", "FSDP")) for m in model.modules()):
+        raise ValueError(
+            "Freezer: the model is sharded by FSDP, which flattens and shards parameters at wrapping time; the "
+            "Freezer drives DistributedDataParallel only: pass the bare model"
+        )
+    if type(model).__name__ == "OptimizedModule" or any(
+        getattr(m, "_compiled_call_impl", None) is not None for m in model.modules()
+    ):
+        raise ValueError(
+            "Freezer: the model is compiled with torch.compile, whose graphs guard on requires_grad and go stale at "
+            "every rebuild; pass the uncompiled model (torch_compile=False / drop --torchcompile)"
+        )
