@@ -25,7 +25,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from freeze import comm
@@ -252,8 +251,7 @@ class Engine:
         training forward after the Freezer was built or loaded: the moment a weight load on some
         ranks only (after the Freezer's broadcast) shows."""
         mine = fingerprint(module_state([self.model])).to(comm.collective_device(self.process_group))
-        every = [torch.empty_like(mine) for _ in range(comm.world_size(self.process_group))]
-        dist.all_gather(every, mine, group=self.process_group)
+        every = comm.all_gather(mine, self.process_group)
         differ = [r for r, f in enumerate(every) if not torch.equal(f, every[0])]
         if differ:
             fix = fix or (
