@@ -133,6 +133,7 @@ class Freezer:
         cache_args = (cache, cache_source, epochs, process_group, frozen_mode, self.policy.may_unfreeze)
         ddp = {"comm_hook": comm_hook, "ddp_kwargs": ddp_kwargs, "process_group": process_group}
         self.engine = Engine(model, self.blocks, make_cache(model, self.blocks, *cache_args), **ddp)
+        self.counters.attach(self.engine.comm)  # the byte total's one owner
         self.module = FreezerModule(model, self.engine, train=self.train)
         self._apply(self._clamp(self.policy.initial_boundary(len(self.blocks))), first=True)
 
@@ -211,13 +212,9 @@ class Freezer:
         self.engine.check_synced_forward()
         if skipped:
             self.monitor.skip_step()
-            self.counters.skipped_steps += 1
         else:
             self.monitor.observe(grad_scale=grad_scale)
-        self.counters.steps += 1
-        total = self.engine.comm.allreduce_bytes_total
-        self.counters.allreduce_bytes_last_step = total - self.counters.allreduce_bytes_total
-        self.counters.allreduce_bytes_total = total
+        self.counters.count_step(skipped)
 
     def attach_optimizer(self, optimizer) -> None:
         """Give the Freezer the optimizer after construction (trainers build it after the model is
@@ -324,9 +321,10 @@ class Freezer:
             "epochs_completed": self.clock.epochs_completed,
             "block_names": [b.name for b in self.blocks],
             "policy_spec": self.policy.spec(),
-            "monitor": self.monitor.state_dict(),
+            # The step count's owner is counters.steps; the saved monitor has always carried it too.
+            "monitor": {**self.monitor.state_dict(), "total_steps": self.counters.steps},
             "decisions": [asdict(d) for d in self.decisions],
-            "counters": asdict(self.counters),
+            "counters": self.counters.state_dict(),
             "cache": None if self.cache is None else self.cache.state_dict(),
             "powersgd": None if self._powersgd is None else self._powersgd.state_dict(),
         }
@@ -350,8 +348,9 @@ class Freezer:
     def _restore(self, state: dict) -> None:
         """Apply a Freezer state :meth:`_check_saved` accepted."""
         self.monitor.load_state_dict(state["monitor"])
-        self.decisions, self.counters = saved_records(state)
-        self.engine.comm.allreduce_bytes_total = self.counters.allreduce_bytes_total
+        self.decisions, self.counters, bytes_total = saved_records(state)
+        self.engine.comm.allreduce_bytes_total = bytes_total  # restored into its one owner
+        self.counters.attach(self.engine.comm)
         self.clock.epochs_completed = int(state["epochs_completed"])
         self.clock.epoch_start_step = self.counters.steps
         k = int(state["boundary"])
@@ -420,7 +419,7 @@ class Freezer:
 
     def _evaluate(self, epoch: int) -> bool:
         """``epoch``: the 0-based epoch the closing interval is recorded under."""
-        stats = self.monitor.close_interval(epoch, self.boundary)
+        stats = self.monitor.close_interval(epoch, self.boundary, self.counters.steps)
         args = (self.boundary, self.monitor.history, self.clock.progress(self.counters.steps), len(self.blocks))
         sizes = {"block_bytes": self._steering.block_grad_bytes} if self.policy.uses_block_bytes else {}
         proposed = self.policy.decide(*args, **sizes)
