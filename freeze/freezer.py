@@ -139,10 +139,6 @@ class Freezer:
 
     # ------------------------------------------------------------------ the user-facing loop API
     @property
-    def ddp(self) -> nn.Module:
-        raise AttributeError("Freezer.ddp was removed: it went stale at every re-wrap; call freezer.module")
-
-    @property
     def cache(self) -> ActivationCache | None:
         """The activation cache (None when off)."""
         return self.engine.cache
@@ -151,10 +147,6 @@ class Freezer:
     def cache_active(self) -> bool:
         """Whether the cache holds activations it can serve at the current boundary."""
         return self.cache is not None and self.cache.store is not None
-
-    def forward(self, *args, sample_ids: torch.Tensor | None = None, **kwargs):
-        """The same as ``freezer.module(*args, sample_ids=..., **kwargs)``."""
-        return self.engine.forward(*args, sample_ids=sample_ids, **kwargs)
 
     def close(self) -> None:
         """Release the DDP wrapper (see Engine.close) and take the Freezer's hooks off the model;

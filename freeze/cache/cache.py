@@ -154,14 +154,6 @@ class ActivationCache:
     def nbytes(self) -> int:
         return 0 if self.store is None else self.store.nbytes
 
-    def bytes_per_key(self, boundary: int) -> int | None:
-        """Bytes one key's entry takes when the boundary is ``boundary`` (at the exact cut it would
-        use), known before anything is built; None if no cut at or below it can be served."""
-        cut, _ = self.cuts.best(boundary)
-        if cut is None:
-            return None
-        return self.cuts.sample_meta[cut][0].numel() * element_bytes(self.config.storage_dtype)
-
     @property
     def state(self) -> str:
         """active (serving stored activations), waiting (nothing to serve yet, or a build pending
