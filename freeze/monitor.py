@@ -387,7 +387,7 @@ class GradNormMonitor:
 
         Args:
             state: written by :meth:`state_dict` of a monitor over the same blocks (the Freezer
-                checks it first: :func:`freeze.records.check_saved_monitor`).
+                checks it first: :func:`freeze.freezer.records.check_saved_monitor`).
         """
         self.history = [IntervalStats.from_dict(d) for d in state["history"]][-self.history_kept :]
         self.intervals_closed = int(state.get("intervals_closed", len(state["history"])))

@@ -4,7 +4,7 @@ The Freezer builds a new DistributedDataParallel wrapper whenever the frozen set
 the parameters it reduces at construction). A script that kept an old wrapper would run a forward
 whose backward DDP never reduces, and DDP's error then points at the wrong fix
 (``find_unused_parameters=True``). So scripts hold this module instead, which always dispatches to
-the Freezer's forward path (:class:`freeze.engine.Engine`), and a replaced wrapper refuses to run.
+the Freezer's forward path (:class:`freeze.freezer.engine.Engine`), and a replaced wrapper refuses to run.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 from torch import nn
 
-from freeze.engine import Engine
+from freeze.freezer.engine import Engine
 
 
 class FreezerModule(nn.Module):

@@ -7,12 +7,12 @@ ranks (each one checked by tests/test_freezer_ddp.py):
 2. frozen parameters get ``requires_grad=False`` and ``grad=None`` (a zero gradient would still let
    momentum / weight decay move them) and their optimizer state is dropped; parameters the user
    froze before building the Freezer stay frozen at every boundary;
-3. frozen blocks run like inference (freeze.steering), and their newly frozen buffers are broadcast
+3. frozen blocks run like inference (freeze.freezer.steering), and their newly frozen buffers are broadcast
    from rank 0 once and kept out of DDP's per-forward buffer broadcast;
-4. DDP is rebuilt with ``init_sync=False`` and the byte-counting comm hook (freeze.engine).
+4. DDP is rebuilt with ``init_sync=False`` and the byte-counting comm hook (freeze.freezer.engine).
 
 The Freezer owns the boundary, the policy, the monitor, the hooks on the model and the state; the
-forward path (DDP wrapper, activation cache, the forward) is its :class:`freeze.engine.Engine`.
+forward path (DDP wrapper, activation cache, the forward) is its :class:`freeze.freezer.engine.Engine`.
 Without an initialised process group the same object drives a plain model in one process.
 """
 
@@ -27,18 +27,16 @@ import torch
 from torch import nn
 from torch.nn.parallel import DataParallel, DistributedDataParallel
 
-from freeze import comm, steering
+from freeze import comm
 from freeze.blocks import Block, check_partition
 from freeze.cache import ActivationCache, CacheConfig, CacheSource, make_cache
 from freeze.checks import as_int
-from freeze.clock import RunClock
-from freeze.dispatch import FreezerModule
-from freeze.engine import Engine
-from freeze.monitor import GradNormMonitor, IntervalStats
-from freeze.names import CommHook
-from freeze.optimizer import check_saved_optimizer, check_steps_model, drop_state, unwrap_optimizer
-from freeze.policies import Policy, make_policy
-from freeze.records import (
+from freeze.freezer import steering
+from freeze.freezer.clock import RunClock
+from freeze.freezer.dispatch import FreezerModule
+from freeze.freezer.engine import Engine
+from freeze.freezer.optimizer_state import check_saved_optimizer, check_steps_model, drop_state, unwrap_optimizer
+from freeze.freezer.records import (
     Decision,
     Evaluation,
     FreezerCounters,
@@ -48,6 +46,9 @@ from freeze.records import (
     check_saved_training_state,
     saved_records,
 )
+from freeze.monitor import GradNormMonitor, IntervalStats
+from freeze.names import CommHook
+from freeze.policies import Policy, make_policy
 
 _log = logging.getLogger("freeze")
 

@@ -1,4 +1,4 @@
-"""freeze.dispatch: freezer.module, the one module a script calls, without a process group (the
+"""freeze.freezer.dispatch: freezer.module, the one module a script calls, without a process group (the
 multi-rank cases, a rewrap and a replaced wrapper, are in tests/test_freezer_ddp_edges.py)."""
 
 import copy

@@ -267,7 +267,8 @@ def _user_stacklevel() -> int:
     """The ``stacklevel`` that points a warning at the user's line: the first frame, counting from
     the caller of this function, outside freeze/ and torch/ (a forward reaches the engine through
     freezer.module and nn.Module's call, or through a trainer's own frames: the depth differs)."""
-    roots = (os.path.dirname(__file__) + os.sep, os.path.dirname(torch.__file__) + os.sep)
+    library = os.path.dirname(os.path.dirname(__file__))  # freeze/, not only freeze/freezer/: integrations too
+    roots = (library + os.sep, os.path.dirname(torch.__file__) + os.sep)
     level, frame = 1, sys._getframe(1)
     while frame is not None and frame.f_code.co_filename.startswith(roots):
         level, frame = level + 1, frame.f_back
