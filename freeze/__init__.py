@@ -20,7 +20,7 @@ _OWNER = {
     "CacheError": "freeze.cache",
     "CacheSource": "freeze.cache",
     "Freezer": "freeze.freezer",
-    "FreezerCounters": "freeze.records",
+    "FreezerCounters": "freeze.freezer.records",
     "GradNormMonitor": "freeze.monitor",
     "IntervalStats": "freeze.monitor",
     "POLICIES": "freeze.policies",
@@ -54,9 +54,9 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from freeze.blocks import Block, BlockError, split_blocks
     from freeze.cache import CacheConfig, CacheError, CacheSource
     from freeze.freezer import Freezer
+    from freeze.freezer.records import FreezerCounters
     from freeze.monitor import GradNormMonitor, IntervalStats
     from freeze.policies import POLICIES, Policy, PolicyError, Progress, make_policy, parse_policy
-    from freeze.records import FreezerCounters
 
 
 def __getattr__(name: str) -> Any:

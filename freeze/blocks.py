@@ -57,11 +57,6 @@ class Block:
                     out.append((f"{prefix}.{buf_name}", sub, buf_name))
         return out
 
-    def running_stat_norms(self) -> list[nn.Module]:
-        """Norm layers of the block that keep running statistics (BatchNorm, InstanceNorm with
-        ``track_running_stats=True``, any ``_NormBase`` tracking them): frozen, each stays in eval."""
-        return [sub for mod in self.modules for sub in mod.modules() if tracks_running_stats(sub)]
-
 
 def frozen_names(blocks: Sequence[Block], k: int) -> list[str]:
     """Qualified names of the parameters and buffers of blocks ``0 .. k-1``: what DDP must leave

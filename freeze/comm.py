@@ -219,7 +219,7 @@ def broadcast_from_rank0(tensors: Iterable[torch.Tensor], process_group=None) ->
     if not is_distributed():
         return
     device = collective_device(process_group)
-    src = dist.get_global_rank(process_group, 0) if process_group is not None else 0
+    src = _rank0(process_group)
     for t in tensors:
         if t.device == device and t.is_contiguous():
             dist.broadcast(t, src=src, group=process_group)
@@ -239,6 +239,86 @@ def broadcast_int_from_rank0(value: int, process_group=None) -> int:
     if not is_distributed():
         return value
     t = torch.tensor([value], dtype=torch.int64, device=collective_device(process_group))
-    src = dist.get_global_rank(process_group, 0) if process_group is not None else 0
-    dist.broadcast(t, src=src, group=process_group)
+    dist.broadcast(t, src=_rank0(process_group), group=process_group)
     return int(t.item())
+
+
+def broadcast_object_from_rank0(obj: object, process_group=None) -> object:
+    """Rank 0's ``obj`` (any picklable object) on every rank; ``obj`` itself without a group.
+
+    Args:
+        obj: this rank's object (only rank 0's is used).
+        process_group: the group whose rank 0 is the source (None: the default group).
+    """
+    if not is_distributed():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=_rank0(process_group), group=process_group)
+    return box[0]
+
+
+def any_rank(flag: bool, process_group=None) -> bool:
+    """Whether ``flag`` is True on some rank of ``process_group`` (one MAX all-reduce: every rank
+    gets the same answer, so every rank takes the same branch); ``flag`` itself without a group.
+
+    Args:
+        flag: this rank's vote.
+        process_group: the group that votes (None: the default group).
+    """
+    if not is_distributed():
+        return flag
+    vote = torch.tensor([int(flag)], device=collective_device(process_group))
+    dist.all_reduce(vote, op=dist.ReduceOp.MAX, group=process_group)
+    return bool(vote.item())
+
+
+def sum_over_ranks(tensor: torch.Tensor, process_group=None) -> None:
+    """Replace ``tensor`` (on the collective device) with its sum over the ranks, in place. Not a
+    gradient: the comm counter does not count it. Collective: needs a process group.
+
+    Args:
+        tensor: this rank's summand, overwritten with the sum.
+        process_group: the group to sum over (None: the default group).
+    """
+    dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=process_group)
+
+
+def all_gather(tensor: torch.Tensor, process_group=None) -> list[torch.Tensor]:
+    """Every rank's ``tensor`` (the same shape and dtype on every rank, on the collective device),
+    indexed by rank in ``process_group``. Collective: needs a process group.
+
+    Args:
+        tensor: this rank's tensor.
+        process_group: the group to gather from (None: the default group).
+    """
+    gathered = [torch.empty_like(tensor) for _ in range(world_size(process_group))]
+    dist.all_gather(gathered, tensor, group=process_group)
+    return gathered
+
+
+def all_gather_object(obj: object, process_group=None) -> list:
+    """Every rank's ``obj`` (any picklable object), indexed by rank in ``process_group``.
+    Collective: needs a process group.
+
+    Args:
+        obj: this rank's object.
+        process_group: the group to gather from (None: the default group).
+    """
+    gathered: list = [None] * world_size(process_group)
+    dist.all_gather_object(gathered, obj, group=process_group)
+    return gathered
+
+
+def barrier(process_group=None) -> None:
+    """Wait until every rank of ``process_group`` arrives here. Collective: needs a process group.
+
+    Args:
+        process_group: the group to wait for (None: the default group).
+    """
+    dist.barrier(group=process_group)
+
+
+def _rank0(process_group) -> int:
+    """The global rank of ``process_group``'s rank 0: the source of every broadcast here
+    (``dist.broadcast`` takes a global rank, also for a subgroup)."""
+    return dist.get_global_rank(process_group, 0) if process_group is not None else 0

@@ -143,7 +143,6 @@ class GradNormMonitor:
         self.history_kept = history_kept
         self.history: list[IntervalStats] = []  # the last history_kept closed intervals
         self.intervals_closed = 0
-        self.total_steps = 0
         self._first_active = 0
         # Flat parameter list and the block index of each: per-block norms are then one
         # segment-sum over one foreach norm, whatever the number of blocks.
@@ -212,7 +211,6 @@ class GradNormMonitor:
         self._block_ids.clear()
 
     def _tick(self) -> None:
-        self.total_steps += 1
         self._interval_steps += 1
 
     def skip_step(self) -> None:
@@ -299,12 +297,14 @@ class GradNormMonitor:
 
     # ---------------------------------------------------------------- per interval
     @torch.no_grad()
-    def close_interval(self, epoch: int, boundary: int) -> IntervalStats:
+    def close_interval(self, epoch: int, boundary: int, end_step: int) -> IntervalStats:
         """Turn the running sums into one :class:`IntervalStats` (one host sync) and reset.
 
         Args:
             epoch: 0-based epoch in which the interval ends (recorded in the result).
             boundary: the boundary k in force as the interval ends (recorded in the result).
+            end_step: optimizer steps taken when the interval ends (the caller's step count,
+                ``freezer.counters.steps``; recorded in the result).
 
         Returns:
             The closed interval, also appended to ``history``.
@@ -345,7 +345,7 @@ class GradNormMonitor:
         stats = IntervalStats(
             index=self.intervals_closed,
             epoch=epoch,
-            end_step=self.total_steps,
+            end_step=end_step,
             steps=self._interval_steps,
             skipped_steps=self._interval_skipped_steps + overflow_steps,
             boundary=boundary,
@@ -370,7 +370,6 @@ class GradNormMonitor:
         return {
             "history": [s.to_dict() for s in self.history],
             "intervals_closed": self.intervals_closed,
-            "total_steps": self.total_steps,
             "first_active": self._first_active,
             "interval_steps": self._interval_steps,
             "interval_skipped_steps": self._interval_skipped_steps,
@@ -388,11 +387,10 @@ class GradNormMonitor:
 
         Args:
             state: written by :meth:`state_dict` of a monitor over the same blocks (the Freezer
-                checks it first: :func:`freeze.records.check_saved_monitor`).
+                checks it first: :func:`freeze.freezer.records.check_saved_monitor`).
         """
         self.history = [IntervalStats.from_dict(d) for d in state["history"]][-self.history_kept :]
         self.intervals_closed = int(state.get("intervals_closed", len(state["history"])))
-        self.total_steps = int(state["total_steps"])
         self.set_first_active(int(state["first_active"]))
         self._interval_steps = int(state["interval_steps"])
         self._interval_skipped_steps = int(state["interval_skipped_steps"])

@@ -19,7 +19,7 @@ def cache_step(freezer, keys=None) -> torch.Tensor:
     boundary change planned."""
     keys = torch.arange(4) if keys is None else keys
     freezer.train()
-    out = freezer.forward(freezer.cache.source.inputs(keys), sample_ids=keys)
+    out = freezer.module(freezer.cache.source.inputs(keys), sample_ids=keys)
     out.sum().backward()
     freezer.after_backward()
     return out

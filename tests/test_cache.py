@@ -66,7 +66,7 @@ def train(rank: int, world: int, config: CacheConfig | None, schedule=SCHEDULE, 
         keys = step_keys(step)[rank * local : (rank + 1) * local]
         optimizer.zero_grad(set_to_none=True)
         # The cache builds what a boundary change planned in the step's training forward.
-        F.cross_entropy(freezer.forward(x[keys], sample_ids=keys), y[keys]).backward()
+        F.cross_entropy(freezer.module(x[keys], sample_ids=keys), y[keys]).backward()
         freezer.after_backward()
         optimizer.step()
         if freezer.cache_active:  # every entry the cache holds, against the current weights
@@ -158,7 +158,13 @@ def test_resume_with_the_cache_is_bit_identical(tmp_path):
 
 def test_memory_cache_over_budget_is_refused_in_one_line():
     freezer = _freezer(TinyNet(), CacheConfig("memory", budget_bytes=1000))
-    assert [freezer.cache.bytes_per_key(k) for k in range(4)] == [None, 2048, 2048, 64]  # known up front
+    cuts = [freezer.cache.cuts.best(k)[0] for k in range(4)]  # known up front: fp32 bytes of one key's entry
+    assert [None if c is None else freezer.cache.cuts.sample_meta[c][0].numel() * 4 for c in cuts] == [
+        None,
+        2048,
+        2048,
+        64,
+    ]
     with pytest.raises(CacheError) as err:
         freezer.set_boundary(1)
     message = str(err.value)
@@ -175,10 +181,10 @@ def test_forward_without_sample_ids_runs_the_model_and_wrong_keys_are_refused_in
     assert freezer.cache_active
     x = torch.randn(2, 3, 8, 8)
     with pytest.warns(RuntimeWarning, match="pass freezer.module\\(x, sample_ids=keys\\)"):
-        out = freezer.forward(x)
+        out = freezer.module(x)
     assert torch.equal(out, freezer.model(x))  # computed from x, not from any stored row
     with pytest.raises(CacheError, match="sample_ids holds 3 keys for a batch of 2") as err:
-        freezer.forward(x, sample_ids=torch.tensor([0, 1, 2]))
+        freezer.module(x, sample_ids=torch.tensor([0, 1, 2]))
     assert "\n" not in str(err.value)
 
 
@@ -191,13 +197,13 @@ def test_inputs_other_than_the_sources_are_refused_at_the_first_served_forward()
     augmented = freezer.cache.source.inputs(keys).flip(-1)  # what a RandomHorizontalFlip would hand over
     freezer.train()
     with pytest.raises(CacheError, match="not cache_source.inputs\\(sample_ids\\)") as err:
-        freezer.forward(augmented, sample_ids=keys)
+        freezer.module(augmented, sample_ids=keys)
     assert "\n" not in str(err.value)
     # the source's own inputs are served; and the next store is checked again
     _step(freezer, keys)
     freezer.set_boundary(3)
     with pytest.raises(CacheError, match="not cache_source.inputs"):
-        freezer.forward(freezer.cache.source.inputs(keys + 1), sample_ids=keys)  # keys of other samples
+        freezer.module(freezer.cache.source.inputs(keys + 1), sample_ids=keys)  # keys of other samples
 
 
 def test_augmentation_outside_the_source_is_refused_at_the_first_training_step():
@@ -207,7 +213,7 @@ def test_augmentation_outside_the_source_is_refused_at_the_first_training_step()
     keys = torch.arange(4)
     freezer.train()
     with pytest.raises(CacheError, match="not cache_source.inputs\\(sample_ids\\)") as err:
-        freezer.forward(freezer.cache.source.inputs(keys).flip(-1), sample_ids=keys)
+        freezer.module(freezer.cache.source.inputs(keys).flip(-1), sample_ids=keys)
     assert "\n" not in str(err.value) and freezer.boundary == 0 and freezer.cache.level is None
 
 
@@ -238,7 +244,7 @@ def test_a_source_whose_keys_are_out_of_range_is_refused_at_construction_or_the_
     freezer = _freezer(TinyNet(), CacheConfig("memory"))
     freezer.train()
     with pytest.raises(CacheError, match=f"sample_ids holds keys outside 0..{N_KEYS - 1}"):
-        freezer.forward(x[:2], sample_ids=torch.tensor([0, N_KEYS]))
+        freezer.module(x[:2], sample_ids=torch.tensor([0, N_KEYS]))
 
 
 def test_a_source_that_fails_is_named_in_one_line_at_construction():

@@ -35,7 +35,7 @@ def test_a_cut_crossed_by_two_values_falls_back_to_the_valid_cut_below():
     keys = torch.tensor([0, 1, 2])
     expected = freezer.cache.compute_prefix(freezer.cache.source.inputs(keys), 1)
     assert torch.equal(freezer.cache.read(keys, torch.device("cpu")), expected)
-    assert freezer.forward(x, sample_ids=keys).shape == (3, 5)
+    assert freezer.module(x, sample_ids=keys).shape == (3, 5)
 
 
 class _Untraceable(TinyNet):
@@ -56,7 +56,7 @@ def test_a_forward_with_data_dependent_control_flow_is_served_exactly():
     assert freezer.cache.level == 2
     keys = torch.tensor([3, 1, 7])
     x = freezer.cache.source.inputs(keys)
-    assert torch.equal(freezer.forward(x, sample_ids=keys), freezer.model(x))
+    assert torch.equal(freezer.module(x, sample_ids=keys), freezer.model(x))
     assert freezer.cache.counters.hit_keys == 4 + 3
 
 
@@ -80,7 +80,7 @@ def test_batch_dependent_glue_runs_live_and_a_batch_dependent_block_is_not_cache
     assert glue.cache.level == 1 and glue.cache.cuts.cut[1].kind == "exit"
     keys = torch.tensor([2, 7, 4])
     x = glue.cache.source.inputs(keys)
-    assert torch.equal(glue.forward(x, sample_ids=keys), glue.model(x))
+    assert torch.equal(glue.module(x, sample_ids=keys), glue.model(x))
     inside = TinyNet()
     inside.stem.append(_Center())  # inside a frozen block: no cut at 1 holds one value per sample
     freezer = _freezer(inside, CacheConfig("memory"))
@@ -113,7 +113,7 @@ def test_frozen_blocks_run_like_inference_so_their_dropout_is_cached(module):
     keys = torch.tensor([0, 5, 9])
     x = freezer.cache.source.inputs(keys)
     torch.manual_seed(0)
-    served = freezer.forward(x, sample_ids=keys)
+    served = freezer.module(x, sample_ids=keys)
     torch.manual_seed(0)
     assert torch.equal(served, freezer.model(x))
 
@@ -144,4 +144,4 @@ def test_a_block_parameter_read_outside_its_module_stays_in_the_tail():
     x = freezer.cache.source.inputs(keys)
     with torch.no_grad():
         model.token.add_(1.0)  # what a training step does to it
-        assert torch.equal(freezer.forward(x, sample_ids=keys), model(x))
+        assert torch.equal(freezer.module(x, sample_ids=keys), model(x))

@@ -15,6 +15,9 @@ def test_without_a_process_group_there_is_one_rank_and_collectives_change_nothin
     comm.broadcast_from_rank0([t, t[::2]])  # a non-contiguous view too
     assert torch.equal(t, torch.arange(4.0))
     assert comm.broadcast_int_from_rank0(7) == 7
+    token = object()
+    assert comm.broadcast_object_from_rank0(token) is token
+    assert comm.any_rank(True) and not comm.any_rank(False)
     comm.end_process_group()  # nothing to end: no error
 
 

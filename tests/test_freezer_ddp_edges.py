@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from freeze import Freezer, split_blocks
-from freeze.engine import StaleWrapperError
+from freeze.freezer.engine import StaleWrapperError
 from tests.distributed_harness import run_distributed
 from tests.tiny_models import InstanceNormNet, SharedLayerNet, TinyNet, global_batch
 

@@ -48,7 +48,7 @@ def test_an_overflowed_step_is_masked_and_counted_without_a_host_sync(monkeypatc
         if all(math.isfinite(v) for v in values):
             _set_grads(clean, values)
             ref.observe()
-    s, r = mon.close_interval(0, 0), ref.close_interval(0, 0)
+    s, r = mon.close_interval(0, 0, end_step=4), ref.close_interval(0, 0, end_step=2)
     assert s.summed_grad_norm == r.summed_grad_norm and s.summed_grad_l1_norm == r.summed_grad_l1_norm
     assert s.mean_step_grad_norm == r.mean_step_grad_norm
     assert all(math.isfinite(v) for v in s.summed_grad_norm + s.mean_step_grad_norm)
@@ -56,7 +56,7 @@ def test_an_overflowed_step_is_masked_and_counted_without_a_host_sync(monkeypatc
     # the next interval starts clean
     _set_grads(model, [1.0, 1.0, 1.0])
     mon.observe()
-    assert mon.close_interval(1, 0).skipped_steps == 0
+    assert mon.close_interval(1, 0, end_step=5).skipped_steps == 0
 
 
 def test_an_interval_of_overflowed_steps_only_has_no_statistic():
@@ -64,7 +64,7 @@ def test_an_interval_of_overflowed_steps_only_has_no_statistic():
     mon = GradNormMonitor(split_blocks(model))
     _set_grads(model, [math.inf, 1.0, 1.0])
     mon.observe()
-    s = mon.close_interval(0, 0)
+    s = mon.close_interval(0, 0, end_step=1)
     assert s.summed_grad_norm == (None, None, None) and s.mean_step_grad_norm == (None, None, None)
 
 
@@ -78,7 +78,7 @@ def test_grad_scale_gives_the_statistics_of_the_unscaled_gradients(as_tensor):
         mon.observe(grad_scale=torch.tensor(scale) if as_tensor else scale)
         _set_grads(model, values)
         ref.observe()
-    s, r = mon.close_interval(0, 0), ref.close_interval(0, 0)
+    s, r = mon.close_interval(0, 0, end_step=2), ref.close_interval(0, 0, end_step=2)
     for a, b in zip(s.summed_grad_norm + s.mean_step_grad_norm, r.summed_grad_norm + r.mean_step_grad_norm):
         assert math.isclose(a, b, rel_tol=1e-6)
 
@@ -88,7 +88,7 @@ def test_a_finite_fp16_block_whose_norm_exceeds_the_fp16_range_is_not_an_overflo
     mon = GradNormMonitor(split_blocks(model))
     _set_grads(model, [30000.0, 1.0], dtype=torch.float16)  # norm 64 * 30000, beyond 65504
     mon.observe()
-    s = mon.close_interval(0, 0)
+    s = mon.close_interval(0, 0, end_step=1)
     assert s.skipped_steps == 0
     assert math.isclose(s.mean_step_grad_norm[0], 64 * 30000.0, rel_tol=1e-3)
 
@@ -103,8 +103,9 @@ def test_freezer_after_backward_takes_the_scale_and_keeps_skipped():
     next(model.parameters()).grad[0] = math.inf
     freezer.after_backward()
     freezer.after_backward(skipped=True)
-    stats = freezer.monitor.close_interval(0, 0)
+    stats = freezer.monitor.close_interval(0, 0, freezer.counters.steps)
     assert (stats.steps, stats.skipped_steps, freezer.counters.skipped_steps) == (3, 2, 1)
+    assert freezer.counters.steps == 3  # skipped steps move the step count (its one owner)
     assert all(v is not None and math.isfinite(v) for v in stats.mean_step_grad_norm)
 
 
@@ -244,7 +245,11 @@ def test_a_bad_float_grad_scale_is_refused_at_the_call_before_the_step_counts(ba
     _set_grads(model, [1.0, 2.0, 3.0])
     with pytest.raises(ValueError, match="grad_scale = .*; accepted: the loss scale, a finite number > 0"):
         mon.observe(grad_scale=bad)
-    assert mon.total_steps == 0 and mon.interval_steps == 0
+    assert mon.interval_steps == 0
+    freezer = Freezer(model, split_blocks(model))  # the step count's owner: the Freezer's counters
+    with pytest.raises(ValueError, match="grad_scale = .*; accepted: the loss scale, a finite number > 0"):
+        freezer.after_backward(grad_scale=bad)
+    assert freezer.counters.steps == 0 and freezer.monitor.interval_steps == 0
 
 
 @pytest.mark.parametrize("bad", [math.nan, 0.0, -1.0, math.inf])
@@ -267,6 +272,6 @@ def test_a_bad_grad_scale_tensor_is_masked_on_the_device_and_refused_when_the_ep
         0,
     )  # refused before the clock moved
     with pytest.raises(ValueError, match="grad_scale"):  # and again: the bad step stays in the interval
-        freezer.monitor.close_interval(0, 0)
+        freezer.monitor.close_interval(0, 0, freezer.counters.steps)
     norm_sum = freezer.monitor._norm_sum
     assert bool(torch.isfinite(norm_sum).all()) and bool((norm_sum >= 0).all())  # nothing poisoned the sums

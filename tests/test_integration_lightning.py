@@ -179,7 +179,7 @@ def diverged_worker(rank, world, workdir):
     import torch.nn.functional as F
     from torch import nn
 
-    from freeze.engine import RankMismatchError
+    from freeze.freezer.engine import RankMismatchError
     from freeze.integrations.lightning import FreezerCallback
 
     class Net(pl.LightningModule):

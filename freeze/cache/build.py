@@ -23,7 +23,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
 from freeze import comm
 from freeze.cache.store import ActivationStore
@@ -62,8 +61,7 @@ class Topology:
         if not comm.is_distributed():
             return cls(0, 1, name, (0,))
         world = comm.world_size(process_group)
-        names: list[str | None] = [None] * world
-        dist.all_gather_object(names, name, group=process_group)
+        names = comm.all_gather_object(name, process_group)
         order = {h: i for i, h in enumerate(dict.fromkeys(names))}
         return cls(comm.rank(process_group), world, name, tuple(order[h] for h in names))
 
@@ -141,7 +139,7 @@ def fill(
             result.completed = False
             return result
     if store.shared and topo.world_size > 1:
-        dist.barrier(group=process_group)  # every rank's rows are in the shared file before anyone reads
+        comm.barrier(process_group)  # every rank's rows are in the shared file before anyone reads
     return result
 
 
@@ -151,8 +149,7 @@ def _exchange(
     device = comm.collective_device(process_group)
     # Exchange raw bytes: no backend has to support the storage dtype (gloo has no int16/bf16 gather).
     bits = values.contiguous().reshape(-1).view(torch.uint8).to(device)
-    gathered = [torch.empty_like(bits) for _ in range(topo.world_size)]
-    dist.all_gather(gathered, bits, group=process_group)
+    gathered = comm.all_gather(bits, process_group)
     received = 0
     for src in range(topo.world_size):
         if src == topo.rank:

@@ -44,7 +44,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.utils import _pytree as pytree
 
@@ -155,14 +154,6 @@ class ActivationCache:
     def nbytes(self) -> int:
         return 0 if self.store is None else self.store.nbytes
 
-    def bytes_per_key(self, boundary: int) -> int | None:
-        """Bytes one key's entry takes when the boundary is ``boundary`` (at the exact cut it would
-        use), known before anything is built; None if no cut at or below it can be served."""
-        cut, _ = self.cuts.best(boundary)
-        if cut is None:
-            return None
-        return self.cuts.sample_meta[cut][0].numel() * element_bytes(self.config.storage_dtype)
-
     @property
     def state(self) -> str:
         """active (serving stored activations), waiting (nothing to serve yet, or a build pending
@@ -263,11 +254,7 @@ class ActivationCache:
         stale = self.store is not None and not torch.equal(
             self._prefix_fingerprint(self.store.level), self._fingerprint
         )
-        if comm.is_distributed():
-            flag = torch.tensor([int(stale)], device=comm.collective_device(self.process_group))
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.process_group)
-            stale = bool(flag.item())
-        if not stale:
+        if not comm.any_rank(stale, self.process_group):
             return False
         warnings.warn(
             "Freezer: the frozen weights changed after the activation cache was built (weights loaded into a "
@@ -424,12 +411,8 @@ class ActivationCache:
         shm = distributed and self.config.node_shared and shm_has_room(need)
         over = lambda shared: need * (1 if shared else local) + held > self.config.budget  # noqa: E731
         if distributed:  # one vote per rank: shared only if every node has room, disk if any node lacks it
-            votes = torch.tensor([int(not shm), 0], device=comm.collective_device(self.process_group))
-            dist.all_reduce(votes, op=dist.ReduceOp.MAX, group=self.process_group)
-            shm = not votes[0].item()
-            votes[1] = int(over(shm))
-            dist.all_reduce(votes, op=dist.ReduceOp.MAX, group=self.process_group)
-            too_big = bool(votes[1].item())
+            shm = not comm.any_rank(not shm, self.process_group)
+            too_big = comm.any_rank(over(shm), self.process_group)
         else:
             too_big = over(False)
         if too_big:
@@ -581,23 +564,18 @@ def _from_rank0(value: int, process_group) -> int:
 
 def _shared_token(process_group) -> str:
     """One random token for the whole job (rank 0's), naming its disk files."""
-    token = [uuid.uuid4().hex[:12]]
-    if comm.is_distributed():
-        dist.broadcast_object_list(
-            token, src=dist.get_global_rank(process_group, 0) if process_group else 0, group=process_group
-        )
-    return token[0]
+    return comm.broadcast_object_from_rank0(uuid.uuid4().hex[:12], process_group)
 
 
 def _map_shared(path: Path, rows: int, shape, storage_dtype: str, topo: Topology, process_group) -> torch.Tensor:
     """The node leader creates the file, every rank of the node maps it, then the leader unlinks it."""
     data = map_file(path, rows, shape, storage_dtype, create=True) if topo.is_node_leader else None
     if topo.world_size > 1:
-        dist.barrier(group=process_group)
+        comm.barrier(process_group)
     if data is None:
         data = map_file(path, rows, shape, storage_dtype, create=False)
     if topo.world_size > 1:
-        dist.barrier(group=process_group)
+        comm.barrier(process_group)
     if topo.is_node_leader:
         unlink(path)
     return data

@@ -61,10 +61,6 @@ class ActivationStore:
         self._staging = _PinnedStaging()
 
     @property
-    def on_disk(self) -> bool:
-        return self.placement == "disk"
-
-    @property
     def shared(self) -> bool:
         """Whether the node's ranks share this store (each writes its own rows into it)."""
         return self.placement in ("shm", "disk")

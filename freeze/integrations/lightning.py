@@ -37,8 +37,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from freeze.block_finder import default_block_names
 from freeze.blocks import Block, split_blocks
-from freeze.engine import Engine, retire
 from freeze.freezer import Freezer
+from freeze.freezer.engine import Engine, retire
 from freeze.integrations._common import ddp_kwargs_of, refuse_comm_hook, resolve_policy
 from freeze.policies import Policy
 

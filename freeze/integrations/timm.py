@@ -17,10 +17,10 @@ by W changes float32 bits for W >= 3. :func:`distribute_bn` is the same call ski
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 from timm.models import group_parameters
 from torch import nn
 
+from freeze import comm
 from freeze.blocks import Block, split_blocks
 from freeze.freezer import Freezer
 
@@ -78,11 +78,14 @@ def distribute_bn(freezer: Freezer, world_size: int, reduce: bool = False) -> No
         reduce: average (timm's ``--dist-bn reduce``) instead of broadcasting (``broadcast``).
     """
     frozen = {id(getattr(mod, name)) for b in freezer.blocks[: freezer.boundary] for _, mod, name in b.buffers()}
-    for name, buf in freezer.model.named_buffers():
-        if id(buf) in frozen or not ("running_mean" in name or "running_var" in name):
-            continue
-        if reduce:
-            dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=freezer.process_group)
-            buf /= float(world_size)
-        else:
-            dist.broadcast(buf, 0, group=freezer.process_group)
+    stats = [
+        buf
+        for name, buf in freezer.model.named_buffers()
+        if id(buf) not in frozen and ("running_mean" in name or "running_var" in name)
+    ]
+    if not reduce:
+        comm.broadcast_from_rank0(stats, freezer.process_group)
+        return
+    for buf in stats:
+        comm.sum_over_ranks(buf, freezer.process_group)
+        buf /= float(world_size)

@@ -133,11 +133,6 @@ def teardown_worker() -> None:
     comm.end_process_group()
 
 
-def barrier() -> None:
-    if dist.is_initialized():
-        dist.barrier()
-
-
 def from_rank0(obj: T) -> T:
     """Rank 0's ``obj`` on every rank (``obj`` itself without a process group); a collective."""
     if not dist.is_initialized():

@@ -145,29 +145,6 @@ class Policy(ABC):
         params = ",".join(f"{f.name}={spell(getattr(self, f.name))}" for f in _fields(self))
         return f"{self.name}:{params}" if params else self.name
 
-    def state_dict(self) -> dict:
-        # Decisions are pure, so the parameters are the whole state.
-        return {"policy": self.name, "params": {f.name: getattr(self, f.name) for f in _fields(self)}}
-
-    def load_state_dict(self, state: dict) -> None:
-        """Take the checkpoint's parameters, so a resumed run decides as the run that wrote it.
-
-        Args:
-            state: a :meth:`state_dict` of a policy with the same name.
-
-        Raises:
-            PolicyError: ``state`` was written by another policy.
-        """
-        found = state.get("policy") if isinstance(state, dict) else None
-        if found != self.name or not isinstance(state.get("params"), dict):
-            raise PolicyError(
-                f"policy '{self.name}': state_dict is for policy {found!r}; "
-                f"accepted: a state_dict written by policy '{self.name}'"
-            )
-        restored = make_policy(self.name, **state["params"])
-        for f in _fields(self):
-            object.__setattr__(self, f.name, getattr(restored, f.name))
-
     # ---------------------------------------------------------------- shared checks
     def _check_blocks(self, num_blocks: int) -> None:
         if not is_int(num_blocks) or num_blocks < 1:

@@ -1,4 +1,4 @@
-"""freeze.clock: the run clock (epochs, steps per epoch, evaluation interval) and the run-length
+"""freeze.freezer.clock: the run clock (epochs, steps per epoch, evaluation interval) and the run-length
 checks of the policy it asks."""
 
 import io
@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from freeze import Freezer, make_policy, split_blocks
-from freeze.clock import RunClock
+from freeze.freezer.clock import RunClock
 from freeze.policies import Progress
 from tests.tiny_models import TinyNet, global_batch
 from tests.tiny_models import freezer_step as _step

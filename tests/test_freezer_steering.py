@@ -1,4 +1,4 @@
-"""freeze.steering: what a boundary does to the model's parameters and modules (frozen blocks run
+"""freeze.freezer.steering: what a boundary does to the model's parameters and modules (frozen blocks run
 without autograd and in eval, the user's frozen parameters stay frozen), the block-order check, the
 no-step warnings, and hooks that leave copies of the model alone and come off at close."""
 
@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from freeze import Freezer, make_policy, split_blocks
-from freeze.steering import BlockOrderError
+from freeze.freezer.steering import BlockOrderError
 from tests.tiny_models import InstanceNormNet, SharedLayerNet, TinyNet, global_batch
 from tests.tiny_models import freezer_step as _step
 

@@ -1,4 +1,5 @@
-"""Gradient (activation) checkpointing of individual modules.
+"""Activation recompute (gradient checkpointing) of individual modules: a trainable block keeps no
+activations in forward and recomputes them in backward.
 
 Always the non-reentrant variant: with ``use_reentrant=True`` the first trainable block after a
 frozen prefix gets no gradient at all, because its input does not require grad (torch.utils.checkpoint

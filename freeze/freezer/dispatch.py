@@ -4,21 +4,18 @@ The Freezer builds a new DistributedDataParallel wrapper whenever the frozen set
 the parameters it reduces at construction). A script that kept an old wrapper would run a forward
 whose backward DDP never reduces, and DDP's error then points at the wrong fix
 (``find_unused_parameters=True``). So scripts hold this module instead, which always dispatches to
-the Freezer's forward path (:class:`freeze.engine.Engine`), and a replaced wrapper refuses to run.
+the Freezer's forward path (:class:`freeze.freezer.engine.Engine`), and a replaced wrapper refuses to run.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from torch import nn
 
-from freeze.engine import Engine
-
-if TYPE_CHECKING:
-    from freeze.freezer import Freezer
+from freeze.freezer.engine import Engine
 
 
 class FreezerModule(nn.Module):
@@ -30,11 +27,11 @@ class FreezerModule(nn.Module):
     prefix and scripts reading ``model.module`` keep working; ``freezer.model`` is the same bare
     model (torchvision's ``model_without_ddp``)."""
 
-    def __init__(self, freezer: Freezer, engine: Engine):
+    def __init__(self, model: nn.Module, engine: Engine, *, train: Callable[[bool], object]):
         super().__init__()
-        self.module = freezer.model
-        self._freezer = freezer  # plain attributes: neither is a submodule
-        self._engine = engine
+        self.module = model
+        self._engine = engine  # plain attributes: not a submodule
+        self._train = train  # the Freezer's train(mode): it knows which blocks are frozen
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self._engine.forward(*args, **kwargs)
@@ -42,7 +39,7 @@ class FreezerModule(nn.Module):
     def train(self, mode: bool = True) -> FreezerModule:
         """``freezer.train(mode)``: frozen norm layers with running statistics stay in eval."""
         self.training = mode
-        self._freezer.train(mode)
+        self._train(mode)
         return self
 
     @contextlib.contextmanager

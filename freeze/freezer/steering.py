@@ -31,8 +31,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from freeze import checkpointing
 from freeze.blocks import Block, held_in_eval
+from freeze.freezer import recompute
 from freeze.names import FROZEN_MODES
 
 
@@ -186,7 +186,7 @@ class Steering:
                     p.grad = None
             for mod in block.modules:
                 if frozen:
-                    checkpointing.disable_checkpointing(mod)
+                    recompute.disable_checkpointing(mod)
                     hook = FrozenForward()
                     pre, post = ModuleHook(mod, hook.pre), ModuleHook(mod, hook.post)
                     self._handles.append(mod.register_forward_pre_hook(pre, with_kwargs=True))
@@ -194,9 +194,9 @@ class Steering:
                     held = held_in_eval([_Only(mod)], self.frozen_mode)
                     self._handles.append(mod.register_forward_pre_hook(ModuleHook(mod, KeepEval(held))))
                 elif self.grad_checkpointing:
-                    checkpointing.enable_checkpointing(mod)
+                    recompute.enable_checkpointing(mod)
                 else:
-                    checkpointing.disable_checkpointing(mod)
+                    recompute.disable_checkpointing(mod)
         self._arm_order_check()
 
     def train(self, mode: bool, boundary: int) -> None:
@@ -252,7 +252,7 @@ class Steering:
         self._count_handle.remove()
         for block in self.blocks:
             for mod in block.modules:
-                checkpointing.disable_checkpointing(mod)
+                recompute.disable_checkpointing(mod)
 
     def _disarm_order_check(self) -> None:
         self.order.disarm()

@@ -11,7 +11,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from freeze import CacheConfig, CacheSource, Freezer, split_blocks
 from freeze.cache import CacheError
-from freeze.engine import RankMismatchError
+from freeze.freezer.engine import RankMismatchError
 from tests.distributed_harness import run_distributed
 from tests.tiny_models import TinyNet, global_batch
 

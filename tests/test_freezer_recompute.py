@@ -1,4 +1,4 @@
-"""freeze.checkpointing: a checkpointed module recomputes its activations in backward with the
+"""freeze.freezer.recompute: a checkpointed module recomputes its activations in backward with the
 gradients and running statistics of a plain backward, and copies of it run plainly."""
 
 import copy
@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from freeze import Freezer, split_blocks
-from freeze.checkpointing import disable_checkpointing, enable_checkpointing, is_checkpointed
+from freeze.freezer.recompute import disable_checkpointing, enable_checkpointing, is_checkpointed
 from tests.tiny_models import InstanceNormNet, TinyNet, global_batch
 
 

@@ -1,4 +1,4 @@
-"""freeze.optimizer: the optimizer under a trainer's wrapper, the check that it steps this model,
+"""freeze.freezer.optimizer_state: the optimizer under a trainer's wrapper, the check that it steps this model,
 and the state dropped as parameters freeze. (The Freezer's attach_optimizer over real trainer
 wrappers: tests/test_integration_core.py.)"""
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from freeze.optimizer import check_steps_model, drop_state, unwrap_optimizer
+from freeze.freezer.optimizer_state import check_steps_model, drop_state, unwrap_optimizer
 
 
 class LightningOptimizer:  # the attribute Lightning's wrapper keeps the optimizer under

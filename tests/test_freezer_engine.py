@@ -1,7 +1,7 @@
-"""The forward path (freeze.engine) and the cache's correctness outside the happy path, one process.
+"""The forward path (freeze.freezer.engine) and the cache's correctness outside the happy path, one process.
 
 Each test reproduces a defect of issue 21 (the review in shared/research/correctness.md, with the
-experiment it names) and checks what must hold instead. Multi-rank cases: tests/test_engine_ddp.py.
+experiment it names) and checks what must hold instead. Multi-rank cases: tests/test_freezer_engine_ddp.py.
 """
 
 import random
@@ -341,4 +341,4 @@ def test_the_engines_warnings_point_at_the_users_line():
     freezer.train()
     with pytest.warns(RuntimeWarning, match="freezer.eval") as caught, torch.no_grad():
         freezer.module(torch.randn(2, 3, 8, 8))
-    assert caught[0].filename == __file__  # not torch's module.py nor freeze/engine.py
+    assert caught[0].filename == __file__  # not torch's module.py nor freeze/freezer/engine.py

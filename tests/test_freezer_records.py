@@ -1,4 +1,4 @@
-"""freeze.records: the checks a saved Freezer state passes before it is loaded, and the line an
+"""freeze.freezer.records: the checks a saved Freezer state passes before it is loaded, and the line an
 evaluation explains itself in."""
 
 import copy
@@ -7,7 +7,13 @@ import pytest
 import torch
 
 from freeze import Freezer, make_policy, split_blocks
-from freeze.records import Decision, Evaluation, FreezerCounters, check_saved_freezer, check_saved_training_state
+from freeze.freezer.records import (
+    Decision,
+    Evaluation,
+    FreezerCounters,
+    check_saved_freezer,
+    check_saved_training_state,
+)
 from tests.tiny_models import TinyNet, freezer_step
 
 

@@ -4,25 +4,60 @@ saved training state (model, Freezer) passes before a Freezer loads any of it.""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
 from freeze.blocks import Block
 from freeze.checks import is_int
+from freeze.comm import CommCounter
 from freeze.monitor import IntervalStats
 
 
 @dataclass
 class FreezerCounters:
+    """What a Freezer counts, per rank. The step count lives here (the monitor is handed it); the
+    byte total lives in the engine's comm counter, which the comm hook adds every bucket to, and is
+    read from there (:attr:`allreduce_bytes_total`), not copied."""
+
     steps: int = 0  # optimizer steps seen by after_backward, skipped ones included
     skipped_steps: int = 0  # of those, steps the optimizer skipped (fp16 overflow)
-    allreduce_bytes_total: int = 0  # per rank, since construction
-    allreduce_bytes_last_step: int = 0
+    allreduce_bytes_last_step: int = 0  # what the comm counter counted between the last two steps
     rewraps: int = 0  # DDP constructions after the first
     rewrap_s_total: float = 0.0
     rewrap_s_last: float = 0.0
+    wire: CommCounter = field(default_factory=CommCounter, init=False, repr=False, compare=False)
+    _bytes_before_step: int = field(default=0, init=False, repr=False, compare=False)
+
+    @property
+    def allreduce_bytes_total(self) -> int:
+        """Bytes handed to all-reduce since construction (the comm counter's count)."""
+        return self.wire.allreduce_bytes_total
+
+    def attach(self, wire: CommCounter) -> None:
+        """Read the byte total from ``wire`` (the engine's comm counter); a step counts from its value now."""
+        self.wire = wire
+        self._bytes_before_step = wire.allreduce_bytes_total
+
+    def count_step(self, skipped: bool) -> None:
+        """One optimizer step (Freezer.after_backward): its bytes are what the wire counted since the last one."""
+        self.steps += 1
+        self.skipped_steps += int(skipped)
+        self.allreduce_bytes_last_step = self.wire.allreduce_bytes_total - self._bytes_before_step
+        self._bytes_before_step = self.wire.allreduce_bytes_total
+
+    def state_dict(self) -> dict:
+        """The saved form, as saved states have always had it: every count, the byte total included."""
+        return {
+            "steps": self.steps,
+            "skipped_steps": self.skipped_steps,
+            "allreduce_bytes_total": self.allreduce_bytes_total,
+            "allreduce_bytes_last_step": self.allreduce_bytes_last_step,
+            "rewraps": self.rewraps,
+            "rewrap_s_total": self.rewrap_s_total,
+            "rewrap_s_last": self.rewrap_s_last,
+        }
 
 
 @dataclass(frozen=True)
@@ -85,10 +120,13 @@ def check_saved_freezer(state: dict, block_names: list[str], policy_spec: str) -
     saved_records(state)
 
 
-def saved_records(state: dict) -> tuple[list[Decision], FreezerCounters]:
-    """The decisions and counters of a saved Freezer state, or one line saying which entry is bad."""
+def saved_records(state: dict) -> tuple[list[Decision], FreezerCounters, int]:
+    """The decisions, counters and all-reduced byte total of a saved Freezer state, or one line
+    saying which entry is bad."""
     try:
-        return [Decision(**d) for d in state["decisions"]], FreezerCounters(**state["counters"])
+        counters = {**state["counters"]}
+        bytes_total = counters.pop("allreduce_bytes_total", 0)
+        return [Decision(**d) for d in state["decisions"]], FreezerCounters(**counters), bytes_total
     except TypeError as e:  # a missing or unknown field, or not a mapping
         raise _refuse(
             f"its decisions or counters cannot be read ({e}); accepted: the entries Freezer.state_dict() writes"

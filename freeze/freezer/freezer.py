@@ -7,12 +7,12 @@ ranks (each one checked by tests/test_freezer_ddp.py):
 2. frozen parameters get ``requires_grad=False`` and ``grad=None`` (a zero gradient would still let
    momentum / weight decay move them) and their optimizer state is dropped; parameters the user
    froze before building the Freezer stay frozen at every boundary;
-3. frozen blocks run like inference (freeze.steering), and their newly frozen buffers are broadcast
+3. frozen blocks run like inference (freeze.freezer.steering), and their newly frozen buffers are broadcast
    from rank 0 once and kept out of DDP's per-forward buffer broadcast;
-4. DDP is rebuilt with ``init_sync=False`` and the byte-counting comm hook (freeze.engine).
+4. DDP is rebuilt with ``init_sync=False`` and the byte-counting comm hook (freeze.freezer.engine).
 
 The Freezer owns the boundary, the policy, the monitor, the hooks on the model and the state; the
-forward path (DDP wrapper, activation cache, the forward) is its :class:`freeze.engine.Engine`.
+forward path (DDP wrapper, activation cache, the forward) is its :class:`freeze.freezer.engine.Engine`.
 Without an initialised process group the same object drives a plain model in one process.
 """
 
@@ -25,19 +25,18 @@ from dataclasses import asdict
 
 import torch
 from torch import nn
+from torch.nn.parallel import DataParallel, DistributedDataParallel
 
-from freeze import comm, steering
+from freeze import comm
 from freeze.blocks import Block, check_partition
 from freeze.cache import ActivationCache, CacheConfig, CacheSource, make_cache
 from freeze.checks import as_int
-from freeze.clock import RunClock
-from freeze.dispatch import FreezerModule
-from freeze.engine import Engine, refuse_wrapped
-from freeze.monitor import GradNormMonitor, IntervalStats
-from freeze.names import CommHook
-from freeze.optimizer import check_saved_optimizer, check_steps_model, drop_state, unwrap_optimizer
-from freeze.policies import Policy, make_policy
-from freeze.records import (
+from freeze.freezer import steering
+from freeze.freezer.clock import RunClock
+from freeze.freezer.dispatch import FreezerModule
+from freeze.freezer.engine import Engine
+from freeze.freezer.optimizer_state import check_saved_optimizer, check_steps_model, drop_state, unwrap_optimizer
+from freeze.freezer.records import (
     Decision,
     Evaluation,
     FreezerCounters,
@@ -47,6 +46,9 @@ from freeze.records import (
     check_saved_training_state,
     saved_records,
 )
+from freeze.monitor import GradNormMonitor, IntervalStats
+from freeze.names import CommHook
+from freeze.policies import Policy, make_policy
 
 _log = logging.getLogger("freeze")
 
@@ -103,7 +105,7 @@ class Freezer:
         cache: CacheConfig | str | None = None,
         cache_source: CacheSource | None = None,
     ):
-        refuse_wrapped(model)
+        _refuse_wrapped(model)
         comm.check_comm_hook(comm_hook)  # before any hook goes onto the model
         comm.check_launch("Freezer", process_group)
         if not blocks:
@@ -132,14 +134,11 @@ class Freezer:
         cache_args = (cache, cache_source, epochs, process_group, frozen_mode, self.policy.may_unfreeze)
         ddp = {"comm_hook": comm_hook, "ddp_kwargs": ddp_kwargs, "process_group": process_group}
         self.engine = Engine(model, self.blocks, make_cache(model, self.blocks, *cache_args), **ddp)
-        self.module = FreezerModule(self, self.engine)
+        self.counters.attach(self.engine.comm)  # the byte total's one owner
+        self.module = FreezerModule(model, self.engine, train=self.train)
         self._apply(self._clamp(self.policy.initial_boundary(len(self.blocks))), first=True)
 
     # ------------------------------------------------------------------ the user-facing loop API
-    @property
-    def ddp(self) -> nn.Module:
-        raise AttributeError("Freezer.ddp was removed: it went stale at every re-wrap; call freezer.module")
-
     @property
     def cache(self) -> ActivationCache | None:
         """The activation cache (None when off)."""
@@ -149,10 +148,6 @@ class Freezer:
     def cache_active(self) -> bool:
         """Whether the cache holds activations it can serve at the current boundary."""
         return self.cache is not None and self.cache.store is not None
-
-    def forward(self, *args, sample_ids: torch.Tensor | None = None, **kwargs):
-        """The same as ``freezer.module(*args, sample_ids=..., **kwargs)``."""
-        return self.engine.forward(*args, sample_ids=sample_ids, **kwargs)
 
     def close(self) -> None:
         """Release the DDP wrapper (see Engine.close) and take the Freezer's hooks off the model;
@@ -210,13 +205,9 @@ class Freezer:
         self.engine.check_synced_forward()
         if skipped:
             self.monitor.skip_step()
-            self.counters.skipped_steps += 1
         else:
             self.monitor.observe(grad_scale=grad_scale)
-        self.counters.steps += 1
-        total = self.engine.comm.allreduce_bytes_total
-        self.counters.allreduce_bytes_last_step = total - self.counters.allreduce_bytes_total
-        self.counters.allreduce_bytes_total = total
+        self.counters.count_step(skipped)
 
     def attach_optimizer(self, optimizer) -> None:
         """Give the Freezer the optimizer after construction (trainers build it after the model is
@@ -323,9 +314,10 @@ class Freezer:
             "epochs_completed": self.clock.epochs_completed,
             "block_names": [b.name for b in self.blocks],
             "policy_spec": self.policy.spec(),
-            "monitor": self.monitor.state_dict(),
+            # The step count's owner is counters.steps; the saved monitor has always carried it too.
+            "monitor": {**self.monitor.state_dict(), "total_steps": self.counters.steps},
             "decisions": [asdict(d) for d in self.decisions],
-            "counters": asdict(self.counters),
+            "counters": self.counters.state_dict(),
             "cache": None if self.cache is None else self.cache.state_dict(),
             "powersgd": None if self._powersgd is None else self._powersgd.state_dict(),
         }
@@ -349,8 +341,9 @@ class Freezer:
     def _restore(self, state: dict) -> None:
         """Apply a Freezer state :meth:`_check_saved` accepted."""
         self.monitor.load_state_dict(state["monitor"])
-        self.decisions, self.counters = saved_records(state)
-        self.engine.comm.allreduce_bytes_total = self.counters.allreduce_bytes_total
+        self.decisions, self.counters, bytes_total = saved_records(state)
+        self.engine.comm.allreduce_bytes_total = bytes_total  # restored into its one owner
+        self.counters.attach(self.engine.comm)
         self.clock.epochs_completed = int(state["epochs_completed"])
         self.clock.epoch_start_step = self.counters.steps
         k = int(state["boundary"])
@@ -419,7 +412,7 @@ class Freezer:
 
     def _evaluate(self, epoch: int) -> bool:
         """``epoch``: the 0-based epoch the closing interval is recorded under."""
-        stats = self.monitor.close_interval(epoch, self.boundary)
+        stats = self.monitor.close_interval(epoch, self.boundary, self.counters.steps)
         args = (self.boundary, self.monitor.history, self.clock.progress(self.counters.steps), len(self.blocks))
         sizes = {"block_bytes": self._steering.block_grad_bytes} if self.policy.uses_block_bytes else {}
         proposed = self.policy.decide(*args, **sizes)
@@ -468,3 +461,32 @@ class Freezer:
             self.counters.rewraps += 1
             self.counters.rewrap_s_total += elapsed_s
             self.counters.rewrap_s_last = elapsed_s
+
+
+def _refuse_wrapped(model: nn.Module) -> None:
+    """A wrapper cannot be frozen from outside: DDP fixed its parameters when it was built; other
+    engines partition, shard or compile the model in ways a rebuild cannot follow."""
+    if isinstance(model, (DistributedDataParallel, DataParallel)):
+        raise ValueError(
+            f"Freezer: the model is a {type(model).__name__} wrapper; pass the bare model ({type(model).__name__}"
+            ".module): the Freezer builds DDP itself and rebuilds it whenever the boundary moves"
+        )
+    if isinstance(model, FreezerModule):
+        raise ValueError("Freezer: the model is another Freezer's freezer.module; pass the bare model (freezer.model)")
+    if type(model).__name__ in ("DeepSpeedEngine", "PipelineEngine") or hasattr(model, "zero_optimization_stage"):
+        raise ValueError(
+            "Freezer: the model is a DeepSpeed engine, which partitions the trainable parameters once at "
+            "deepspeed.initialize; train with DDP instead (no deepspeed config / strategy='ddp') and pass the bare model"
+        )
+    if any(type(m).__name__.startswith(("FullyShardedDataParallel", "FSDP")) for m in model.modules()):
+        raise ValueError(
+            "Freezer: the model is sharded by FSDP, which flattens and shards parameters at wrapping time; the "
+            "Freezer drives DistributedDataParallel only: pass the bare model"
+        )
+    if type(model).__name__ == "OptimizedModule" or any(
+        getattr(m, "_compiled_call_impl", None) is not None for m in model.modules()
+    ):
+        raise ValueError(
+            "Freezer: the model is compiled with torch.compile, whose graphs guard on requires_grad and go stale at "
+            "every rebuild; pass the uncompiled model (torch_compile=False / drop --torchcompile)"
+        )

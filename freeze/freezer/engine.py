@@ -25,7 +25,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from freeze import comm
@@ -252,8 +251,7 @@ class Engine:
         training forward after the Freezer was built or loaded: the moment a weight load on some
         ranks only (after the Freezer's broadcast) shows."""
         mine = fingerprint(module_state([self.model])).to(comm.collective_device(self.process_group))
-        every = [torch.empty_like(mine) for _ in range(comm.world_size(self.process_group))]
-        dist.all_gather(every, mine, group=self.process_group)
+        every = comm.all_gather(mine, self.process_group)
         differ = [r for r, f in enumerate(every) if not torch.equal(f, every[0])]
         if differ:
             fix = fix or (
@@ -265,44 +263,12 @@ class Engine:
             )
 
 
-def refuse_wrapped(model: nn.Module) -> None:
-    """A wrapper cannot be frozen from outside: DDP fixed its parameters when it was built; other
-    engines partition, shard or compile the model in ways a rebuild cannot follow."""
-    from torch.nn.parallel import DataParallel, DistributedDataParallel
-
-    from freeze.dispatch import FreezerModule  # dispatch imports this module
-
-    if isinstance(model, (DistributedDataParallel, DataParallel)):
-        raise ValueError(
-            f"Freezer: the model is a {type(model).__name__} wrapper; pass the bare model ({type(model).__name__}"
-            ".module): the Freezer builds DDP itself and rebuilds it whenever the boundary moves"
-        )
-    if isinstance(model, FreezerModule):
-        raise ValueError("Freezer: the model is another Freezer's freezer.module; pass the bare model (freezer.model)")
-    if type(model).__name__ in ("DeepSpeedEngine", "PipelineEngine") or hasattr(model, "zero_optimization_stage"):
-        raise ValueError(
-            "Freezer: the model is a DeepSpeed engine, which partitions the trainable parameters once at "
-            "deepspeed.initialize; train with DDP instead (no deepspeed config / strategy='ddp') and pass the bare model"
-        )
-    if any(type(m).__name__.startswith(("FullyShardedDataParallel", "FSDP")) for m in model.modules()):
-        raise ValueError(
-            "Freezer: the model is sharded by FSDP, which flattens and shards parameters at wrapping time; the "
-            "Freezer drives DistributedDataParallel only: pass the bare model"
-        )
-    if type(model).__name__ == "OptimizedModule" or any(
-        getattr(m, "_compiled_call_impl", None) is not None for m in model.modules()
-    ):
-        raise ValueError(
-            "Freezer: the model is compiled with torch.compile, whose graphs guard on requires_grad and go stale at "
-            "every rebuild; pass the uncompiled model (torch_compile=False / drop --torchcompile)"
-        )
-
-
 def _user_stacklevel() -> int:
     """The ``stacklevel`` that points a warning at the user's line: the first frame, counting from
     the caller of this function, outside freeze/ and torch/ (a forward reaches the engine through
-    freezer.module and nn.Module's call, or through freezer.forward: the depth differs)."""
-    roots = (os.path.dirname(__file__) + os.sep, os.path.dirname(torch.__file__) + os.sep)
+    freezer.module and nn.Module's call, or through a trainer's own frames: the depth differs)."""
+    library = os.path.dirname(os.path.dirname(__file__))  # freeze/, not only freeze/freezer/: integrations too
+    roots = (library + os.sep, os.path.dirname(torch.__file__) + os.sep)
     level, frame = 1, sys._getframe(1)
     while frame is not None and frame.f_code.co_filename.startswith(roots):
         level, frame = level + 1, frame.f_back
