@@ -28,14 +28,15 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from experiments import bench as bench_main
 from experiments import bench_workers as bw
+from experiments.bench import rows as bench_rows
+from experiments.bench.sections import splice_section, spliced_sections
 from freeze._atomic import atomic_write_text
 from freeze.pipeline import markdown
 
 SECTION = "cluster-bench"  # the span of BENCH.md this command owns (freeze.pipeline.markdown)
 APPROACHES = (bw.ENGINE, bw.STATIC, bw.FIND_UNUSED)
-CSV_COLUMNS = ("nodes", "bandwidth", *bench_main.CSV_COLUMNS)
+CSV_COLUMNS = ("nodes", "bandwidth", *bench_rows.CSV_COLUMNS)
 
 
 @dataclass(frozen=True)
@@ -212,7 +213,7 @@ def run(cfg: ClusterBenchConfig, out_dir: Path, deadline_s: float, command: str)
         for bandwidth in cfg.bandwidths:
             print(f"bench_cluster: {nodes} nodes, links {bandwidth}", flush=True)
             meta = measure_cluster(cfg, nodes, bandwidth, ks, deadline_s)
-            rows = bench_main.summarize(bw.combine_ranks(meta["ranks"]), meta["ranks"][0]["block_param_bytes"])
+            rows = bench_rows.summarize(bw.combine_ranks(meta["ranks"]), meta["ranks"][0]["block_param_bytes"])
             results.append((nodes, bandwidth, rows, meta))
             csv_rows += [{"nodes": nodes, "bandwidth": bandwidth, **r} for r in rows]
     run_info = {
@@ -222,7 +223,7 @@ def run(cfg: ClusterBenchConfig, out_dir: Path, deadline_s: float, command: str)
     }
     out_dir.mkdir(parents=True, exist_ok=True)
     _write_csv(csv_rows, out_dir / "bench_cluster.csv")
-    bench_main.splice_section(out_dir / "BENCH.md", SECTION, section(cfg, results, run_info), before_others=False)
+    splice_section(out_dir / "BENCH.md", SECTION, section(cfg, results, run_info), before_others=False)
     return csv_rows
 
 
@@ -233,7 +234,7 @@ def _write_csv(rows: list[dict], path: Path) -> None:
     writer = csv.writer(text)
     writer.writerow(CSV_COLUMNS)
     for row in rows:
-        writer.writerow([bench_main._fmt(row[c]) for c in CSV_COLUMNS])
+        writer.writerow([bench_rows.format_value(row[c]) for c in CSV_COLUMNS])
     atomic_write_text(path, text.getvalue())
 
 
@@ -308,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         if min(cfg.steps, cfg.rounds, cfg.warmup, cfg.batch_size) < 1:
             raise ValueError("bench_cluster: --steps, --rounds, --warmup and --batch-size must be >= 1")
         resolve_ks(cfg)
-        bench_main.spliced_sections(args.out_dir / "BENCH.md")  # a broken span now, not after the run
+        spliced_sections(args.out_dir / "BENCH.md")  # a broken span now, not after the run
 
     refused = preflight("bench_cluster", cfg.nodes, cfg.bandwidths, check)
     if refused is not None:

@@ -187,10 +187,11 @@ def _error_row(label: str, error: Exception) -> tuple:
 
 
 def child_bench(out: Path) -> int:
-    from experiments import bench
+    from experiments.bench.config import BenchConfig
+    from experiments.bench.rows import CSV_COLUMNS, write_csv
 
-    cfg = bench.BenchConfig(workers=1, device="cuda", steps=20, rounds=2, warmup=3, ks=BENCH_KS, phase_ks=())
-    bench.write_csv(bench_rows(cfg), out / "bench.csv", (*bench.CSV_COLUMNS, "peak_mb"))
+    cfg = BenchConfig(workers=1, device="cuda", steps=20, rounds=2, warmup=3, ks=BENCH_KS, phase_ks=())
+    write_csv(bench_rows(cfg), out / "bench.csv", (*CSV_COLUMNS, "peak_mb"))
     return 0
 
 
@@ -199,13 +200,13 @@ def bench_rows(cfg) -> list[dict]:
     prefix forward) under ``cfg``, each with its median peak memory above the step's start (MB)."""
     import numpy as np
 
-    from experiments import bench
     from experiments import bench_workers as bw
+    from experiments.bench.rows import measure_rows
 
     cfg.validate()
     cfg = cfg.resolved(len(bw.split_blocks(bw.build_model(cfg.model, cfg.image_size))))
     extra = {"approaches": (bw.ENGINE, bw.STATIC, bw.FIND_UNUSED, bw.ENGINE_CACHE), "monitor_cell": False}
-    rows, cells, _ = bench.measure_rows(cfg, extra, None, deadline_s=600)
+    rows, cells, _ = measure_rows(cfg, extra, None, deadline_s=600)
     for row in rows:
         row["peak_mb"] = float(np.median(cells[(row["approach"], row["k"])]["peak_mb"]))
     return rows

@@ -42,9 +42,10 @@ import sys
 import time
 from pathlib import Path
 
-from experiments import bench
 from experiments import bench_cluster as bc
 from experiments import bench_workers as bw
+from experiments.bench.rows import summarize
+from experiments.bench.sections import spliced_sections
 from experiments.predict import InputError, make_profile, write_csv
 from experiments.validate_costmodel_report import PHASES, figure, summary, write_bench_section
 from freeze._atomic import atomic_write_text
@@ -108,7 +109,7 @@ def measured_points(rows: list[dict], caches: tuple[str, ...]) -> list[dict]:
     is cached), in k order, off before on.
 
     Args:
-        rows: experiments.bench.summarize's rows of one cluster cell.
+        rows: experiments.bench.rows.summarize's rows of one cluster cell.
         caches: the cache settings asked for ("off", "on").
     """
     prefix = {r["k"]: r["median_ms"] for r in rows if r["approach"] == bw.PREFIX_FORWARD}
@@ -138,7 +139,7 @@ def _measured(cfg: bc.ClusterBenchConfig, nodes: int, bandwidth: str, ks, deadli
     forward (experiments.bench_workers adds it beside the cache runner), in one rotation."""
     approaches = (bw.ENGINE,) + ((bw.ENGINE_CACHE,) if "on" in caches else ())  # the worker needs the engine
     meta = bc.measure_cluster(cfg, nodes, bandwidth, ks, deadline_s, approaches=approaches)
-    rows = bench.summarize(bw.combine_ranks(meta["ranks"]), meta["ranks"][0]["block_param_bytes"])
+    rows = summarize(bw.combine_ranks(meta["ranks"]), meta["ranks"][0]["block_param_bytes"])
     return measured_points(rows, caches)
 
 
@@ -227,7 +228,7 @@ def _check(args: argparse.Namespace, cfg: bc.ClusterBenchConfig) -> None:
     if args.bench_md is not None and not args.bench_md.parent.is_dir():
         raise InputError(f"--bench-md {args.bench_md}: its directory does not exist")
     if args.bench_md is not None:  # a broken span (markdown.MarkerError) now, not after the measurement
-        bench.spliced_sections(args.bench_md)
+        spliced_sections(args.bench_md)
     _check_reused(args)
     written = [args.out_dir / f"validation.{ext}" for ext in ("md", "csv", "png")] + [args.out_dir / CALIBRATION_FILE]
     if any(w.exists() for w in written):

@@ -10,7 +10,7 @@ import os
 import statistics
 from pathlib import Path
 
-from experiments import bench
+from experiments.bench.sections import splice_section
 from freeze.pipeline import markdown
 
 PHASES = ("forward", "backward", "after")  # zero_grad+forward+loss | backward incl. DDP wait | monitor+optimizer
@@ -146,4 +146,4 @@ def write_bench_section(out_dir: Path, bench_md: Path) -> None:
     table = (out_dir / "validation.md").read_text(encoding="utf-8").strip()
     link = Path(os.path.relpath(out_dir / "validation.png", bench_md.resolve().parent)).as_posix()
     body = f"{table}\n\n![predicted vs measured step time]({link})"
-    bench.splice_section(bench_md, SECTION, body, before_others=False)
+    splice_section(bench_md, SECTION, body, before_others=False)

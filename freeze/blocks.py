@@ -194,6 +194,24 @@ def split_blocks(
     spec = default_block_names(model, head) if names is None else expand_globs(model, names)
     if not spec:
         raise BlockError("split_blocks: the model has no parameter-owning modules to freeze")
+    drafts, unclaimed = _claim_parameters(model, spec)
+    _place_parent_params(model, drafts, unclaimed)
+    modules = dict(model.named_modules())
+    return [
+        Block(
+            _block_name(d.names),
+            tuple(d.module_names),
+            tuple(modules[n] for n in d.module_names),
+            tuple(d.param_names),
+            tuple(d.params),
+        )
+        for d in drafts
+    ]
+
+
+def _claim_parameters(model: nn.Module, spec: list[list[str]]) -> tuple[list[_Draft], list[str]]:
+    """One draft per entry of ``spec`` with its modules and the parameters it names first, and the
+    names of the parameters no entry names (``named_parameters()`` order), for the parents' rule."""
     modules = dict(model.named_modules())
     named_params = dict(model.named_parameters())
     param_ids = {id(p): n for n, p in named_params.items()}
@@ -203,14 +221,9 @@ def split_blocks(
         if not entry:
             raise BlockError("split_blocks: an empty block entry (a block needs at least one module name)")
         for name in entry:
-            if name in modules and name != "":
-                draft.module_names.append(name)
-                params = list(modules[name].parameters())
-            elif name in named_params:
-                params = [named_params[name]]
-            else:
-                top = ", ".join(n for n, _ in model.named_children())
-                raise BlockError(f"split_blocks: no module named '{name}' in the model; top-level modules: {top}")
+            module_name, params = _entry_member(model, modules, named_params, name)
+            if module_name is not None:
+                draft.module_names.append(module_name)
             for p in params:
                 if id(p) not in claimed:
                     claimed[id(p)] = (i, name)
@@ -223,27 +236,35 @@ def split_blocks(
                     )
                 # else: tied to a module of an earlier entry, which owns it (it uses it first)
         if not draft.params:
-            earlier = {
-                _block_name(drafts[claimed[id(p)][0]].names)
-                for n in entry
-                if n in modules
-                for p in modules[n].parameters()
-            }
-            why = f" of its own (its parameters are tied to block {', '.join(sorted(earlier))})" if earlier else ""
-            raise BlockError(
-                f"split_blocks: block '{_block_name(entry)}' owns no parameters{why} (parameter-free modules are not blocks)"
-            )
-    _place_parent_params(model, drafts, [n for n, p in named_params.items() if id(p) not in claimed])
-    return [
-        Block(
-            _block_name(d.names),
-            tuple(d.module_names),
-            tuple(modules[n] for n in d.module_names),
-            tuple(d.param_names),
-            tuple(d.params),
-        )
-        for d in drafts
-    ]
+            raise _owns_nothing(entry, drafts, claimed, modules)
+    return drafts, [n for n, p in named_params.items() if id(p) not in claimed]
+
+
+def _entry_member(
+    model: nn.Module, modules: dict[str, nn.Module], named_params: dict[str, nn.Parameter], name: str
+) -> tuple[str | None, list[nn.Parameter]]:
+    """What one name of a block entry stands for: (the module's name, its parameters) for a module,
+    (None, [the parameter]) for a parameter name."""
+    if name in modules and name != "":
+        return name, list(modules[name].parameters())
+    if name in named_params:
+        return None, [named_params[name]]
+    top = ", ".join(n for n, _ in model.named_children())
+    raise BlockError(f"split_blocks: no module named '{name}' in the model; top-level modules: {top}")
+
+
+def _owns_nothing(
+    entry: list[str], drafts: list[_Draft], claimed: dict[int, tuple[int, str]], modules: dict[str, nn.Module]
+) -> BlockError:
+    """The error for an entry that claimed no parameter: its modules have none, or earlier blocks
+    hold every one of them (tied weights)."""
+    earlier = {
+        _block_name(drafts[claimed[id(p)][0]].names) for n in entry if n in modules for p in modules[n].parameters()
+    }
+    why = f" of its own (its parameters are tied to block {', '.join(sorted(earlier))})" if earlier else ""
+    return BlockError(
+        f"split_blocks: block '{_block_name(entry)}' owns no parameters{why} (parameter-free modules are not blocks)"
+    )
 
 
 def _place_parent_params(model: nn.Module, drafts: list[_Draft], unclaimed: list[str]) -> None:

@@ -9,12 +9,13 @@ import csv
 
 import pytest
 
-from experiments import bench
 from experiments import bench_workers as bw
+from experiments.bench import cli, config, sections, text_report
+from experiments.bench.rows import CSV_COLUMNS, write_csv
 from freeze import split_blocks
 from freeze.pipeline import markdown
 
-TINY = bench.BenchConfig(
+TINY = config.BenchConfig(
     workers=2,
     model="mlp",
     batch_size=4,
@@ -38,7 +39,7 @@ def bench_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("bench")
     (tmp / "out").mkdir()
     (tmp / "out" / "BENCH.md").write_text("# old main table\n\n" + CLUSTER_SECTION, encoding="utf-8")
-    bench.run_benchmark(TINY, tmp / "out", workdir=tmp / "rdzv", deadline_s=120.0, command="pytest tiny bench")
+    cli.run_benchmark(TINY, tmp / "out", workdir=tmp / "rdzv", deadline_s=120.0, command="pytest tiny bench")
     with open(tmp / "out" / "bench.csv", newline="", encoding="utf-8") as f:
         reader = csv.DictReader(f)
         header = reader.fieldnames
@@ -53,7 +54,7 @@ def _param_bytes_from(k: int) -> int:
 
 def test_csv_has_one_row_per_approach_and_k(bench_run):
     header, rows, _ = bench_run
-    assert tuple(header) == bench.CSV_COLUMNS
+    assert tuple(header) == CSV_COLUMNS
     expected = {(a, k) for a in bw.MAIN_APPROACHES for k in (0, 2)}
     expected |= {(bw.NO_COMM, 0), (bw.ENGINE_NO_MONITOR, 0), (bw.PREFIX_FORWARD, 2)}
     assert set(rows) == expected
@@ -125,38 +126,38 @@ def test_schedule_visits_k_up_then_down_with_extra_cells():
 
 def test_config_rejects_bad_values():
     with pytest.raises(ValueError, match="model 'vgg' is not accepted; accepted: resnet18"):
-        bench.BenchConfig(model="vgg").validate()
+        config.BenchConfig(model="vgg").validate()
     with pytest.raises(ValueError, match="steps must be >= 1"):
-        bench.BenchConfig(steps=0).validate()
+        config.BenchConfig(steps=0).validate()
     with pytest.raises(ValueError, match=r"ks contains 4; accepted: 0..3"):
-        bench.BenchConfig(model="mlp", ks=(0, 4)).resolved(4)
+        config.BenchConfig(model="mlp", ks=(0, 4)).resolved(4)
     with pytest.raises(ValueError, match=r"phase_ks \[1\] are not among"):
-        bench.BenchConfig(model="mlp", ks=(0, 2), phase_ks=(1,)).resolved(4)
-    resolved = bench.BenchConfig(model="resnet18").resolved(10)
+        config.BenchConfig(model="mlp", ks=(0, 2), phase_ks=(1,)).resolved(4)
+    resolved = config.BenchConfig(model="resnet18").resolved(10)
     assert resolved.ks == tuple(range(10)) and resolved.phase_ks == (0, 5, 8, 9)
 
 
 def test_cli_quick_sets_defaults_that_explicit_flags_override():
-    parse = bench.get_args_parser().parse_args
-    assert bench.config_from_args(parse([])).steps == bench.BenchConfig().steps
-    quick = bench.config_from_args(parse(["--quick"]))
-    assert (quick.steps, quick.rounds) == (bench.QUICK_STEPS, bench.QUICK_ROUNDS)
-    assert bench.config_from_args(parse(["--quick", "--steps", "7"])).steps == 7
-    assert bench.config_from_args(parse(["--ks", "0,5,9"])).ks == (0, 5, 9)
+    parse = cli.get_args_parser().parse_args
+    assert cli.config_from_args(parse([])).steps == config.BenchConfig().steps
+    quick = cli.config_from_args(parse(["--quick"]))
+    assert (quick.steps, quick.rounds) == (config.QUICK_STEPS, config.QUICK_ROUNDS)
+    assert cli.config_from_args(parse(["--quick", "--steps", "7"])).steps == 7
+    assert cli.config_from_args(parse(["--ks", "0,5,9"])).ks == (0, 5, 9)
 
 
 def test_cli_rejects_bad_input(capsys):
-    assert bench.main(["--model", "mlp", "--steps", "0"]) == 2
+    assert cli.main(["--model", "mlp", "--steps", "0"]) == 2
     assert "steps must be >= 1" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        bench.main(["--ks", "a,b"])
+        cli.main(["--ks", "a,b"])
 
 
 def test_a_crash_while_writing_the_csv_keeps_the_previous_file(tmp_path, monkeypatch):
     import freeze._atomic
 
-    rows = [dict.fromkeys(bench.CSV_COLUMNS, 1)]
-    bench.write_csv(rows, tmp_path / "bench.csv")
+    rows = [dict.fromkeys(CSV_COLUMNS, 1)]
+    write_csv(rows, tmp_path / "bench.csv")
     before = (tmp_path / "bench.csv").read_bytes()
     assert before.startswith(b"approach,k,") and before.endswith(b"\r\n")  # csv's own line ends, as before
 
@@ -165,7 +166,7 @@ def test_a_crash_while_writing_the_csv_keeps_the_previous_file(tmp_path, monkeyp
 
     monkeypatch.setattr(freeze._atomic.os, "fsync", dying_fsync)
     with pytest.raises(KeyboardInterrupt):
-        bench.write_csv([dict.fromkeys(bench.CSV_COLUMNS, 2)], tmp_path / "bench.csv")
+        write_csv([dict.fromkeys(CSV_COLUMNS, 2)], tmp_path / "bench.csv")
     monkeypatch.undo()
     assert [p.name for p in tmp_path.iterdir()] == ["bench.csv"]
     assert (tmp_path / "bench.csv").read_bytes() == before
@@ -183,7 +184,7 @@ def test_combine_ranks_takes_the_slowest_rank_and_rank0_bytes():
 
 
 # ---------------------------------------------------------------------------------------- BERT rows
-BERT_TINY = bench.BenchConfig.for_model(
+BERT_TINY = config.BenchConfig.for_model(
     "bert-tiny",
     batch_size=2,
     seq_len=12,
@@ -204,7 +205,7 @@ def bert_run(tmp_path_factory):
     (tmp / "out").mkdir()
     before = "# Freezing under DDP\n\nmain table\n\n<!-- cluster-bench:start -->\ncluster\n<!-- cluster-bench:end -->\n"
     (tmp / "out" / "BENCH.md").write_text(before, encoding="utf-8")
-    bench.run_benchmark(BERT_TINY, tmp / "out", workdir=tmp / "rdzv", deadline_s=180.0, command="pytest tiny bert")
+    cli.run_benchmark(BERT_TINY, tmp / "out", workdir=tmp / "rdzv", deadline_s=180.0, command="pytest tiny bert")
     with open(tmp / "out" / "bench_bert-tiny.csv", newline="", encoding="utf-8") as f:
         rows = {(r["approach"], int(r["k"])): r for r in csv.DictReader(f)}
     return rows, (tmp / "out" / "BENCH.md").read_text(encoding="utf-8")
@@ -254,7 +255,7 @@ def test_bert_control_is_a_second_static_limit(bert_run):
 
 def test_bert_section_is_spliced_before_the_other_sections(bert_run):
     _, md = bert_run
-    start, end = markdown.markers(bench.TEXT_SECTION)
+    start, end = markdown.markers(text_report.TEXT_SECTION)
     assert md.startswith("# Freezing under DDP\n\nmain table\n\n" + start)
     assert md.index(end) < md.index("<!-- cluster-bench:start -->") and md.endswith("<!-- cluster-bench:end -->\n")
     section = md.split(start, 1)[1].split(end, 1)[0]
@@ -268,14 +269,16 @@ def test_bert_section_is_spliced_before_the_other_sections(bert_run):
 
 def test_splice_replaces_its_section_and_the_main_rewrite_keeps_the_others(tmp_path):
     path = tmp_path / "BENCH.md"
-    section = markdown.span(bench.TEXT_SECTION, "bert v1")
-    bench.splice_section(path, bench.TEXT_SECTION, "bert v1", before_others=True)  # no file: created with a title
+    section = markdown.span(text_report.TEXT_SECTION, "bert v1")
+    sections.splice_section(
+        path, text_report.TEXT_SECTION, "bert v1", before_others=True
+    )  # no file: created with a title
     assert path.read_text(encoding="utf-8").endswith(section + "\n")
     path.write_text("# T\n\nmain\n\n" + section + "\n\n<!-- x:start -->\nx\n<!-- x:end -->\n", encoding="utf-8")
-    bench.splice_section(path, bench.TEXT_SECTION, "bert v2", before_others=True)
+    sections.splice_section(path, text_report.TEXT_SECTION, "bert v2", before_others=True)
     text = path.read_text(encoding="utf-8")
     assert "bert v1" not in text and text.count("bert v2") == 1 and text.endswith("<!-- x:end -->\n")
-    assert bench.spliced_sections(path) == text[text.index(markdown.markers(bench.TEXT_SECTION)[0]) :]
+    assert sections.spliced_sections(path) == text[text.index(markdown.markers(text_report.TEXT_SECTION)[0]) :]
 
 
 def test_a_broken_span_of_bench_md_is_refused_before_anything_runs(tmp_path, capsys):
@@ -284,30 +287,30 @@ def test_a_broken_span_of_bench_md_is_refused_before_anything_runs(tmp_path, cap
     path.write_text(f"# T\n\n{start}\nx\n", encoding="utf-8")  # the end marker was deleted by hand
     message = f"{path}: {end} is on 0 lines, expected on exactly one"
     with pytest.raises(markdown.MarkerError, match=message):
-        bench.splice_section(path, "cluster-bench", "y", before_others=False)  # no second section appended
-    assert bench.main(["--out-dir", str(tmp_path), "--quick"]) == 2
+        sections.splice_section(path, "cluster-bench", "y", before_others=False)  # no second section appended
+    assert cli.main(["--out-dir", str(tmp_path), "--quick"]) == 2
     assert capsys.readouterr().err == f"error: {message}\n"
     assert path.read_text(encoding="utf-8") == f"# T\n\n{start}\nx\n"
 
 
 def test_bert_config_defaults_and_refusals():
-    base = bench.config_from_args(bench.get_args_parser().parse_args(["--model", "bert-base"]))
+    base = cli.config_from_args(cli.get_args_parser().parse_args(["--model", "bert-base"]))
     assert (base.ks, base.batch_size, base.seq_len, base.cache_keys, base.momentum) == ((0, 4, 8, 12), 2, 128, 64, 0.0)
     assert base.resolved(15).phase_ks == ()
-    quick = bench.config_from_args(bench.get_args_parser().parse_args(["--model", "bert-base", "--quick"]))
-    assert (quick.steps, quick.rounds) == (bench.TEXT_QUICK_STEPS, bench.TEXT_QUICK_ROUNDS)
-    explicit = bench.config_from_args(bench.get_args_parser().parse_args(["--model", "bert-base", "--batch-size", "8"]))
+    quick = cli.config_from_args(cli.get_args_parser().parse_args(["--model", "bert-base", "--quick"]))
+    assert (quick.steps, quick.rounds) == (config.TEXT_QUICK_STEPS, config.TEXT_QUICK_ROUNDS)
+    explicit = cli.config_from_args(cli.get_args_parser().parse_args(["--model", "bert-base", "--batch-size", "8"]))
     assert explicit.batch_size == 8
-    assert bench.config_from_args(bench.get_args_parser().parse_args([])).batch_size == bench.BenchConfig().batch_size
+    assert cli.config_from_args(cli.get_args_parser().parse_args([])).batch_size == config.BenchConfig().batch_size
     with pytest.raises(ValueError, match=r"seq_len must be 2..128 for bert-tiny"):
-        bench.BenchConfig.for_model("bert-tiny", seq_len=129).validate()
+        config.BenchConfig.for_model("bert-tiny", seq_len=129).validate()
     with pytest.raises(ValueError, match="phase_ks is for the image models"):
-        bench.BenchConfig.for_model("bert-tiny", phase_ks=(0,)).validate()
+        config.BenchConfig.for_model("bert-tiny", phase_ks=(0,)).validate()
 
 
 def test_the_main_rewrite_keeps_the_sections_other_commands_spliced_in(tmp_path):
     path = tmp_path / "BENCH.md"
     tail = "<!-- cluster-bench:start -->\ncluster\n<!-- cluster-bench:end -->\n\nprose\n"
     path.write_text("# old main table\n\n" + tail, encoding="utf-8")
-    assert bench.spliced_sections(path) == tail
-    assert bench.spliced_sections(tmp_path / "missing.md") == ""
+    assert sections.spliced_sections(path) == tail
+    assert sections.spliced_sections(tmp_path / "missing.md") == ""

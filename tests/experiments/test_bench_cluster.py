@@ -5,9 +5,9 @@ import csv
 
 import pytest
 
-from experiments import bench
 from experiments import bench_cluster as bc
 from experiments import bench_workers as bw
+from experiments.bench.sections import splice_section
 from freeze.pipeline import markdown
 from freeze.pipeline.cluster.net import unavailable_reason
 
@@ -22,8 +22,8 @@ def test_schedule_measures_only_the_approaches_asked_for():
 def test_section_replaces_the_previous_one_and_keeps_the_rest(tmp_path):
     md = tmp_path / "BENCH.md"
     md.write_text("# Engine\n\ntable\n")
-    bench.splice_section(md, bc.SECTION, "first", before_others=False)
-    bench.splice_section(md, bc.SECTION, "second", before_others=False)
+    splice_section(md, bc.SECTION, "first", before_others=False)
+    splice_section(md, bc.SECTION, "second", before_others=False)
     text = md.read_text()
     assert text.startswith("# Engine\n\ntable\n") and "second" in text and "first" not in text
     assert text.count(markdown.markers(bc.SECTION)[0]) == 1

@@ -10,8 +10,9 @@ import time
 import pytest
 import torch
 
-from experiments import bench
 from experiments import gpu_check as gc
+from experiments.bench.config import BenchConfig
+from experiments.bench.rows import CSV_COLUMNS, write_csv
 
 
 def test_without_cuda_it_says_so_in_one_line_writes_nothing_and_exits_0(tmp_path, monkeypatch, capsys):
@@ -91,7 +92,7 @@ def test_junit_and_metrics_are_read_back(tmp_path):
 
 
 def test_bench_rows_measure_the_four_approaches_on_one_rank_and_the_summary_reads_them(tmp_path, monkeypatch):
-    cfg = bench.BenchConfig(
+    cfg = BenchConfig(
         workers=1, model="mlp", batch_size=8, steps=2, rounds=1, warmup=1, ks=(0, 2), phase_ks=(), cache_keys=32
     )
     rows = gc.bench_rows(cfg)
@@ -102,7 +103,7 @@ def test_bench_rows_measure_the_four_approaches_on_one_rank_and_the_summary_read
     engine = [r for r in rows if r["approach"] == "freeze_engine"]
     assert all(r["bytes_match_trainable"] for r in engine)
     assert all(r["peak_mb"] == 0.0 for r in rows)  # no CUDA allocator on the CPU
-    bench.write_csv(rows, tmp_path / "bench.csv", (*bench.CSV_COLUMNS, "peak_mb"))
+    write_csv(rows, tmp_path / "bench.csv", (*CSV_COLUMNS, "peak_mb"))
     gc._write_csv(
         tmp_path / "tests.csv", ("test", "outcome", "seconds", "message"), [("t::a[cuda]", "failed", 1.0, "boom")]
     )

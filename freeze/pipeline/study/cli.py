@@ -18,6 +18,7 @@ import sys
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import NamedTuple
 
 from freeze._atomic import atomic_write_bytes, atomic_write_text
 from freeze.pipeline import markdown
@@ -31,7 +32,14 @@ from freeze.pipeline.study.plan import (
     search_specs,
     with_command_line_overrides,
 )
-from freeze.pipeline.study.search import SearchError, best_arm, choose, search_markdown, shift_markdown
+from freeze.pipeline.study.search import (
+    Candidate,
+    SearchError,
+    best_arm,
+    choose,
+    search_markdown,
+    shift_markdown,
+)
 from freeze.pipeline.study.stages import pretrain_stage, run_stage
 from freeze.pipeline.sweep import (
     INTERRUPTED_EXIT_CODE,
@@ -175,57 +183,116 @@ def main(argv: list[str] | None = None) -> int:
         return INTERRUPTED_EXIT_CODE
 
 
+class _Plan(NamedTuple):
+    """What one invocation runs, built and checked before anything runs."""
+
+    study: StudyFile
+    out_dir: str
+    weights: tuple[str, ...]  # the override that makes the pretrained or committed weights the model's
+    pretrain: list[RunSpec]
+    search: list[RunSpec]
+    grid: list[RunSpec]  # with placeholder choices for the searched arms until the search has chosen
+
+
+class _Searched(NamedTuple):
+    """The search's outcome: the grid with its choices, and what the report says about them."""
+
+    grid: list[RunSpec]
+    markdown: str
+    candidates: list[Candidate]
+    base_val: float
+
+
 def _main(argv: list[str] | None) -> int:
     args = _parser().parse_args(argv)
     start_s = time.perf_counter()
     try:
-        study = read_study(args.config)
-        if args.seeds is not None:
-            study = only_seeds(study, tuple(args.seeds))
-        study = with_command_line_overrides(study, tuple(args.overrides))
-        if args.update_report and not (study.report_md and Path(study.report_md).is_file()):
-            raise SweepError(f"study file {args.config}: --update-report needs report_md naming an existing file")
-        if args.update_report:  # a broken span is found now, not after the study's hours of runs
-            markdown.spans(Path(study.report_md).read_text(encoding="utf-8"), study.report_md)
-        out_dir = str(runs_root(study, args.out_dir))
-        pretrain, weights = pretrain_stage(study, out_dir)
-        search = search_specs(study, out_dir, weights)
-        placeholder = {arm: specs[0] for arm, specs in (study.search.candidates if study.search else {}).items()}
-        if study.search:
-            placeholder = study.search.choices_for(placeholder)
-        grid = main_specs(study, placeholder, out_dir, weights)  # validates every run's config up front
-        if not args.dry_run:  # a dry run lists names for other machines: this one's hardware is moot
-            check_runnable_here(pretrain + search + grid)
+        plan = _plan(args)
     except (SweepError, ConfigError, markdown.MarkerError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.dry_run:
-        _print_plan(study, pretrain, search, grid)
+        _print_plan(plan.study, plan.pretrain, plan.search, plan.grid)
         return 0
 
-    eta = WorkEta(len(pretrain) + len(search) + len(grid))  # the whole study's time left, not one stage's
-    if pretrain and not run_stage(f"pretraining ({study.pretrain})", pretrain, eta):
+    study = plan.study
+    eta = WorkEta(len(plan.pretrain) + len(plan.search) + len(plan.grid))  # the whole study's time left
+    if plan.pretrain and not run_stage(f"pretraining ({study.pretrain})", plan.pretrain, eta):
         return 1
+    grid, searched = plan.grid, None
+    if plan.search:
+        searched = _search(plan, eta)
+        if searched is None:
+            return 1
+        grid = searched.grid
+    ok = run_stage("study grid (interleaved per seed)", grid, eta)
+
+    runs_dir = Path(plan.out_dir) / study.name
+    report_dir = runs_dir.parent / f"{study.name}-report"
+    written = _report(study, runs_dir, report_dir, searched)
+    if written is None or not _conclude(study, report_dir, args.update_report):
+        return 1
+    print(f"== study wall time {time.perf_counter() - start_s:.0f} s ({len(written)} report files)")
+    return 0 if ok else 1
+
+
+def _plan(args: argparse.Namespace) -> _Plan:
+    """The study file with --seeds and the overrides applied, and every stage's runs (each run's
+    config validated here, before any runs).
+
+    Raises:
+        SweepError: the study, --update-report or the machine refuses (one line).
+        ConfigError: a run's config is invalid.
+        markdown.MarkerError: --update-report's file has a broken span.
+    """
+    study = read_study(args.config)
+    if args.seeds is not None:
+        study = only_seeds(study, tuple(args.seeds))
+    study = with_command_line_overrides(study, tuple(args.overrides))
+    if args.update_report and not (study.report_md and Path(study.report_md).is_file()):
+        raise SweepError(f"study file {args.config}: --update-report needs report_md naming an existing file")
+    if args.update_report:  # a broken span is found now, not after the study's hours of runs
+        markdown.spans(Path(study.report_md).read_text(encoding="utf-8"), study.report_md)
+    out_dir = str(runs_root(study, args.out_dir))
+    pretrain, weights = pretrain_stage(study, out_dir)
+    search = search_specs(study, out_dir, weights)
+    placeholder = {arm: specs[0] for arm, specs in (study.search.candidates if study.search else {}).items()}
+    if study.search:
+        placeholder = study.search.choices_for(placeholder)
+    grid = main_specs(study, placeholder, out_dir, weights)  # validates every run's config up front
+    if not args.dry_run:  # a dry run lists names for other machines: this one's hardware is moot
+        check_runnable_here(pretrain + search + grid)
+    return _Plan(study, out_dir, weights, pretrain, search, grid)
+
+
+def _search(plan: _Plan, eta: WorkEta) -> _Searched | None:
+    """Run the parameter search on validation, choose, and rebuild the grid with the choices.
+    None: a search run did not complete or no choice could be made (said on stderr)."""
+    # The report's reader, imported here so a dry run never pays for pandas.
+    from freeze.pipeline.report.load import load_runs
+
+    if not run_stage("parameter search on the validation split", plan.search, eta):
+        return None
+    search = plan.study.search
+    try:
+        chosen, candidates, base_val = choose(search, load_runs(plan.search[0].config.run_dir().parent))
+    except SearchError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return None
+    search_md = search_markdown(candidates, base_val, search)
+    print(search_md)
+    grid = main_specs(plan.study, search.choices_for(chosen, best_arm(candidates)), plan.out_dir, plan.weights)
+    return _Searched(grid, search_md, candidates, base_val)
+
+
+def _report(study: StudyFile, runs_dir: Path, report_dir: Path, searched: _Searched | None) -> dict[str, Path] | None:
+    """Build the report from the run directories (with the cost model's table when the study asks),
+    write the search's table, print the main tables. Returns the files written; None: the report
+    could not be built (said on stderr)."""
     # The report reads run directories only; imported here so a dry run never pays for pandas.
     from freeze.pipeline.report import ReportInputError, build_report
     from freeze.pipeline.report.load import load_runs
 
-    search_md = None
-    if search:
-        if not run_stage("parameter search on the validation split", search, eta):
-            return 1
-        try:
-            chosen, candidates, base_val = choose(study.search, load_runs(search[0].config.run_dir().parent))
-        except SearchError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 1
-        search_md = search_markdown(candidates, base_val, study.search)
-        print(search_md)
-        grid = main_specs(study, study.search.choices_for(chosen, best_arm(candidates)), out_dir, weights)
-    ok = run_stage("study grid (interleaved per seed)", grid, eta)
-
-    runs_dir = Path(out_dir) / study.name
-    report_dir = runs_dir.parent / f"{study.name}-report"
     for path in remove_stale_tables(report_dir, not_run_tables(study)):
         print(f"== removed {path}: left by an earlier invocation; this study does not make that table")
     try:
@@ -244,23 +311,29 @@ def _main(argv: list[str] | None) -> int:
         )
     except ReportInputError as e:  # e.g. every run refused before writing its directory
         print(f"error: report: {e}", file=sys.stderr)
-        return 1
-    if search_md is not None:
-        shift = shift_markdown(candidates, base_val, load_runs(runs_dir), study.search.setting)
-        atomic_write_text(report_dir / f"{SEARCH_TABLE}.md", search_md + (f"\n{shift}" if shift else ""))
+        return None
+    if searched is not None:
+        shift = shift_markdown(searched.candidates, searched.base_val, load_runs(runs_dir), study.search.setting)
+        atomic_write_text(report_dir / f"{SEARCH_TABLE}.md", searched.markdown + (f"\n{shift}" if shift else ""))
     print(f"== report: {report_dir}")
     for name in ("paired.md", "convergence.md", *((f"{PREDICTED_TABLE}.md",) if study.predict else ())):
         if (report_dir / name).exists():
             print((report_dir / name).read_text(encoding="utf-8"))
+    return written
+
+
+def _conclude(study: StudyFile, report_dir: Path, update_report: bool) -> bool:
+    """What the report means, and with --update-report the study's report_md regenerated. False:
+    report_md's spans changed during the study (said on stderr)."""
     from freeze.pipeline.report.verdict import verdict_lines
 
     meaning = verdict_lines(report_dir, study.margin_points)
-    if args.update_report:
+    if update_report:
         try:
             _publish(study, report_dir)
         except markdown.MarkerError as e:  # the file changed during the study
             print(f"error: {e}", file=sys.stderr)
-            return 1
+            return False
     elif study.report_md:
         print(f"== {study.report_md} left as it is (pass --update-report to regenerate its tables)")
         meaning.append(f"The full study's measured answer is in {study.report_md} (make study-full; docs/study.md).")
@@ -268,5 +341,4 @@ def _main(argv: list[str] | None) -> int:
         print("== what this means")
         for line in meaning:
             print(line)
-    print(f"== study wall time {time.perf_counter() - start_s:.0f} s ({len(written)} report files)")
-    return 0 if ok else 1
+    return True
