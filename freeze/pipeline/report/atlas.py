@@ -129,11 +129,11 @@ def _fmt_spread(row: dict, name: str, spec: str) -> str:
     return text if row["froze_runs"] == row["n_runs"] else f"{text} ({row['froze_runs']}/{row['n_runs']} froze)"
 
 
-def _columns(with_iso: bool, margin_points: float) -> list[Column]:
+def _columns(rows: list[dict], with_iso: bool, margin_points: float) -> list[Column]:
     return [
         ("K", "r", lambda r: str(r["k"])),
         ("T", "r", lambda r: f"{r['t']:g}"),
-        ("setting", "l", lambda r: r["setting"]),
+        *([("setting", "l", lambda r: r["setting"])] if any(r["setting"] for r in rows) else []),
         ("group", "l", lambda r: r["group"]),
         ("pairs", "r", lambda r: str(r["n_pairs"])),
         ("froze after step", "r", lambda r: _fmt_spread(r, "freeze_step", ".0f")),
@@ -170,6 +170,6 @@ def atlas_table(
         if clock_arm(members[0].policy) is not None and base:
             rows.append(atlas_row(members, base, target_fraction, margin_points, iso.get(key)))
     rows.sort(key=lambda r: (r["k"], r["t"], r["setting"], r["group"], r["world_size"]))
-    display, align = display_columns(rows, _columns(bool(iso), margin_points))
+    display, align = display_columns(rows, _columns(rows, bool(iso), margin_points))
     caption = ATLAS_CAPTION if rows else NO_CLOCK_ARM
     return Table("atlas", "Freeze-time atlas", caption, csv_frame(rows), display, align)
