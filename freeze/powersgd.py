@@ -136,42 +136,42 @@ def compress_and_allreduce(
     plain = torch.cat([t.view(-1) for t in uncompressed]) if uncompressed else buffer.new_empty(0)
     sent_bytes = (plain.numel() + p_all.numel() + q_all.numel()) * buffer.element_size()
 
-    def average_plain_then_reduce_ps(fut):
-        reduced = fut.value()[0].div_(world)
-        offset = 0
-        for t in uncompressed:
-            t.copy_(reduced[offset : offset + t.numel()].view_as(t))
-            offset += t.numel()
-        return dist.all_reduce(p_all, group=group, async_op=True).get_future().wait()[0]
-
-    def orthogonalize_ps_then_reduce_qs(fut):
-        for p in ps:
-            _orthogonalize(p, ORTHOGONALIZATION_EPSILON)
-        for m, p, q in zip(matrices, ps, qs):
-            torch.bmm(m.transpose(1, 2), p, out=q)
-        return dist.all_reduce(q_all, group=group, async_op=True).get_future().wait()[0]
-
-    def decompress(fut):
-        q_all.div_(world)
-        for m, p, q in zip(matrices, ps, qs):
-            torch.bmm(p, q.transpose(1, 2), out=m)  # m is a view of the bucket: the averaged gradient
-        if buffer.is_cuda:
-            torch.cuda.synchronize(buffer.device)  # as torch's hook: failures without it (pytorch#54838)
-        if not bool(torch.isfinite(q_all).all()):
-            # Some rank's gradient overflowed (fp16: GradScaler skips this step, seeing the NaN left
-            # in the bucket). Kept, its error and Q would put NaN into every later step; every rank
-            # holds the same averaged Q, so every rank forgets this bucket's state alike.
-            for name in names:
-                state.error.pop(name, None)
-                state.q_memory.pop(name, None)
-            return buffer
+    # The three all-reduces run here, one after the other, not chained with Future.then: DDP hands
+    # its buckets over in the same order on every rank, but a callback runs when its rank's previous
+    # all-reduce ends, so with several buckets in flight one rank could issue bucket 1's P before
+    # bucket 0's Q while another did the reverse: a collective mismatch gloo aborts on (resnet18 on 2
+    # local ranks, whose gradients fill several buckets). The cost: no overlap of this bucket's
+    # compression with the rest of the backward pass.
+    dist.all_reduce(plain, group=group)
+    plain.div_(world)
+    offset = 0
+    for t in uncompressed:
+        t.copy_(plain[offset : offset + t.numel()].view_as(t))
+        offset += t.numel()
+    dist.all_reduce(p_all, group=group)
+    for p in ps:
+        _orthogonalize(p, ORTHOGONALIZATION_EPSILON)
+    for m, p, q in zip(matrices, ps, qs):
+        torch.bmm(m.transpose(1, 2), p, out=q)
+    dist.all_reduce(q_all, group=group)
+    q_all.div_(world)
+    for m, p, q in zip(matrices, ps, qs):
+        torch.bmm(p, q.transpose(1, 2), out=m)  # m is a view of the bucket: the averaged gradient
+    if buffer.is_cuda:
+        torch.cuda.synchronize(buffer.device)  # as torch's hook: failures without it (pytorch#54838)
+    if bool(torch.isfinite(q_all).all()):
         for name, m, q, before in zip(names, matrices, qs, local):
             state.error[name] = (before - m)[0]
             state.q_memory[name] = q[0].clone()
-        return buffer
-
-    first = dist.all_reduce(plain, group=group, async_op=True).get_future()
-    future = first.then(average_plain_then_reduce_ps).then(orthogonalize_ps_then_reduce_qs).then(decompress)
+    else:
+        # Some rank's gradient overflowed (fp16: GradScaler skips this step, seeing the NaN left in
+        # the bucket). Kept, its error and Q would put NaN into every later step; every rank holds
+        # the same averaged Q, so every rank forgets this bucket's state alike.
+        for name in names:
+            state.error.pop(name, None)
+            state.q_memory.pop(name, None)
+    future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    future.set_result(buffer)
     return future, sent_bytes
 
 

@@ -41,6 +41,7 @@ def _run(setting, group, seed, policy, time_s, acc_pct, steps, fraction=1.0) -> 
                 "cumulative_wall_s": time_s,
                 "epoch_wall_s": time_s,
                 "step": steps,
+                "boundary": 0,  # a required metrics key (the atlas reads it where boundary_steps are absent)
                 "frozen_param_fraction": 0.0 if policy == "none" else 0.5,
                 "allreduce_bytes": 1e9,
                 "peak_memory_bytes": 2e9,

@@ -63,6 +63,9 @@ class Run:
     eta: np.ndarray  # epochs x blocks, NaN where the log has null
     # (cumulative train s, accuracy) of every probe of train.probe_every_steps, in order; () without
     probes: tuple[tuple[float, float], ...] = ()
+    # (optimizer step, boundary after it) of every boundary change, in order (metrics.jsonl's
+    # boundary_steps); () without changes, and in run directories older than that key
+    boundary_steps: tuple[tuple[int, int], ...] = ()
 
     @property
     def name(self) -> str:
@@ -162,8 +165,8 @@ def load_runs(runs_dir: str | Path) -> list[Run]:
 
 def load_run(run_dir: Path) -> Run:
     manifest = read_manifest(run_dir / MANIFEST_FILE)
-    metrics, eta, probes = read_metrics(run_dir / METRICS_FILE, n_blocks=len(manifest["block_names"]))
-    return Run(run_dir, manifest, read_config(run_dir / CONFIG_FILE), metrics, eta, probes)
+    metrics, eta, probes, boundary_steps = read_metrics(run_dir / METRICS_FILE, n_blocks=len(manifest["block_names"]))
+    return Run(run_dir, manifest, read_config(run_dir / CONFIG_FILE), metrics, eta, probes, boundary_steps)
 
 
 def read_manifest(path: Path) -> dict:
@@ -200,14 +203,18 @@ def read_config(path: Path) -> dict:
         raise ReportInputError(f"{path}: not valid TOML ({exc})") from None
 
 
-def read_metrics(path: Path, n_blocks: int) -> tuple[pd.DataFrame, np.ndarray, tuple[tuple[float, float], ...]]:
+def read_metrics(
+    path: Path, n_blocks: int
+) -> tuple[pd.DataFrame, np.ndarray, tuple[tuple[float, float], ...], tuple[tuple[int, int], ...]]:
     """Parse metrics.jsonl with the run directory's own reader (:mod:`freeze.pipeline.jsonl`): a torn
     last line, left by a crash mid-append, is dropped as a resume would drop it. A run that died
     before its first epoch may have no metrics at all (empty frame). Returns the per-epoch frame, eta
-    (epochs x blocks) and the probes as (cumulative train s, accuracy)."""
+    (epochs x blocks), the probes as (cumulative train s, accuracy) and the boundary changes as
+    (optimizer step, boundary after it)."""
     rows: list[dict] = []
     eta_rows: list[list[float]] = []
     probes: list[tuple[float, float]] = []
+    boundary_steps: list[tuple[int, int]] = []
     if path.is_file():
         try:
             numbered, _ = read_json_lines(path.read_bytes())
@@ -224,12 +231,13 @@ def read_metrics(path: Path, n_blocks: int) -> tuple[pd.DataFrame, np.ndarray, t
                 )
             before_s = rows[-1]["cumulative_wall_s"] if rows else 0.0
             probes += [(before_s + epoch_s, acc) for epoch_s, acc in _probes(record, f"{path}:{line_no}")]
+            boundary_steps += _boundary_steps(record, f"{path}:{line_no}")
             rows.append(row)
             eta_rows.append(eta)
     columns = [*_METRIC_COLUMNS, *(f"phase_{name}_s" for name in PHASES)]
     frame = pd.DataFrame(rows, columns=columns).astype(float).astype({"epoch": int})
     eta = np.array(eta_rows, dtype=float).reshape(len(eta_rows), n_blocks)
-    return frame, eta, tuple(probes)
+    return frame, eta, tuple(probes), tuple(boundary_steps)
 
 
 def _probes(record: dict, where: str) -> list[tuple[float, float]]:
@@ -242,6 +250,19 @@ def _probes(record: dict, where: str) -> list[tuple[float, float]]:
         (_number(s, "probes", where, nullable=False), _number(acc, "probes", where, nullable=False))
         for _, s, acc in probes
     ]
+
+
+def _boundary_steps(record: dict, where: str) -> list[tuple[int, int]]:
+    """An epoch's boundary changes as (optimizer step, boundary after it); none in older run directories."""
+    changes = record.get("boundary_steps", [])
+    ok = isinstance(changes, list) and all(
+        isinstance(c, list) and len(c) == 2 and all(is_int(v) and v >= 0 for v in c) for c in changes
+    )
+    if not ok:
+        raise ReportInputError(
+            f"{where}: malformed metrics line (boundary_steps must be a list of [step, boundary], integers >= 0)"
+        )
+    return [(int(step), int(boundary)) for step, boundary in changes]
 
 
 def _check_record_keys(record: dict, where: str) -> None:

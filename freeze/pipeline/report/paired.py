@@ -193,7 +193,8 @@ def _fmt_seeds(row: dict) -> str:
     return "more than 1000" if n is None or not math.isfinite(n) else f"about {int(n)}"
 
 
-def _fmt_interval(value: float, low: float, high: float, spec: str, suffix: str = "") -> str:
+def fmt_interval(value: float, low: float, high: float, spec: str, suffix: str = "") -> str:
+    """``value [low, high]`` (the paired and atlas tables' intervals); the value alone without bounds."""
     if not math.isfinite(value):
         return NA
     if not (math.isfinite(low) and math.isfinite(high)):
@@ -232,13 +233,13 @@ def paired_table(
         (
             "speedup [95% CI]",
             "r",
-            lambda r: _fmt_interval(r["speedup"], r["speedup_low"], r["speedup_high"], ".2f", "x"),
+            lambda r: fmt_interval(r["speedup"], r["speedup_low"], r["speedup_high"], ".2f", "x"),
         ),
         *([ISO_COLUMN] if iso else []),
         (
             "acc diff, points [95% CI]",
             "r",
-            lambda r: _fmt_interval(r["diff_points"], r["diff_low"], r["diff_high"], "+.2f"),
+            lambda r: fmt_interval(r["diff_points"], r["diff_low"], r["diff_high"], "+.2f"),
         ),
         (f"non-inferior at {margin_points:g}", "l", lambda r: r["verdict"]),
         ("seeds to decide", "r", lambda r: _fmt_seeds(r) if r["verdict"] == UNDECIDED else ""),
@@ -246,7 +247,7 @@ def paired_table(
             "time-to-target speedup [95% CI]",
             "r",
             lambda r: (
-                _fmt_interval(r["ttt_speedup"], r["ttt_speedup_low"], r["ttt_speedup_high"], ".2f", "x")
+                fmt_interval(r["ttt_speedup"], r["ttt_speedup_low"], r["ttt_speedup_high"], ".2f", "x")
                 + (f" ({r['ttt_pairs']}/{r['n_pairs']} reached)" if r["ttt_pairs"] < r["n_pairs"] else "")
             ),
         ),
@@ -272,7 +273,7 @@ def paired_table(
             verdict = "holds 1.00x" if holds else "DOES NOT hold 1.00x: timing drift larger than the intervals say"
         notes.append(
             f"control {row['setting'] + '/' if row['setting'] else ''}{row['group']} (policy {row['policy']}, computes what the "
-            f"baseline computes): {_fmt_interval(row['speedup'], row['speedup_low'], row['speedup_high'], '.2f', 'x')}"
+            f"baseline computes): {fmt_interval(row['speedup'], row['speedup_low'], row['speedup_high'], '.2f', 'x')}"
             f" - {verdict}"
         )
     return Table("paired", "Paired speedup and accuracy", caption, csv_frame(rows), display, align, tuple(notes))
