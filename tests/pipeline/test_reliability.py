@@ -340,7 +340,7 @@ def test_report_drops_a_torn_last_line_and_names_a_line_that_is_not_utf8(tmp_pat
 
     path = tmp_path / "metrics.jsonl"
     path.write_bytes(b'{"epoch": 0, "train_lo')  # a crash mid-append: the run's own reader drops it
-    frame, _, _ = read_metrics(path, n_blocks=2)
+    frame, *_ = read_metrics(path, n_blocks=2)
     assert len(frame) == 0
     path.write_bytes(b'\xff\xfe{"epoch": 0}\n{"epoch": 1}\n')
     with pytest.raises(ReportInputError) as err:

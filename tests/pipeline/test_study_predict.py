@@ -21,7 +21,7 @@ from freeze.pipeline.costmodel import (
     save_calibration,
     save_profile,
 )
-from freeze.pipeline.study import cli
+from freeze.pipeline.study import cli, stages
 from freeze.pipeline.study import predict as stage
 from freeze.pipeline.sweep import SweepSummary
 from freeze.pipeline.trajectory import TrajectoryError, read_trajectory
@@ -293,7 +293,7 @@ def test_study_predicts_once_reuses_the_profile_and_splices_the_table(tmp_path, 
         return _profile_for(tmp_path / "profile-src", config)
 
     (tmp_path / "profile-src").mkdir()
-    monkeypatch.setattr(cli, "run_specs", _fake_runner)
+    monkeypatch.setattr(stages, "run_specs", _fake_runner)
     monkeypatch.setattr(stage, "measure_profile", measure)
     report_md = tmp_path / "REPORT.md"
     report_md.write_text("<!-- predicted:start -->\nold\n<!-- predicted:end -->\n")
@@ -313,7 +313,7 @@ def test_study_predicts_once_reuses_the_profile_and_splices_the_table(tmp_path, 
     # A second study run reuses the saved profile and never rewrites it.
     before = profiles[0].read_bytes()
     monkeypatch.setattr(
-        cli, "run_specs", lambda specs, log=print, eta=None: SweepSummary(skipped=[s.name for s in specs])
+        stages, "run_specs", lambda specs, log=print, eta=None: SweepSummary(skipped=[s.name for s in specs])
     )
     assert cli.main(["--config", str(path), "--out-dir", str(out_dir)]) == 0
     assert len(measured) == 1 and profiles[0].read_bytes() == before
