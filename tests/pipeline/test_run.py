@@ -144,13 +144,12 @@ def test_a_second_ctrl_c_and_one_during_teardown_raise_no_traceback(tmp_path, mo
     assert run_module.run_worker(config, resume=False) == 0  # the run finished; the launcher says the rest
 
 
+@pytest.mark.processes
 def test_a_worker_interrupted_while_it_imports_exits_130_quietly(tmp_path):
-    import subprocess
-    import sys
-
     from freeze.pipeline.lifetime import worker_argv
+    from tests.processes import run_python
 
     (tmp_path / "slow_import.py").write_text("raise KeyboardInterrupt  # Ctrl-C during 'import torch'\n")
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path)}
-    done = subprocess.run([sys.executable, *worker_argv("slow_import")], env=env, capture_output=True, text=True)
+    done = run_python(worker_argv("slow_import"), env=env)
     assert (done.returncode, done.stdout, done.stderr) == (130, "", "")
