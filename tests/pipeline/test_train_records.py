@@ -34,7 +34,10 @@ def _run(tmp_path: Path, name: str, *overrides: str) -> tuple[list[dict], dict]:
 def test_probes_read_the_fixed_subset_every_n_steps_off_the_clock_and_change_no_weight_and_memory_peaks_grow(
     tmp_path, monkeypatch
 ):
+    from freeze.pipeline import runs
+
     monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.setattr(runs, "git_commit", lambda: None)  # the manifest's commit asks git: not this claim
     plain, plain_weights = _run(tmp_path, "plain")
     probed, probed_weights = _run(tmp_path, "probed", "train.probe_every_steps=4", "train.probe_val_size=40")
     assert [r[PROBES] for r in plain] == [[], []]
