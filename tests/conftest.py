@@ -1,13 +1,16 @@
 """Shared pytest setup: the CI machine has 2 cores shared by everything, so tests use one thread.
 
-The fast tier (``make test-fast``, FREEZE_TEST_FAST=1) skips every test at the moment it would start
-a process (a gloo rank, torchrun, a subprocess, the emulated cluster), and the single-process tests
-marked ``slow`` (several seconds each, e.g. every boundary of every torchvision family): what is left
-runs in one process, for the edit-test loop. ``make test`` and CI run everything.
+Two declared tiers. A test that starts a process (a gloo rank, torchrun, a subprocess, git, the
+emulated cluster) carries the ``processes`` marker; the single-process tests of several seconds
+carry ``slow``. ``make test-fast`` runs ``-m "not processes and not slow"``, the edit-test loop;
+``make test`` and CI run everything. A test's tier is read before anything runs:
+``pytest -m "not processes and not slow" --collect-only -q`` lists the fast tier.
+
+The marker is checked in every run: a test without it that starts a process fails, so the tier
+cannot drift when a code path learns to shell out.
 """
 
 import multiprocessing.process
-import os
 import subprocess
 
 import pytest
@@ -18,40 +21,91 @@ torch.set_num_threads(1)
 # Helper modules that assert on behalf of test files: pytest's rewriting explains their failures too.
 pytest.register_assert_rewrite("tests.policy_histories")
 
-FAST = os.environ.get("FREEZE_TEST_FAST") == "1"
+PROCESSES = "processes"
 
 
-def _no_processes(*args, **kwargs):
-    pytest.skip("fast tier: this test starts processes (make test runs it)")
+class _ProcessGuard:
+    """Lets a process start only while a test marked ``processes`` sets up, runs or tears down.
+
+    Set per test phase by the hooks below rather than by a fixture: a module-scoped fixture that
+    spawns ranks is set up inside the first test that asks for it, before any function fixture, and
+    that test's marker decides. Outside test phases (collection, the summary) nothing is checked."""
+
+    def __init__(self):
+        self.item = None  # the test now in a phase that may not start processes, else None
+        self.saved = subprocess.Popen.__init__, multiprocessing.process.BaseProcess.start
+
+    def install(self) -> None:
+        popen_init, process_start = self.saved
+        guard = self
+
+        def checked_popen_init(popen, *args, **kwargs):
+            guard.check("subprocess.Popen")
+            popen_init(popen, *args, **kwargs)
+
+        def checked_process_start(process):
+            guard.check("multiprocessing Process.start")
+            process_start(process)
+
+        subprocess.Popen.__init__ = checked_popen_init
+        multiprocessing.process.BaseProcess.start = checked_process_start
+
+    def uninstall(self) -> None:
+        subprocess.Popen.__init__, multiprocessing.process.BaseProcess.start = self.saved
+
+    def check(self, what: str) -> None:
+        if self.item is not None:
+            # pytest.fail raises a BaseException: library code that catches OSError or Exception
+            # around its own subprocess call (runs.git_commit) cannot swallow it.
+            pytest.fail(
+                f"{self.item.nodeid} starts a process ({what}) but is not marked "
+                f"'{PROCESSES}': mark it (pytestmark = pytest.mark.{PROCESSES} for a whole file), "
+                "or check the claim in-process",
+                pytrace=False,
+            )
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _fast_tier():
-    """Module-scoped, and autouse so it comes first: a module's own fixtures that spawn ranks are covered too."""
-    if not FAST:
-        yield
-        return
-    saved = subprocess.Popen.__init__, multiprocessing.process.BaseProcess.start
-    subprocess.Popen.__init__ = _no_processes
-    multiprocessing.process.BaseProcess.start = _no_processes
-    try:
-        yield
-    finally:
-        subprocess.Popen.__init__, multiprocessing.process.BaseProcess.start = saved
+_GUARD = _ProcessGuard()
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "slow: several seconds in one process; the fast tier skips it")
+    config.addinivalue_line(
+        "markers",
+        f"{PROCESSES}: starts processes (gloo ranks, torchrun, a subprocess, git, the emulated cluster); "
+        "the fast tier deselects it, and an unmarked test that starts one fails",
+    )
+    config.addinivalue_line("markers", "slow: several seconds in one process; the fast tier deselects it")
     config.addinivalue_line(
         "markers", "cuda: needs a CUDA device, skipped without one (tests/gpu; make gpu-check runs them on a GPU)"
     )
+    _GUARD.install()
 
 
-def pytest_collection_modifyitems(config, items):
-    if FAST:
-        for item in items:
-            if item.get_closest_marker("slow"):
-                item.add_marker(pytest.mark.skip(reason="fast tier: slow (make test runs it)"))
+def pytest_unconfigure(config):
+    _GUARD.uninstall()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    return (yield from _guarded(item))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    return (yield from _guarded(item))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item):
+    return (yield from _guarded(item))
+
+
+def _guarded(item):
+    _GUARD.item = None if item.get_closest_marker(PROCESSES) else item
+    try:
+        return (yield)
+    finally:
+        _GUARD.item = None
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -8,12 +8,10 @@ import csv
 
 import pytest
 
-pytest.importorskip("transformers")
-pytest.importorskip("accelerate")
-pytest.importorskip("lightning")
-pytest.importorskip("timm")
-
 from experiments import bench_integrations as bi
+from tests.optional_packages import requires
+
+pytestmark = requires("transformers", "accelerate", "lightning", "timm")
 
 
 @pytest.fixture(scope="module")
@@ -27,6 +25,7 @@ def bench(tmp_path_factory):
     return rows, (tmp / "out" / "BENCH_INTEGRATIONS.md").read_text(encoding="utf-8")
 
 
+@pytest.mark.processes
 def test_every_trainer_runs_every_approach_for_the_timed_steps(bench):
     rows, _ = bench
     seen = {(r["trainer"], r["approach"]): 0 for r in rows}
@@ -35,6 +34,7 @@ def test_every_trainer_runs_every_approach_for_the_timed_steps(bench):
     assert seen == {(t, a): 2 for t in bi.TRAINERS for a in bi.APPROACHES}
 
 
+@pytest.mark.processes
 def test_ours_sends_fewer_bytes_than_the_usual_way_and_the_control_the_same(bench):
     rows, _ = bench
     for t in bi.TRAINERS:
@@ -43,6 +43,7 @@ def test_ours_sends_fewer_bytes_than_the_usual_way_and_the_control_the_same(benc
         assert len(sent["ours"]) == 1 and max(sent["ours"]) < min(sent["usual"]), (t, sent)
 
 
+@pytest.mark.processes
 def test_the_table_has_a_row_per_trainer_and_says_it_measured_nothing(bench):
     _, table = bench
     assert "TINY MODELS" in table and "--tiny" in table

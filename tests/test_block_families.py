@@ -134,6 +134,7 @@ def ddp_runs(tmp_path_factory):
     return ranks
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("name", DDP_NAMES)
 def test_allreduced_bytes_equal_trainable_gradient_bytes(name, ddp_runs):
     for rank in ddp_runs:
@@ -142,6 +143,7 @@ def test_allreduced_bytes_equal_trainable_gradient_bytes(name, ddp_runs):
         assert len(set(record["bytes"])) == len(set(record["expected_bytes"])) > 1
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("name", DDP_NAMES)
 def test_no_drift_across_ranks_and_frozen_tensors_keep_every_bit(name, ddp_runs):
     r0, r1 = (rank[name] for rank in ddp_runs)

@@ -103,6 +103,7 @@ def schedule_runs(tmp_path_factory):
     return run_distributed(schedule_worker, 2, tmp, str(tmp / "files"))
 
 
+@pytest.mark.processes
 def test_parameters_equal_with_and_without_the_cache(schedule_runs):
     for rank_out in schedule_runs:
         off = rank_out["off"]["params"]
@@ -112,6 +113,7 @@ def test_parameters_equal_with_and_without_the_cache(schedule_runs):
     assert torch.equal(schedule_runs[0]["memory"]["params"][-1], schedule_runs[1]["memory"]["params"][-1])
 
 
+@pytest.mark.processes
 def test_cache_follows_the_boundary_and_serves_only_fresh_activations(schedule_runs):
     memory = schedule_runs[0]["memory"]
     # built at 1, advanced to 2 and 3, dropped by the unfreeze, rebuilt at 2, dropped again at 1
@@ -125,6 +127,7 @@ def test_cache_follows_the_boundary_and_serves_only_fresh_activations(schedule_r
         assert len(diffs) == 2 * 10 and max(diffs) == 0.0, (mode, diffs)
 
 
+@pytest.mark.processes
 def test_stores_are_placed_as_configured_and_no_file_is_left_behind(schedule_runs):
     placements = {mode: set(schedule_runs[0][mode]["placement"]) for mode in ("memory", "private", "disk")}
     assert placements == {"memory": {"shm"}, "private": {"private"}, "disk": {"disk"}}
@@ -147,6 +150,7 @@ def resume_worker(rank: int, world: int) -> dict:
     return {"whole": whole["params"][-1], "resumed": resumed["params"][-1], "rebuilt": rebuilt["params"][-1]}
 
 
+@pytest.mark.processes
 def test_resume_with_the_cache_is_bit_identical(tmp_path):
     for out in run_distributed(resume_worker, 2, tmp_path):
         assert torch.equal(out["resumed"], out["whole"])

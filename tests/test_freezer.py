@@ -3,14 +3,13 @@
 import copy
 import dataclasses
 import io
-import subprocess
-import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from freeze import Freezer, make_policy, split_blocks
+from tests.processes import run_python
 from tests.tiny_models import TinyNet, global_batch
 from tests.tiny_models import freezer_step as _step
 
@@ -207,11 +206,13 @@ def test_explain_says_what_each_evaluation_read_and_chose():
     )
 
 
+@pytest.mark.processes
 def test_importing_the_torch_free_parts_of_the_package_does_not_import_torch():
     # A subprocess: this one has torch loaded already.
     code = "import sys, freeze, freeze.pipeline.schema; print('torch' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    assert out[0] == "False"
+    child = run_python(["-c", code])
+    assert child.returncode == 0, child.stderr
+    assert child.stdout.split()[0] == "False"
     import freeze
 
     assert sorted(freeze.__all__) == sorted(freeze._OWNER)  # the literal list ruff needs names the same set

@@ -13,6 +13,8 @@ from freeze.blocks import frozen_names
 from tests.distributed_harness import run_distributed
 from tests.tiny_models import TinyNet, global_batch
 
+pytestmark = pytest.mark.processes
+
 # Boundary in force for each optimizer step: freeze 1, 2, 3 blocks, then unfreeze back to 0.
 SCHEDULE = [0, 0, 1, 1, 2, 3, 3, 1, 0, 2]
 GLOBAL_BATCH = 8

@@ -10,6 +10,8 @@ from freeze.freezer.engine import StaleWrapperError
 from tests.distributed_harness import run_distributed
 from tests.tiny_models import InstanceNormNet, SharedLayerNet, TinyNet, global_batch
 
+pytestmark = pytest.mark.processes
+
 GLOBAL_BATCH = 8
 
 

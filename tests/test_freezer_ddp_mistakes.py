@@ -72,6 +72,7 @@ def before_init(tmp_path_factory):
     return [p["result"] for p in payloads]
 
 
+@pytest.mark.processes
 def test_freezer_built_before_init_process_group_is_refused_in_one_line(before_init):
     for r in before_init:
         message = r["early"]
@@ -79,12 +80,14 @@ def test_freezer_built_before_init_process_group_is_refused_in_one_line(before_i
         assert "WORLD_SIZE=2" in message and "init_process_group" in message
 
 
+@pytest.mark.processes
 def test_explicit_process_group_without_torch_distributed_is_refused(before_init):
     for r in before_init:
         message = r["explicit_group"]
         assert message is not None and "\n" not in message and "init_process_group" in message
 
 
+@pytest.mark.processes
 def test_freezer_built_after_init_process_group_trains_one_model(before_init):
     r0, r1 = (r["after_init"] for r in before_init)
     assert r0["bytes"] > 0 and r0["bytes"] == r1["bytes"]
@@ -197,6 +200,7 @@ def mistakes(tmp_path_factory):
     return run_distributed(_mistakes_worker, 2, tmp_path_factory.mktemp("bare-model"), deadline_s=120)
 
 
+@pytest.mark.processes
 def test_bare_model_forward_is_refused_at_the_first_after_backward(mistakes):
     for r in mistakes:
         message = r["bare"]["error"]
@@ -204,11 +208,13 @@ def test_bare_model_forward_is_refused_at_the_first_after_backward(mistakes):
         assert r["bare"]["steps"] == 0  # refused before the step was counted
 
 
+@pytest.mark.processes
 def test_evaluation_forward_does_not_count_as_the_training_forward(mistakes):
     for r in mistakes:
         assert r["eval"]["error"] is not None and "freezer.module" in r["eval"]["error"]
 
 
+@pytest.mark.processes
 def test_accumulation_with_no_sync_is_accepted_and_all_no_sync_refused(mistakes):
     for r in mistakes:
         out = r["accumulation"]
@@ -216,6 +222,7 @@ def test_accumulation_with_no_sync_is_accepted_and_all_no_sync_refused(mistakes)
         assert out["all_no_sync_error"] is not None and "no_sync()" in out["all_no_sync_error"]
 
 
+@pytest.mark.processes
 def test_cache_augmentation_mistakes_are_refused_on_every_rank_before_any_freeze(mistakes):
     for r in mistakes:
         out = r["cache"]

@@ -15,6 +15,8 @@ from freeze.freezer.engine import RankMismatchError
 from tests.distributed_harness import run_distributed
 from tests.tiny_models import TinyNet, global_batch
 
+pytestmark = pytest.mark.processes
+
 N_KEYS = 16
 
 

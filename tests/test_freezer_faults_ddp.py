@@ -11,6 +11,8 @@ from freeze import Freezer, make_policy, split_blocks
 from tests.distributed_harness import run_distributed
 from tests.tiny_models import TinyNet, global_batch
 
+pytestmark = pytest.mark.processes
+
 GLOBAL_BATCH = 8
 
 

@@ -10,6 +10,7 @@ from torch import nn
 
 from freeze import Freezer, GradNormMonitor, make_policy, split_blocks
 from freeze.monitor import IntervalStats, relative_change
+from tests.processes import run_python
 from tests.tiny_models import TinyNet, global_batch
 
 
@@ -175,13 +176,12 @@ def test_compiled_and_deepspeed_models_are_refused_in_one_line():
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.processes
 def test_import_freeze_imports_no_trainer():
-    import subprocess
-    import sys
-
     code = "import sys, freeze, freeze.integrations; print(sorted(m for m in ('transformers', 'accelerate', 'lightning', 'timm') if m in sys.modules))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
-    assert out.stdout.strip() == "[]"
+    child = run_python(["-c", code], timeout_s=120)
+    assert child.returncode == 0, child.stderr
+    assert child.stdout.strip() == "[]"
 
 
 def test_a_trainers_communication_hook_is_refused_and_ddp_kwargs_are_filtered():

@@ -17,8 +17,9 @@ import torch
 
 from tests import doc_scripts
 from tests.distributed_harness import run_distributed
+from tests.optional_packages import requires
 
-pytest.importorskip("lightning")
+pytestmark = requires("lightning")
 
 
 def _flat(module):
@@ -117,6 +118,7 @@ def runs(tmp_path_factory):
     return run_distributed(lightning_worker, 2, workdir, str(workdir), deadline_s=300, collective_timeout_s=120)
 
 
+@pytest.mark.processes
 def test_issue_20340_base_finetuning_lets_replicas_diverge_after_unfreezing(runs):
     """The bug, shown: after the unfreeze the backbone's gradients are never all-reduced (the bytes
     per step do not grow), so each rank's backbone follows its own data."""
@@ -125,6 +127,7 @@ def test_issue_20340_base_finetuning_lets_replicas_diverge_after_unfreezing(runs
     assert len({sent for sent, _, _ in r0["steps"]}) == 1  # the same bytes before and after unfreezing
 
 
+@pytest.mark.processes
 def test_issue_20340_freezer_callback_keeps_replicas_bit_identical_at_every_step(runs):
     r0, r1 = runs[0]["freezer"], runs[1]["freezer"]
     assert r0["decisions"] == [(0, 1, 0)]  # frozen in epoch 0, unfrozen from epoch 1: #20340's schedule
@@ -133,6 +136,7 @@ def test_issue_20340_freezer_callback_keeps_replicas_bit_identical_at_every_step
         assert torch.equal(a, b), f"step {t}: replicas differ"
 
 
+@pytest.mark.processes
 def test_bytes_sent_equal_the_trainable_gradient_bytes_at_every_boundary(runs):
     for r in runs:
         steps = r["freezer"]["steps"]
@@ -144,6 +148,7 @@ def test_bytes_sent_equal_the_trainable_gradient_bytes_at_every_boundary(runs):
         assert open_bytes == {frozen_bytes.pop() + r["freezer"]["backbone_bytes"]}
 
 
+@pytest.mark.processes
 def test_frozen_backbone_and_its_batchnorm_statistics_do_not_move_while_frozen(runs):
     """Weights, and BatchNorm statistics despite Lightning's model.train() at each epoch start,
     identical on both ranks while frozen (trainable statistics are rank-local between forwards)."""
@@ -157,6 +162,7 @@ def test_frozen_backbone_and_its_batchnorm_statistics_do_not_move_while_frozen(r
         assert torch.equal(r0["buffers"][t], r1["buffers"][t]), t
 
 
+@pytest.mark.processes
 def test_resume_from_a_lightning_checkpoint_reproduces_decisions_and_weights(runs):
     for r in runs:
         for resumed in ("resumed", "resumed_step"):  # from an epoch checkpoint; from a step one at an epoch's end
@@ -224,6 +230,7 @@ def diverged_worker(rank, world, workdir):
     return out
 
 
+@pytest.mark.processes
 def test_ranks_that_hold_different_weights_are_refused_at_the_first_training_forward(tmp_path):
     """Lightning calls the Freezer's DDP wrapper itself (not freezer.module), so the Freezer's rank
     check runs in a pre-hook on each wrapper it installs. Stock Lightning trains the diverged

@@ -17,10 +17,10 @@ import torch.nn.functional as F
 from freeze import Freezer, make_policy, split_blocks
 from tests import doc_scripts
 from tests.distributed_harness import run_distributed
+from tests.optional_packages import requires
 from tests.tiny_models import TinyNet, global_batch
 
-pytest.importorskip("accelerate")
-pytest.importorskip("timm")
+pytestmark = [requires("accelerate", "timm"), pytest.mark.processes]
 
 
 def _run_doc(doc, workdir):

@@ -8,26 +8,38 @@ model of EVERY timm family that defines ``group_matcher`` (87 in timm 1.0.31; mi
 from __future__ import annotations
 
 import os
-import pathlib
+import re
 
 import pytest
 import torch
 
 from freeze import Freezer, make_policy
 from freeze.blocks import check_partition
+from tests.optional_packages import installed, package_dir, requires
 
-timm = pytest.importorskip("timm")
+pytestmark = requires("timm")
 
 ALL = os.environ.get("FREEZE_TIMM_ALL") == "1"
 _SIZE_WORDS = ["atto", "femto", "pico", "nano", "tiny", "xxs", "xs", "small", "s", "b0", "18"]
 
 
 def _families() -> list[str]:
-    root = pathlib.Path(timm.__file__).parent / "models"
+    root = package_dir("timm") / "models"
     return sorted(p.stem for p in root.glob("*.py") if "def group_matcher" in p.read_text())
 
 
+def _registered_test_models() -> list[str]:
+    """timm's ``test_*`` models, read from its sources: the suite's cases are known without
+    importing timm at collection (test_the_cases_are_the_test_models_timm_registers checks them)."""
+    pattern = re.compile(r"^@register_model\s*\ndef (test_\w+)\(", re.M)
+    return sorted(
+        name for path in (package_dir("timm") / "models").glob("*.py") for name in pattern.findall(path.read_text())
+    )
+
+
 def _smallest_name(family: str) -> str | None:
+    import timm
+
     names = timm.list_models(module=family)
     if not names:
         return None
@@ -40,14 +52,18 @@ def _smallest_name(family: str) -> str | None:
 
 
 def _cases():
-    if ALL:
+    if not installed("timm"):
+        return []
+    if ALL:  # asked for: timm is imported at collection
         return [(f, _smallest_name(f)) for f in _families() if _smallest_name(f)]
-    return [(n.split("_", 1)[1], n) for n in timm.list_models("test_*")]
+    return [(n.split("_", 1)[1], n) for n in _registered_test_models()]
 
 
 def _build(name):
     """The model at 64 x 64 inputs where it accepts them (a probe forward decides), else at its
     configured input size."""
+    import timm
+
     for kwargs in ({"img_size": 64}, {}):
         torch.manual_seed(0)
         try:
@@ -95,6 +111,12 @@ def test_blocks_follow_group_matcher_in_forward_order_and_gradients_reach_exactl
         trainable = {names[id(p)] for b in blocks[k:] for p in b.params}
         assert got == used & trainable, (k, sorted(got ^ (used & trainable))[:5])
     freezer.close()
+
+
+def test_the_cases_are_the_test_models_timm_registers():
+    import timm
+
+    assert _registered_test_models() == sorted(timm.list_models("test_*"))
 
 
 def test_blocks_from_timm_refuses_a_model_without_group_matcher_in_one_line():

@@ -12,14 +12,13 @@ from __future__ import annotations
 import os
 
 import pytest
-
-pytest.importorskip("transformers")
-pytest.importorskip("accelerate")
-
 import torch
 
 from tests import doc_scripts
 from tests.distributed_harness import run_distributed
+from tests.optional_packages import requires
+
+pytestmark = requires("transformers", "accelerate")
 
 POLICY_KW = {"freeze_interval_steps": 3}  # decisions every 3 steps: several boundaries in 12 steps
 # 4 optimizer steps per epoch: checkpoint-4 is written at an epoch's last step (before the Trainer's
@@ -168,6 +167,7 @@ def _frozen_moved(params, bytes_, blocks):
     return moved
 
 
+@pytest.mark.processes
 def test_the_trainer_trains_through_freezer_module_and_freezes(runs):
     r0 = runs[0]["full"]
     assert r0["is_freezer_module"]
@@ -175,12 +175,14 @@ def test_the_trainer_trains_through_freezer_module_and_freezes(runs):
     assert len({b for _, _, b in r0["bytes"]}) >= 2
 
 
+@pytest.mark.processes
 def test_bytes_sent_equal_the_trainable_gradient_bytes_at_every_step(runs):
     for r in runs:
         for step, (sent, trainable, boundary) in enumerate(r["full"]["bytes"]):
             assert sent == trainable, (step, boundary, sent, trainable)
 
 
+@pytest.mark.processes
 def test_frozen_parameters_do_not_move_and_ranks_stay_identical(runs):
     r0, r1 = runs[0]["full"], runs[1]["full"]
     assert _frozen_moved(r0["params"], r0["bytes"], r0["blocks"]) == []
@@ -189,10 +191,12 @@ def test_frozen_parameters_do_not_move_and_ranks_stay_identical(runs):
             assert torch.equal(a[n], b[n]), (t, n)
 
 
+@pytest.mark.processes
 def test_bf16_autocast_is_still_active_inside_the_freezer_wrapper(runs):
     assert runs[0]["full"]["autocast"] == ["torch.bfloat16"]
 
 
+@pytest.mark.processes
 def test_checkpoints_carry_the_freezer_state_and_resume_reproduces_decisions_and_weights(runs):
     for r in runs:
         assert r["full"]["has_state"] and f"checkpoint-{RESUME_AT}" in r["full"]["checkpoints"]
@@ -202,6 +206,7 @@ def test_checkpoints_carry_the_freezer_state_and_resume_reproduces_decisions_and
         assert r["resumed"]["bytes"] == r["full"]["bytes"][RESUME_AT:]
 
 
+@pytest.mark.processes
 def test_the_usual_recipe_keeps_sending_every_bucket_where_ours_sends_the_trainable_bytes(runs):
     """requires_grad_(False) in a callback, on the wrapper the Trainer built before the freeze (its
     default find_unused_parameters=True keeps it running): DDP still all-reduces every bucket."""
@@ -271,6 +276,7 @@ def interval_semantics_worker(rank, world, workdir):
     }
 
 
+@pytest.mark.processes
 def test_interval_decisions_start_at_the_interval_and_never_come_at_the_last_step(tmp_path):
     r0, r1 = run_distributed(interval_semantics_worker, 2, tmp_path, str(tmp_path), deadline_s=240)
     assert r0 == r1

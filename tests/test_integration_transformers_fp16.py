@@ -22,14 +22,13 @@ import math
 import os
 
 import pytest
-
-pytest.importorskip("transformers")
-pytest.importorskip("accelerate")
-
 import torch
 
 from tests import doc_scripts
 from tests.distributed_harness import run_distributed
+from tests.optional_packages import requires
+
+pytestmark = [requires("transformers", "accelerate"), pytest.mark.processes]
 
 INTERVAL = 3  # decisions every 3 optimizer steps: intervals close inside the run
 

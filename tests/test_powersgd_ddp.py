@@ -17,6 +17,8 @@ from freeze import Freezer, comm, make_policy, split_blocks
 from freeze.powersgd import ORTHOGONALIZATION_EPSILON, WARMUP_ITERATIONS, PowerSGDState
 from tests.distributed_harness import run_distributed
 
+pytestmark = pytest.mark.processes
+
 STEPS = 28  # one epoch; the policy freezes block 0 at 75 % of it (step 22) and block 1 at 87.5 % (step 26)
 SAVE_AT = WARMUP_ITERATIONS + 3  # past the warm-up, before the freeze: the resume must carry both
 GLOBAL_BATCH = 8

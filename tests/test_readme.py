@@ -2,10 +2,7 @@
 resumed; every code block of README.md and docs/*.md runs or names only modules and files that exist."""
 
 import importlib.util
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +11,7 @@ import torch
 from experiments.repeat_readme_example import readme_example
 from freeze.pipeline import markdown
 from freeze.testing import local_torchrun_command
+from tests.processes import run_command, run_python
 
 REPO = Path(__file__).resolve().parents[1]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -23,15 +21,11 @@ def _blocks(page: Path, lang: str) -> list[str]:
     return re.findall(rf"^```{lang}\n(.*?)^```", page.read_text(), re.S | re.M)
 
 
-def _run(cmd, tmp_path):
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-    return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
-
-
+@pytest.mark.processes
 def test_readme_example_runs_in_one_process(tmp_path):
     script = tmp_path / "example.py"
     script.write_text(readme_example())
-    proc = _run([sys.executable, str(script)], tmp_path)
+    proc = run_python([str(script)], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.strip().splitlines()
     assert [line.split()[0] for line in lines] == ["0", "1", "2", "3"]
@@ -40,11 +34,12 @@ def test_readme_example_runs_in_one_process(tmp_path):
     assert int(lines[-1].split()[1]) > 0  # the policy froze blocks, so the cache served
 
 
+@pytest.mark.processes
 def test_readme_example_runs_under_torchrun(tmp_path):
     script = tmp_path / "example.py"
     script.write_text(readme_example())
     cmd = local_torchrun_command(script, tmp_path / "logs")  # one stdout file per rank
-    proc = _run(cmd, tmp_path)
+    proc = run_command(cmd, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     logs = sorted((tmp_path / "logs").glob("**/stdout.log"))
     assert len(logs) == 2
@@ -70,6 +65,7 @@ _os.replace = _replace_then_stop
 """
 
 
+@pytest.mark.processes
 def test_readme_example_resumed_after_epoch_1_ends_with_the_bits_of_an_uninterrupted_run(tmp_path):
     """The example's checkpoint and per-epoch data order make a resume exact: the same printed
     epochs, boundary and held-out loss, and bitwise the same final model and optimizer state."""
@@ -78,12 +74,12 @@ def test_readme_example_resumed_after_epoch_1_ends_with_the_bits_of_an_uninterru
     (whole / "example.py").write_text(readme_example())
     (resumed / "stopped.py").write_text(_STOP_AFTER_EPOCH_1 + readme_example())
     (resumed / "example.py").write_text(readme_example())
-    proc = _run([sys.executable, "example.py"], whole)
+    proc = run_python(["example.py"], cwd=whole)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    stopped = _run([sys.executable, "stopped.py"], resumed)
+    stopped = run_python(["stopped.py"], cwd=resumed)
     assert stopped.returncode == 0, stopped.stderr[-3000:]
     assert [line.split()[0] for line in stopped.stdout.splitlines()] == ["0", "1"]
-    again = _run([sys.executable, "example.py"], resumed)
+    again = run_python(["example.py"], cwd=resumed)
     assert again.returncode == 0, again.stderr[-3000:]
     assert again.stdout.splitlines() == proc.stdout.splitlines()[2:]  # epochs 2 and 3, line for line
     a = torch.load(whole / "checkpoint.pt", weights_only=True)
@@ -124,12 +120,13 @@ def test_every_relative_link_of_the_readme_and_docs_resolves():
                 assert (page.parent / target).exists(), f"{page.name} links {target}, which does not exist"
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("page", [p for p in PAGES if p.name != "README.md"], ids=lambda p: p.name)
 def test_every_python_block_of_the_docs_runs(page, tmp_path):
     for i, block in enumerate(_blocks(page, "python")):
         script = tmp_path / f"block{i}.py"
         script.write_text(block)
-        proc = _run([sys.executable, str(script)], tmp_path)
+        proc = run_python([str(script)], cwd=tmp_path)
         assert proc.returncode == 0, f"{page.name} python block {i}: {proc.stderr[-2000:]}"
 
 
@@ -165,6 +162,7 @@ def test_architecture_page_lists_the_library_and_the_application_apart():
         assert not re.search(rf"\s{re.escape(name)}", library), f"{name} is listed as library"
 
 
+@pytest.mark.processes
 def test_the_sweep_example_is_the_file_and_its_dry_run_prints_what_the_page_shows():
     text = (REPO / "docs" / "experiments.md").read_text()
     span = markdown.read(text, "sweep-example", "docs/experiments.md")
@@ -174,9 +172,7 @@ def test_the_sweep_example_is_the_file_and_its_dry_run_prints_what_the_page_show
     # the learnable ablation, not the smoke sweep (a pipeline check whose runs sit at chance: issue 32)
     assert toml_text == (REPO / "experiments" / "configs" / "sweep_ablation.toml").read_text()
     assert command.startswith("python -m experiments.sweep ")
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    cmd = [sys.executable, *command.split()[1:]]
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    proc = run_python(command.split()[1:], timeout_s=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == shown
 
@@ -197,14 +193,12 @@ def test_every_config_file_the_readme_and_docstrings_name_exists():
     assert not missing, f"named but missing: {missing}"
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("module", ["experiments.run", "experiments.sweep", "experiments.study", "report"])
 def test_help_texts_point_to_docs_sections_that_exist(module):
     """`experiments.sweep --help` sent users to README, "Sweeps", a section that lives in
     docs/experiments.md (issue 32): every page and section a --help names must be there."""
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.run(
-        [sys.executable, "-m", module, "--help"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
-    )
+    proc = run_python(["-m", module, "--help"], timeout_s=120)
     assert proc.returncode == 0, proc.stderr
     text = " ".join(proc.stdout.split())  # argparse wraps lines
     pointers = re.findall(r'(docs/[\w/]+\.md)(?:, "([^"]+)")?', text)

@@ -5,13 +5,15 @@ steered, a launch resumed from an epoch checkpoint ends bit-identical to an
 uninterrupted one."""
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
-from freeze.testing import local_torchrun_command
+import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from freeze.testing import local_torchrun_command
+from tests.processes import REPO, run_command
+
+pytestmark = pytest.mark.processes
+
 SCRIPT = REPO / "tests" / "reference_style_train.py"
 EPOCHS = 4
 
@@ -23,9 +25,8 @@ def _torchrun(tmp_path: Path, name: str, *script_args: str) -> list[list[dict]]:
     cmd = local_torchrun_command(
         SCRIPT, out_dir / "logs", "--epochs", str(EPOCHS), "--output-dir", str(out_dir), *script_args
     )  # one stdout file per rank
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     # the timeout is the parent's deadline: subprocess.run kills the launcher, whose ranks then stop
-    proc = subprocess.run(cmd, cwd=out_dir, env=env, capture_output=True, text=True, timeout=240)
+    proc = run_command(cmd, cwd=out_dir)
     assert proc.returncode == 0, proc.stderr[-3000:]
     logs = sorted((out_dir / "logs").glob("**/stdout.log"))
     assert len(logs) == 2

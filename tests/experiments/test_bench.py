@@ -52,6 +52,7 @@ def _param_bytes_from(k: int) -> int:
     return sum(p.numel() * p.element_size() for b in blocks[k:] for p in b.params)
 
 
+@pytest.mark.processes
 def test_csv_has_one_row_per_approach_and_k(bench_run):
     header, rows, _ = bench_run
     assert tuple(header) == CSV_COLUMNS
@@ -71,6 +72,7 @@ def test_csv_has_one_row_per_approach_and_k(bench_run):
     assert rows[(bw.ENGINE, 2)]["comm_est_ms"] == ""
 
 
+@pytest.mark.processes
 def test_cache_rows_carry_build_and_advance_times(bench_run):
     _, rows, md = bench_run
     cached = rows[(bw.ENGINE_CACHE, 2)]
@@ -85,6 +87,7 @@ def test_cache_rows_carry_build_and_advance_times(bench_run):
     assert "| 2 |" in section and section.count("| met |") + section.count("| **MISSED**") == 2
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("approach", [bw.ENGINE, bw.STATIC, bw.PER_PARAMETER, bw.ENGINE_CACHE])
 @pytest.mark.parametrize("k", [0, 2])
 def test_bytes_per_step_equal_trainable_bytes(bench_run, approach, k):
@@ -95,6 +98,7 @@ def test_bytes_per_step_equal_trainable_bytes(bench_run, approach, k):
     assert row["bytes_match_trainable"] == "True"  # every step, on every rank
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("k", [0, 2])
 def test_find_unused_sends_every_gradient(bench_run, k):
     _, rows, _ = bench_run
@@ -103,6 +107,7 @@ def test_find_unused_sends_every_gradient(bench_run, k):
     assert rows[(bw.NO_COMM, 0)]["allreduce_bytes_per_step"] == "0"
 
 
+@pytest.mark.processes
 def test_markdown_report(bench_run):
     _, _, md = bench_run
     assert "`pytest tiny bench`" in md
@@ -216,6 +221,7 @@ def _bert_param_bytes_from(k: int) -> int:
     return sum(p.numel() * p.element_size() for b in blocks[k:] for p in b.params)
 
 
+@pytest.mark.processes
 def test_bert_rows_one_per_approach_and_k(bert_run):
     rows, _ = bert_run
     expected = {(a, k) for a in bw.TEXT_APPROACHES for k in (0, 2, 4)} | {(bw.PREFIX_FORWARD, k) for k in (2, 4)}
@@ -224,6 +230,7 @@ def test_bert_rows_one_per_approach_and_k(bert_run):
         assert int(row["steps"]) == BERT_TINY.rounds * BERT_TINY.steps and float(row["median_ms"]) > 0
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("approach", bw.TEXT_APPROACHES)
 @pytest.mark.parametrize("k", [0, 2, 4])
 def test_bert_bytes_per_step_equal_trainable_bytes(bert_run, approach, k):
@@ -234,6 +241,7 @@ def test_bert_bytes_per_step_equal_trainable_bytes(bert_run, approach, k):
     assert row["bytes_match_trainable"] == "True"  # every step, on every rank
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("k", [2, 4])
 def test_bert_cache_rows_serve_every_key_at_the_cut(bert_run, k):
     rows, _ = bert_run
@@ -246,6 +254,7 @@ def test_bert_cache_rows_serve_every_key_at_the_cut(bert_run, k):
     assert (cached["cache_advance_s"] == "") == (k == 2)  # advanced from k=2 on the way up
 
 
+@pytest.mark.processes
 def test_bert_control_is_a_second_static_limit(bert_run):
     rows, _ = bert_run
     for k in (0, 2, 4):
@@ -253,6 +262,7 @@ def test_bert_control_is_a_second_static_limit(bert_run):
         assert float(rows[(bw.CONTROL, k)]["ratio_to_static"]) > 0
 
 
+@pytest.mark.processes
 def test_bert_section_is_spliced_before_the_other_sections(bert_run):
     _, md = bert_run
     start, end = markdown.markers(text_report.TEXT_SECTION)

@@ -29,6 +29,7 @@ def test_section_replaces_the_previous_one_and_keeps_the_rest(tmp_path):
     assert text.count(markdown.markers(bc.SECTION)[0]) == 1
 
 
+@pytest.mark.processes
 @pytest.mark.skipif(REASON is not None, reason=f"emulated cluster unavailable: {REASON}")
 def test_two_nodes_tiny_mlp_end_to_end(tmp_path):
     (tmp_path / "BENCH.md").write_text("# Engine\n")

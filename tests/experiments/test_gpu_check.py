@@ -39,6 +39,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
+@pytest.mark.processes
 def test_a_hanging_part_costs_its_own_limit_and_its_children_die(tmp_path, monkeypatch):
     pid_file = tmp_path / "grandchild.pid"
     hang = (
@@ -91,6 +92,7 @@ def test_junit_and_metrics_are_read_back(tmp_path):
     assert gc.finetune_row(tmp_path, "fp32") is None
 
 
+@pytest.mark.processes
 def test_bench_rows_measure_the_four_approaches_on_one_rank_and_the_summary_reads_them(tmp_path, monkeypatch):
     cfg = BenchConfig(
         workers=1, model="mlp", batch_size=8, steps=2, rounds=1, warmup=1, ks=(0, 2), phase_ks=(), cache_keys=32

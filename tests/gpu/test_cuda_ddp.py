@@ -64,6 +64,7 @@ def ddp_on_device(rank: int, world_size: int, device_name: str) -> dict:
     return out
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("device", DEVICES)
 def test_two_ranks_on_the_device_reduce_exactly_the_trainable_bytes(tmp_path, device):
     ranks = run_distributed(ddp_on_device, 2, tmp_path, device)

@@ -2,9 +2,12 @@
 
 import json
 
+import pytest
 import torch
 
 from tests.pipeline.test_pipeline import _common, _final, _run
+
+pytestmark = pytest.mark.processes
 
 # freezeout from 30 % of the run, decided every 2 steps: the cache is built mid-epoch and advanced.
 # One worker: the exchange between ranks is tested in tests/test_cache.py.

@@ -6,7 +6,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,8 +17,8 @@ from freeze.pipeline.cluster.launch import agent_argv
 from freeze.pipeline.cluster.net import unavailable_reason
 from freeze.pipeline.cluster.spec import ClusterSpec, ClusterSpecError, parse_delay, parse_rate, plan_cpus
 from freeze.pipeline.config import ConfigError, load_config
+from tests.processes import REPO, start_python
 
-REPO = Path(__file__).resolve().parents[2]
 SMOKE = REPO / "experiments" / "configs" / "smoke.toml"
 # 2 nodes x 1 worker, 2 steps per epoch, a policy evaluation every step: autofreeze decides in-run.
 TINY = [
@@ -35,7 +34,13 @@ CLUSTER = ["cluster.nodes=2", "cluster.bandwidth=1gbit"]
 DEADLINE_S = 240
 
 REASON = unavailable_reason()
-needs_cluster = pytest.mark.skipif(REASON is not None, reason=f"emulated cluster unavailable: {REASON}")
+
+
+def needs_cluster(test):
+    """Real namespaces and shaped links: the test starts processes (ip, tc, the launcher and its
+    agents), and is skipped where this machine cannot build them."""
+    unavailable = pytest.mark.skipif(REASON is not None, reason=f"emulated cluster unavailable: {REASON}")
+    return pytest.mark.processes(unavailable(test))
 
 
 # ------------------------------------------------------------------------------ settings (no root)
@@ -150,12 +155,6 @@ def test_without_root_or_tools_one_line_says_which(monkeypatch, capsys):
 
 
 # ------------------------------------------------------------------------------ real namespaces
-def _env() -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    return env
-
-
 def _our_namespaces(cluster_id: str) -> list[str]:
     return [n for n in net.list_namespaces() if n.startswith(f"{net.PREFIX}-{cluster_id}-")]
 
@@ -175,10 +174,8 @@ def _cluster_id_of(pid: int, deadline: float) -> str:
 
 def _launch(args: list[str], tmp_path: Path) -> subprocess.Popen:
     with open(tmp_path / "launcher.log", "ab") as log:  # the child keeps its own copy of the fd
-        return subprocess.Popen(
-            [sys.executable, "-m", "experiments.cluster", *args],
-            cwd=REPO,
-            env=_env(),
+        return start_python(
+            ["-m", "experiments.cluster", *args],
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,

@@ -9,6 +9,7 @@ from freeze.pipeline.costmodel.profiler import NodeCores, ProfileSpec, profile_m
 from tests.tiny_models import TinyNet
 
 
+@pytest.mark.processes
 def test_profile_of_a_tiny_model_round_trips(tmp_path):
     spec = ProfileSpec(
         "tinynet", TinyNet, (3, 8, 8), num_classes=5, batch_size=4, steps=1, warmup=1, cache_keys=16, cache_reads=2

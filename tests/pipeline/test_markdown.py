@@ -1,13 +1,12 @@
 """freeze.pipeline.markdown: the one owner of a markdown table's syntax and of the markers of a
 generated (or read) span of a hand-written file."""
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from freeze.pipeline import markdown
+from tests.processes import run_python
 
 
 def test_table_lines_escape_cells_and_align_columns():
@@ -84,10 +83,12 @@ def test_span_names_are_plain_words():
         markdown.markers("a b")
 
 
+@pytest.mark.processes
 def test_the_module_imports_nothing_heavy():
     code = "import sys, freeze.pipeline.markdown; print(sorted(m for m in ('torch', 'numpy', 'pandas') if m in sys.modules))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "[]"
+    child = run_python(["-c", code])
+    assert child.returncode == 0, child.stderr
+    assert child.stdout.strip() == "[]"
 
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,37 +1,26 @@
-"""End-to-end runs of freeze.pipeline.run on tiny synthetic data (real processes, real gloo)."""
+"""End-to-end runs of freeze.pipeline.run on tiny synthetic data (real processes, real gloo); the
+refusals before any worker starts, in this process."""
 
 import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
+import freeze.pipeline.run as run_module
+from tests.processes import REPO, run_python, start_python
+
 SMOKE = REPO / "experiments" / "configs" / "smoke.toml"
 # 3 epochs of 4 steps, a policy evaluation every 2 steps: autofreeze makes decisions within the run.
 TINY = ["freeze.interval_steps=2", "train.epochs=3", "data.train_size=256", "train.batch_size=32"]
 
 
-def _env() -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    return env
-
-
-def _run(args: list[str], timeout_s: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "freeze.pipeline.run", *args],
-        cwd=REPO,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-    )
+def _run(args: list[str]) -> subprocess.CompletedProcess:
+    return run_python(["-m", "freeze.pipeline.run", *args])
 
 
 def _common(tmp_path: Path, name: str) -> list[str]:
@@ -70,6 +59,7 @@ def uninterrupted(tmp_path_factory):
     return tmp_path, _final(tmp_path, "straight")
 
 
+@pytest.mark.processes
 def test_two_worker_run_end_to_end(uninterrupted):
     tmp_path, (ckpt, metrics, manifest) = uninterrupted
     assert manifest["status"] == "complete" and manifest["world_size"] == 2
@@ -112,14 +102,14 @@ def test_two_worker_run_end_to_end(uninterrupted):
     assert all(list(m) == [f.name for f in fields(EpochRecord)] for m in metrics)
 
 
+@pytest.mark.processes
 def test_killed_worker_is_restarted_and_resumes_to_the_same_result(uninterrupted, tmp_path):
     """torchrun --max-restarts 1: one worker is SIGKILLed after the first checkpoint; all workers
     restart, resume from the checkpoint, and finish with the uninterrupted run's exact parameters
     and freeze decisions."""
     straight_tmp, (ref_ckpt, ref_metrics, _) = uninterrupted
     args = _common(straight_tmp, "killed") + ["dist.nproc=2"]
-    cmd = [
-        sys.executable,
+    torchrun = [
         "-m",
         "torch.distributed.run",
         "--standalone",
@@ -129,9 +119,7 @@ def test_killed_worker_is_restarted_and_resumes_to_the_same_result(uninterrupted
         "freeze.pipeline.run",
         *args,
     ]
-    proc = subprocess.Popen(
-        cmd, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-    )
+    proc = start_python(torchrun, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     ckpt_path = straight_tmp / "runs" / "smoke" / "killed" / "checkpoint.pt"
     deadline = time.monotonic() + 180
     try:
@@ -158,6 +146,7 @@ def test_killed_worker_is_restarted_and_resumes_to_the_same_result(uninterrupted
         assert torch.equal(ckpt["model"][name], ref), name
 
 
+@pytest.mark.processes
 def test_completed_run_is_never_overwritten(uninterrupted):
     tmp_path, _ = uninterrupted
     before = (tmp_path / "runs" / "smoke" / "straight" / "metrics.jsonl").read_bytes()
@@ -177,22 +166,25 @@ def test_completed_run_is_never_overwritten(uninterrupted):
         ("data.dataset=imagenet", "data.dataset"),
     ],
 )
-def test_bad_config_is_one_line_and_writes_nothing(tmp_path, override, expected):
-    proc = _run(_common(tmp_path, "bad") + [override], timeout_s=60)
-    assert proc.returncode == 2
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and expected in lines[0], proc.stderr
+def test_bad_config_is_one_line_and_writes_nothing(tmp_path, capsys, override, expected):
+    # The launcher refuses before it starts a worker: its main() in this process is the command.
+    assert run_module.main(_common(tmp_path, "bad") + [override]) == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and expected in lines[0], err
     assert not (tmp_path / "runs").exists()
 
 
-def test_missing_dataset_is_one_line_error(tmp_path):
-    proc = _run(_common(tmp_path, "nodata") + ["data.dataset=cifar10", "dist.nproc=1"], timeout_s=120)
-    assert proc.returncode == 2
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "cifar-10-batches-py" in lines[0], proc.stderr
+def test_missing_dataset_is_one_line_error(tmp_path, capsys):
+    # dist.nproc=1: this process is the worker, and refuses before the run starts
+    assert run_module.main(_common(tmp_path, "nodata") + ["data.dataset=cifar10", "dist.nproc=1"]) == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "cifar-10-batches-py" in lines[0], err
     assert not (tmp_path / "runs" / "smoke" / "nodata" / "manifest.json").exists()
 
 
+@pytest.mark.processes
 def test_recipe_options_run_together(tmp_path):
     """AdamW + cosine with warm-up + label smoothing + bf16 autocast + 2-step gradient accumulation +
     gradient checkpointing + gradient clipping + step-level policy evaluation, in one short run."""
@@ -224,6 +216,7 @@ def test_recipe_options_run_together(tmp_path):
     assert min(n for n in m["grad_norm"]["mean_step"] if n is not None) > 1e-3
 
 
+@pytest.mark.processes
 def test_readme_smoke_run_says_what_it_does_and_shows_a_freeze(tmp_path):
     """README's first command, `python -m experiments.run --config experiments/configs/smoke.toml
     dist.nproc=2` (only where its files go is changed): it says what it does before the first

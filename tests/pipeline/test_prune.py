@@ -4,10 +4,12 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
 import torch
 
 from freeze.pipeline.models import load_weights
 from freeze.pipeline.prune import main
+from tests.processes import start_python
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "runs" / "fixture_study"
 
@@ -52,16 +54,16 @@ def test_a_folder_that_is_not_there_is_one_line(tmp_path, capsys):
     assert capsys.readouterr().err.strip() == f"error: {tmp_path / 'nope'} is not a directory"
 
 
+@pytest.mark.processes
 def test_temp_files_of_killed_writers_go_except_in_a_run_another_process_writes(tmp_path, capsys):
     """A writer killed mid-save leaves .checkpoint.pt.XXXXXXXX.tmp (78 MB in the probe); prune kept it."""
     import subprocess
-    import sys
 
     runs = _study(tmp_path)
     study = runs / "fixture_study"
     failed, busy = study / "autofreeze-s2", study / "none-s0"  # a run that may still resume; one being written
-    holder = subprocess.Popen(
-        [sys.executable, "-c", f"from freeze.pipeline.run_lock import RunLock; RunLock.acquire({str(busy)!r}); "
+    holder = start_python(
+        ["-c", f"from freeze.pipeline.run_lock import RunLock; RunLock.acquire({str(busy)!r}); "
          "print('locked', flush=True); input()"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip

@@ -22,6 +22,7 @@ import torch
 from freeze.pipeline.data import DataError, read_cifar10, write_synthetic_cifar
 from freeze.pipeline.models import ModelError, build_model, load_weights
 from freeze.pipeline.runs import RunError, load_checkpoint
+from tests.processes import run_python, start_python
 
 
 class _Payload:
@@ -115,24 +116,20 @@ def test_a_second_writer_is_refused_naming_the_holder(tmp_path):
     RunLock.acquire(tmp_path / "run").release()  # released: the next writer gets it
 
 
-def _python(code: str, **kwargs) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-c", code], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, **kwargs
-    )
-
-
 def _hold_lock(run_dir: Path) -> subprocess.Popen:
-    holder = _python(
+    code = (
         "import sys, time\n"
         "from freeze.pipeline.run_lock import RunLock\n"
         f"lock = RunLock.acquire({str(run_dir)!r})\n"
         "print('locked', flush=True)\n"
         "time.sleep(120)\n"
     )
+    holder = start_python(["-c", code], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
     assert holder.stdout.readline().strip() == "locked"
     return holder
 
 
+@pytest.mark.processes
 def test_a_killed_holder_leaves_no_stale_lock_and_its_temp_files_go(tmp_path):
     from freeze.pipeline.run_lock import RunBusyError, RunLock
 
@@ -165,6 +162,7 @@ def test_a_restarted_worker_removes_the_temp_file_its_killed_predecessor_left(tm
         assert (run_dir / ".lock").is_file()  # the lock file itself is never a temp file
 
 
+@pytest.mark.processes
 def test_resume_is_refused_while_another_process_writes_the_run(tmp_path, capsys):
     import freeze.pipeline.run as run_module
 
@@ -215,6 +213,7 @@ def _wait_for(predicate, timeout_s: float, what: str):
     raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
 
+@pytest.mark.processes
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 @pytest.mark.parametrize("launcher", ["run", "sweep"])
 def test_workers_die_with_a_sigkilled_launcher(tmp_path, launcher):
@@ -235,9 +234,7 @@ def test_workers_die_with_a_sigkilled_launcher(tmp_path, launcher):
         sweep.write_text(f'[sweep]\nbase = "{SMOKE}"\nstudy = "s"\noverrides = [{listed}]\n')
         cmd = ["-m", "freeze.pipeline.sweep", "--sweep", str(sweep), "--out-dir", str(tmp_path / "runs")]
         n_workers = 1
-    launcher_proc = subprocess.Popen(
-        [sys.executable, *cmd], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL
-    )
+    launcher_proc = start_python(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
     workers: list[int] = []
     try:
 
@@ -366,6 +363,7 @@ def test_checkpoint_of_another_architecture_is_one_short_line():
     assert "\n" not in message and len(message) < 200 and message.startswith(f"1 unexpected, {len(own)} missing keys")
 
 
+@pytest.mark.processes
 def test_a_second_sweep_leaves_a_run_another_process_writes_and_says_so(tmp_path):
     """Was: both sweeps trained the run, interleaved its epochs and exited 0."""
     from freeze.pipeline.sweep import expand, run_specs
@@ -404,6 +402,7 @@ def test_checkpoint_of_another_policy_is_one_line_naming_both(tmp_path):
 
 
 # ------------------------------------------------------------------ Ctrl-C: one line, and the command that resumes
+@pytest.mark.processes
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process groups and signals as on Linux")
 @pytest.mark.parametrize("nproc", [2, 1])
 def test_ctrl_c_on_a_run_says_interrupted_in_one_line_with_the_resume_command(tmp_path, nproc):
@@ -414,11 +413,9 @@ def test_ctrl_c_on_a_run_says_interrupted_in_one_line_with_the_resume_command(tm
     # 8 epochs of about a second: interrupted after the first, the rest is what the resume runs
     args = ["--config", str(SMOKE), f"dist.nproc={nproc}", "train.epochs=8", f"run.out_dir={runs}"]
     args += [f"data.root={tmp_path / 'data'}"]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(repo))  # workers import this checkout
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "experiments.run", *args],
+    proc = start_python(
+        ["-m", "experiments.run", *args],
         cwd=repo,
-        env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -440,9 +437,7 @@ def test_ctrl_c_on_a_run_says_interrupted_in_one_line_with_the_resume_command(tm
     assert command == " ".join(["python -m experiments.run", *args, "--resume"])
     manifest = json.loads((runs / "smoke" / "smoke" / "manifest.json").read_text())
     assert manifest["status"] == "interrupted"
-    done = subprocess.run(  # the printed command resumes it
-        [sys.executable, *command.split()[1:]], cwd=repo, env=env, capture_output=True, text=True, timeout=240
-    )
+    done = run_python(command.split()[1:], cwd=repo)  # the printed command resumes it
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads((runs / "smoke" / "smoke" / "manifest.json").read_text())["status"] == "complete"
 
@@ -503,10 +498,9 @@ def _sigkill_a_worker_after_an_epoch(
     """Start ``python -m <module_args>`` in a session of its own, wait until ``metrics`` holds an
     epoch, SIGKILL the worker with ``local_rank`` and collect the exit (every process of the session
     is gone afterwards, whatever happened). Returns the process, its stdout and its stderr."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", *module_args],
+    proc = start_python(
+        ["-m", *module_args],
         cwd=repo,
-        env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(repo)),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -522,6 +516,7 @@ def _sigkill_a_worker_after_an_epoch(
     return proc, out, err
 
 
+@pytest.mark.processes
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc and signals as on Linux")
 def test_a_sigkilled_worker_fails_the_run_naming_it_and_the_signal(tmp_path):
     """Was: the peer, stopped by torchrun with SIGTERM, was blamed ("worker 1 exited with code 130"),
@@ -543,6 +538,7 @@ def test_a_sigkilled_worker_fails_the_run_naming_it_and_the_signal(tmp_path):
     assert "worker 0" in manifest["error"] and "SIGKILL" in manifest["error"]
 
 
+@pytest.mark.processes
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc and signals as on Linux")
 def test_a_sweep_goes_on_after_a_sigkilled_worker(tmp_path):
     """Was: the run was recorded "interrupted" and the sweep stopped with exit 130 before run 2."""
@@ -664,6 +660,7 @@ def test_a_bad_middle_metrics_line_refuses_the_resume_before_any_worker_starts(t
     assert "run.name" in err and run.status() == "interrupted"
 
 
+@pytest.mark.processes
 def test_a_resume_whose_metrics_lack_the_checkpoints_epochs_is_refused(tmp_path):
     """Was: the resume went on from the checkpoint and the run was marked complete with epochs
     missing from metrics.jsonl, so nothing re-ran them."""
@@ -672,15 +669,12 @@ def test_a_resume_whose_metrics_lack_the_checkpoints_epochs_is_refused(tmp_path)
     repo = Path(__file__).resolve().parents[2]
     args = ["--config", str(SMOKE), "dist.nproc=1", "train.epochs=1", "run.keep_checkpoint=true"]
     args += [f"run.out_dir={tmp_path / 'runs'}", f"data.root={tmp_path / 'data'}"]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(repo))
-    first = subprocess.run([sys.executable, "-m", "experiments.run", *args], cwd=repo, env=env, capture_output=True)
+    first = run_python(["-m", "experiments.run", *args], cwd=repo)
     assert first.returncode == 0, first.stderr[-2000:]
     run = RunDir(tmp_path / "runs" / "smoke" / "smoke")
     run.update_manifest(status="interrupted")  # as if stopped after its checkpoint of epoch 1
     run.metrics_path.unlink()
-    again = subprocess.run(
-        [sys.executable, "-m", "experiments.run", *args, "--resume"], cwd=repo, env=env, capture_output=True, text=True
-    )
+    again = run_python(["-m", "experiments.run", *args, "--resume"], cwd=repo)
     assert again.returncode == 2, again.stderr[-2000:]
     err = again.stderr.strip()
     assert "\n" not in err and "checkpoint is at epoch 1, but the run has no metrics.jsonl" in err, err
@@ -692,13 +686,16 @@ def test_a_resume_whose_metrics_lack_the_checkpoints_epochs_is_refused(tmp_path)
         run.check_metrics_cover(2)
 
 
-def test_an_edited_config_toml_resumed_through_itself_is_refused(tmp_path, capsys):
+def test_an_edited_config_toml_resumed_through_itself_is_refused(tmp_path, capsys, monkeypatch):
     """Was: accepted (the stored file is the --config file, so they agree), the new optim.lr
     silently overridden by the checkpoint's optimizer state, and config.toml misdescribing the run."""
     import freeze.pipeline.run as run_module
+    from freeze.pipeline import runs
     from freeze.pipeline.config import config_to_toml, load_config
     from freeze.pipeline.prepare import _manifest
     from freeze.pipeline.runs import RunDir
+
+    monkeypatch.setattr(runs, "git_commit", lambda: None)  # the manifest's commit asks git: not this claim
 
     config = load_config(SMOKE, [f"run.out_dir={tmp_path / 'runs'}", f"data.root={tmp_path / 'data'}", "dist.nproc=2"])
     run = RunDir(config.run_dir())
@@ -734,12 +731,11 @@ def _recv_that_times_out(rank: int, world_size: int) -> str | None:
     return None
 
 
+@pytest.mark.processes
 def test_a_collective_timeout_is_one_line_naming_dist_timeout_s(tmp_path, monkeypatch, capsys):
     """Was: a gloo traceback from every rank (148 lines on the emulated cluster) and no line naming
     the setting that bounds it."""
-    import freeze.pipeline.distributed as distributed
     import freeze.pipeline.run as run_module
-    import freeze.pipeline.train as train
     from freeze.pipeline.config import config_to_toml, load_config
     from freeze.pipeline.runs import RunDir
     from tests.distributed_harness import run_distributed
@@ -757,9 +753,9 @@ def test_a_collective_timeout_is_one_line_naming_dist_timeout_s(tmp_path, monkey
 
     monkeypatch.setattr(run_module._Interrupt, "install", lambda: None)
     monkeypatch.setattr(run_module._Interrupt, "seen", False)
-    monkeypatch.setattr(distributed, "setup_worker", lambda dist_config: None)
-    monkeypatch.setattr(distributed, "teardown_worker", lambda: None)
-    monkeypatch.setattr(train, "train_worker", train_until_the_timeout)
+    monkeypatch.setattr(run_module, "setup_worker", lambda dist_config: None)
+    monkeypatch.setattr(run_module, "teardown_worker", lambda: None)
+    monkeypatch.setattr(run_module, "train_worker", train_until_the_timeout)
     assert run_module.run_worker(config, resume=False) == 1
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "exceeded dist.timeout_s = 2 s" in err and "not to the run" in err, err

@@ -10,8 +10,6 @@ import json
 import math
 import shutil
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -23,6 +21,7 @@ from freeze.pipeline.report import build_report
 from freeze.pipeline.report.cli import main
 from freeze.pipeline.report.paired import is_control
 from freeze.pipeline.report.tables import ReportInputError, resolve_baseline
+from tests.processes import run_python
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 RUNS = FIXTURES / "runs"
@@ -370,14 +369,9 @@ def test_error_bad_arguments(tmp_path, capsys):
     _assert_one_line_error(capsys, [str(RUNS), "--bogus"], "unrecognized arguments")
 
 
+@pytest.mark.processes
 def test_module_entry_point_exit_code(tmp_path):
-    result = subprocess.run(
-        [sys.executable, "-m", "report", str(tmp_path / "missing")],
-        capture_output=True,
-        text=True,
-        cwd=Path(__file__).parents[2],
-        timeout=60,
-    )
+    result = run_python(["-m", "report", str(tmp_path / "missing")], timeout_s=60)
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0 and "not found" in result.stderr
 

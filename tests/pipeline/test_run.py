@@ -120,9 +120,6 @@ def test_a_second_ctrl_c_and_one_during_teardown_raise_no_traceback(tmp_path, mo
     teardown_worker's gc.collect(), past run_worker's handlers."""
     import signal
 
-    import freeze.pipeline.distributed as distributed
-    import freeze.pipeline.train as train
-
     handlers = {}
     monkeypatch.setattr(signal, "signal", lambda sig, handler: handlers.setdefault(sig, handler))
     monkeypatch.setattr(run_module._Interrupt, "seen", False)
@@ -137,20 +134,19 @@ def test_a_second_ctrl_c_and_one_during_teardown_raise_no_traceback(tmp_path, mo
 
     monkeypatch.setattr(run_module._Interrupt, "seen", False)
     monkeypatch.setattr(run_module._Interrupt, "install", lambda: None)
-    monkeypatch.setattr(distributed, "setup_worker", lambda dist_config: None)
-    monkeypatch.setattr(distributed, "teardown_worker", interrupted_teardown)
-    monkeypatch.setattr(train, "train_worker", lambda *args: None)
+    monkeypatch.setattr(run_module, "setup_worker", lambda dist_config: None)
+    monkeypatch.setattr(run_module, "teardown_worker", interrupted_teardown)
+    monkeypatch.setattr(run_module, "train_worker", lambda *args: None)
     config = load_config(SMOKE, [*_overrides(tmp_path), "dist.nproc=1"])
     assert run_module.run_worker(config, resume=False) == 0  # the run finished; the launcher says the rest
 
 
+@pytest.mark.processes
 def test_a_worker_interrupted_while_it_imports_exits_130_quietly(tmp_path):
-    import subprocess
-    import sys
-
     from freeze.pipeline.lifetime import worker_argv
+    from tests.processes import run_python
 
     (tmp_path / "slow_import.py").write_text("raise KeyboardInterrupt  # Ctrl-C during 'import torch'\n")
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path)}
-    done = subprocess.run([sys.executable, *worker_argv("slow_import")], env=env, capture_output=True, text=True)
+    done = run_python(worker_argv("slow_import"), env=env)
     assert (done.returncode, done.stdout, done.stderr) == (130, "", "")

@@ -221,7 +221,9 @@ def test_truncate_metrics(tmp_path):
     assert [r["epoch"] for r in run.read_metrics()] == [0, 1, 2, 3]
 
 
-def test_environment_info_keys():
+def test_environment_info_keys(monkeypatch):
+    # git_commit asks git (a process): the two tests below check its value; here only the keys.
+    monkeypatch.setattr(runs, "git_commit", lambda: "0" * 40)
     info = environment_info()
     assert set(info) == {"git_commit", "versions", "hardware"}
     assert set(info["versions"]) == {"python", "torch", "torchvision", "numpy"}
@@ -235,6 +237,7 @@ def test_environment_info_keys():
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d\d:\d\d", now_iso())
 
 
+@pytest.mark.processes
 @pytest.mark.skipif(shutil.which("git") is None, reason="git not installed")
 def test_git_commit_and_dirty_suffix(tmp_path, monkeypatch):
     def git(*args):
@@ -259,6 +262,7 @@ def test_git_commit_and_dirty_suffix(tmp_path, monkeypatch):
     assert runs.git_commit() is None
 
 
+@pytest.mark.processes
 @pytest.mark.skipif(shutil.which("git") is None, reason="git not installed")
 def test_git_commit_of_this_repository_unpatched():
     """The manifest's git_commit is this checkout's HEAD, found from the package's own location (no

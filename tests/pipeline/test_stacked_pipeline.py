@@ -7,6 +7,7 @@ import json
 import math
 from pathlib import Path
 
+import pytest
 import torch
 
 from freeze.powersgd import WARMUP_ITERATIONS
@@ -14,6 +15,8 @@ from tests.distributed_harness import run_distributed
 
 REPO = Path(__file__).resolve().parents[2]
 SMOKE = REPO / "experiments" / "configs" / "smoke.toml"
+
+pytestmark = pytest.mark.processes  # 2 gloo ranks
 # 256 images / (8 per worker x 2 workers) = 16 steps an epoch, 48 in all; the policy is evaluated
 # every 2 steps, so at:k=2,t=0.5 freezes after step 24, in the middle of epoch 2 and 7 steps after
 # PowerSGD's 17 warm-up steps: the re-wrap carries compressed state.

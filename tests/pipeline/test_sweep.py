@@ -8,7 +8,6 @@ import os
 import resource
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,16 +17,10 @@ from scipy import stats
 
 from freeze.pipeline.study import splice_tables
 from freeze.pipeline.sweep import SweepError, expand, read_sweep
+from tests.processes import REPO, start_python
 
-REPO = Path(__file__).resolve().parents[2]
 SMOKE = REPO / "experiments" / "configs" / "smoke.toml"
 TINY = ["train.epochs=2", "data.train_size=128", "train.batch_size=32", "dist.nproc=1", "freeze.interval_steps=2"]
-
-
-def _env():
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    return env
 
 
 def _write_sweep(tmp_path: Path, grid: str, name: str = "sweep.toml", overrides: tuple[str, ...] = ()) -> Path:
@@ -37,18 +30,9 @@ def _write_sweep(tmp_path: Path, grid: str, name: str = "sweep.toml", overrides:
     return path
 
 
-def _sweep(path: Path, out_dir: Path, **kw):
-    cmd = [sys.executable, "-m", "freeze.pipeline.sweep", "--sweep", str(path), "--out-dir", str(out_dir)]
-    return subprocess.Popen(
-        cmd,
-        cwd=REPO,
-        env=_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-        **kw,
-    )
+def _sweep(path: Path, out_dir: Path, **kw) -> subprocess.Popen:
+    args = ["-m", "freeze.pipeline.sweep", "--sweep", str(path), "--out-dir", str(out_dir)]
+    return start_python(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True, **kw)
 
 
 GRID = '"freeze.policy" = ["none", "static:k=3"]\n"run.seed" = [0, 1]'
@@ -77,6 +61,7 @@ def swept(tmp_path_factory):
     return tmp_path, out_dir / "tiny", interrupted, proc.returncode, out
 
 
+@pytest.mark.processes
 def test_rerun_skips_complete_and_resumes_interrupted(swept):
     _, runs, interrupted, code, out = swept
     assert interrupted["status"] == "running"  # killed, not finished
@@ -103,6 +88,7 @@ def _final(runs: Path, name: str, key: str) -> float:
     return json.loads(lines[-1])[key]
 
 
+@pytest.mark.processes
 def test_report_main_table_matches_hand_computation(swept):
     from freeze.pipeline.report import build_report
 
@@ -169,6 +155,7 @@ def _file_size_limit(max_bytes: int):
     return apply
 
 
+@pytest.mark.processes
 def test_failing_run_is_recorded_and_the_sweep_goes_on(tmp_path):
     # A failure only the run itself can meet: its first checkpoint outgrows the file-size limit
     # (resnet18 with SGD momentum ~90 MB, mobilenet_v3_small ~12 MB, limit 40 MB). 2 workers: the

@@ -14,6 +14,7 @@ import torch
 import freeze.pipeline.run as run_module
 from freeze.pipeline.config import ConfigError, load_config
 from freeze.pipeline.report.load import load_run
+from tests.processes import run_python
 
 SMOKE = Path(__file__).resolve().parents[2] / "experiments" / "configs" / "smoke.toml"
 
@@ -32,7 +33,10 @@ def _run(tmp_path: Path, name: str, *overrides: str) -> tuple[list[dict], dict]:
 def test_probes_read_the_fixed_subset_every_n_steps_off_the_clock_and_change_no_weight_and_memory_peaks_grow(
     tmp_path, monkeypatch
 ):
+    from freeze.pipeline import runs
+
     monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.setattr(runs, "git_commit", lambda: None)  # the manifest's commit asks git: not this claim
     plain, plain_weights = _run(tmp_path, "plain")
     probed, probed_weights = _run(tmp_path, "probed", "train.probe_every_steps=4", "train.probe_val_size=40")
     assert [r["probes"] for r in plain] == [[], []]
@@ -65,14 +69,14 @@ def test_probes_without_validation_images_are_refused_in_one_line():
     assert str(err.value) == "train.probe_every_steps: the probes read validation images; accepted: data.val_size > 0"
 
 
+@pytest.mark.processes
 @pytest.mark.slow
 def test_a_worker_s_peak_memory_is_its_own_not_the_peak_of_the_process_that_started_it():
     """ru_maxrss survives fork and exec on Linux: a worker started by a study holding 1.5 GB read at
     least 1.5 GB. VmHWM is the worker's own."""
-    import subprocess
-    import sys
 
     held = np.ones(1_500_000_000 // 8)  # touched: resident in this process
     code = "from freeze.pipeline.log import process_peak_rss_bytes; print(process_peak_rss_bytes())"
-    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    child = run_python(["-c", code], timeout_s=120)
+    assert child.returncode == 0, child.stderr
     assert int(child.stdout) < 1_000_000_000 < held.nbytes  # importing torch takes a few hundred MB
