@@ -109,6 +109,11 @@ def parse_augment(spec: object) -> Augment:
     match = re.fullmatch(r"views:([0-9]+)", spec) if isinstance(spec, str) else None
     if match and int(match.group(1)) >= 1:
         return Augment("views", int(match.group(1)))
+    if isinstance(spec, bool):  # the key of earlier versions: their run directories are converted once
+        raise ConfigError(
+            f"data.augment: {_show(spec)} is not accepted (a run directory of an earlier version: "
+            f"python -m experiments.convert_runs converts it once); accepted: {AUGMENT_ACCEPTED}"
+        )
     raise ConfigError(f"data.augment: {_show(spec)} is not accepted; accepted: {AUGMENT_ACCEPTED}")
 
 

@@ -33,6 +33,7 @@ import argparse
 import contextlib
 import os
 import shlex
+import signal
 import sys
 import time
 import traceback
@@ -92,8 +93,6 @@ class _Interrupt:
 
     @classmethod
     def install(cls) -> None:
-        import signal
-
         def handler(signum, frame):
             if cls.seen:
                 return  # a second Ctrl-C (or the agent's SIGTERM after it): already stopping, quietly

@@ -347,10 +347,12 @@ class RunDir:
 
     @contextlib.contextmanager
     def _manifest_lock(self) -> Iterator[None]:
-        """Every read-modify-write of manifest.json, in any process, holds this: an exclusive
-        ``flock`` on ``.manifest.lock`` (not ``.lock``, which the run's one writer holds for the whole
-        run). A file opened for writing, as NFS's byte-range locks need, and released by the kernel
-        with its holder (a SIGKILLed writer never leaves it taken). Not re-entrant."""
+        """Held by every change of a started run's manifest (update_manifest, finish, finish_if): an
+        exclusive ``flock`` on ``.manifest.lock`` (not ``.lock``, which the run's one writer holds for
+        the whole run). ``begin`` writes the manifest as the run starts, before any other writer
+        exists, and experiments.convert_runs holds ``.lock`` itself. A file opened for writing, as
+        NFS's byte-range locks need, released by the kernel with its holder (a SIGKILLed writer
+        never leaves it taken). Not re-entrant."""
         fd = os.open(self.path / MANIFEST_LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)

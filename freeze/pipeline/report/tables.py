@@ -10,6 +10,7 @@ Rules that every table follows, because they decide what a number means:
 from __future__ import annotations
 
 import math
+import tomllib
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from scipy import stats
 
 from freeze.names import split_policy_spec
 from freeze.pipeline import markdown
+from freeze.pipeline.config import config_to_toml, load_config
 from freeze.pipeline.report.frontier import IsoSpeedup
 from freeze.pipeline.report.load import ReportInputError, Run
 from freeze.pipeline.schema import TRAIN_PHASES
@@ -159,11 +161,6 @@ def _default_policy_none_group(runs: list[Run], candidates: list[str]) -> str:
     a compression hook on the cluster) is compared with the groups of that setting."""
     if len(candidates) == 1:
         return candidates[0]
-    # The config schema, not the training code: the defaults every config.toml writes out.
-    import tomllib
-
-    from freeze.pipeline.config import config_to_toml, load_config
-
     defaults = _flat_config(tomllib.loads(config_to_toml(load_config(None, check_files=False))))
     differing: set[str] = set()
     off_defaults: set[str] = set()  # groups with a non-default value where the groups of a setting differ

@@ -23,7 +23,9 @@ import json
 import math
 import os
 import platform
+import re
 import time
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,18 +102,17 @@ def _relative_change(initial: dict, final: dict, prefixes: tuple[str, ...]) -> f
 
 def _probe_per_seed(study, weights_path: str, seeds: list[int], split: str = "test") -> dict[int, tuple[float, float]]:
     """seed -> (converged linear-probe accuracy % on ``split``, chosen C) on that seed's fine-tuning split."""
-
     cfg = load_config(study.finetune, list(study.overrides), check_files=False)
     d = cfg.data
     arrays = load_dataset(d.dataset, d.root, False, d.synthetic_train_size, d.synthetic_test_size, d.synthetic_seed)
     model = build_model(cfg.model.arch, len(arrays.classes), cfg.model.stem, weights_path)
     out = {}
     for seed in seeds:
-        split = split_validation(arrays, d.val_size, seed, d.train_size, d.test_size)
-        feats = [pooled_features(model, x)[-1] for x in (split.train_x, split.val_x, split.test_x)]
-        r = linear_probe(
-            (feats[0], split.train_y), (feats[1], split.val_y), (feats[2], split.test_y), split.num_classes
-        )
+        # Named apart from ``split``: reusing the name made "test" never match, so the gate read the
+        # validation probe whatever the split asked (found in review, 2026-11-27).
+        data = split_validation(arrays, d.val_size, seed, d.train_size, d.test_size)
+        feats = [pooled_features(model, x)[-1] for x in (data.train_x, data.val_x, data.test_x)]
+        r = linear_probe((feats[0], data.train_y), (feats[1], data.val_y), (feats[2], data.test_y), data.num_classes)
         out[seed] = (100 * (r.test_acc if split == "test" else r.val_acc), r.c)
     return out
 
@@ -177,7 +178,12 @@ class GateMeasurements:
     tops: list[float]
 
     def cost(self, arm: str) -> Paired:
-        return paired([self.acc[(arm, s)] - self.full[s] for s in self.seeds])
+        return _cost(self.acc, self.full, self.seeds, arm)
+
+
+def _cost(acc: dict, full: dict, seeds: list[int], arm: str) -> Paired:
+    """static:k's (or any arm's) accuracy minus full fine-tuning's, paired by seed, points."""
+    return paired([acc[(arm, s)] - full[s] for s in seeds])
 
 
 def run_gates(
@@ -225,9 +231,6 @@ def _measure(study, weights_path: str, runs: dict, seeds: list[int], split: str)
     acc = {key: 100 * rec[f"{split}_acc"] for key, rec in final.items()}
     full = {s: acc[("none", s)] for s in seeds}
 
-    def cost(arm: str) -> Paired:
-        return paired([acc[(arm, s)] - full[s] for s in seeds])
-
     val_last_change = [
         100 * (_final_records(runs[("none", s)])[-1]["val_acc"] - _final_records(runs[("none", s)])[-2]["val_acc"])
         for s in seeds
@@ -245,7 +248,7 @@ def _measure(study, weights_path: str, runs: dict, seeds: list[int], split: str)
         seeds=seeds,
         acc=acc,
         full=full,
-        costs={k: cost(arm) for k, arm in K_ARMS.items()},
+        costs={k: _cost(acc, full, seeds, arm) for k, arm in K_ARMS.items()},
         gain=paired([full[s] - acc[("scratch", s)] for s in seeds]),
         val_last_change=val_last_change,
         probe=probe,
@@ -401,8 +404,6 @@ def planted_check(study_path: str, out_dir: Path, command: str, run: bool = True
     fine-tuning learns the task within the budget (>= 90 %). Writes ``planted-check-<study>.json``
     and regenerates ``planted-checks.md`` from every such file (each row with the checks it was
     judged by)."""
-    import re
-
     name = Path(study_path).stem
     found = re.fullmatch(r"planted_d(\d)(_[a-z0-9-]+)?", name)
     if not found:
@@ -480,8 +481,6 @@ def stability_table(weights_path: str, run_dirs: list[str], out_md: Path, comman
     """Per stage, ||W_T - W_0|| / ||W_0|| of full fine-tuning runs (W_0 = ``weights_path``, W_T each
     run's final weights; BN running statistics excluded, BN affine parameters included, as the gate),
     beside the run's optimizer and final validation accuracy: where the stability ratio comes from."""
-    import tomllib
-
     initial = load_torch_file(Path(weights_path))
     initial = initial.get("model", initial)
     lines = [

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -687,8 +688,6 @@ def _score_json(s: Score) -> dict:
 
 
 def _caption(score: ScoreFile, scores: list[Score], command: str) -> str:
-    import os
-
     seeds = sorted({seed for s in scores for seed in s.seeds})
     return (
         f"Freeze policies on the planted-boundary tasks (d = {', '.join(map(str, score.tasks))}: the best static "
