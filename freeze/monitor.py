@@ -10,10 +10,16 @@ per block and per evaluation interval:
 
 Per step it only launches device kernels: no ``.item()`` and no host sync, so it does not stall a
 CUDA stream. The host sees numbers once per interval, in :meth:`GradNormMonitor.close_interval`.
+And it launches few: a step records its per-tensor norms as one row (one foreach norm, one stack),
+and the rows are folded into the per-block sums when the interval closes, the boundary moves or a
+checkpoint is written, in the order the steps came (the sums are those a per-step fold would give,
+bit for bit on the CPU). On a GPU a small model's step is bound by launching kernels, not by their
+arithmetic: the first GPU check (docs/benchmarks.md) measured 0.8-1.2 ms a step for the ~15 small
+operations a per-step fold launched.
 
 A step whose gradients are not finite (an fp16 step GradScaler skips for overflow, or a NaN loss) is
-detected on the device: a finite flag masks its contribution with ``torch.where`` (inf * 0 would
-be NaN) and counts it, so neither sum is poisoned and no host sync is needed; the count is read at
+detected on the device: a finite flag masks its contribution (``torch.where``/``masked_fill``:
+inf * 0 would be NaN) and counts it, so neither sum is poisoned and no host sync is needed; the count is read at
 interval close and reported in ``IntervalStats.skipped_steps``. GradScaler skips exactly when some
 trainable gradient is inf or NaN, which makes the fp32 norm of those gradients non-finite.
 """
@@ -124,6 +130,74 @@ def _refuse_bad_float_scale(grad_scale: float | torch.Tensor | None) -> None:
         raise ValueError(f"grad_scale = {grad_scale!r}; accepted: the loss scale, a finite number > 0")
 
 
+# Pending steps folded at the latest after this many (the rows cost 4 bytes per tensor each).
+_PENDING_ROWS_MAX = 256
+# Elements per flat buffer of the summed gradient: the staging buffer a step copies its gradients
+# into is one such buffer (32 MiB of fp32), and ResNet-18's 11.2 M parameters take two.
+_FLAT_CHUNK_ELEMENTS = 1 << 23
+
+
+@dataclass
+class _FlatRun:
+    """Parameters whose summed gradients share one flat buffer, ``flat_sum`` (the monitor's sums are
+    views of it in their shapes): a step copies their gradients into ``staging`` (one foreach copy
+    through ``staging_views``; the runs of one dtype and device share it), masks and scales it there,
+    and adds it to ``flat_sum`` (one add)."""
+
+    positions: list[int]
+    flat_sum: torch.Tensor
+    staging: torch.Tensor
+    staging_views: list[torch.Tensor]
+
+
+def _flat_runs(
+    positions: list[int], grads: list[torch.Tensor], sums: dict[int, torch.Tensor]
+) -> tuple[list[_FlatRun], dict[int, torch.Tensor]]:
+    """The buffers for summing ``grads`` (of parameters ``positions``): consecutive gradients of one
+    dtype and device up to :data:`_FLAT_CHUNK_ELEMENTS` elements per buffer, each parameter's sum a
+    view of it, holding the sum it had in ``sums`` (0 if none). Returns the runs and every sum: the
+    new views, and the sums of parameters without a gradient now, kept as they were."""
+    runs: list[_FlatRun] = []
+    groups: list[list[int]] = []
+    for i, g in enumerate(grads):
+        last = groups[-1] if groups else None
+        if (
+            last is not None
+            and (grads[last[0]].dtype, grads[last[0]].device) == (g.dtype, g.device)
+            and sum(grads[j].numel() for j in last) + g.numel() <= _FLAT_CHUNK_ELEMENTS
+        ):
+            last.append(i)
+        else:
+            groups.append([i])
+    new_sums = dict(sums)
+    # One staging buffer per dtype and device, as long as the longest run: the runs are added one
+    # after another on one stream, so they share it (the staging memory stays under one chunk).
+    staging_for: dict[tuple, torch.Tensor] = {}
+    for group in groups:
+        first = grads[group[0]]
+        key = (first.dtype, first.device)
+        total = sum(grads[i].numel() for i in group)
+        if key not in staging_for or staging_for[key].numel() < total:
+            staging_for[key] = torch.empty(total, dtype=first.dtype, device=first.device)
+    for group in groups:
+        first = grads[group[0]]
+        total = sum(grads[i].numel() for i in group)
+        flat_sum = torch.zeros(total, dtype=first.dtype, device=first.device)
+        staging = staging_for[(first.dtype, first.device)][:total]
+        staging_views, offset = [], 0
+        for i in group:
+            n, shape = grads[i].numel(), grads[i].shape
+            view = flat_sum[offset : offset + n].view(shape)
+            old = sums.get(positions[i])
+            if old is not None:
+                view.copy_(old)
+            new_sums[positions[i]] = view
+            staging_views.append(staging[offset : offset + n].view(shape))
+            offset += n
+        runs.append(_FlatRun([positions[i] for i in group], flat_sum, staging, staging_views))
+    return runs, new_sums
+
+
 class GradNormMonitor:
     """Accumulates per-block gradient statistics over intervals; keeps the closed intervals.
 
@@ -154,6 +228,9 @@ class GradNormMonitor:
         self._norm_dtype = torch.float64 if wide else torch.float32
         self._param_block = [i for i, b in enumerate(self.blocks) for _ in b.params]
         self._summed: dict[int, torch.Tensor] = {}  # param position -> summed gradient
+        # The flat buffers the sums live in, and the (positions, shapes, dtypes) they were laid out for.
+        self._summed_runs: list[_FlatRun] = []
+        self._summed_layout: tuple = ()
         self._norm_sum: torch.Tensor | None = None  # [num_blocks] sum of per-step norms
         self._block_steps = [0] * len(self.blocks)  # steps each block was observed this interval
         self._interval_steps = 0
@@ -172,6 +249,12 @@ class GradNormMonitor:
         # non-zero count is refused), and whether a tensor scale came since the last check.
         self._bad_scale_steps: torch.Tensor | None = None
         self._scales_unchecked = False
+        # Steps observed but not yet folded into the sums: one row of per-tensor norms each, all
+        # over the same positions (a change of positions folds first), with each step's grad_scale.
+        self._pending_rows: torch.Tensor | None = None  # [capacity, len(positions)]
+        self._pending_count = 0
+        self._pending_positions: tuple[int, ...] = ()
+        self._pending_scales: list[float | torch.Tensor | None] = []
 
     def _block_ids_for(self, positions: list[int], device: torch.device) -> torch.Tensor:
         key = tuple(positions)
@@ -187,15 +270,22 @@ class GradNormMonitor:
         """[num_blocks] L``ord`` norm (1 or 2) per block of ``tensors`` (the tensors of parameters
         ``positions``): one foreach norm and one segment-sum, whatever the number of blocks; 0 for
         blocks absent."""
-        device = tensors[0].device
         # fp32 (or fp64) accumulation: a finite fp16 block whose norm exceeds 65504 must not read
         # as inf (that would mask a good step as an overflow).
-        per_tensor = torch.stack(list(torch._foreach_norm(tensors, ord, dtype=self._norm_dtype)))
-        block_ids = self._block_ids_for(positions, device)
-        summed = torch.zeros(len(self.blocks), device=device, dtype=self._norm_dtype)
+        per_tensor = torch.stack(list(torch._foreach_norm(tensors, ord, dtype=self._norm_dtype))).unsqueeze(0)
         if ord == 1:  # the L1 norm of a block is the sum of its tensors' L1 norms
-            return summed.index_add_(0, block_ids, per_tensor)
-        return summed.index_add_(0, block_ids, per_tensor.square()).sqrt()
+            return self._segment_sum(positions, per_tensor)[0]
+        return self._rows_block_norms(positions, per_tensor)[0]
+
+    def _rows_block_norms(self, positions: list[int], rows: torch.Tensor) -> torch.Tensor:
+        """[n, num_blocks] L2 norm per block of each row of per-tensor L2 norms; 0 for blocks absent."""
+        return self._segment_sum(positions, rows.square()).sqrt()
+
+    def _segment_sum(self, positions: list[int], rows: torch.Tensor) -> torch.Tensor:
+        """[n, num_blocks]: each row's per-tensor values (tensors of parameters ``positions``) summed per block."""
+        block_ids = self._block_ids_for(positions, rows.device)
+        summed = torch.zeros(rows.shape[0], len(self.blocks), device=rows.device, dtype=self._norm_dtype)
+        return summed.index_add_(1, block_ids, rows)
 
     # ---------------------------------------------------------------- per step
     def set_first_active(self, first_active: int) -> None:
@@ -204,9 +294,11 @@ class GradNormMonitor:
         Args:
             first_active: the freeze boundary k; blocks ``0 .. k-1`` are no longer observed.
         """
+        self._fold_pending()  # the pending steps were observed under the old boundary
         self._first_active = first_active
         for pos in [pos for pos in self._summed if self._param_block[pos] < first_active]:
             del self._summed[pos]
+        self._summed_runs, self._summed_layout = [], ()  # the frozen blocks' buffers go with the next layout
         self._active_positions = [pos for pos, b in enumerate(self._param_block) if b >= first_active]
         self._block_ids.clear()
 
@@ -236,55 +328,126 @@ class GradNormMonitor:
         if not positions:
             return
         grads = [self._params[pos].grad for pos in positions]
-        step_norms = self._block_norms(positions, grads)
-        device = step_norms.device
-        finite = torch.isfinite(step_norms.sum())  # a device bool: never read on the host here
-        inv_scale = None
-        if isinstance(grad_scale, torch.Tensor):
-            inv_scale, scale_ok = self._checked_inverse(grad_scale, device)
-            finite = finite & scale_ok  # a NaN, 0 or negative scale masks the step, as an overflow
-        elif grad_scale is not None:
-            inv_scale = 1.0 / float(grad_scale)
+        if tuple(positions) != self._pending_positions:
+            self._fold_pending()
+            self._pending_positions = tuple(positions)
+        row = self._next_pending_row(len(positions), grads[0].device)
+        # fp32 (or fp64) accumulation: a finite fp16 block whose norm exceeds 65504 must not read
+        # as inf (that would mask a good step as an overflow).
+        torch.stack(torch._foreach_norm(grads, 2, dtype=self._norm_dtype), out=row)
+        if isinstance(grad_scale, torch.Tensor):  # the scaler updates its tensor in place: keep this step's
+            grad_scale = grad_scale.detach().to(device=row.device, dtype=self._norm_dtype, copy=True)
+        self._pending_scales.append(grad_scale)
+        if self.track_summed:  # the gradients are gone after this step: sum them now
+            self._add_summed(positions, grads, row, grad_scale)
+
+    def _next_pending_row(self, width: int, device: torch.device) -> torch.Tensor:
+        """The next free row of the pending buffer (folded first when full; doubled up to 256 rows)."""
+        rows = self._pending_rows
+        if rows is not None and (rows.shape[1] != width or rows.device != device):
+            self._fold_pending()
+            rows = self._pending_rows = None
+        if rows is None or self._pending_count == rows.shape[0]:
+            if rows is not None and rows.shape[0] >= _PENDING_ROWS_MAX:
+                self._fold_pending()
+            else:
+                capacity = 8 if rows is None else 2 * rows.shape[0]
+                grown = torch.empty(capacity, width, device=device, dtype=self._norm_dtype)
+                if rows is not None:
+                    grown[: self._pending_count].copy_(rows[: self._pending_count])
+                self._pending_rows = grown
+        self._pending_count += 1
+        return self._pending_rows[self._pending_count - 1]
+
+    def _scale_inverses(
+        self, scales: list[float | torch.Tensor | None], device: torch.device
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Per step, whether its tensor grad_scale was a finite number > 0 ([n] bool; None when no
+        step had a tensor scale), and 1 / its scale ([n]; 1 for a step without one, 0 for a bad one;
+        None when no step had a scale)."""
+        if all(scale is None for scale in scales):
+            return None, None
+        if not any(isinstance(scale, torch.Tensor) for scale in scales):
+            # host floats: one copy per fold (a fold comes with a host read anyway, or every 256 steps)
+            inverses = [1.0 if scale is None else 1.0 / float(scale) for scale in scales]
+            return None, torch.tensor(inverses, dtype=self._norm_dtype).to(device)
+        one = torch.ones((), device=device, dtype=self._norm_dtype)
+        scale = torch.stack(
+            [s if isinstance(s, torch.Tensor) else one * (1.0 if s is None else float(s)) for s in scales]
+        )
+        scale_ok = torch.isfinite(scale) & (scale > 0)
+        return scale_ok, torch.where(scale_ok, scale.reciprocal(), 0.0)
+
+    def _fold_pending(self) -> None:
+        """Add the pending steps to the interval's sums, in the order they came."""
+        n = self._pending_count
+        if n == 0:
+            return
+        positions = list(self._pending_positions)
+        rows = self._pending_rows[:n]
+        scales = self._pending_scales
+        self._pending_count, self._pending_scales = 0, []
+        device = rows.device
+        block_norms = self._rows_block_norms(positions, rows)
+        finite = torch.isfinite(block_norms.sum(dim=1))  # a device bool per step: never read here
+        scale_ok, inv_scale = self._scale_inverses(scales, device)
+        if scale_ok is not None:  # a NaN, 0 or negative scale masks its step, as an overflow
+            finite = finite & scale_ok
+            if self._bad_scale_steps is None or self._bad_scale_steps.device != device:
+                self._bad_scale_steps = torch.zeros((), device=device)
+            self._bad_scale_steps += (~scale_ok).sum()
+            self._scales_unchecked = True
         if inv_scale is not None:
-            step_norms = step_norms * inv_scale
+            block_norms = block_norms * inv_scale.unsqueeze(1)
+        masked = torch.where(finite.unsqueeze(1), block_norms, 0.0)
         if self._norm_sum is None or self._norm_sum.device != device:
-            self._norm_sum = torch.zeros_like(step_norms)
-        self._norm_sum.add_(torch.where(finite, step_norms, 0.0))
-        overflow = (~finite).float()
+            self._norm_sum = torch.zeros(len(self.blocks), device=device, dtype=self._norm_dtype)
+        for step_norms in masked.unbind(0):  # one add per step, as the sums always were (bit for bit)
+            self._norm_sum.add_(step_norms)
         if self._overflows is None or self._overflows.device != device:
             self._overflows = torch.zeros(len(self.blocks), device=device)
             self._overflow_steps = torch.zeros((), device=device)
-        self._overflows[self._first_active :] += overflow
-        self._overflow_steps += overflow
-        if self.track_summed:
-            for pos, g in zip(positions, grads):
-                if pos not in self._summed:
-                    self._summed[pos] = torch.zeros_like(g)
-                masked = torch.where(finite, g, 0.0)
-                if inv_scale is None:
-                    self._summed[pos].add_(masked)
-                elif isinstance(inv_scale, float):
-                    self._summed[pos].add_(masked, alpha=inv_scale)
-                else:
-                    self._summed[pos].addcmul_(masked, inv_scale.to(g.dtype))
+        overflow_steps = (~finite).sum()
+        self._overflows[self._first_active :] += overflow_steps
+        self._overflow_steps += overflow_steps
 
-    def _checked_inverse(self, grad_scale: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """1 / the scale tensor, and a device bool saying it is a finite number > 0; a bad scale is
-        counted on the device (its inverse is 0, so its step adds nothing) and refused by
-        :meth:`refuse_bad_grad_scales` when the interval closes: a check per step would read the
-        tensor on the host, the sync the tensor form exists to avoid."""
-        scale = grad_scale.detach().to(device=device, dtype=self._norm_dtype)
-        scale_ok = (torch.isfinite(scale) & (scale > 0)).all()
-        if self._bad_scale_steps is None or self._bad_scale_steps.device != device:
-            self._bad_scale_steps = torch.zeros((), device=device)
-        self._bad_scale_steps += (~scale_ok).float()
-        self._scales_unchecked = True
-        return torch.where(scale_ok, scale.reciprocal(), 0.0), scale_ok
+    def _add_summed(
+        self,
+        positions: list[int],
+        grads: list[torch.Tensor],
+        row: torch.Tensor,
+        grad_scale: float | torch.Tensor | None,
+    ) -> None:
+        """Add this step's gradients (unscaled) to the interval's summed gradient; nothing where the
+        step was not finite or its scale tensor bad (a masked fill, not a product: inf * 0 is NaN).
+        The gradients go through a few flat buffers (one foreach copy, one mask and one add each:
+        :class:`_FlatRun`), so the operations a step launches do not grow with the parameter count."""
+        finite = torch.isfinite(self._rows_block_norms(positions, row.unsqueeze(0)).sum())
+        inv_tensor, alpha = None, 1.0
+        if isinstance(grad_scale, torch.Tensor):
+            scale_ok, inv_scales = self._scale_inverses([grad_scale], row.device)
+            finite, inv_tensor = finite & scale_ok[0], inv_scales[0]
+        elif grad_scale is not None:  # a host float: no copy to the device
+            alpha = 1.0 / float(grad_scale)
+        layout = (tuple(positions), tuple((g.shape, g.dtype, g.device) for g in grads))
+        if layout != self._summed_layout:  # a boundary move, a parameter without a gradient, a load
+            self._summed_runs, self._summed = _flat_runs(positions, grads, self._summed)
+            self._summed_layout = layout
+        not_finite = ~finite
+        start = 0
+        for run in self._summed_runs:
+            torch._foreach_copy_(run.staging_views, grads[start : start + len(run.positions)])
+            start += len(run.positions)
+            run.staging.masked_fill_(not_finite, 0.0)
+            if inv_tensor is not None:
+                run.staging.mul_(inv_tensor.to(run.staging.dtype))
+            run.flat_sum.add_(run.staging, alpha=alpha)
 
     def refuse_bad_grad_scales(self) -> None:
         """Raise ValueError when a ``grad_scale`` tensor of the running interval was NaN, inf, 0 or
         negative (the float form is refused at the call). One host read, and only when a tensor
         scale came since the last check; :meth:`close_interval` calls it before changing anything."""
+        self._fold_pending()
         if not self._scales_unchecked:
             return
         bad_steps = int(self._bad_scale_steps.item())
@@ -309,6 +472,7 @@ class GradNormMonitor:
         Returns:
             The closed interval, also appended to ``history``.
         """
+        self._fold_pending()
         self.refuse_bad_grad_scales()
         num_blocks = len(self.blocks)
         overflows = [0.0] * num_blocks
@@ -367,6 +531,7 @@ class GradNormMonitor:
 
     # ---------------------------------------------------------------- state
     def state_dict(self) -> dict:
+        self._fold_pending()  # the saved sums hold every step observed (the format has no pending rows)
         return {
             "history": [s.to_dict() for s in self.history],
             "intervals_closed": self.intervals_closed,
@@ -389,13 +554,14 @@ class GradNormMonitor:
             state: written by :meth:`state_dict` of a monitor over the same blocks (the Freezer
                 checks it first: :func:`freeze.freezer.records.check_saved_monitor`).
         """
+        self._pending_count, self._pending_scales, self._pending_positions = 0, [], ()  # replaced, not folded
         self.history = [IntervalStats.from_dict(d) for d in state["history"]][-self.history_kept :]
         self.intervals_closed = int(state.get("intervals_closed", len(state["history"])))
         self.set_first_active(int(state["first_active"]))
         self._interval_steps = int(state["interval_steps"])
         self._interval_skipped_steps = int(state["interval_skipped_steps"])
         self._block_steps = [int(s) for s in state["block_steps"]]
-        self._summed = {}
+        self._summed, self._summed_runs, self._summed_layout = {}, [], ()
         for pos, t in state["summed"].items():
             p = self._params[int(pos)]
             self._summed[int(pos)] = t.to(device=p.device, dtype=p.dtype)

@@ -1,0 +1,168 @@
+"""The monitor's per-step cost, this tree against an earlier commit's, interleaved in one process.
+
+    python -m experiments.bench.monitor_ab --baseline-rev a09804c --device cuda --out DIR
+
+The first GPU check (docs/benchmarks.md) found the engine 1.08-1.21x slower than the static limit on
+an H200, the monitor's ``after_backward`` taking 0.8-1.2 ms of a 7-15 ms step. This measures that
+phase alone, on ResNet-18's real gradients (32x32, batch 64): per variant, intervals of ``--steps``
+calls of ``observe()`` and one ``close_interval()`` (where a fold of pending steps lands), timed by
+the wall clock from a synchronised start to a synchronised end, divided by the steps. Variants, in a
+shuffled order each round: this tree's monitor, the same again (the control: its true ratio to the
+first is 1.00) and the baseline commit's (``git show REV:freeze/monitor.py``), each with and without
+the summed gradient (``track_summed``). It writes ``monitor_ab.csv`` (every interval) and
+``monitor_ab.md`` (medians, and each ratio's 95 % bootstrap interval over rounds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import importlib.util
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+import torchvision
+
+from freeze import split_blocks
+from freeze.monitor import GradNormMonitor
+
+ROOT = Path(__file__).resolve().parents[2]
+VARIANTS = ("this", "this-again", "baseline")
+
+
+def baseline_monitor_class(rev: str) -> type:
+    """``GradNormMonitor`` as commit ``rev`` had it (its module loaded from ``git show``)."""
+    source = subprocess.run(
+        ["git", "show", f"{rev}:freeze/monitor.py"], cwd=ROOT, capture_output=True, text=True, check=False
+    )
+    if source.returncode != 0:
+        sys.exit(f"--baseline-rev: git show {rev}:freeze/monitor.py failed: {source.stderr.strip()}")
+    path = Path(tempfile.mkdtemp(prefix="monitor-ab-")) / "monitor_baseline.py"
+    path.write_text(source.stdout)
+    spec = importlib.util.spec_from_file_location("monitor_baseline", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up while being built
+    spec.loader.exec_module(module)
+    return module.GradNormMonitor
+
+
+def real_gradients(device: torch.device) -> tuple[torch.nn.Module, list]:
+    """ResNet-18 (10 classes) with the gradients of one batch of 64 random 32x32 images."""
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(num_classes=10).to(device)
+    x = torch.randn(64, 3, 32, 32, device=device)
+    y = torch.randint(0, 10, (64,), device=device)
+    F.cross_entropy(model(x), y).backward()
+    return model, split_blocks(model)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_interval(monitor, steps: int, device: torch.device) -> float:
+    """Milliseconds per step of ``steps`` observes and one close, synchronised at both ends."""
+    _sync(device)
+    start = time.perf_counter()
+    for _ in range(steps):
+        monitor.observe()
+    monitor.close_interval(epoch=0, boundary=0, end_step=steps)
+    _sync(device)
+    return (time.perf_counter() - start) * 1e3 / steps
+
+
+def measure(device: torch.device, baseline_cls: type, rounds: int, steps: int, seed: int) -> list[dict]:
+    model, blocks = real_gradients(device)
+    classes = {"this": GradNormMonitor, "this-again": GradNormMonitor, "baseline": baseline_cls}
+    monitors = {
+        (variant, summed): classes[variant](blocks, track_summed=summed)
+        for variant in VARIANTS
+        for summed in (False, True)
+    }
+    for monitor in monitors.values():  # warm-up: buffers, the block index, cuDNN/cuBLAS handles
+        time_interval(monitor, steps, device)
+    order = list(monitors)
+    rng = random.Random(seed)
+    rows = []
+    for r in range(rounds):
+        rng.shuffle(order)
+        for variant, summed in order:
+            ms = time_interval(monitors[(variant, summed)], steps, device)
+            rows.append({"round": r, "variant": variant, "track_summed": summed, "ms_per_step": ms})
+    return rows
+
+
+def ratio_interval(num: list[float], den: list[float], seed: int = 0, draws: int = 2000) -> tuple[float, float, float]:
+    """Median(num) / median(den) and its 95 % bootstrap interval (rounds resampled, paired)."""
+    a, b = np.asarray(num), np.asarray(den)
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(a), size=(draws, len(a)))
+    boot = np.median(a[idx], axis=1) / np.median(b[idx], axis=1)
+    return float(np.median(a) / np.median(b)), float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5))
+
+
+def write(rows: list[dict], out: Path, header: list[str]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "monitor_ab.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    lines = [
+        *header,
+        "",
+        "| track_summed | variant | median ms/step | ratio to `this` | 95 % interval |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for summed in (False, True):
+        series = {
+            v: [r["ms_per_step"] for r in rows if r["variant"] == v and r["track_summed"] == summed] for v in VARIANTS
+        }
+        for variant in VARIANTS:
+            ratio, lo, hi = ratio_interval(series[variant], series["this"])
+            lines.append(
+                f"| {summed} | {variant} | {statistics.median(series[variant]):.3f} | {ratio:.2f} | [{lo:.2f}, {hi:.2f}] |"
+            )
+    (out / "monitor_ab.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--baseline-rev", required=True, help="the commit whose freeze/monitor.py is the baseline")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda")
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--steps", type=int, default=20, help="observes per timed interval (then one close)")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    if args.device not in ("cpu", "cuda"):
+        parser.error(f"--device: '{args.device}' is not accepted; accepted: cpu, cuda")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device: cuda, but no CUDA device is visible; accepted here: cpu")
+    if args.rounds < 2 or args.steps < 1:
+        parser.error("--rounds must be >= 2 and --steps >= 1")
+    device = torch.device(args.device)
+    baseline_cls = baseline_monitor_class(args.baseline_rev)
+    rows = measure(device, baseline_cls, args.rounds, args.steps, seed=0)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    header = [
+        f"# Monitor A/B: this tree against {args.baseline_rev}",
+        "",
+        f"`python -m experiments.bench.monitor_ab --baseline-rev {args.baseline_rev} --device {args.device} "
+        f"--rounds {args.rounds} --steps {args.steps}` on {name}, torch {torch.__version__}; ResNet-18 (32x32, "
+        f"batch 64) gradients; ms per step of {args.steps} observes + 1 close, {args.rounds} interleaved rounds.",
+    ]
+    write(rows, args.out, header)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
