@@ -32,7 +32,7 @@ from freeze._atomic import atomic_write_bytes, atomic_write_json, atomic_write_t
 from freeze.pipeline.jsonl import JsonLinesError, read_json_lines
 from freeze.pipeline.run_lock import RunBusyError, RunLock
 from freeze.pipeline.runs import RunError
-from freeze.pipeline.schema import CONFIG_FILE, MANIFEST_FILE, METRICS_FILE
+from freeze.pipeline.schema import CONFIG_FILE, MANIFEST_FILE, METRICS_FILE, find_run_dirs
 
 OLD_BOUNDARY_KEY, BOUNDARY_KEY = "boundary_during", "boundary_at_epoch_start"
 AUGMENT_OF_BOOLEAN = {True: "crop-flip", False: "none"}
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     changed = unchanged = busy = 0
     try:
-        for run_dir in sorted(p.parent for p in args.runs_dir.rglob(MANIFEST_FILE) if p.is_file()):
+        for run_dir in find_run_dirs(args.runs_dir):
             files = convert_run(run_dir, args.dry_run)
             if files is None:
                 busy += 1

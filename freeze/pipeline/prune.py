@@ -29,11 +29,7 @@ from pathlib import Path
 from freeze._atomic import is_temp_file
 from freeze.pipeline.run_lock import RunBusyError, RunLock
 from freeze.pipeline.runs import RunDir, RunError, load_checkpoint
-from freeze.pipeline.schema import MANIFEST_FILE
-
-
-def _runs_below(folder: Path) -> list[Path]:
-    return sorted(p.parent for p in folder.rglob(MANIFEST_FILE) if p.is_file())
+from freeze.pipeline.schema import find_run_dirs
 
 
 def prune_run(run_dir: Path, dry_run: bool = False) -> tuple[int, int] | None:
@@ -88,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     removed = written = pruned = kept = temp_bytes = temp_runs = busy = 0
     try:
-        for run_dir in _runs_below(args.runs_dir):
+        for run_dir in find_run_dirs(args.runs_dir):
             outcome = prune_locked(run_dir, args.dry_run)
             if outcome is None:
                 busy += 1

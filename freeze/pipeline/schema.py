@@ -14,6 +14,7 @@ import re
 import types
 import typing
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 # Phases timed in every epoch, in the order a step visits them. Their sum is epoch_wall_s.
@@ -143,3 +144,9 @@ def run_name_part(text: str) -> str:
     """``text`` as part of a run directory's name (sweeps and studies name runs with it): each run
     of characters other than letters, digits and ``. = _ + -`` becomes one '-'."""
     return re.sub(r"[^A-Za-z0-9.=_+-]+", "-", text)
+
+
+def find_run_dirs(folder: str | Path) -> list[Path]:
+    """Every directory below ``folder`` (itself included) holding a manifest, sorted: the runs a
+    report reads, a prune shrinks and a conversion converts."""
+    return sorted(p.parent for p in Path(folder).rglob(MANIFEST_FILE) if p.is_file())

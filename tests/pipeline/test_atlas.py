@@ -16,7 +16,7 @@ from freeze.pipeline.report import build_tables
 from freeze.pipeline.report.atlas import atlas_table, clock_arm, freeze_step
 from freeze.pipeline.report.load import ReportInputError, Run, read_metrics
 from freeze.pipeline.report.tables import Baseline, to_markdown
-from freeze.pipeline.schema import PHASES
+from tests.pipeline.handmade_runs import epoch_record, handmade_run
 
 SEEDS = (0, 1, 2)
 STEPS = 170
@@ -24,46 +24,9 @@ BASE = Baseline("none", "baseline: group 'none'")
 FIXTURE_METRICS = Path(__file__).parents[1] / "fixtures" / "runs" / "fixture_study" / "autofreeze-s0" / "metrics.jsonl"
 
 
-def _epoch(step: int, boundary: int, time_s: float, acc_pct: float) -> dict:
-    return {
-        "epoch": 0,
-        "boundary": boundary,
-        "step": step,
-        "test_acc": acc_pct / 100,
-        "val_acc": acc_pct / 100,
-        "cumulative_wall_s": time_s,
-        "epoch_wall_s": time_s,
-        "frozen_param_fraction": 0.5 if boundary else 0.0,
-        "allreduce_bytes": 1e9,
-        "peak_memory_bytes": 2e9,
-        **{f"phase_{p}_s": time_s / len(PHASES) for p in PHASES},
-    }
-
-
 def _run(group, seed, policy, time_s, acc_pct, changes=(), steps=STEPS, fraction=1.0, setting="loopback") -> Run:
     """One single-epoch run of ``steps`` steps whose boundary changed after the given (step, boundary)."""
-    manifest = {
-        "group": group,
-        "policy": policy,
-        "seed": seed,
-        "setting": setting,
-        "world_size": 2,
-        "status": "complete",
-        "epochs_done": 1,
-        "epochs_planned": 1,
-        "block_names": [f"b{i}" for i in range(10)],
-    }
-    config = {"train": {"budget_fraction": fraction}, "freeze": {"policy": policy}}
-    final = changes[-1][1] if changes else 0
-    metrics = pd.DataFrame([_epoch(steps, final, time_s, acc_pct)])
-    return Run(
-        Path(f"/runs/{setting}_{group}_{seed}"),
-        manifest,
-        config,
-        metrics,
-        np.zeros((1, 10)),
-        boundary_steps=tuple(changes),
-    )
+    return handmade_run(setting, group, seed, policy, time_s, acc_pct, steps, fraction=fraction, changes=tuple(changes))
 
 
 def _study(with_budgets: bool = False) -> list[Run]:
@@ -146,7 +109,7 @@ def test_the_iso_accuracy_speedup_is_read_where_the_frontier_exists():
 
 def test_a_run_directory_without_boundary_steps_is_read_from_its_epoch_records():
     old = _run("at-k9-t0.5", 0, "at:k=9,t=0.5", 60.0, 88.0)
-    epochs = pd.DataFrame([_epoch(85, 0, 30.0, 80.0), _epoch(170, 9, 60.0, 88.0)])
+    epochs = pd.DataFrame([epoch_record(85, 0, 30.0, 80.0, 0.0), epoch_record(170, 9, 60.0, 88.0, 0.5)])
     old = Run(old.run_dir, old.manifest, old.config, epochs, np.zeros((2, 10)))
     assert freeze_step(old, 9) == 170  # the end of the first epoch whose boundary reached 9
     assert np.isnan(freeze_step(old, 10))  # never reached

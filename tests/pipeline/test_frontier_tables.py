@@ -4,52 +4,23 @@ no budgets of its own, and arms placed beyond, on and inside the frontier."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import numpy as np
-import pandas as pd
 import pytest
 
 from freeze.pipeline.report import build_tables
 from freeze.pipeline.report.frontier_tables import frontier_table, iso_speedup_table, iso_speedups
 from freeze.pipeline.report.load import Run
 from freeze.pipeline.report.tables import Baseline, final_test_acc
-from freeze.pipeline.schema import PHASES
+from tests.pipeline.handmade_runs import handmade_run
 
 SEEDS = (0, 1, 2, 3, 4)  # a verdict needs 5 paired seeds (report.frontier.MIN_VERDICT_SEEDS)
 BASE = Baseline("none", "baseline: group 'none'")
 
 
 def _run(setting, group, seed, policy, time_s, acc_pct, steps, fraction=1.0) -> Run:
-    manifest = {
-        "group": group,
-        "policy": policy,
-        "seed": seed,
-        "setting": setting,
-        "world_size": 2,
-        "status": "complete",
-        "epochs_done": 1,
-        "epochs_planned": 1,
-        "block_names": ["a", "b"],
-    }
-    config = {"train": {"budget_fraction": fraction}, "freeze": {"policy": policy}}
-    metrics = pd.DataFrame(
-        [
-            {
-                "test_acc": acc_pct / 100,
-                "val_acc": acc_pct / 100,
-                "cumulative_wall_s": time_s,
-                "epoch_wall_s": time_s,
-                "step": steps,
-                "boundary": 0,  # a required metrics key (the atlas reads it where boundary_steps are absent)
-                "frozen_param_fraction": 0.0 if policy == "none" else 0.5,
-                "allreduce_bytes": 1e9,
-                "peak_memory_bytes": 2e9,
-                **{f"phase_{p}_s": time_s / len(PHASES) for p in PHASES},
-            }
-        ]
+    frozen = 0.0 if policy == "none" else 0.5
+    return handmade_run(
+        setting, group, seed, policy, time_s, acc_pct, steps, fraction=fraction, blocks=2, frozen_fraction=frozen
     )
-    return Run(Path(f"/runs/{setting}_{group}_{seed}"), manifest, config, metrics, np.zeros((1, 2)))
 
 
 def _study() -> list[Run]:

@@ -30,6 +30,7 @@ from freeze.pipeline.schema import (
     EpochRecord,
     Manifest,
     field_types,
+    find_run_dirs,
     required_fields,
 )
 
@@ -146,11 +147,6 @@ class Run:
     @property
     def is_complete(self) -> bool:
         return self.incomplete_reason is None
-
-
-def find_run_dirs(runs_dir: Path) -> list[Path]:
-    """Every directory below ``runs_dir`` (itself included) holding a manifest.json, sorted."""
-    return sorted(p.parent for p in Path(runs_dir).rglob(MANIFEST_FILE) if p.is_file())
 
 
 def load_runs(runs_dir: str | Path) -> list[Run]:
