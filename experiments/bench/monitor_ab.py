@@ -39,14 +39,19 @@ VARIANTS = ("this", "this-again", "baseline")
 
 
 def baseline_monitor_class(rev: str) -> type:
-    """``GradNormMonitor`` as commit ``rev`` had it (its module loaded from ``git show``)."""
-    source = subprocess.run(
-        ["git", "show", f"{rev}:freeze/monitor.py"], cwd=ROOT, capture_output=True, text=True, check=False
-    )
-    if source.returncode != 0:
-        sys.exit(f"--baseline-rev: git show {rev}:freeze/monitor.py failed: {source.stderr.strip()}")
+    """``GradNormMonitor`` as commit ``rev`` had it (its module loaded from ``git show``), or as the
+    file ``rev`` holds when it names one (a shallow clone, as on the GPU machine, lacks old commits)."""
+    if Path(rev).is_file():
+        text = Path(rev).read_text()
+    else:
+        source = subprocess.run(
+            ["git", "show", f"{rev}:freeze/monitor.py"], cwd=ROOT, capture_output=True, text=True, check=False
+        )
+        if source.returncode != 0:
+            sys.exit(f"--baseline-rev: git show {rev}:freeze/monitor.py failed: {source.stderr.strip()}")
+        text = source.stdout
     path = Path(tempfile.mkdtemp(prefix="monitor-ab-")) / "monitor_baseline.py"
-    path.write_text(source.stdout)
+    path.write_text(text)
     spec = importlib.util.spec_from_file_location("monitor_baseline", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up while being built
@@ -137,7 +142,7 @@ def write(rows: list[dict], out: Path, header: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--baseline-rev", required=True, help="the commit whose freeze/monitor.py is the baseline")
+    parser.add_argument("--baseline-rev", required=True, help="the commit whose freeze/monitor.py is the baseline, or a file holding that module")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda")
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--steps", type=int, default=20, help="observes per timed interval (then one close)")

@@ -115,7 +115,8 @@ class KeepEval:
 
     def __call__(self, module: nn.Module, args: tuple) -> None:
         for m in self.held:
-            m.training = False
+            if m.training:  # nn.Module's __setattr__ is slow; a write is needed only after a train()
+                m.training = False
 
 
 class OrderCheck:
