@@ -43,6 +43,7 @@ def handmade_run(
     changes: tuple[tuple[int, int], ...] = (),
     blocks: int = 10,
     frozen_fraction: float | None = None,
+    comm_hook: str = "allreduce",
 ) -> Run:
     """One complete single-epoch run of ``steps`` steps (``fraction`` of the budget) whose boundary
     changed at each (step, boundary) of ``changes``."""
@@ -57,7 +58,7 @@ def handmade_run(
         "epochs_planned": 1,
         "block_names": [f"b{i}" for i in range(blocks)],
     }
-    config = {"train": {"budget_fraction": fraction}, "freeze": {"policy": policy}}
+    config = {"train": {"budget_fraction": fraction}, "freeze": {"policy": policy, "comm_hook": comm_hook}}
     final_boundary = changes[-1][1] if changes else 0
     if frozen_fraction is None:
         frozen_fraction = 0.5 if final_boundary else 0.0

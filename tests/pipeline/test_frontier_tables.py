@@ -16,10 +16,20 @@ SEEDS = (0, 1, 2, 3, 4)  # a verdict needs 5 paired seeds (report.frontier.MIN_V
 BASE = Baseline("none", "baseline: group 'none'")
 
 
-def _run(setting, group, seed, policy, time_s, acc_pct, steps, fraction=1.0) -> Run:
+def _run(setting, group, seed, policy, time_s, acc_pct, steps, fraction=1.0, hook="allreduce") -> Run:
     frozen = 0.0 if policy == "none" else 0.5
     return handmade_run(
-        setting, group, seed, policy, time_s, acc_pct, steps, fraction=fraction, blocks=2, frozen_fraction=frozen
+        setting,
+        group,
+        seed,
+        policy,
+        time_s,
+        acc_pct,
+        steps,
+        fraction=fraction,
+        blocks=2,
+        frozen_fraction=frozen,
+        comm_hook=hook,
     )
 
 
@@ -134,16 +144,45 @@ def test_the_plain_sentences_read_budgets_as_the_frontier_and_say_where_each_arm
     assert "not beyond the budget frontier: training fewer steps does as well or better" in lines["loopback/slow"]
 
 
-def test_a_frontier_whose_time_is_not_proportional_to_steps_is_not_borrowed():
-    """The cluster's frontier times are its baseline's x the step fraction: right only when a budget's
-    time per step is full fine-tuning's. Here budget 0.5 takes 70 s for half the steps."""
-    runs = [
-        _run(r.setting, r.group, r.seed, r.policy, 70.0, 100 * final, 50, 0.5) if r.group == "budget-0.5" else r
-        for r, final in ((r, final_test_acc(r)) for r in _study())
-    ]
+def test_a_borrowed_frontier_is_read_by_step_and_by_time_fraction_and_decides_only_where_both_agree():
+    """The cluster's frontier times are its baseline's x a fraction carried over from loopback: the
+    step fraction, and the measured time fraction. Here budget 0.8 takes 90 s for 0.8 of the steps,
+    so an arm at 88 % reads T_frontier = 0.9 x 200 s by steps and 0.95 x 200 s by time."""
+    runs = []
+    for r in _study():
+        if r.group == "budget-0.8":
+            r = _run(r.setting, r.group, r.seed, r.policy, 90.0, 100 * final_test_acc(r), 80, 0.8)
+        runs.append(r)
+    for seed in SEEDS:
+        wobble = (seed - (len(SEEDS) - 1) / 2) * 0.3
+        runs.append(_run("cluster", "between", seed, "at:k=8,t=0.6", 185.0, 88 + wobble, 100))
     frontier = _rows(frontier_table(runs, BASE))
-    assert not frontier[("loopback", "budget-0.5")]["proportional"]
-    assert frontier[("loopback", "budget-0.5")]["time_per_step_ratio"] == pytest.approx(1.4)
-    assert frontier[("loopback", "budget-0.6")]["proportional"]
-    iso = iso_speedups(runs, BASE)
-    assert ("loopback", "fast", 2) in iso and ("cluster", "fast", 2) not in iso
+    assert frontier[("loopback", "budget-0.8")]["time_per_step_ratio"] == pytest.approx(90 / 80)
+    readings = iso_speedups(runs, BASE)
+    fast = readings[("cluster", "fast", 2)]
+    assert fast.iso.speedup == pytest.approx(180 / 150) and fast.by_time.speedup == pytest.approx(190 / 150)
+    assert fast.verdict() == "yes"  # beyond by both readings
+    between = readings[("cluster", "between", 2)]
+    assert between.iso.speedup == pytest.approx(180 / 185) and between.by_time.speedup == pytest.approx(190 / 185)
+    assert (between.iso.verdict(), between.by_time.verdict(), between.verdict()) == ("no", "yes", "undecided")
+    assert readings[("loopback", "fast", 2)].by_time is None  # its own frontier: one reading
+    display = iso_speedup_table(readings).display.set_index(["setting", "group"])
+    assert display.loc[("cluster", "between"), "beyond the frontier"] == "undecided"
+
+
+def test_an_arm_that_compresses_is_read_against_training_less_with_the_same_compression():
+    """payoff + bf16 on the cluster is compared with full fine-tuning on fewer steps WITH the bf16 hook
+    (the cluster's policy-none bf16 group anchors the frontier's times), so the hook's own saving is
+    not credited to freezing; without such a group the arm has no frontier."""
+    runs = _study()
+    for seed in SEEDS:
+        wobble = (seed - (len(SEEDS) - 1) / 2) * 0.3
+        runs.append(_run("cluster", "bf16", seed, "none", 120.0, 90 + wobble, 100, hook="bf16"))
+        runs.append(_run("cluster", "fast-bf16", seed, "at:k=8,t=0.5", 100.0, 88 + wobble, 100, hook="bf16"))
+        runs.append(_run("cluster", "fast-psgd", seed, "at:k=8,t=0.5", 100.0, 88 + wobble, 100, hook="powersgd4"))
+    readings = iso_speedups(runs, BASE)
+    stacked = readings[("cluster", "fast-bf16", 2)]
+    assert stacked.iso.speedup == pytest.approx(0.9 * 120 / 100)  # not 0.9 x 200 s / 100 s
+    assert stacked.source == "loopback, times of bf16"
+    assert ("cluster", "fast-psgd", 2) not in readings  # no policy-none powersgd4 run to anchor on
+    assert readings[("cluster", "bf16", 2)].iso.speedup == pytest.approx(1.0)  # the anchor reads 1.00x

@@ -63,7 +63,7 @@ def build_tables(
 ) -> list[Table]:
     chosen = resolve_baseline(runs, baseline)
     iso = iso_speedups(runs, chosen)  # against the budget frontier; {} without budget runs
-    iso_by_group = {key: found for key, (found, _) in iso.items()}
+    iso_by_group = {key: reading.iso for key, reading in iso.items()}
     return [
         main_table(runs, chosen, target_fraction, margin_points, iso_by_group),
         paired_table(runs, chosen, target_fraction, margin_points, iso_by_group),

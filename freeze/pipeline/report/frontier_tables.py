@@ -4,12 +4,21 @@ iso-accuracy speedup against it (freeze.pipeline.report.frontier holds the arith
 A budget run is a complete policy-none run with ``train.budget_fraction`` below 1; the baseline group
 is the frontier's full budget. A setting without budget runs of its own (the emulated cluster, where
 accuracy is the same as on loopback and only the time differs) borrows the frontier of the first
-setting that has one: each budget run's accuracy, at its own fraction of the steps times that
-setting's baseline time, seed by seed. That holds when train time is proportional to steps, which
-the frontier table shows for the setting that ran the budgets (time fraction beside step fraction).
+setting that has one: each budget run's accuracy, at a time read off the arm's anchor in its own
+setting, seed by seed. The anchor is full fine-tuning sent the way the arm sends its gradients (the
+policy-none, full-budget group with the arm's ``freeze.comm_hook``: an arm stacked on bf16 is
+compared with training less AND compressing, not with training less alone), so what compression
+buys is not credited to freezing. The anchor's time is carried over two ways, since neither is known
+to hold on the other setting: as the budget's step fraction (right when time is proportional to
+steps; the frontier's cheapest reading, so the one an arm must beat for "beyond") and as the budget's
+measured time fraction where it ran (right when a short run's extra cost per step carries over; the
+dearest reading, so the one an arm must lose to for "not beyond"). The frontier table shows how far
+the two differ (time per step against full fine-tuning's).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -22,7 +31,6 @@ from freeze.pipeline.report.tables import (
     GroupKey,
     Table,
     complete_groups,
-    csv_frame,
     display_columns,
     final_test_acc,
     fmt_number,
@@ -72,44 +80,56 @@ def _time_per_step_ratio(runs: list[Run], base: dict[int, Run]) -> tuple[float, 
     )
 
 
-def _proportional(frontier: dict[float, dict[int, Run]]) -> bool:
-    """Every budget's time per step is full fine-tuning's within its interval (one seed: no evidence)."""
-    full = frontier[1.0]
-    for fraction, by_seed in frontier.items():
-        if fraction == 1.0:
-            continue
-        _, low, high = _time_per_step_ratio(list(by_seed.values()), full)
-        if not (low <= 1.0 <= high):  # NaN bounds (one seed) compare False: not shown
-            return False
-    return True
+def _anchor(groups: dict[GroupKey, list[Run]], baseline: Baseline, key: GroupKey) -> dict[int, Run]:
+    """seed -> run of full fine-tuning in ``key``'s setting sent as ``key``'s arm sends its gradients
+    (the baseline group where the arm uses no hook); empty when the setting has no such group."""
+    hook = groups[key][0].comm_hook
+    base = groups.get((key[0], baseline.group, key[2]), [])
+    if base and base[0].comm_hook == hook:
+        return {r.seed: r for r in base}
+    for (setting, _, world), members in sorted(groups.items()):
+        first = members[0]
+        same_place = (setting, world) == (key[0], key[2])
+        if same_place and first.policy == "none" and first.budget_fraction == 1.0 and first.comm_hook == hook:
+            return {r.seed: r for r in members}
+    return {}
+
+
+def _carried_fraction(run: Run, full: Run, carry: str) -> float:
+    """A budget run's share of full fine-tuning, by steps or by measured train time."""
+    if carry == "time":
+        return train_wall_s(run) / train_wall_s(full)
+    return _final_step(run) / _final_step(full)
 
 
 def _frontier_points(
-    groups: dict[GroupKey, list[Run]], baseline: Baseline, key: GroupKey
+    groups: dict[GroupKey, list[Run]], baseline: Baseline, key: GroupKey, carry: str = "steps"
 ) -> tuple[dict[float, dict[int, Point]], str] | None:
-    """The frontier an arm in ``key``'s setting is read against, and the setting it was measured in."""
+    """The frontier an arm in ``key``'s setting is read against, and where it was measured; a borrowed
+    frontier's times carried over as step fractions (``carry="steps"``) or as the measured time
+    fractions of the setting that ran the budgets (``carry="time"``)."""
     own = _frontier_runs(groups, baseline, key[0], key[2])
     if own is not None:
         return {f: {s: _point(r) for s, r in by_seed.items()} for f, by_seed in own.items()}, key[0]
-    base = {r.seed: r for r in groups.get((key[0], baseline.group, key[2]), [])}
+    anchor = _anchor(groups, baseline, key)
     for setting in sorted({k[0] for k in groups}):
         borrowed = _frontier_runs(groups, baseline, setting, key[2])
-        if borrowed is None or not base:
+        if borrowed is None or not anchor:
             continue
-        if not _proportional(borrowed):
-            # Its times cannot be carried over as step fractions: no frontier here, rather than a
-            # wrong one (the frontier table shows where time per step is not constant).
-            return None
         full = borrowed[1.0]
         points = {
             f: {
-                s: Point(train_wall_s(base[s]) * _final_step(r) / _final_step(full[s]), 100 * final_test_acc(r))
+                s: Point(
+                    train_wall_s(anchor[s]) * _carried_fraction(r, full[s], carry),
+                    100 * final_test_acc(r if f < 1.0 else anchor[s]),
+                )
                 for s, r in by_seed.items()
-                if s in base and s in full
+                if s in anchor and s in full
             }
             for f, by_seed in borrowed.items()
         }
-        return points, setting
+        anchor_group = next(iter(anchor.values())).group
+        return points, setting if anchor_group == baseline.group else f"{setting}, times of {anchor_group}"
     return None
 
 
@@ -186,44 +206,69 @@ def frontier_table(runs: list[Run], baseline: Baseline) -> Table:
         "The budget frontier: full fine-tuning on a fraction of every epoch's steps with its schedule over its "
         "own length (train.budget_fraction), against the full budget (the baseline group), paired by seed; "
         "train time / full is the geometric mean over seeds with a t interval on the logs; proportional: the "
-        "interval of time per step against full fine-tuning's holds 1.00. Only where every budget is "
-        "proportional does a setting without budget runs take this frontier, its times the step fraction of "
-        "its own baseline's time."
+        "interval of time per step against full fine-tuning's holds 1.00. A setting without budget runs "
+        "borrows this frontier with its times read two ways, as the step fractions and as the time fractions "
+        "(the iso-accuracy table gives both): where a budget is not proportional, the two differ by its time "
+        "per step."
     )
     return Table("frontier", "Budget frontier", caption, data, display, align)
 
 
-def iso_speedups(runs: list[Run], baseline: Baseline) -> dict[GroupKey, tuple[IsoSpeedup, str]]:
-    """Every non-budget group's iso-accuracy speedup and the setting whose frontier it was read on;
-    groups without a frontier to read (no budgets anywhere, no baseline, no shared seed) are left out."""
+@dataclass(frozen=True)
+class FrontierReading:
+    """An arm's iso-accuracy speedup, the setting (and anchor) of the frontier it was read on, and, for
+    a borrowed frontier, the same read with the measured time fractions (module docstring)."""
+
+    iso: IsoSpeedup  # own frontier, or a borrowed one with its times as step fractions
+    source: str
+    by_time: IsoSpeedup | None = None  # a borrowed frontier with the measured time fractions
+
+    def verdict(self) -> str:
+        """yes / no only where every reading says so; else undecided (or the reading's n/a)."""
+        if self.by_time is None:
+            return self.iso.verdict()
+        both = {self.iso.verdict(), self.by_time.verdict()}
+        return both.pop() if len(both) == 1 else "undecided"
+
+
+def iso_speedups(runs: list[Run], baseline: Baseline) -> dict[GroupKey, FrontierReading]:
+    """Every non-budget group's iso-accuracy speedup against the frontier of its setting, or the one it
+    borrows; groups without a frontier to read (no budgets anywhere, no baseline, no anchor, no shared
+    seed) are left out."""
     groups = complete_groups(runs)
-    found: dict[GroupKey, tuple[IsoSpeedup, str]] = {}
+    found: dict[GroupKey, FrontierReading] = {}
     if baseline.group is None:
         return found
     for key, members in groups.items():
         frontier = None if _is_budget(members) else _frontier_points(groups, baseline, key)
         if frontier is None:
             continue
+        arm = {r.seed: _point(r) for r in members}
         try:
-            found[key] = (iso_accuracy_speedup(frontier[0], {r.seed: _point(r) for r in members}), frontier[1])
+            iso = iso_accuracy_speedup(frontier[0], arm)
         except ValueError:
             continue  # no seed shared with every budget: nothing paired to read
+        by_time = None
+        if frontier[1] != key[0]:  # borrowed: read it with the measured time fractions too
+            by_time = iso_accuracy_speedup(_frontier_points(groups, baseline, key, carry="time")[0], arm)
+        found[key] = FrontierReading(iso, frontier[1], by_time)
     return found
 
 
-def iso_speedup_table(iso: dict[GroupKey, tuple[IsoSpeedup, str]]) -> Table:
+def iso_speedup_table(readings: dict[GroupKey, FrontierReading]) -> Table:
     """The iso-accuracy speedups of :func:`iso_speedups`, one row per group."""
-    rows = [_iso_row(key, found, source) for key, (found, source) in iso.items()]
+    rows = [_iso_row(key, reading) for key, reading in readings.items()]
     columns: list[Column] = [
         ("setting", "l", lambda r: r["setting"]),
         ("group", "l", lambda r: r["group"]),
         ("seeds", "r", lambda r: str(r["seeds"])),
         ("frontier of", "l", lambda r: r["frontier_setting"]),
         ("iso-accuracy speedup [95% CI]", "r", lambda r: r["iso"].label()),
-        ("beyond the frontier", "l", lambda r: r["iso"].verdict()),
+        ("with the measured time fractions", "r", lambda r: "" if r["by_time"] is None else r["by_time"].label()),
+        ("beyond the frontier", "l", lambda r: r["verdict"]),
     ]
     display, align = display_columns(rows, columns)
-    data = csv_frame(rows)
+    data = pd.DataFrame([{k: v for k, v in r.items() if k not in ("iso", "by_time")} for r in rows])
     if not rows:
         return Table("iso_speedup", "Iso-accuracy speedup", NO_FRONTIER, data, display, align)
     return Table("iso_speedup", "Iso-accuracy speedup", ISO_DEFINITION, data, display, align)
@@ -234,21 +279,31 @@ ISO_DEFINITION = (
     "shorter budget needs to reach the arm's mean final test accuracy (linear on the mean frontier, made "
     "non-decreasing), over the arm's mean train time; 95 % interval: paired percentile bootstrap over seeds "
     "(10,000 resamples, each recomputing frontier and arm from the same seeds). Above 1.00 the arm beats "
-    "training less; >= / <= mark bounds past the frontier's ends (an upper bound never counts as beyond)."
+    "training less; >= / <= mark bounds past the frontier's ends (an upper bound never counts as beyond). "
+    "A setting without budgets of its own borrows another's frontier, anchored on full fine-tuning sent as the "
+    "arm sends its gradients (frontier of: 'loopback, times of bf16': training less with the bf16 hook), its "
+    "times carried over as the budgets' step fractions (the column before) and as their measured time "
+    "fractions (the next); beyond the frontier: yes or no only where both readings agree."
 )
 
 
-def _iso_row(key: GroupKey, iso: IsoSpeedup, source: str) -> dict:
+def _iso_row(key: GroupKey, reading: FrontierReading) -> dict:
+    iso, by_time = reading.iso, reading.by_time
     return {
         "setting": key[0],
         "group": key[1],
         "world_size": key[2],
         "seeds": iso.seeds,
-        "frontier_setting": source,
+        "frontier_setting": reading.source,
         "iso_speedup": iso.speedup,
         "iso_speedup_low": iso.ci_low,
         "iso_speedup_high": iso.ci_high,
         "bound": iso.bound,
-        "beyond_frontier": iso.beyond_frontier,
-        "iso": iso,  # for the display; not a CSV column
+        "iso_speedup_by_time": np.nan if by_time is None else by_time.speedup,
+        "iso_speedup_by_time_low": np.nan if by_time is None else by_time.ci_low,
+        "iso_speedup_by_time_high": np.nan if by_time is None else by_time.ci_high,
+        "beyond_frontier": reading.verdict() == "yes",
+        "verdict": reading.verdict(),
+        "iso": iso,  # for the display; not CSV columns
+        "by_time": by_time,
     }

@@ -122,6 +122,11 @@ class Run:
         return value if is_int(value) and value >= 1 else None
 
     @property
+    def comm_hook(self) -> str:
+        """freeze.comm_hook: how its gradients travelled ("allreduce" for runs made before hooks)."""
+        return str(self.config.get("freeze", {}).get("comm_hook", "allreduce"))
+
+    @property
     def budget_fraction(self) -> float:
         """train.budget_fraction: the fraction of every epoch's steps it trained (1.0 for runs made
         before budgets existed)."""
