@@ -6,9 +6,9 @@ is the frontier's full budget. A setting without budget runs of its own (the emu
 accuracy is the same as on loopback and only the time differs) borrows the frontier of the first
 setting that has one: each budget run's accuracy, at a time read off the arm's anchor in its own
 setting, seed by seed. The anchor is full fine-tuning sent the way the arm sends its gradients (the
-policy-none, full-budget group with the arm's ``freeze.comm_hook``: an arm stacked on bf16 is
-compared with training less AND compressing, not with training less alone), so what compression
-buys is not credited to freezing. The anchor's time is carried over two ways, since neither is known
+policy-none, full-budget group with the arm's ``freeze.comm_hook``: an arm that freezes on top of
+bf16 is compared with training less AND compressing, not with training less alone), so what
+compression buys is not credited to freezing; compression alone is read against the plain frontier. The anchor's time is carried over two ways, since neither is known
 to hold on the other setting: as the budget's step fraction (right when time is proportional to
 steps; the frontier's cheapest reading, so the one an arm must beat for "beyond") and as the budget's
 measured time fraction where it ran (right when a short run's extra cost per step carries over; the
@@ -81,11 +81,13 @@ def _time_per_step_ratio(runs: list[Run], base: dict[int, Run]) -> tuple[float, 
 
 
 def _anchor(groups: dict[GroupKey, list[Run]], baseline: Baseline, key: GroupKey) -> dict[int, Run]:
-    """seed -> run of full fine-tuning in ``key``'s setting sent as ``key``'s arm sends its gradients
-    (the baseline group where the arm uses no hook); empty when the setting has no such group."""
-    hook = groups[key][0].comm_hook
+    """seed -> run of full fine-tuning in ``key``'s setting sent as ``key``'s arm sends its gradients;
+    empty when the setting has no such group. An arm that freezes nothing (compression alone) is itself
+    what a user could do instead, so it is read against the plain frontier: the baseline group."""
+    arm = groups[key][0]
+    hook = arm.comm_hook if arm.policy != "none" else None
     base = groups.get((key[0], baseline.group, key[2]), [])
-    if base and base[0].comm_hook == hook:
+    if base and (hook is None or base[0].comm_hook == hook):
         return {r.seed: r for r in base}
     for (setting, _, world), members in sorted(groups.items()):
         first = members[0]
