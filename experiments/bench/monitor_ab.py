@@ -142,7 +142,11 @@ def write(rows: list[dict], out: Path, header: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--baseline-rev", required=True, help="the commit whose freeze/monitor.py is the baseline, or a file holding that module")
+    parser.add_argument(
+        "--baseline-rev",
+        required=True,
+        help="the commit whose freeze/monitor.py is the baseline, or a file holding that module",
+    )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda")
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--steps", type=int, default=20, help="observes per timed interval (then one close)")
