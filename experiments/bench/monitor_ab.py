@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import argparse
 import csv
-import importlib.util
 import random
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -41,21 +40,17 @@ VARIANTS = ("this", "this-again", "baseline")
 def baseline_monitor_class(rev: str) -> type:
     """``GradNormMonitor`` as commit ``rev`` had it (its module loaded from ``git show``), or as the
     file ``rev`` holds when it names one (a shallow clone, as on the GPU machine, lacks old commits)."""
+    where = f"{rev}:freeze/monitor.py"
     if Path(rev).is_file():
-        text = Path(rev).read_text()
+        text, where = Path(rev).read_text(), rev
     else:
-        source = subprocess.run(
-            ["git", "show", f"{rev}:freeze/monitor.py"], cwd=ROOT, capture_output=True, text=True, check=False
-        )
+        source = subprocess.run(["git", "show", where], cwd=ROOT, capture_output=True, text=True, check=False)
         if source.returncode != 0:
-            sys.exit(f"--baseline-rev: git show {rev}:freeze/monitor.py failed: {source.stderr.strip()}")
+            sys.exit(f"--baseline-rev: git show {where} failed: {source.stderr.strip()}")
         text = source.stdout
-    path = Path(tempfile.mkdtemp(prefix="monitor-ab-")) / "monitor_baseline.py"
-    path.write_text(text)
-    spec = importlib.util.spec_from_file_location("monitor_baseline", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up while being built
-    spec.loader.exec_module(module)
+    module = types.ModuleType("monitor_baseline")  # built in memory: no file left behind
+    sys.modules[module.__name__] = module  # its dataclasses look their module up while being built
+    exec(compile(text, where, "exec"), module.__dict__)
     return module.GradNormMonitor
 
 
