@@ -157,31 +157,31 @@ def _flat_runs(
     dtype and device up to :data:`_FLAT_CHUNK_ELEMENTS` elements per buffer, each parameter's sum a
     view of it, holding the sum it had in ``sums`` (0 if none). Returns the runs and every sum: the
     new views, and the sums of parameters without a gradient now, kept as they were."""
-    runs: list[_FlatRun] = []
-    groups: list[list[int]] = []
+    groups: list[list[int]] = []  # indices into grads, one list per buffer
+    totals: list[int] = []  # elements per buffer
     for i, g in enumerate(grads):
-        last = groups[-1] if groups else None
+        first = grads[groups[-1][0]] if groups else None
         if (
-            last is not None
-            and (grads[last[0]].dtype, grads[last[0]].device) == (g.dtype, g.device)
-            and sum(grads[j].numel() for j in last) + g.numel() <= _FLAT_CHUNK_ELEMENTS
+            first is not None
+            and (first.dtype, first.device) == (g.dtype, g.device)
+            and totals[-1] + g.numel() <= _FLAT_CHUNK_ELEMENTS
         ):
-            last.append(i)
+            groups[-1].append(i)
+            totals[-1] += g.numel()
         else:
             groups.append([i])
-    new_sums = dict(sums)
+            totals.append(g.numel())
     # One staging buffer per dtype and device, as long as the longest run: the runs are added one
     # after another on one stream, so they share it (the staging memory stays under one chunk).
-    staging_for: dict[tuple, torch.Tensor] = {}
-    for group in groups:
+    longest: dict[tuple, int] = {}
+    for group, total in zip(groups, totals):
+        key = (grads[group[0]].dtype, grads[group[0]].device)
+        longest[key] = max(longest.get(key, 0), total)
+    staging_for = {key: torch.empty(n, dtype=key[0], device=key[1]) for key, n in longest.items()}
+    runs: list[_FlatRun] = []
+    new_sums = dict(sums)
+    for group, total in zip(groups, totals):
         first = grads[group[0]]
-        key = (first.dtype, first.device)
-        total = sum(grads[i].numel() for i in group)
-        if key not in staging_for or staging_for[key].numel() < total:
-            staging_for[key] = torch.empty(total, dtype=first.dtype, device=first.device)
-    for group in groups:
-        first = grads[group[0]]
-        total = sum(grads[i].numel() for i in group)
         flat_sum = torch.zeros(total, dtype=first.dtype, device=first.device)
         staging = staging_for[(first.dtype, first.device)][:total]
         staging_views, offset = [], 0
@@ -561,7 +561,7 @@ class GradNormMonitor:
         self._interval_steps = int(state["interval_steps"])
         self._interval_skipped_steps = int(state["interval_skipped_steps"])
         self._block_steps = [int(s) for s in state["block_steps"]]
-        self._summed, self._summed_runs, self._summed_layout = {}, [], ()
+        self._summed = {}  # set_first_active above dropped the flat buffers
         for pos, t in state["summed"].items():
             p = self._params[int(pos)]
             self._summed[int(pos)] = t.to(device=p.device, dtype=p.dtype)
