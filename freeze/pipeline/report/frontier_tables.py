@@ -71,12 +71,19 @@ def _frontier_runs(
     return {**budgets, 1.0: {r.seed: r for r in base}}
 
 
+def _carried_fraction(run: Run, full: Run, carry: str) -> float:
+    """A run's share of full fine-tuning's ``full`` (same seed), by steps or by measured train time."""
+    if carry == "time":
+        return train_wall_s(run) / train_wall_s(full)
+    return _final_step(run) / _final_step(full)
+
+
 def _time_per_step_ratio(runs: list[Run], base: dict[int, Run]) -> tuple[float, float, float]:
     """(time fraction) / (step fraction) of full fine-tuning, geometric mean over seeds with its 95 %
     interval: 1.00 when training time is proportional to steps."""
     paired = [r for r in runs if r.seed in base]
     return ratio_ci95(
-        [(train_wall_s(r) / train_wall_s(base[r.seed])) / (_final_step(r) / _final_step(base[r.seed])) for r in paired]
+        [_carried_fraction(r, base[r.seed], "time") / _carried_fraction(r, base[r.seed], "steps") for r in paired]
     )
 
 
@@ -97,13 +104,6 @@ def _anchor(groups: dict[GroupKey, list[Run]], baseline: Baseline, key: GroupKey
     return {}
 
 
-def _carried_fraction(run: Run, full: Run, carry: str) -> float:
-    """A budget run's share of full fine-tuning, by steps or by measured train time."""
-    if carry == "time":
-        return train_wall_s(run) / train_wall_s(full)
-    return _final_step(run) / _final_step(full)
-
-
 def _frontier_points(
     groups: dict[GroupKey, list[Run]], baseline: Baseline, key: GroupKey, carry: str = "steps"
 ) -> tuple[dict[float, dict[int, Point]], str] | None:
@@ -114,9 +114,11 @@ def _frontier_points(
     if own is not None:
         return {f: {s: _point(r) for s, r in by_seed.items()} for f, by_seed in own.items()}, key[0]
     anchor = _anchor(groups, baseline, key)
+    if not anchor:
+        return None
     for setting in sorted({k[0] for k in groups}):
         borrowed = _frontier_runs(groups, baseline, setting, key[2])
-        if borrowed is None or not anchor:
+        if borrowed is None:
             continue
         full = borrowed[1.0]
         points = {
@@ -146,7 +148,7 @@ def frontier_table(runs: list[Run], baseline: Baseline) -> Table:
             if not (_is_budget(members) or key[1] == baseline.group) or not base:
                 continue
             paired = [r for r in members if r.seed in base]
-            time_fraction, low, high = ratio_ci95([train_wall_s(r) / train_wall_s(base[r.seed]) for r in paired])
+            time_fraction, low, high = ratio_ci95([_carried_fraction(r, base[r.seed], "time") for r in paired])
             per_step, per_step_low, per_step_high = _time_per_step_ratio(members, base)
             acc, half = mean_ci95([final_test_acc(r) for r in members])
             rows.append(
@@ -155,7 +157,7 @@ def frontier_table(runs: list[Run], baseline: Baseline) -> Table:
                     "group": key[1],
                     "budget_fraction": members[0].budget_fraction,
                     "n_runs": len(members),
-                    "step_fraction": float(np.mean([_final_step(r) / _final_step(base[r.seed]) for r in paired])),
+                    "step_fraction": float(np.mean([_carried_fraction(r, base[r.seed], "steps") for r in paired])),
                     "time_fraction": time_fraction,
                     "time_fraction_low": low,
                     "time_fraction_high": high,
