@@ -34,6 +34,7 @@ import torch
 
 from freeze.blocks import Block
 from freeze.checks import is_number
+from freeze.descent import DescentTracker
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,13 @@ class IntervalStats:
     summed_grad_norm: tuple[float | None, ...]  # L2
     summed_grad_l1_norm: tuple[float | None, ...]
     mean_step_grad_norm: tuple[float | None, ...]  # L2
+    # Per block, -<mean gradient of this interval, the block's displacement over the previous one>:
+    # the loss its last interval of updates removes to first order (freeze.descent). Empty unless
+    # the monitor tracks it (track_descent); None for a block not trained through both intervals.
+    descent: tuple[float | None, ...] = ()
+    # The loss on a fixed held-out subset, measured at this interval's close when the policy asked
+    # for it (Freezer(probe=...)); None otherwise.
+    held_out_loss: float | None = None
 
     @property
     def finite_steps(self) -> int:
@@ -76,6 +84,9 @@ class IntervalStats:
             summed_grad_norm=tuple(d["summed_grad_norm"]),
             summed_grad_l1_norm=tuple(d["summed_grad_l1_norm"]),
             mean_step_grad_norm=tuple(d["mean_step_grad_norm"]),
+            # .get: intervals saved before these statistics existed have neither
+            descent=tuple(d.get("descent", ())),
+            held_out_loss=None if d.get("held_out_loss") is None else float(d["held_out_loss"]),
         )
 
 
@@ -207,9 +218,13 @@ class GradNormMonitor:
             costs one extra tensor per parameter; gradient-reading policies need it.
         history_kept: closed intervals kept in ``history`` (and in every checkpoint); older ones
             are dropped. Every policy reads the last two; the default leaves room for plots.
+        track_descent: also record each block's ``descent`` (freeze.descent: two copies of the
+            parameters, a pass over them per interval close); needs ``track_summed``.
     """
 
-    def __init__(self, blocks: Sequence[Block], track_summed: bool = True, history_kept: int = 64):
+    def __init__(
+        self, blocks: Sequence[Block], track_summed: bool = True, history_kept: int = 64, track_descent: bool = False
+    ):
         if not isinstance(history_kept, int) or history_kept < 2:
             raise ValueError(f"GradNormMonitor: history_kept must be an integer >= 2, got {history_kept!r}")
         self.blocks = list(blocks)
@@ -227,6 +242,9 @@ class GradNormMonitor:
         wide = any(p.dtype == torch.float64 for p in self._params)
         self._norm_dtype = torch.float64 if wide else torch.float32
         self._param_block = [i for i, b in enumerate(self.blocks) for _ in b.params]
+        if track_descent and not track_summed:
+            raise ValueError("GradNormMonitor: track_descent reads the summed gradient; accepted: track_summed=True")
+        self._descent = DescentTracker(self._params, self._param_block, len(self.blocks)) if track_descent else None
         self._summed: dict[int, torch.Tensor] = {}  # param position -> summed gradient
         # The flat buffers the sums live in, and the (positions, shapes, dtypes) they were laid out for.
         self._summed_runs: list[_FlatRun] = []
@@ -498,7 +516,15 @@ class GradNormMonitor:
             observed = {self._param_block[pos] for pos in positions if finite_steps[self._param_block[pos]] > 0}
             summed = [values[b] if b in observed else None for b in range(num_blocks)]
             summed_l1 = [values_l1[b] if b in observed else None for b in range(num_blocks)]
-            torch._foreach_zero_(tensors)
+        descent: tuple[float | None, ...] = ()
+        if self._descent is not None:
+            # A block trained through the whole interval: observed at every step, none frozen.
+            active = [
+                b >= self._first_active and self._block_steps[b] == self._interval_steps for b in range(num_blocks)
+            ]
+            descent = tuple(self._descent.close(self._summed, finite_steps, active))
+        if self.track_summed and self._summed:
+            torch._foreach_zero_(list(self._summed.values()))
         if self._norm_sum is not None:
             sums = self._norm_sum.cpu().tolist()
             mean = [sums[b] / finite_steps[b] if finite_steps[b] > 0 else None for b in range(num_blocks)]
@@ -516,6 +542,7 @@ class GradNormMonitor:
             summed_grad_norm=tuple(summed),
             summed_grad_l1_norm=tuple(summed_l1),
             mean_step_grad_norm=tuple(mean),
+            descent=descent,
         )
         self.history.append(stats)
         self.intervals_closed += 1
@@ -545,6 +572,7 @@ class GradNormMonitor:
             "overflows": None if self._overflows is None else self._overflows.detach().cpu().clone(),
             "overflow_steps": None if self._overflow_steps is None else self._overflow_steps.detach().cpu().clone(),
             "overflow_steps_total": self.overflow_steps_total,
+            "descent": None if self._descent is None else self._descent.state_dict(),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -579,3 +607,8 @@ class GradNormMonitor:
             device = self._params[0].device if self._params else torch.device("cpu")
             self._overflows, self._overflow_steps = overflows.to(device), overflow_steps.to(device)
         self.overflow_steps_total = int(state.get("overflow_steps_total", 0))
+        saved_descent = state.get("descent")
+        if self._descent is not None and saved_descent is not None:
+            self._descent.load_state_dict(saved_descent)
+        elif self._descent is not None:  # saved without it: the estimates start afresh
+            self._descent = DescentTracker(self._params, self._param_block, len(self.blocks))

@@ -18,9 +18,10 @@ Without an initialised process group the same object drives a plain model in one
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 
 import torch
@@ -48,7 +49,7 @@ from freeze.freezer.records import (
 )
 from freeze.monitor import GradNormMonitor, IntervalStats
 from freeze.names import CommHook
-from freeze.policies import Policy, make_policy
+from freeze.policies import Policy, Pricing, make_policy
 
 _log = logging.getLogger("freeze")
 
@@ -84,6 +85,12 @@ class Freezer:
             dropout stays on (norm layers with running statistics stay in eval either way).
         cache: the activation cache (a CacheConfig or a mode: off, memory, disk, auto).
         cache_source: keys -> the model's inputs, and the keys each epoch reads (the cache's data).
+        pricing: what each boundary's step costs and the run's LR per step, for a policy that prices
+            its freezes (``horizon``; freeze.policies.Pricing; the pipeline makes it from the cost model).
+        probe: a function of no arguments returning the loss on a fixed held-out subset, the same on
+            every rank (all-reduce it), for a policy with a held-out check (``horizon`` on probation).
+            It runs between steps at the evaluations the policy asks for, on every rank; it may
+            switch the model to eval (the Freezer restores the training mode after it).
     """
 
     def __init__(
@@ -104,6 +111,8 @@ class Freezer:
         frozen_mode: str = "eval",
         cache: CacheConfig | str | None = None,
         cache_source: CacheSource | None = None,
+        pricing: Pricing | None = None,
+        probe: Callable[[], float] | None = None,
     ):
         _refuse_wrapped(model)
         comm.check_comm_hook(comm_hook)  # before any hook goes onto the model
@@ -116,13 +125,18 @@ class Freezer:
         self.policy = policy if policy is not None else make_policy("none")
         self.clock = RunClock(epochs, steps_per_epoch, interval_steps)
         self.clock.check_policy(self.policy)
+        self.pricing, self.probe = _checked_policy_inputs(self.policy, self.clock, len(blocks), pricing, probe)
         self.optimizer = optimizer
         self.frozen_mode = frozen_mode
         self.process_group = process_group
         # Summing gradients over an interval reads and writes every trainable gradient each step
         # (measured: ~2.6% of a 2-rank ResNet-18 CPU step), so by default only policies that read
         # the sums pay for it; True records them anyway (eta heatmaps for every policy).
-        self.monitor = GradNormMonitor(self.blocks, track_summed=bool(track_summed_grads) or self.policy.uses_gradients)
+        self.monitor = GradNormMonitor(
+            self.blocks,
+            track_summed=bool(track_summed_grads) or self.policy.uses_gradients,
+            track_descent=self.policy.uses_descent,
+        )
         self.counters = FreezerCounters()
         self.decisions: list[Decision] = []
         self.evaluations: deque[Evaluation] = deque(maxlen=64)  # the last policy evaluations, changed or not
@@ -415,6 +429,10 @@ class Freezer:
         stats = self.monitor.close_interval(epoch, self.boundary, self.counters.steps)
         args = (self.boundary, self.monitor.history, self.clock.progress(self.counters.steps), len(self.blocks))
         sizes = {"block_bytes": self._steering.block_grad_bytes} if self.policy.uses_block_bytes else {}
+        if self.policy.uses_pricing:
+            sizes["pricing"] = self.pricing
+        if self.policy.uses_probe and self.policy.wants_probe(*args, **sizes):
+            stats = self._probe(stats)
         proposed = self.policy.decide(*args, **sizes)
         # Statistics come from all-reduced gradients, so ranks agree already; the broadcast makes
         # a disagreement (e.g. a non-deterministic reduction order) impossible rather than unlikely.
@@ -429,6 +447,16 @@ class Freezer:
         self._apply(k)  # may raise (a cache over its budget): then no decision is recorded
         self.decisions.append(Decision(stats.index, epoch, evaluation.step, evaluation.boundary_before, k))
         return True
+
+    def _probe(self, stats: IntervalStats) -> IntervalStats:
+        """The closing interval with the held-out loss the probe measures now (rank 0's, on every rank)."""
+        training = self.model.training
+        loss = float(self.probe())
+        self.train(training)  # the probe may have switched to eval
+        loss = float(comm.broadcast_object_from_rank0(loss, self.process_group))
+        probed = dataclasses.replace(stats, held_out_loss=loss)
+        self.monitor.history[-1] = probed
+        return probed
 
     def _apply(self, k: int, first: bool = False, restoring: bool = False) -> None:
         """Make ``k`` the boundary: requires_grad and grads, optimizer state, frozen buffers,
@@ -461,6 +489,32 @@ class Freezer:
             self.counters.rewraps += 1
             self.counters.rewrap_s_total += elapsed_s
             self.counters.rewrap_s_last = elapsed_s
+
+
+def _checked_policy_inputs(
+    policy: Policy, clock: RunClock, num_blocks: int, pricing: Pricing | None, probe: Callable[[], float] | None
+) -> tuple[Pricing | None, Callable[[], float] | None]:
+    """Refuse, when the Freezer is built, a policy whose pricing or held-out probe is missing or wrong."""
+    if policy.uses_pricing:
+        if pricing is None:
+            raise ValueError(
+                f"Freezer: policy '{policy.name}' prices each freeze: pass pricing=Pricing(step_time_s=<seconds per "
+                "step at each boundary>, lr_per_step=<the schedule's LR per step>) (docs/policies.md#horizon; the "
+                "pipeline takes it from the cost model: freeze.cost_profile)"
+            )
+        if not clock.steps_per_epoch or not clock.epochs:
+            raise ValueError(
+                f"Freezer: policy '{policy.name}' needs the run length in steps: pass epochs and steps_per_epoch"
+            )
+        pricing.check(num_blocks, clock.epochs * clock.steps_per_epoch)
+    if policy.uses_probe and probe is None:
+        raise ValueError(
+            f"Freezer: policy '{policy.spec()}' checks each freeze on a held-out subset: pass probe=<function returning "
+            "that subset's loss>, or set the policy's probation=0"
+        )
+    if probe is not None and not callable(probe):
+        raise ValueError(f"Freezer: probe = {probe!r}; accepted: a function of no arguments returning a loss")
+    return pricing, probe
 
 
 def _refuse_wrapped(model: nn.Module) -> None:

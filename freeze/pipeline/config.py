@@ -159,6 +159,9 @@ class FreezeConfig:
     cache: CacheMode = "off"
     cache_budget_bytes: int = _f(0, ge=0)  # of one node (all its ranks' copies); 0 = a quarter of RAM
     cache_dtype: StorageDtype = "fp32"  # storage; bf16/fp16 halve it, fp32 is exact
+    # The cost model's profile of this machine, for a policy that prices its freezes (horizon):
+    # python -m experiments.profile_run --config <this config> writes one (freeze.pipeline.pricing).
+    cost_profile: str = ""
 
 
 OptimizerName = Literal["sgd", "adamw"]  # what freeze.pipeline.optim.build_optimizer builds

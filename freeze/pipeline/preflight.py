@@ -1,5 +1,6 @@
 """The config's checks that need torch: ``model.arch`` is a torchvision classification model, and
-``freeze.policy`` parses against the policy registry.
+``freeze.policy`` parses against the policy registry, and what a policy needs beside it (a cost
+profile, held-out images) is there.
 
 They are kept out of :func:`freeze.pipeline.config.load_config`, so that reading a config imports
 neither torch nor torchvision (every launcher, sweep expansion and report read one). Whatever starts
@@ -10,6 +11,8 @@ a plain ``torchrun``.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from freeze.pipeline.config import Config, ConfigError
 from freeze.pipeline.models import ModelError, check_arch
@@ -23,7 +26,19 @@ def preflight(config: Config) -> None:
         check_arch(config.model.arch)
     except ModelError as err:
         raise ConfigError(str(err)) from None
-    parse_policy_spec(config.freeze.policy)
+    policy = parse_policy_spec(config.freeze.policy)
+    if policy.uses_pricing and not Path(config.freeze.cost_profile or "").is_file():
+        # here, before any worker starts; the workers check the profile itself (freeze.pipeline.pricing)
+        raise ConfigError(
+            f"freeze.cost_profile: {config.freeze.cost_profile or 'not set'}; freeze.policy={policy.name} prices its "
+            "freezes with a cost-model profile of this machine; accepted: the path of one, made by "
+            "`python -m experiments.profile_run --config <the run's config>`"
+        )
+    if policy.uses_probe and not config.data.val_size:
+        raise ConfigError(
+            f"data.val_size: freeze.policy={policy.name} checks its freezes on held-out images; accepted: "
+            "data.val_size > 0, or the policy's probation=0"
+        )
 
 
 def parse_policy_spec(spec: str) -> Policy:

@@ -13,6 +13,7 @@ import dataclasses
 import os
 import random
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +38,7 @@ from freeze.pipeline.distributed import WorkerContext, run_and_agree
 from freeze.pipeline.models import imagenet_weights_file, imagenet_weights_placement, state_dict_mismatch
 from freeze.pipeline.optim import build_optimizer, build_scheduler
 from freeze.pipeline.preflight import parse_policy_spec
+from freeze.pipeline.pricing import run_pricing
 from freeze.pipeline.run_lock import RunLock
 from freeze.pipeline.runs import RunDir, RunError, environment_info, load_checkpoint, now_iso
 from freeze.pipeline.schema import Manifest
@@ -175,9 +177,17 @@ def _check_batch_fits(cfg: Config, ctx: WorkerContext, n_train: int) -> None:
 
 
 def build_training(
-    cfg: Config, ctx: WorkerContext, split: DataSplit, model: nn.Module, blocks: list[Block], policy: Policy
+    cfg: Config,
+    ctx: WorkerContext,
+    split: DataSplit,
+    model: nn.Module,
+    blocks: list[Block],
+    policy: Policy,
+    probe: Callable[[], float] | None = None,
 ) -> Training:
-    """The training objects; ConfigError when the batch or the accumulation does not fit the data."""
+    """The training objects; ConfigError when the batch or the accumulation does not fit the data,
+    or the policy's pricing cannot be made (freeze.pipeline.pricing). ``probe``: the held-out loss
+    for a policy with a held-out check (the Freezer's ``probe``)."""
     _check_batch_fits(cfg, ctx, len(split.train_y))
     loader = TrainLoader(
         split.train_x,
@@ -244,6 +254,8 @@ def build_training(
             directory=str(cfg.run_dir()),  # a disk cache spills into the run directory
         ),
         cache_source=loader.cache_source() if cfg.freeze.cache != "off" else None,
+        pricing=run_pricing(cfg, steps_per_epoch, [b.name for b in blocks]) if policy.uses_pricing else None,
+        probe=probe,
     )
     return Training(
         model, freezer, optimizer, scheduler, scaler, loader, val_loader, test_loader, steps_per_epoch, probe_loader

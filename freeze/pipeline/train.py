@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from freeze.cache import CacheCounters
 from freeze.freezer import Freezer
 from freeze.monitor import relative_change
-from freeze.pipeline.config import Config
+from freeze.pipeline.config import Config, ConfigError
 from freeze.pipeline.data import EvalLoader
 from freeze.pipeline.distributed import WorkerContext, all_reduce_sum, any_rank, from_rank0, run_and_agree
 from freeze.pipeline.log import ProgressLine, get_logger, peak_memory_bytes
@@ -249,6 +249,44 @@ def probe_accuracy(t: Training, cfg: Config, device: torch.device, clock: PhaseC
     return accuracy
 
 
+@dataclass
+class HeldOutLoss:
+    """The Freezer's ``probe`` for a policy with a held-out check (horizon on probation): the loss
+    on the first ``train.probe_val_size`` validation images (a fixed subset), between steps and billed
+    to evaluation, off the training clock, as the accuracy probes are. The Freezer asks for it only at
+    the evaluations its policy needs (a proposed freeze and the intervals of its probation)."""
+
+    loader: EvalLoader
+    precision: str
+    device: torch.device
+    freezer: Freezer | None = None  # set once the Freezer exists (it is built with this probe)
+    clock: PhaseClock | None = None  # the running epoch's clock
+
+    @classmethod
+    def for_run(cls, cfg: Config, ctx: WorkerContext, split) -> HeldOutLoss:
+        n = min(cfg.train.probe_val_size, len(split.val_y))
+        if n == 0:
+            raise ConfigError(
+                f"data.val_size: freeze.policy={cfg.freeze.policy} checks its freezes on held-out images; "
+                "accepted: data.val_size > 0 (or the policy's probation=0)"
+            )
+        loader = EvalLoader(
+            split.val_x[:n], split.val_y[:n], cfg.train.eval_batch_size, ctx.rank, ctx.world_size, ctx.device
+        )
+        return cls(loader, cfg.train.precision, ctx.device)
+
+    def __call__(self) -> float:
+        if self.clock is not None:
+            self.clock.lap("freezer")  # what ran before the probe
+        self.freezer.sync_buffers()
+        self.freezer.eval()
+        loss, _ = evaluate(self.freezer.model, self.loader, self.precision, self.device)
+        self.freezer.train()
+        if self.clock is not None:
+            self.clock.lap(EVAL_PHASE)
+        return loss
+
+
 def _evaluation_due(cfg: Config, epoch: int) -> bool:
     return (epoch + 1) % cfg.train.eval_every_epochs == 0 or epoch + 1 == cfg.train.epochs
 
@@ -443,7 +481,10 @@ def _train(
         time.perf_counter() - start_s,
     )
     policy = build_policy(cfg, blocks)
-    t = build_training(cfg, ctx, split, model, blocks, policy)
+    held_out = HeldOutLoss.for_run(cfg, ctx, split) if policy.uses_probe else None
+    t = build_training(cfg, ctx, split, model, blocks, policy, probe=held_out)
+    if held_out is not None:
+        held_out.freezer = t.freezer
 
     start_epoch, cumulative_wall_s = 0, 0.0
     if resume and run.checkpoint_path.exists():
@@ -460,6 +501,8 @@ def _train(
     record = None
     for epoch in range(start_epoch, cfg.train.epochs):
         clock = PhaseClock(ctx.device)
+        if held_out is not None:
+            held_out.clock = clock
         train = train_one_epoch(t, cfg, ctx, epoch, clock, logger)
         cumulative_wall_s += clock.train_seconds()
         evaluation = dict.fromkeys(("val_loss", "val_acc", "test_loss", "test_acc"))

@@ -98,6 +98,9 @@ class Policy(ABC):
     needs_run_length: ClassVar[bool] = False  # decisions read progress.fraction (the run length)
     may_unfreeze: ClassVar[bool] = False  # may return k < boundary
     uses_block_bytes: ClassVar[bool] = False  # decide/explain take block_bytes= (each block's parameter bytes)
+    uses_pricing: ClassVar[bool] = False  # decide/explain/wants_probe take pricing= (freeze.policies.horizon.Pricing)
+    uses_descent: ClassVar[bool] = False  # decisions read IntervalStats.descent (the monitor tracks it)
+    uses_probe: ClassVar[bool] = False  # may ask for the held-out loss (wants_probe); the Freezer needs probe=
 
     def __post_init__(self) -> None:
         # Coerce first so that Policy(percentile=50) and parse "percentile=50" are the same object.
@@ -123,6 +126,13 @@ class Policy(ABC):
             progress: where training stands.
             num_blocks: number of blocks L; the last one (the head) is never frozen by a rule.
         """
+
+    def wants_probe(
+        self, boundary: int, history: Sequence[IntervalStats], progress: Progress, num_blocks: int, **inputs: Any
+    ) -> bool:
+        """Whether the Freezer should measure the held-out loss at this evaluation before asking
+        :meth:`decide` (it lands in ``history[-1].held_out_loss``); only for ``uses_probe`` policies."""
+        return False
 
     def threshold(self, eta: Sequence[float | None], boundary: int, num_blocks: int) -> float | None:
         """The value a gradient policy compares each block's eta with (None: it compares none)."""

@@ -46,32 +46,33 @@ setting's runs out with one line and never fail the study.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from freeze.pipeline.cluster import plan_cpus
-from freeze.pipeline.cluster.spec import parse_delay, parse_rate
+from freeze.pipeline.cluster.spec import parse_delay
 from freeze.pipeline.config import Config, ConfigError, load_config
 from freeze.pipeline.costmodel import (
-    CALIBRATION_FILE,
-    CalibrationError,
-    ClusterModel,
     Link,
     LinkError,
     Profile,
     ProfileError,
-    link_from_probes,
-    load_calibration,
     load_profile,
     predict_run,
     save_profile,
-    scaled_link,
 )
-from freeze.pipeline.costmodel.profiler import NodeCores
+from freeze.pipeline.costmodel.setting import (
+    DEFAULT_COMM_CPU_SHARE,
+    PROBE_DIR,
+    comm_cpu_share,
+    layout_name,
+    probe_files,
+    process_layout,
+    run_cluster,
+    run_link,
+)
 from freeze.pipeline.report.load import Run, load_runs
 from freeze.pipeline.report.predicted import predicted_table
 from freeze.pipeline.report.tables import Table, complete_groups
@@ -80,11 +81,8 @@ from freeze.pipeline.trajectory import Trajectory, TrajectoryError, read_traject
 
 # The cost model's validation (python -m experiments.validate_costmodel): its probes at 2-4 nodes and
 # its fitted comm_cpu_share, so the study predicts with the configuration BENCH.md validates.
-PROBE_DIR = Path("report/costmodel")
 PROFILE_DIR = "costmodel"  # in the study directory
 IMAGE_SHAPE = (3, 32, 32)  # every dataset the pipeline reads (freeze.pipeline.data)
-MIB = 1 << 20
-DEFAULT_COMM_CPU_SHARE = next(f.default for f in dataclasses.fields(ClusterModel) if f.name == "comm_cpu_share")
 
 
 @dataclass(frozen=True)
@@ -103,33 +101,6 @@ class _LeftOut(Exception):
 
 
 # ----------------------------------------------------------------------------------- the run's setup
-def process_layout(config: Config) -> list[NodeCores]:
-    """The cores and threads of each of the run's processes (module docstring: profile).
-
-    Args:
-        config: the run's resolved config.
-    """
-    processes = config.cluster.nodes or config.dist.nproc
-    # 0: derived, which is plan_cpus' share of the cores
-    return one_process_per_node(processes, config.dist.threads_per_worker)
-
-
-def one_process_per_node(processes: int, threads: int = 0) -> list[NodeCores]:
-    """``processes`` profiled processes laid on the cores as the emulated cluster lays its nodes
-    (plan_cpus, one worker each); ``threads`` 0 takes plan_cpus' threads per worker.
-
-    Args:
-        processes: node (or worker) count.
-        threads: torch threads per process; 0 for plan_cpus' share of the cores.
-    """
-    return [NodeCores(tuple(c.cores), threads or c.threads_per_worker) for c in plan_cpus(processes, 1)]
-
-
-def layout_name(layout: list[NodeCores]) -> str:
-    """e.g. "c0t1-c1t1": process 1 on core 0 with 1 thread, process 2 on core 1 with 1 thread."""
-    return "-".join(f"c{'.'.join(map(str, node.cores))}t{node.threads}" for node in layout)
-
-
 def profile_path(study_dir: str | Path, config: Config) -> Path:
     """Where the profile the run needs is kept in the study directory.
 
@@ -141,18 +112,6 @@ def profile_path(study_dir: str | Path, config: Config) -> Path:
     step = "" if config.optim.name == "sgd" else f"-{config.optim.name}"  # SGD's profiles keep their first names
     name = f"profile-{m.arch}-{m.stem}-b{config.train.batch_size}-{layout_name(process_layout(config))}{step}.json"
     return Path(study_dir) / PROFILE_DIR / name
-
-
-def probe_files(config: Config, probe_dir: Path) -> tuple[Path, ...]:
-    """The probes the run's link is fitted from: uncapped, plus the run's cap on a capped cluster;
-    none for a single worker, which communicates with nobody."""
-    nodes = config.cluster.nodes or config.dist.nproc
-    if nodes < 2:
-        return ()
-    files = (probe_dir / f"probe-{nodes}xuncapped.json",)
-    if config.cluster.nodes and parse_rate(config.cluster.bandwidth) is not None:
-        files += (probe_dir / f"probe-{nodes}x{config.cluster.bandwidth.strip().lower()}.json",)
-    return files
 
 
 def unmodelled(config: Config) -> str | None:
@@ -185,14 +144,6 @@ def _plan(run: Run, study_dir: Path, probe_dir: Path) -> _Planned:
 
 
 # ----------------------------------------------------------------------------------- links, profiles
-def _link(probes: tuple[Path, ...], config: Config) -> Link:
-    if not probes:
-        return Link(alpha_s=0.0, bandwidth_bytes_per_s=None, gamma_s_per_byte=0.0)  # one worker: never used
-    base, efficiency = link_from_probes(probes)
-    cap = parse_rate(config.cluster.bandwidth) if config.cluster.nodes else None
-    return scaled_link(base, cap, efficiency)
-
-
 def describe_link(link: Link) -> str:
     rate = "uncapped" if link.bandwidth_bytes_per_s is None else f"{link.bandwidth_bytes_per_s * 8 / 1e6:.0f} Mbit/s"
     return (
@@ -291,27 +242,8 @@ def predict_run_s(
     Raises:
         ValueError: the profile cannot predict this run (e.g. no cache_read_ms for a cached boundary).
     """
-    cluster = ClusterModel(
-        nodes=config.cluster.nodes or config.dist.nproc,
-        link=link,
-        comm_cpu_share=comm_cpu_share,
-        bucket_cap_bytes=int(config.freeze.bucket_cap_mb * MIB),
-    )
+    cluster = run_cluster(config, link, comm_cpu_share)
     return predict_run(profile, cluster, trajectory.segments, cache=config.freeze.cache != "off").wall_s
-
-
-def comm_cpu_share(probe_dir: Path) -> tuple[float, str]:
-    """The fitted comm_cpu_share in probe_dir's calibration file (assumption 3), and a note saying
-    where it came from; ClusterModel's default when the file is absent or unusable."""
-    path = probe_dir / CALIBRATION_FILE
-    if not path.exists():
-        return DEFAULT_COMM_CPU_SHARE, f"comm_cpu_share {DEFAULT_COMM_CPU_SHARE} (ClusterModel's default: no {path})"
-    try:
-        fit = load_calibration(path)
-    except CalibrationError as e:
-        return DEFAULT_COMM_CPU_SHARE, f"comm_cpu_share {DEFAULT_COMM_CPU_SHARE} (ClusterModel's default: {e})"
-    where = ", ".join(f"{key} {value}" for key, value in fit.fitted_at.items())
-    return fit.comm_cpu_share, f"comm_cpu_share {fit.comm_cpu_share} (fitted in {path} at {where})"
 
 
 def predict_study(
@@ -392,7 +324,7 @@ def _links(
             missing.update(absent)
             continue
         try:
-            links[plan.probes] = _link(plan.probes, plan.config)
+            links[plan.probes] = run_link(plan.probes, plan.config)
         except LinkError as e:
             broken.append(str(e))
     for probes, link in links.items():

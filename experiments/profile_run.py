@@ -1,0 +1,50 @@
+"""Measure the cost-model profile a configured run is priced with (``freeze.cost_profile``, which the
+``horizon`` policy needs): the run's model at its batch size, optimizer and core layout on this
+machine, as the study's prediction stage profiles it (freeze.pipeline.study.predict.measure_profile).
+
+    python -m experiments.profile_run --config experiments/configs/fdsl32_finetune.toml \\
+        --set dist.nproc=2 --out runs/horizon/costmodel/profile-loopback.json
+
+It takes about a minute on 2 cores for a ResNet-18 (5 timed and 2 warm-up steps per boundary, in the
+run's layout, so nothing else should run beside it). An existing file is never overwritten.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from freeze.pipeline.config import ConfigError, load_config
+from freeze.pipeline.costmodel import save_profile
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", required=True, help="the run's config (TOML)")
+    parser.add_argument("--set", nargs="*", default=[], metavar="SECTION.KEY=VALUE", help="the run's overrides")
+    parser.add_argument("--out", required=True, help="where the profile is written (never overwritten)")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    if out.exists():
+        print(f"--out: {out} exists; accepted: a new path (a profile is never overwritten)", file=sys.stderr)
+        return 2
+    try:
+        config = load_config(args.config, args.set)
+    except ConfigError as e:
+        print(e, file=sys.stderr)
+        return 2
+    from freeze.pipeline.study.predict import measure_profile  # torch only after the arguments are checked
+
+    profile = measure_profile(config)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    save_profile(profile, out)
+    print(
+        f"profile of {profile.model} at batch {profile.batch_size} ({profile.optimizer}) in {out}, "
+        f"measured in {profile.meta.get('wall_s', float('nan')):.0f} s"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,250 @@
+"""The ``horizon`` rule (freeze.policies.horizon) on hand-made traces whose answer is known, its
+descent estimate on gradients whose true value is known, and its refusals."""
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from freeze import Freezer, split_blocks
+from freeze.monitor import GradNormMonitor, IntervalStats
+from freeze.policies import PolicyError, Pricing, Progress, make_policy
+from tests.tiny_models import TinyNet, global_batch
+
+L = 4  # blocks; the head (3) is never frozen
+STEPS = 100
+INTERVAL = 10
+
+
+def stats(index, boundary, descent, held_out=None):
+    """Interval ``index`` (INTERVAL steps ending at (index + 1) * INTERVAL) with a descent per block."""
+    return IntervalStats(
+        index=index,
+        epoch=0,
+        end_step=(index + 1) * INTERVAL,
+        steps=INTERVAL,
+        skipped_steps=0,
+        boundary=boundary,
+        summed_grad_norm=(1.0,) * L,
+        summed_grad_l1_norm=(1.0,) * L,
+        mean_step_grad_norm=(1.0,) * L,
+        descent=tuple(descent),
+        held_out_loss=held_out,
+    )
+
+
+def trace(descents, boundaries=None, held_out=None):
+    n = len(descents)
+    boundaries = boundaries or [0] * n
+    held_out = held_out or [None] * n
+    return [stats(i, boundaries[i], descents[i], held_out[i]) for i in range(n)]
+
+
+def progress(history, steps_total=STEPS):
+    return Progress(epochs_completed=0, epochs_total=1, steps_completed=history[-1].end_step, steps_total=steps_total)
+
+
+# step time 1.0 s at k=0, 0.1 s less per frozen block; a constant LR of 0.01 (0.1 per interval)
+PRICING = Pricing(step_time_s=(1.0, 0.9, 0.8, 0.7), lr_per_step=(0.01,) * STEPS)
+
+
+def decide(policy, history, boundary=None, pricing=PRICING):
+    boundary = history[-1].boundary if boundary is None else boundary
+    return policy.decide(boundary, history, progress(history, len(pricing.lr_per_step)), L, pricing=pricing)
+
+
+def test_a_block_that_no_longer_learns_is_frozen_when_the_time_it_saves_pays():
+    policy = make_policy("horizon:exchange=1,probation=0")
+    history = trace([(None,) * L, (0.0, 0.0, 0.0, 0.5), (0.0, 0.0, 0.0, 0.5)])
+    # rates 0 below the head: every prefix costs nothing; the largest saving is k = 3
+    assert decide(policy, history) == 3
+
+
+def test_the_prefix_stops_below_the_block_that_still_learns():
+    policy = make_policy("horizon:exchange=1,probation=0")
+    # block 2 removes 0.01 nats per interval = 0.1 nats per unit LR; 0.7 LR left at step 30:
+    # freezing it costs 0.07 nats (0.07 of the run at exchange 1) and saves 0.1 s x 70 steps / 100 s = 0.07
+    # ... so at exchange 2 it does not pay, and the best prefix is 2.
+    history = trace([(None,) * L, (0.0, 0.0, 0.01, 0.5), (0.0, 0.0, 0.01, 0.5)])
+    assert make_policy("horizon:exchange=2,probation=0").decide(0, history, progress(history), L, pricing=PRICING) == 2
+    scores = dict(policy.scores(0, history, progress(history), L, PRICING))
+    assert scores[2] == pytest.approx(0.2 * 70 / 100)  # two blocks: 0.2 s a step for 70 steps
+    assert scores[3] == pytest.approx(0.3 * 70 / 100 - 1.0 * 0.1 * 0.7)
+
+
+def test_the_same_learning_is_worth_freezing_late_in_a_decaying_schedule_and_not_early():
+    # cosine LR: the LR still to spend falls faster than the steps left
+    lr = tuple(0.01 * 0.5 * (1 + math.cos(math.pi * s / STEPS)) for s in range(STEPS))
+    pricing = Pricing(step_time_s=(1.0, 0.9, 0.8, 0.7), lr_per_step=lr)
+    policy = make_policy("horizon:exchange=20,probation=0")
+    learning = (0.002, 0.002, 0.002, 0.5)  # per interval; the rate divides by the interval's LR
+    early = trace([(None,) * L, learning, learning])
+    late = [stats(i, 0, learning if i else (None,) * L) for i in range(9)]
+    assert decide(policy, early, pricing=pricing) == 0
+    assert decide(policy, late, pricing=pricing) == 3
+
+
+def test_an_unmeasured_block_is_never_frozen_and_negative_learning_counts_as_none():
+    policy = make_policy("horizon:exchange=1,probation=0")
+    history = trace([(None,) * L, (0.0, None, 0.0, 0.5), (0.0, None, 0.0, 0.5)])
+    assert decide(policy, history) == 1
+    noisy = trace([(None,) * L, (-0.5, -0.5, -0.5, 0.5), (-0.5, -0.5, -0.5, 0.5)])
+    assert policy.rates(noisy, PRICING, L)[:3] == [0.0, 0.0, 0.0]
+
+
+def test_no_decision_before_a_full_window_of_rates():
+    policy = make_policy("horizon:exchange=1,probation=0,window=3")
+    history = trace([(None,) * L, (0.0, 0.0, 0.0, 0.5), (0.0, 0.0, 0.0, 0.5)])
+    assert decide(policy, history) == 0
+    history.append(stats(3, 0, (0.0, 0.0, 0.0, 0.5)))
+    assert decide(policy, history) == 3
+
+
+def test_a_freeze_on_probation_is_undone_when_the_held_out_loss_rises_past_the_tolerance():
+    policy = make_policy("horizon:exchange=1,probation=2,tolerance=0.05,hold_off=2")
+    settled = (0.0, 0.0, 0.0, 0.5)
+    # freeze proposed at interval 2 (held-out 1.00), in force from interval 3
+    history = trace([(None,) * L, settled, settled], held_out=[None, None, 1.0])
+    assert policy.wants_probe(0, history, progress(history), L, pricing=PRICING)
+    assert decide(policy, history) == 3
+    within = history + [stats(3, 3, (None, None, None, 0.5), 1.04)]
+    assert policy.wants_probe(3, within, progress(within), L, pricing=PRICING)
+    assert decide(policy, within) == 3
+    past = history + [stats(3, 3, (None, None, None, 0.5), 1.06)]
+    assert decide(policy, past) == 0
+    # after the probation (2 intervals), a rise is no longer checked, nor measured
+    later = within + [stats(4, 3, (None,) * 3 + (0.5,), 1.0), stats(5, 3, (None,) * 3 + (0.5,))]
+    assert not policy.wants_probe(3, later, progress(later), L, pricing=PRICING)
+    assert decide(policy, later + [stats(6, 3, (None,) * 3 + (0.5,), 9.0)]) == 3
+
+
+def test_after_an_undo_no_freeze_for_the_hold_off_doubled_at_every_further_undo():
+    policy = make_policy("horizon:exchange=1,probation=1,hold_off=2")
+    s = (0.0, 0.0, 0.0, 0.5)
+    # freeze at 2, undone at 3 (boundary back to 0 from interval 4 on)
+    history = trace(
+        [(None,) * L, s, s, s, s, s], boundaries=[0, 0, 0, 3, 0, 0], held_out=[None, None, 1.0, 2.0, None, 1.0]
+    )
+    assert decide(policy, history[:5]) == 0  # 1 interval after the undo: held off
+    assert decide(policy, history) == 3  # 2 intervals after: free again
+    # a second undo doubles the hold-off to 4 intervals
+    twice = history + [stats(6, 3, s, 2.0), stats(7, 0, s, 1.0), stats(8, 0, s, 1.0), stats(9, 0, s, 1.0)]
+    longer = Pricing(PRICING.step_time_s, (0.01,) * 2 * STEPS)  # room left after interval 10
+    assert decide(policy, twice, pricing=longer) == 0
+    assert decide(policy, twice + [stats(10, 0, s, 1.0)], pricing=longer) == 3
+
+
+def test_a_freeze_on_probation_without_a_held_out_loss_is_refused():
+    history = trace([(None,) * L, (0.0,) * 3 + (0.5,), (0.0,) * 3 + (0.5,)])
+    with pytest.raises(PolicyError, match="probe="):
+        decide(make_policy("horizon:exchange=1"), history)
+
+
+def test_pricing_for_another_model_or_run_is_refused_in_one_line():
+    history = trace([(None,) * L, (0.0,) * L, (0.0,) * L])
+    with pytest.raises(PolicyError, match="step_time_s has 3 entries for 4 blocks"):
+        decide(make_policy("horizon:probation=0"), history, pricing=Pricing((1.0, 0.9, 0.8), (0.01,) * STEPS))
+    with pytest.raises(PolicyError, match="lr_per_step has 50 entries for a run of 100 steps"):
+        make_policy("horizon:probation=0").decide(
+            0, history, progress(history), L, pricing=Pricing((1.0, 0.9, 0.8, 0.7), (0.01,) * 50)
+        )
+    with pytest.raises(ValueError, match="step_time_s"):
+        Pricing((1.0, 0.0), (0.01,))
+
+
+def test_the_freezer_refuses_horizon_without_pricing_or_probe_when_built():
+    model = TinyNet()
+    blocks = split_blocks(model)
+    pricing = Pricing((1.0, 0.9, 0.8, 0.7), (0.01,) * 20)
+    with pytest.raises(ValueError, match="pass pricing=Pricing"):
+        Freezer(model, blocks, make_policy("horizon:probation=0"), epochs=2, steps_per_epoch=10, interval_steps=5)
+    with pytest.raises(ValueError, match="pass probe="):
+        Freezer(model, blocks, make_policy("horizon"), epochs=2, steps_per_epoch=10, interval_steps=5, pricing=pricing)
+    with pytest.raises(ValueError, match="lr_per_step has 20 entries for a run of 30 steps"):
+        Freezer(
+            model,
+            blocks,
+            make_policy("horizon:probation=0"),
+            epochs=3,
+            steps_per_epoch=10,
+            interval_steps=5,
+            pricing=pricing,
+        )
+
+
+class _Vector(nn.Module):
+    """One block of 64 weights and a head, to hand the monitor gradients whose mean is known."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Linear(64, 1, bias=False)
+        self.head = nn.Linear(1, 1, bias=False)
+
+
+def _descents(mean_gradient: float, noise: float, intervals: int = 60, steps: int = 4, lr: float = 0.05) -> list[float]:
+    """Per-interval descent of the body under SGD on gradients = mean + Gaussian noise (no curvature:
+    the true first-order loss decrease per unit LR is |mean|^2 = 64 * mean_gradient^2)."""
+    torch.manual_seed(0)
+    model = _Vector()
+    blocks = split_blocks(model)
+    monitor = GradNormMonitor(blocks, track_summed=True, track_descent=True)
+    out = []
+    for i in range(intervals):
+        for _ in range(steps):
+            model.body.weight.grad = mean_gradient + noise * torch.randn_like(model.body.weight)
+            model.head.weight.grad = torch.zeros_like(model.head.weight)
+            monitor.observe()
+            with torch.no_grad():
+                model.body.weight -= lr * model.body.weight.grad
+        d = monitor.close_interval(0, 0, (i + 1) * steps).descent[0]
+        if d is not None:
+            out.append(d / (lr * steps))  # per unit of the LR the displacement spent
+    return out
+
+
+def test_descent_is_unbiased_by_gradient_noise_where_the_same_interval_dot_is_not():
+    pure_noise = _descents(0.0, noise=1.0)
+    mean = sum(pure_noise) / len(pure_noise)
+    se = (sum((v - mean) ** 2 for v in pure_noise) / (len(pure_noise) - 1) / len(pure_noise)) ** 0.5
+    assert abs(mean) < 3 * se  # zero learning reads as zero, within noise
+    # the same-interval dot would read tr(Sigma) / steps = 64 / 4 = 16 per unit LR here: far outside
+    assert mean + 6 * se < 16
+    signal = _descents(0.5, noise=0.2)
+    assert sum(signal) / len(signal) == pytest.approx(64 * 0.25, rel=0.05)
+
+
+def test_descent_survives_a_checkpoint_bit_for_bit():
+    def run(split_at: int | None):
+        torch.manual_seed(0)
+        model = TinyNet()
+        freezer = Freezer(model, split_blocks(model), make_policy("none"), interval_steps=2, track_summed_grads=True)
+        freezer.monitor = GradNormMonitor(freezer.blocks, track_summed=True, track_descent=True)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        for step in range(8):
+            if step == split_at:
+                saved = {
+                    "model": model.state_dict(),
+                    "monitor": freezer.monitor.state_dict(),
+                    "opt": optimizer.state_dict(),
+                }
+                model = TinyNet()
+                model.load_state_dict(saved["model"])
+                freezer = Freezer(
+                    model, split_blocks(model), make_policy("none"), interval_steps=2, track_summed_grads=True
+                )
+                freezer.monitor = GradNormMonitor(freezer.blocks, track_summed=True, track_descent=True)
+                freezer.monitor.load_state_dict(saved["monitor"])
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+                optimizer.load_state_dict(saved["opt"])
+            x, y = global_batch(step, 8)
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(freezer.module(x), y).backward()
+            freezer.monitor.observe()
+            optimizer.step()
+            if step % 2 == 1:
+                freezer.monitor.close_interval(0, 0, step + 1)
+        return [s.descent for s in freezer.monitor.history]
+
+    whole, resumed = run(None), run(5)
+    assert whole[-1] == resumed[-1] and all(d is not None for d in whole[-1])
