@@ -48,8 +48,8 @@ from freeze.pipeline.costmodel import (
     save_profile,
     scaled_link,
 )
+from freeze.pipeline.costmodel.setting import PROBE_DIR, comm_cpu_share
 from freeze.pipeline.schema import CONFIG_FILE
-from freeze.pipeline.study.predict import PROBE_DIR, comm_cpu_share
 
 DEFAULT_PROBES = (PROBE_DIR / "probe-2xuncapped.json", PROBE_DIR / "probe-2x1gbit.json")
 CSV_COLUMNS = (

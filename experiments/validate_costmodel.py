@@ -93,7 +93,7 @@ def _probe(nodes: int, bandwidth: str, out_dir: Path, repeats: int) -> dict:
 
 def _profile(nodes: int, cfg: bc.ClusterBenchConfig, steps: int, out_dir: Path):
     from freeze.pipeline.costmodel import save_profile
-    from freeze.pipeline.study.predict import one_process_per_node
+    from freeze.pipeline.costmodel.setting import one_process_per_node
 
     path = out_dir / f"profile-N{nodes}.json"
     if path.exists():

@@ -220,10 +220,16 @@ class GradNormMonitor:
             are dropped. Every policy reads the last two; the default leaves room for plots.
         track_descent: also record each block's ``descent`` (freeze.descent: two copies of the
             parameters, a pass over them per interval close); needs ``track_summed``.
+        descent_span: the intervals a descent's displacement spans (freeze.descent).
     """
 
     def __init__(
-        self, blocks: Sequence[Block], track_summed: bool = True, history_kept: int = 64, track_descent: bool = False
+        self,
+        blocks: Sequence[Block],
+        track_summed: bool = True,
+        history_kept: int = 64,
+        track_descent: bool = False,
+        descent_span: int = 1,
     ):
         if not isinstance(history_kept, int) or history_kept < 2:
             raise ValueError(f"GradNormMonitor: history_kept must be an integer >= 2, got {history_kept!r}")
@@ -244,7 +250,9 @@ class GradNormMonitor:
         self._param_block = [i for i, b in enumerate(self.blocks) for _ in b.params]
         if track_descent and not track_summed:
             raise ValueError("GradNormMonitor: track_descent reads the summed gradient; accepted: track_summed=True")
-        self._descent = DescentTracker(self._params, self._param_block, len(self.blocks)) if track_descent else None
+        self._descent = (
+            DescentTracker(self._params, self._param_block, len(self.blocks), descent_span) if track_descent else None
+        )
         self._summed: dict[int, torch.Tensor] = {}  # param position -> summed gradient
         # The flat buffers the sums live in, and the (positions, shapes, dtypes) they were laid out for.
         self._summed_runs: list[_FlatRun] = []
@@ -611,4 +619,4 @@ class GradNormMonitor:
         if self._descent is not None and saved_descent is not None:
             self._descent.load_state_dict(saved_descent)
         elif self._descent is not None:  # saved without it: the estimates start afresh
-            self._descent = DescentTracker(self._params, self._param_block, len(self.blocks))
+            self._descent = DescentTracker(self._params, self._param_block, len(self.blocks), self._descent.span)

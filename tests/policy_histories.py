@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from freeze.monitor import IntervalStats
-from freeze.policies import PolicyError, Progress
+from freeze.policies import PolicyError, Pricing, Progress
 
 PROGRESS = Progress(epochs_completed=4, epochs_total=10, steps_completed=400, steps_total=1000)
 
@@ -61,9 +61,15 @@ NON_DEFAULT = {
     "gradual-unfreeze": {"every_epochs": 3},
     "payoff": {"exchange": 2.0, "window": 3, "min_intervals": 4},
     "at": {"k": 4, "t": 0.7},
+    "horizon": {"exchange": 5.0, "window": 1, "span": 2, "probation": 0, "tolerance": 0.1, "hold_off": 3},
 }
 
 
-def sizes(policy, num_blocks: int) -> dict:
-    """What the Freezer passes a policy beyond the four arguments: equal block bytes to one that prices them."""
-    return {"block_bytes": (1,) * num_blocks} if policy.uses_block_bytes else {}
+def sizes(policy, num_blocks: int, steps_total: int = 1000) -> dict:
+    """What the Freezer passes a policy beyond the four arguments: equal block bytes to one that
+    weighs them; to one that prices its freezes, step times falling with the boundary and a constant LR."""
+    extra = {"block_bytes": (1,) * num_blocks} if policy.uses_block_bytes else {}
+    if policy.uses_pricing:
+        step_time_s = tuple(1.0 - 0.1 * k for k in range(num_blocks))
+        extra["pricing"] = Pricing(step_time_s=step_time_s, lr_per_step=(0.01,) * steps_total)
+    return extra

@@ -7,7 +7,7 @@ from torch import nn
 
 from freeze import Freezer, GradNormMonitor, make_policy, split_blocks
 from freeze.monitor import IntervalStats, relative_change
-from freeze.policies import POLICIES
+from freeze.policies import POLICIES, Pricing
 from tests.tiny_models import TinyNet, global_batch
 
 
@@ -112,7 +112,16 @@ def test_skipped_steps_move_the_clock_not_the_statistics():
 
 # ------------------------------------------------------------------------------ fp64 parameters (issue 33, D3)
 def _train_fp64(model: nn.Module, policy: str, epochs: int = 3, steps: int = 2) -> Freezer:
-    freezer = Freezer(model, split_blocks(model), make_policy(policy), epochs=epochs)
+    blocks, chosen = split_blocks(model), make_policy(policy)
+    priced = {}
+    if chosen.uses_pricing:  # step times falling with the boundary, a constant LR, a flat held-out loss
+        step_time_s = [1.0 - 0.1 * k for k in range(len(blocks))]
+        priced = {
+            "steps_per_epoch": steps,
+            "pricing": Pricing(step_time_s, [0.05] * epochs * steps),
+            "probe": lambda: 1.0,
+        }
+    freezer = Freezer(model, blocks, chosen, epochs=epochs, **priced)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     for epoch in range(epochs):
         for step in range(steps):

@@ -260,10 +260,11 @@ def test_every_policy_stays_in_range_and_forward_only():
 
 
 def test_flags():
-    assert {n for n, c in POLICIES.items() if c.uses_gradients} == {"autofreeze", "cs744", "payoff"}
+    assert {n for n, c in POLICIES.items() if c.uses_gradients} == {"autofreeze", "cs744", "payoff", "horizon"}
+    assert {n for n, c in POLICIES.items() if c.uses_pricing} == {"horizon"}
     assert {n for n, c in POLICIES.items() if c.uses_block_bytes} == {"payoff"}
-    assert {n for n, c in POLICIES.items() if c.needs_run_length} == {"freezeout", "linear", "at"}
-    assert {n for n, c in POLICIES.items() if c.may_unfreeze} == {"gradual-unfreeze"}
+    assert {n for n, c in POLICIES.items() if c.needs_run_length} == {"freezeout", "linear", "at", "horizon"}
+    assert {n for n, c in POLICIES.items() if c.may_unfreeze} == {"gradual-unfreeze", "horizon"}
     assert set(POLICIES) == {
         "none",
         "static",
@@ -275,6 +276,7 @@ def test_flags():
         "gradual-unfreeze",
         "payoff",
         "at",
+        "horizon",
     }
 
 

@@ -136,6 +136,7 @@ class Freezer:
             self.blocks,
             track_summed=bool(track_summed_grads) or self.policy.uses_gradients,
             track_descent=self.policy.uses_descent,
+            descent_span=getattr(self.policy, "span", 1),
         )
         self.counters = FreezerCounters()
         self.decisions: list[Decision] = []
@@ -499,7 +500,7 @@ def _checked_policy_inputs(
         if pricing is None:
             raise ValueError(
                 f"Freezer: policy '{policy.name}' prices each freeze: pass pricing=Pricing(step_time_s=<seconds per "
-                "step at each boundary>, lr_per_step=<the schedule's LR per step>) (docs/policies.md#horizon; the "
+                "step at each boundary>, lr_per_step=<the schedule's LR per step>) (docs/horizon.md; the "
                 "pipeline takes it from the cost model: freeze.cost_profile)"
             )
         if not clock.steps_per_epoch or not clock.epochs:

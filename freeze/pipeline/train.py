@@ -181,6 +181,9 @@ def train_one_epoch(
             probes.append([freezer.counters.steps, clock.train_seconds(), probe_accuracy(t, cfg, ctx.device, clock)])
     freezer.end_epoch(epoch)
     clock.lap("freezer")
+    for evaluation in freezer.evaluations:  # why the boundary moved or stayed, in the run's log file
+        if evaluation.epoch == epoch:
+            logger.debug("policy: %s", evaluation.line())
     cache = _cache_record(freezer, cache_start, int(sums[2].item()))
     loss_sum, correct, count = all_reduce_sum(sums).tolist()
     return EpochTraining(

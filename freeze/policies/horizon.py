@@ -22,10 +22,12 @@ training loss is worth. The boundary moves to the j with the largest positive sc
 activation cache stays exact.
 
 Probation (``probation`` intervals, 0 = off): when the rule proposes a freeze, the Freezer first
-measures the loss on a fixed held-out subset (``Freezer(probe=...)``); for the next ``probation``
-intervals it measures it again, and a loss above the pre-freeze one by more than ``tolerance`` (a
-relative rise) undoes the freeze: the blocks train again, and no freeze is proposed for
-``hold_off`` intervals, doubled at every further undo. The check catches a freeze that breaks
+measures the loss on a fixed held-out subset (``Freezer(probe=...)``); at each of the next
+``probation`` intervals it measures it again, and when every one of those checks is above the
+pre-freeze loss by more than ``tolerance`` (a relative rise that persists, not one bump: a single
+interval's held-out loss rose 7 % mid-run in development with nothing frozen that mattered) the
+freeze is undone at the last: the blocks train again, and no freeze is proposed for ``hold_off``
+intervals, doubled at every further undo. The check catches a freeze that breaks
 training (a cliff), not one that merely stops it from improving: a frozen prefix's held-out loss
 usually goes on falling while the head trains.
 
@@ -120,10 +122,13 @@ class Horizon(Policy):
     may_unfreeze: ClassVar[bool] = True  # the probation's undo
     uses_pricing: ClassVar[bool] = True
     uses_descent: ClassVar[bool] = True
-    exchange: float = param(20.0, low=0.0, low_open=True)  # share of the run's time a nat is worth
-    window: int = param(2, low=1)  # intervals averaged into a block's rate
-    probation: int = param(3, low=0)  # intervals of held-out checks after a freeze; 0: none
-    tolerance: float = param(0.02, low=0.0)  # relative rise of the held-out loss that undoes a freeze
+    exchange: float = param(
+        10.0, low=0.0, low_open=True
+    )  # share of the run's time a nat is worth (set in development: docs/horizon.md)
+    window: int = param(2, low=1)  # descent estimates averaged into a block's rate
+    span: int = param(3, low=1)  # intervals a descent's displacement spans (freeze.descent): one estimate per span + 1
+    probation: int = param(2, low=0)  # intervals of held-out checks after a freeze; 0: none
+    tolerance: float = param(0.02, low=0.0)  # relative rise of every check that undoes a freeze
     hold_off: int = param(2, low=1)  # intervals without a freeze after an undo; doubled per undo
 
     @property
@@ -200,26 +205,30 @@ class Horizon(Policy):
     # ---------------------------------------------------------------- the rule's parts
     def rates(self, history: Sequence[IntervalStats], pricing: Pricing, num_blocks: int) -> list[float | None]:
         """Per block: the loss its training removes per unit LR, the mean of its last ``window``
-        intervals' descent over the LR its displacement spent, floored at 0; None where one of
-        them has no descent (the block did not train through it) or spent no LR."""
-        per_interval: list[list[float | None]] = []
-        for previous, current in zip(history[:-1], history[1:]):
+        intervals' descent over the LR its displacement spent (signed: the score floors it at 0);
+        None where one of them has no descent (the block did not train through it) or spent no LR."""
+        estimates: list[list[float | None]] = []  # one row per interval that closed a span
+        for i in range(self.span, len(history)):
+            current, spanned = history[i], history[i - self.span : i]
             if len(current.descent) not in (0, num_blocks):
                 raise PolicyError(
                     f"policy '{self.name}': interval {current.index} has {len(current.descent)} descent values; "
                     f"accepted: exactly num_blocks = {num_blocks} (a Freezer built with this policy records them)"
                 )
-            spent = pricing.lr_between(previous.end_step - previous.steps, previous.end_step)
-            descent = current.descent or (None,) * num_blocks
-            contiguous = current.index == previous.index + 1
-            per_interval.append([None if d is None or spent <= 0 or not contiguous else d / spent for d in descent])
-        recent = per_interval[-self.window :]
+            if all(d is None for d in current.descent):
+                continue
+            spent = pricing.lr_between(spanned[0].end_step - spanned[0].steps, spanned[-1].end_step)
+            contiguous = current.index - spanned[0].index == self.span
+            estimates.append(
+                [None if d is None or spent <= 0 or not contiguous else d / spent for d in current.descent]
+            )
+        recent = estimates[-self.window :]
         if len(recent) < self.window:
             return [None] * num_blocks
         out: list[float | None] = []
         for block in range(num_blocks):
             column = [row[block] for row in recent]
-            out.append(None if any(v is None for v in column) else max(math.fsum(column) / len(column), 0.0))
+            out.append(None if any(v is None for v in column) else math.fsum(column) / len(column))
         return out
 
     def scores(
@@ -237,7 +246,7 @@ class Horizon(Policy):
             rate = rates[j - 1]
             if rate is None:  # not measured through the window: what cannot be priced is not frozen
                 break
-            lost += rate * lr_left
+            lost += max(rate, 0.0) * lr_left  # a block whose updates raised the loss stops no learning
             build = pricing.build_s[j] if pricing.build_s else 0.0
             saved = ((cost[boundary] - cost[j]) * steps_left - pricing.rewrap_s - build) / run_s
             out.append((j, saved - self.exchange * lost))
@@ -257,16 +266,17 @@ class Horizon(Policy):
         return best
 
     def undo_to(self, boundary: int, history: Sequence[IntervalStats]) -> int | None:
-        """The boundary to return to when the freeze on probation failed its held-out check, else None."""
+        """At the probation's last interval: the boundary to return to when every held-out check
+        since the freeze rose above the pre-freeze loss by more than ``tolerance``; else None."""
         freeze_at = self._on_probation(boundary, history)
-        if freeze_at is None:
+        if freeze_at is None or len(history) - 1 - freeze_at < self.probation:
             return None
-        before, now = history[freeze_at].held_out_loss, history[-1].held_out_loss
-        if before is None or now is None:
+        before = history[freeze_at].held_out_loss
+        checks = [stats.held_out_loss for stats in history[freeze_at + 1 :]]
+        if before is None or any(c is None for c in checks):
             return None  # measured by no probe: nothing to compare (probation needs the Freezer's probe)
-        if now > before + abs(before) * self.tolerance:
-            return history[freeze_at].boundary
-        return None
+        limit = before + abs(before) * self.tolerance
+        return history[freeze_at].boundary if all(c > limit for c in checks) else None
 
     def _on_probation(self, boundary: int, history: Sequence[IntervalStats]) -> int | None:
         """Index in ``history`` of the interval whose close decided the freeze now on probation."""
