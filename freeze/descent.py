@@ -25,7 +25,9 @@ before still leaks a little of its noise into the movement (a small bias towards
 the safe side for a freezing rule).
 
 Cost: two copies of the parameters (the mean gradient before, and the snapshot that becomes the
-displacement), one pass over them at the closes that start and end a span; nothing per step.
+displacement), two dot products per parameter at the close that ends a span and a copy at the one
+that starts the next; the summed gradient it reads is needed in one of every span + 1 intervals only
+(the monitor sums nothing in the others unless asked: ``reads_next_sum``).
 """
 
 from __future__ import annotations
@@ -54,6 +56,12 @@ class DescentTracker:
         self._phase = 0  # closes since the span's start close (0: this close starts one)
         self._trained_run = [0] * num_blocks  # consecutive intervals each block trained through, to now
 
+    @property
+    def reads_next_sum(self) -> bool:
+        """Whether the next close reads its interval's summed gradient (a span's start or end): the
+        monitor sums the gradient only in those intervals, one of every span + 1."""
+        return self._phase in (0, self.span + 1)
+
     @torch.no_grad()
     def close(
         self, summed: dict[int, torch.Tensor], finite_steps: Sequence[int], active: Sequence[bool]
@@ -78,30 +86,40 @@ class DescentTracker:
         self._phase += 1
         return out
 
-    def _mean(self, pos: int, summed: dict[int, torch.Tensor], finite_steps: Sequence[int]) -> torch.Tensor | None:
-        steps = finite_steps[self._param_block[pos]]
-        return None if pos not in summed or steps <= 0 else summed[pos].double() / steps
+    def _steps(self, pos: int, summed: dict[int, torch.Tensor], finite_steps: Sequence[int]) -> int:
+        return finite_steps[self._param_block[pos]] if pos in summed else 0
 
     def _start(self, summed: dict[int, torch.Tensor], finite_steps: Sequence[int]) -> None:
-        self._grad_before, self._moved = {}, {}
+        grad_before, moved = {}, {}
         for pos, p in enumerate(self._params):
-            mean = self._mean(pos, summed, finite_steps)
-            if mean is not None:
-                self._grad_before[pos] = mean
-                self._moved[pos] = p.detach().clone()
+            steps = self._steps(pos, summed, finite_steps)
+            if steps <= 0:
+                continue
+            # the buffers of the last span, reused: no allocation per span
+            grad_before[pos] = _reuse(self._grad_before.get(pos), summed[pos]).copy_(summed[pos]).div_(steps)
+            moved[pos] = _reuse(self._moved.get(pos), p).copy_(p.detach())
+        self._grad_before, self._moved = grad_before, moved
 
     def _trapezoid(self, summed: dict[int, torch.Tensor], finite_steps: Sequence[int]) -> list[float | None]:
         out: list[float | None] = [None] * self._num_blocks
         # trained through the start interval, the span and this one
         ready = {b for b in range(self._num_blocks) if self._trained_run[b] >= self.span + 2}
-        positions = [pos for pos in self._moved if self._param_block[pos] in ready and pos in summed]
+        positions = [
+            pos for pos in self._moved if self._param_block[pos] in ready and self._steps(pos, summed, finite_steps) > 0
+        ]
         if not positions:
             return out
-        # One device reduction per tensor, one host read for all, in fp64: a block of millions of
-        # small products must not lose the sign of their sum.
+        # Two dot products per tensor (no temporaries), one host read for all; summed per block in
+        # fp64 on the host.
         dots = torch.stack(
             [
-                ((self._grad_before[pos] + self._mean(pos, summed, finite_steps)) * self._moved[pos].double()).sum()
+                torch.stack(
+                    [
+                        torch.dot(self._grad_before[pos].reshape(-1), self._moved[pos].reshape(-1)).double(),
+                        torch.dot(summed[pos].reshape(-1), self._moved[pos].reshape(-1)).double()
+                        / self._steps(pos, summed, finite_steps),
+                    ]
+                ).sum()
                 for pos in positions
             ]
         ).cpu()
@@ -135,3 +153,10 @@ class DescentTracker:
             int(pos): t.to(device=device[int(pos)], dtype=self._params[int(pos)].dtype)
             for pos, t in state["moved"].items()
         }
+
+
+def _reuse(buffer: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+    """``buffer`` when it can hold ``like``, else a new one."""
+    if buffer is None or buffer.shape != like.shape or buffer.dtype != like.dtype or buffer.device != like.device:
+        return torch.empty_like(like)
+    return buffer

@@ -219,7 +219,9 @@ class GradNormMonitor:
         history_kept: closed intervals kept in ``history`` (and in every checkpoint); older ones
             are dropped. Every policy reads the last two; the default leaves room for plots.
         track_descent: also record each block's ``descent`` (freeze.descent: two copies of the
-            parameters, a pass over them per interval close); needs ``track_summed``.
+            parameters, a pass over them at two of every span + 1 interval closes). Without
+            ``track_summed`` the gradient is summed only in the intervals the descent reads (one
+            of every span + 1), so a policy that reads nothing else pays a quarter of the sums.
         descent_span: the intervals a descent's displacement spans (freeze.descent).
     """
 
@@ -248,11 +250,10 @@ class GradNormMonitor:
         wide = any(p.dtype == torch.float64 for p in self._params)
         self._norm_dtype = torch.float64 if wide else torch.float32
         self._param_block = [i for i, b in enumerate(self.blocks) for _ in b.params]
-        if track_descent and not track_summed:
-            raise ValueError("GradNormMonitor: track_descent reads the summed gradient; accepted: track_summed=True")
         self._descent = (
             DescentTracker(self._params, self._param_block, len(self.blocks), descent_span) if track_descent else None
         )
+        self._summing = self._sums_next_interval()  # whether this interval's gradients are summed
         self._summed: dict[int, torch.Tensor] = {}  # param position -> summed gradient
         # The flat buffers the sums live in, and the (positions, shapes, dtypes) they were laid out for.
         self._summed_runs: list[_FlatRun] = []
@@ -364,7 +365,7 @@ class GradNormMonitor:
         if isinstance(grad_scale, torch.Tensor):  # the scaler updates its tensor in place: keep this step's
             grad_scale = grad_scale.detach().to(device=row.device, dtype=self._norm_dtype, copy=True)
         self._pending_scales.append(grad_scale)
-        if self.track_summed:  # the gradients are gone after this step: sum them now
+        if self._summing:  # the gradients are gone after this step: sum them now
             self._add_summed(positions, grads, row, grad_scale)
 
     def _next_pending_row(self, width: int, device: torch.device) -> torch.Tensor:
@@ -515,7 +516,7 @@ class GradNormMonitor:
         summed: list[float | None] = [None] * num_blocks
         summed_l1: list[float | None] = [None] * num_blocks
         mean: list[float | None] = [None] * num_blocks
-        if self.track_summed and self._summed:
+        if self._summing and self._summed:
             positions = sorted(self._summed)
             tensors = [self._summed[pos] for pos in positions]
             l2 = self._block_norms(positions, tensors, ord=2)
@@ -531,8 +532,9 @@ class GradNormMonitor:
                 b >= self._first_active and self._block_steps[b] == self._interval_steps for b in range(num_blocks)
             ]
             descent = tuple(self._descent.close(self._summed, finite_steps, active))
-        if self.track_summed and self._summed:
+        if self._summing and self._summed:
             torch._foreach_zero_(list(self._summed.values()))
+        self._summing = self._sums_next_interval()
         if self._norm_sum is not None:
             sums = self._norm_sum.cpu().tolist()
             mean = [sums[b] / finite_steps[b] if finite_steps[b] > 0 else None for b in range(num_blocks)]
@@ -559,6 +561,9 @@ class GradNormMonitor:
         self._interval_steps = 0
         self._interval_skipped_steps = 0
         return stats
+
+    def _sums_next_interval(self) -> bool:
+        return self.track_summed or (self._descent is not None and self._descent.reads_next_sum)
 
     @property
     def interval_steps(self) -> int:
@@ -620,3 +625,4 @@ class GradNormMonitor:
             self._descent.load_state_dict(saved_descent)
         elif self._descent is not None:  # saved without it: the estimates start afresh
             self._descent = DescentTracker(self._params, self._param_block, len(self.blocks), self._descent.span)
+        self._summing = self._sums_next_interval()

@@ -256,3 +256,26 @@ def test_descent_survives_a_checkpoint_bit_for_bit():
     whole, resumed = run(None), run(5)
     assert whole == resumed
     assert whole[2] != (None,) * 4 and all(d is not None for d in whole[2])  # the estimate after the resume
+
+
+def test_without_summed_norms_the_descent_sums_only_the_intervals_it_reads_and_reads_the_same():
+    torch.manual_seed(0)
+    model = TinyNet()
+    blocks = split_blocks(model)
+    every = GradNormMonitor(blocks, track_summed=True, track_descent=True, descent_span=3)
+    needed = GradNormMonitor(blocks, track_summed=False, track_descent=True, descent_span=3)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for step in range(24):
+        x, y = global_batch(step, 8)
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        every.observe()
+        needed.observe()
+        optimizer.step()
+        if step % 2 == 1:
+            every.close_interval(0, 0, step + 1)
+            needed.close_interval(0, 0, step + 1)
+    assert [s.descent for s in every.history] == [s.descent for s in needed.history]
+    assert any(d is not None for s in needed.history for d in s.descent)
+    summed = [s.summed_grad_norm[0] is not None for s in needed.history]
+    assert summed == [i % 4 == 0 for i in range(12)]  # one interval of every span + 1

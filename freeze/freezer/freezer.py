@@ -134,7 +134,8 @@ class Freezer:
         # the sums pay for it; True records them anyway (eta heatmaps for every policy).
         self.monitor = GradNormMonitor(
             self.blocks,
-            track_summed=bool(track_summed_grads) or self.policy.uses_gradients,
+            # a policy that reads only the descent has the monitor sum just the intervals it reads
+            track_summed=bool(track_summed_grads) or (self.policy.uses_gradients and not self.policy.uses_descent),
             track_descent=self.policy.uses_descent,
             descent_span=getattr(self.policy, "span", 1),
         )
