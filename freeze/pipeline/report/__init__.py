@@ -13,6 +13,7 @@ from pathlib import Path
 from freeze._atomic import atomic_write_text
 from freeze.pipeline.report.atlas import atlas_table
 from freeze.pipeline.report.blocks import blocks_table
+from freeze.pipeline.report.decisions import decisions_table
 from freeze.pipeline.report.frontier_tables import frontier_table, iso_speedup_table, iso_speedups
 from freeze.pipeline.report.load import ReportInputError, Run, load_runs
 from freeze.pipeline.report.paired import DEFAULT_MARGIN_POINTS, convergence_table, paired_table
@@ -70,6 +71,7 @@ def build_tables(
         frontier_table(runs, chosen),
         iso_speedup_table(iso),
         atlas_table(runs, chosen, target_fraction, margin_points, iso_by_group),
+        decisions_table(runs, chosen),
         convergence_table(runs, chosen, margin_points),
         static_sweep_table(runs, chosen),
         phase_table(runs, chosen),

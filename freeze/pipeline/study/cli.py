@@ -285,6 +285,29 @@ def _search(plan: _Plan, eta: WorkEta) -> _Searched | None:
     return _Searched(grid, search_md, candidates, base_val)
 
 
+def _horizons(study: StudyFile, runs_dir: Path):
+    """The horizons table: this study's arms against the same arms of ``study.shorter_horizon``,
+    whose run directories sit beside this study's."""
+    from freeze.pipeline.report import ReportInputError
+    from freeze.pipeline.report.horizons import horizons_table
+    from freeze.pipeline.report.load import load_runs
+
+    shorter_dir = runs_dir.parent / study.shorter_horizon
+    if not shorter_dir.is_dir():
+        raise ReportInputError(
+            f"shorter_horizon: {shorter_dir} is not a folder of runs; run that study first (its runs beside this one's)"
+        )
+    print(f"== horizons: {shorter_dir} against {runs_dir}", flush=True)
+    return horizons_table(
+        load_runs(shorter_dir),
+        load_runs(runs_dir),
+        study.shorter_horizon,
+        study.name,
+        study.target_fraction,
+        study.margin_points,
+    )
+
+
 def _report(study: StudyFile, runs_dir: Path, report_dir: Path, searched: _Searched | None) -> dict[str, Path] | None:
     """Build the report from the run directories (with the cost model's table when the study asks),
     write the search's table, print the main tables. Returns the files written; None: the report
@@ -302,6 +325,8 @@ def _report(study: StudyFile, runs_dir: Path, report_dir: Path, searched: _Searc
 
             print("== cost model: predicted training time of every complete study run", flush=True)
             extra.append(predict_study(runs_dir))
+        if study.shorter_horizon:
+            extra.append(_horizons(study, runs_dir))
         written = build_report(
             runs_dir,
             report_dir,

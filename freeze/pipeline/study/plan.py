@@ -15,6 +15,9 @@
                                                             # run's train time beside the measured one
                                                             # (freeze.pipeline.study.predict; profiles
                                                             # this machine, needs report/costmodel probes)
+    shorter_horizon = "frontier"                            # optional: a study of the same arms at a
+                                                            # shorter horizon, its runs beside this one's:
+                                                            # the horizons table compares the two
 
     [settings]                                              # name -> overrides; optional (one setting "")
     loopback = ["dist.nproc=2"]
@@ -75,6 +78,7 @@ _STUDY_KEYS = {
     "report_md",
     "out_dir",
     "predict",
+    "shorter_horizon",
 }
 _TABLES = {"study", "settings", "arms", "search", "frontier"}
 _FRONTIER_KEYS = {"fractions", "settings"}
@@ -133,6 +137,7 @@ class StudyFile:
     predict: bool = False  # the cost-model stage after the runs (freeze.pipeline.study.predict)
     weights: str | None = None  # committed pretrained weights (freeze.pipeline.datasets.weights), instead of pretrain
     frontier: dict[str, float] = dataclasses.field(default_factory=dict)  # budget arm -> its fraction of the steps
+    shorter_horizon: str | None = None  # a study of the same arms at a shorter horizon (the horizons table)
     # section.key=value from the command line, applied to every run after all of the file's (e.g.
     # dist.nproc=8 on a machine with 8 GPUs): the study's machine, not its design, without editing it
     command_line_overrides: tuple[str, ...] = ()
@@ -205,6 +210,9 @@ def read_study(path: str | Path) -> StudyFile:
     weights = study.get("weights")
     if weights is not None and (not isinstance(weights, str) or not weights):
         raise _error(path, f"weights must be a path to a committed weights file, got {weights!r}")
+    shorter = study.get("shorter_horizon")
+    if shorter is not None and (not isinstance(shorter, str) or not shorter or shorter == study["name"]):
+        raise _error(path, f"shorter_horizon must name another study (its runs beside this one's), got {shorter!r}")
     if weights is not None and study.get("pretrain"):
         raise _error(path, "pretrain and weights both give the model's weights; keep one")
     return StudyFile(
@@ -225,6 +233,7 @@ def read_study(path: str | Path) -> StudyFile:
         predict=study.get("predict", False),
         weights=weights,
         frontier=frontier,
+        shorter_horizon=shorter,
     )
 
 
