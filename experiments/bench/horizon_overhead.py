@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 import torchvision
 
+from experiments.bench.devices import add_device_argument, device_name, parsed_device
 from experiments.bench.monitor_ab import ratio_interval, real_gradients
 from experiments.bench.monitor_ab import time_interval as time_monitor_interval
 from freeze import Freezer, split_blocks
@@ -214,7 +215,7 @@ def write(rows: list[dict], probe_s: float, out: Path, header: list[str], extra:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda")
+    add_device_argument(parser)
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument(
         "--steps", type=int, default=24, help="optimizer steps per timed interval (one policy evaluation)"
@@ -222,17 +223,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--probe-images", type=int, default=1000)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    if args.device not in ("cpu", "cuda"):
-        parser.error(f"--device: '{args.device}' is not accepted; accepted: cpu, cuda")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        parser.error("--device: cuda, but no CUDA device is visible; accepted here: cpu")
+    device = parsed_device(parser, args.device)
     if args.rounds < 2 or args.steps < 1 or args.probe_images < 1:
         parser.error("--rounds must be >= 2, --steps >= 1 and --probe-images >= 1")
-    device = torch.device(args.device)
     rows = measure(device, args.rounds, args.steps, seed=0)
     monitor_rows = measure_monitor(device, args.rounds, args.steps, seed=0)
     probe_s = probe_seconds(args.probe_images, device)
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
+    name = device_name(device)
     header = [
         "# What horizon costs a training step",
         "",

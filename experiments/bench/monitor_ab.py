@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 import torchvision
 
+from experiments.bench.devices import add_device_argument, device_name, parsed_device
 from freeze import split_blocks
 from freeze.monitor import GradNormMonitor
 
@@ -142,21 +143,17 @@ def main(argv: list[str] | None = None) -> int:
         required=True,
         help="the commit whose freeze/monitor.py is the baseline, or a file holding that module",
     )
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda")
+    add_device_argument(parser)
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--steps", type=int, default=20, help="observes per timed interval (then one close)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    if args.device not in ("cpu", "cuda"):
-        parser.error(f"--device: '{args.device}' is not accepted; accepted: cpu, cuda")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        parser.error("--device: cuda, but no CUDA device is visible; accepted here: cpu")
+    device = parsed_device(parser, args.device)
     if args.rounds < 2 or args.steps < 1:
         parser.error("--rounds must be >= 2 and --steps >= 1")
-    device = torch.device(args.device)
     baseline_cls = baseline_monitor_class(args.baseline_rev)
     rows = measure(device, baseline_cls, args.rounds, args.steps, seed=0)
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    name = device_name(device)
     header = [
         f"# Monitor A/B: this tree against {args.baseline_rev}",
         "",
