@@ -1,0 +1,75 @@
+"""The pricing a horizon run trains with (freeze.pipeline.pricing), from the profiles the horizon study
+committed, and what the launcher refuses before any worker starts (preflight)."""
+
+from pathlib import Path
+
+import pytest
+
+from freeze.pipeline.config import ConfigError, load_config
+from freeze.pipeline.costmodel import load_profile
+from freeze.pipeline.preflight import preflight
+from freeze.pipeline.pricing import run_pricing
+
+REPO = Path(__file__).resolve().parents[2]
+FINETUNE = REPO / "experiments/configs/fdsl32_finetune.toml"
+PROFILES = REPO / "report/horizon"
+STUDY = [
+    "data.dataset=fdsl32-mix",
+    "data.augment=views:4",
+    "optim.name=adamw",
+    "optim.lr=1e-3",
+    "optim.weight_decay=0.01",
+    "freeze.cache=memory",
+    "freeze.policy=horizon:exchange=10",
+]
+LOOPBACK = ["dist.nproc=2", f"freeze.cost_profile={PROFILES / 'profile-loopback-adamw.json'}"]
+CLUSTER = [
+    "dist.nproc=1",
+    "cluster.nodes=2",
+    "cluster.bandwidth=1gbit",
+    f"freeze.cost_profile={PROFILES / 'profile-cluster-adamw.json'}",
+]
+
+
+def config(*overrides):
+    return load_config(FINETUNE, [*STUDY, *overrides], check_files=False)
+
+
+def blocks_of(cfg) -> list[str]:
+    return [b.name for b in load_profile(cfg.freeze.cost_profile).blocks]
+
+
+def test_pricing_follows_the_topology_the_cache_and_the_schedule():
+    loopback, cluster = config(*LOOPBACK), config(*CLUSTER)
+    on_loopback = run_pricing(loopback, 34, blocks_of(loopback))
+    on_cluster = run_pricing(cluster, 34, blocks_of(cluster))
+    bf16 = run_pricing(config(*CLUSTER, "freeze.comm_hook=bf16"), 34, blocks_of(cluster))
+    for pricing in (on_loopback, on_cluster, bf16):
+        assert len(pricing.step_time_s) == 10 and len(pricing.lr_per_step) == 5 * 34
+        assert list(pricing.step_time_s) == sorted(pricing.step_time_s, reverse=True)  # freezing more is never slower
+    assert on_cluster.step_time_s[0] > 1.5 * on_loopback.step_time_s[0]  # the 1 Gbit/s link's all-reduce
+    assert bf16.step_time_s[0] < on_cluster.step_time_s[0]  # half the bytes on that link
+    assert on_loopback.lr_per_step[0] == pytest.approx(1e-3) and on_loopback.lr_per_step[-1] < 1e-6  # cosine to zero
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        (("freeze.comm_hook=powersgd4",), "freeze.comm_hook: powersgd4 is not priced"),
+        (("train.batch_size=32",), "measured at batch 64, this run's is 32"),
+        (("optim.name=sgd", "optim.lr=0.05"), "measured with optimizer adamw"),
+    ],
+)
+def test_what_the_cost_model_cannot_price_is_refused_in_one_line(overrides, field):
+    cfg = config(*LOOPBACK, *overrides)
+    with pytest.raises(ConfigError) as err:
+        run_pricing(cfg, 34, blocks_of(cfg))
+    assert field in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_launcher_refuses_horizon_without_a_profile_or_held_out_images():
+    with pytest.raises(ConfigError, match="^freeze.cost_profile: not set; .*experiments.profile_run"):
+        preflight(config("dist.nproc=2"))
+    with pytest.raises(ConfigError, match="^data.val_size: freeze.policy=horizon checks"):
+        preflight(config(*LOOPBACK, "data.val_size=0"))
+    preflight(config(*LOOPBACK, "freeze.policy=horizon:probation=0", "data.val_size=0"))  # no check: no images needed
