@@ -51,9 +51,9 @@ class IntervalStats:
     summed_grad_norm: tuple[float | None, ...]  # L2
     summed_grad_l1_norm: tuple[float | None, ...]
     mean_step_grad_norm: tuple[float | None, ...]  # L2
-    # Per block, -<mean gradient of this interval, the block's displacement over the previous one>:
-    # the loss its last interval of updates removes to first order (freeze.descent). Empty unless
-    # the monitor tracks it (track_descent); None for a block not trained through both intervals.
+    # Per block, the loss its movement over the last span removed, by the trapezoid rule
+    # (freeze.descent); set at the closes that end a span. Empty unless the monitor tracks it
+    # (track_descent); None for a block not trained through the span and the intervals around it.
     descent: tuple[float | None, ...] = ()
     # The loss on a fixed held-out subset, measured at this interval's close when the policy asked
     # for it (Freezer(probe=...)); None otherwise.
@@ -527,10 +527,10 @@ class GradNormMonitor:
             summed_l1 = [values_l1[b] if b in observed else None for b in range(num_blocks)]
         descent: tuple[float | None, ...] = ()
         if self._descent is not None:
-            # A block trained through the whole interval: observed at every step, none frozen.
-            active = [
-                b >= self._first_active and self._block_steps[b] == self._interval_steps for b in range(num_blocks)
-            ]
+            # A block trained through the whole interval: observed at every step, none frozen. A declared
+            # skipped step (fp16 overflow, skip_step) moved no parameter: it does not break a block's span.
+            observed = self._interval_steps - self._interval_skipped_steps
+            active = [b >= self._first_active and self._block_steps[b] == observed for b in range(num_blocks)]
             descent = tuple(self._descent.close(self._summed, finite_steps, active))
         if self._summing and self._summed:
             torch._foreach_zero_(list(self._summed.values()))

@@ -115,9 +115,11 @@ def _train_fp64(model: nn.Module, policy: str, epochs: int = 3, steps: int = 2) 
     blocks, chosen = split_blocks(model), make_policy(policy)
     priced = {}
     if chosen.uses_pricing:  # step times falling with the boundary, a constant LR, a flat held-out loss
+        chosen = make_policy(policy, window=1, span=1)  # its first rates within the 6 evaluations
         step_time_s = [1.0 - 0.1 * k for k in range(len(blocks))]
         priced = {
             "steps_per_epoch": steps,
+            "interval_steps": 1,
             "pricing": Pricing(step_time_s, [0.05] * epochs * steps),
             "probe": lambda: 1.0,
         }
@@ -130,6 +132,7 @@ def _train_fp64(model: nn.Module, policy: str, epochs: int = 3, steps: int = 2) 
             F.cross_entropy(freezer.module(x.double()), y).backward()
             freezer.after_backward()
             opt.step()
+            freezer.after_step()  # evaluates only with interval_steps (horizon's)
         freezer.end_epoch(epoch)
     return freezer
 

@@ -167,7 +167,25 @@ def test_the_freezer_refuses_horizon_without_pricing_or_probe_when_built():
             model, blocks, make_policy("horizon:span=1,probation=0"), epochs=2, steps_per_epoch=10, interval_steps=5
         )
     with pytest.raises(ValueError, match="pass probe="):
-        Freezer(model, blocks, make_policy("horizon"), epochs=2, steps_per_epoch=10, interval_steps=5, pricing=pricing)
+        Freezer(
+            model,
+            blocks,
+            make_policy("horizon:window=1,span=1"),
+            epochs=2,
+            steps_per_epoch=10,
+            interval_steps=5,
+            pricing=pricing,
+        )
+    with pytest.raises(ValueError, match="needs 9 evaluations before its first decision and this run has 4"):
+        Freezer(
+            model,
+            blocks,
+            make_policy("horizon:probation=0"),
+            epochs=2,
+            steps_per_epoch=10,
+            interval_steps=5,
+            pricing=pricing,
+        )
     with pytest.raises(ValueError, match="lr_per_step has 20 entries for a run of 30 steps"):
         Freezer(
             model,
@@ -279,3 +297,69 @@ def test_without_summed_norms_the_descent_sums_only_the_intervals_it_reads_and_r
     assert any(d is not None for s in needed.history for d in s.descent)
     summed = [s.summed_grad_norm[0] is not None for s in needed.history]
     assert summed == [i % 4 == 0 for i in range(12)]  # one interval of every span + 1
+
+
+def test_no_freeze_is_stacked_on_one_still_on_probation():
+    policy = make_policy("horizon:span=1,exchange=1,probation=2,tolerance=0.05")
+    # block 2 learns a little: at interval 2 only the prefix 2 pays; by interval 3 its learning is gone
+    learning = (0.0, 0.0, 0.02, 0.5)
+    history = trace([(None,) * L, learning, learning], held_out=[None, None, 1.0])
+    assert decide(policy, history) == 2
+    settled = history + [stats(3, 2, (None, None, 0.0, 0.5), 0.99), stats(4, 2, (None, None, 0.0, 0.5), 0.98)]
+    assert decide(policy, settled[:4]) == 2  # on probation: judged before anything more freezes
+    assert decide(policy, settled) == 2  # the last check of the probation: still judged first
+    after = settled + [stats(5, 2, (None, None, 0.0, 0.5), 0.97)]
+    assert decide(policy, after) == 3  # the probation passed: the next prefix may freeze
+
+
+def test_the_probe_runs_in_eval_mode_without_gradients_and_training_resumes_after():
+    seen = []
+
+    def probe() -> float:
+        seen.append((model.training, torch.is_grad_enabled()))
+        return 1.0
+
+    model = TinyNet()
+    blocks = split_blocks(model)
+    pricing = Pricing((1.0, 0.6, 0.3, 0.1), (0.01,) * 24)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    freezer = Freezer(
+        model,
+        blocks,
+        make_policy("horizon:exchange=0.01,span=1,window=1"),
+        optimizer=optimizer,
+        epochs=2,
+        steps_per_epoch=12,
+        interval_steps=2,
+        pricing=pricing,
+        probe=probe,
+    )
+    for step in range(12):
+        x, y = global_batch(step, 8)
+        optimizer.zero_grad()
+        freezer.train()
+        nn.functional.cross_entropy(freezer.module(x), y).backward()
+        freezer.after_backward()
+        optimizer.step()
+        freezer.after_step()
+        assert model.head.training  # the training mode is back after every evaluation
+    assert seen and set(seen) == {(False, False)}
+
+
+def test_a_declared_skipped_step_does_not_void_the_descent():
+    torch.manual_seed(0)
+    model = TinyNet()
+    monitor = GradNormMonitor(split_blocks(model), track_summed=False, track_descent=True, descent_span=1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(12):
+        if step == 3:
+            monitor.skip_step()  # an fp16 overflow GradScaler skipped: no update
+        else:
+            x, y = global_batch(step, 8)
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            monitor.observe()
+            optimizer.step()
+        if step % 2 == 1:
+            monitor.close_interval(0, 0, step + 1)
+    assert all(d is not None for d in monitor.history[2].descent)  # the span over the skipped step still counts

@@ -114,7 +114,7 @@ def probe_seconds(images: int, device: torch.device, repeats: int = 3) -> float:
 
 
 def measure(device: torch.device, rounds: int, steps: int, seed: int) -> list[dict]:
-    steps_total = steps * (rounds + 1)
+    steps_total = steps * max(rounds + 1, 10)  # enough evaluations for horizon's first rates (it never freezes)
     runs = {v: build(v, steps_total, steps, device) for v in VARIANTS}
     g = torch.Generator().manual_seed(seed)
     batch = (torch.randn(64, 3, 32, 32, generator=g).to(device), torch.randint(0, 10, (64,), generator=g).to(device))

@@ -89,8 +89,8 @@ class Freezer:
             its freezes (``horizon``; freeze.policies.Pricing; the pipeline makes it from the cost model).
         probe: a function of no arguments returning the loss on a fixed held-out subset, the same on
             every rank (all-reduce it), for a policy with a held-out check (``horizon`` on probation).
-            It runs between steps at the evaluations the policy asks for, on every rank; it may
-            switch the model to eval (the Freezer restores the training mode after it).
+            It runs between steps at the evaluations the policy asks for, on every rank, with the
+            model in eval mode and gradients off (the Freezer restores the training mode after it).
     """
 
     def __init__(
@@ -433,7 +433,10 @@ class Freezer:
         sizes = {"block_bytes": self._steering.block_grad_bytes} if self.policy.uses_block_bytes else {}
         if self.policy.uses_pricing:
             sizes["pricing"] = self.pricing
-        if self.policy.uses_probe and self.policy.wants_probe(*args, **sizes):
+        # rank 0's answer on every rank: the probe runs collectives, which all ranks must enter
+        if self.policy.uses_probe and comm.broadcast_int_from_rank0(
+            int(self.policy.wants_probe(*args, **sizes)), self.process_group
+        ):
             stats = self._probe(stats)
         proposed = self.policy.decide(*args, **sizes)
         # Statistics come from all-reduced gradients, so ranks agree already; the broadcast makes
@@ -453,8 +456,10 @@ class Freezer:
     def _probe(self, stats: IntervalStats) -> IntervalStats:
         """The closing interval with the held-out loss the probe measures now (rank 0's, on every rank)."""
         training = self.model.training
-        loss = float(self.probe())
-        self.train(training)  # the probe may have switched to eval
+        self.eval()  # held-out images must not move BatchNorm statistics nor draw dropout masks
+        with torch.no_grad():
+            loss = float(self.probe())
+        self.train(training)
         loss = float(comm.broadcast_object_from_rank0(loss, self.process_group))
         probed = dataclasses.replace(stats, held_out_loss=loss)
         self.monitor.history[-1] = probed
@@ -509,6 +514,16 @@ def _checked_policy_inputs(
                 f"Freezer: policy '{policy.name}' needs the run length in steps: pass epochs and steps_per_epoch"
             )
         pricing.check(num_blocks, clock.epochs * clock.steps_per_epoch)
+        needed = getattr(policy, "intervals_needed", 0)
+        evaluations = (
+            clock.epochs * clock.steps_per_epoch // clock.interval_steps if clock.interval_steps else clock.epochs
+        )
+        if evaluations < needed:
+            raise ValueError(
+                f"Freezer: policy '{policy.spec()}' needs {needed} evaluations before its first decision and this run "
+                f"has {evaluations}; accepted: interval_steps small enough for {needed} or more (e.g. "
+                f"{max(clock.epochs * clock.steps_per_epoch // (2 * needed), 1)}), or a smaller window/span"
+            )
     if policy.uses_probe and probe is None:
         raise ValueError(
             f"Freezer: policy '{policy.spec()}' checks each freeze on a held-out subset: pass probe=<function returning "

@@ -27,7 +27,8 @@ measures the loss on a fixed held-out subset (``Freezer(probe=...)``); at each o
 pre-freeze loss by more than ``tolerance`` (a relative rise that persists, not one bump: a single
 interval's held-out loss rose 7 % mid-run in development with nothing frozen that mattered) the
 freeze is undone at the last: the blocks train again, and no freeze is proposed for ``hold_off``
-intervals, doubled at every further undo. The check catches a freeze that breaks
+intervals, doubled at every further undo (the undone blocks also need ``window`` fresh rates, one every
+span + 1 intervals, before they can be priced again). The check catches a freeze that breaks
 training (a cliff), not one that merely stops it from improving: a frozen prefix's held-out loss
 usually goes on falling while the head trains.
 
@@ -130,6 +131,11 @@ class Horizon(Policy):
     probation: int = param(2, low=0)  # intervals of held-out checks after a freeze; 0: none
     tolerance: float = param(0.02, low=0.0)  # relative rise of every check that undoes a freeze
     hold_off: int = param(2, low=1)  # intervals without a freeze after an undo; doubled per undo
+
+    @property
+    def intervals_needed(self) -> int:
+        """Closed intervals before the first rates: ``window`` descent estimates, one every span + 1."""
+        return self.window * (self.span + 1) + 1
 
     @property
     def uses_probe(self) -> bool:
@@ -256,9 +262,9 @@ class Horizon(Policy):
         self, boundary: int, history: Sequence[IntervalStats], progress: Progress, num_blocks: int, pricing: Pricing
     ) -> tuple[int | None, float]:
         """The j with the largest positive score (the higher j on a tie), or (None, 0) when no
-        freeze pays, during a hold-off, or before the first rates."""
-        if boundary >= num_blocks - 1 or self._held_off(history):
-            return None, 0.0
+        freeze pays, during a hold-off or a probation, or before the first rates."""
+        if boundary >= num_blocks - 1 or self._held_off(history) or self._on_probation(boundary, history) is not None:
+            return None, 0.0  # a freeze still on probation is judged before another is stacked on it
         best: tuple[int | None, float] = (None, 0.0)
         for j, score in self.scores(boundary, history, progress, num_blocks, pricing):
             if score > 0.0 and score >= best[1]:

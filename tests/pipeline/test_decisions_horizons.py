@@ -15,6 +15,7 @@ def test_decisions_list_every_adaptive_groups_moves_per_seed_and_count_its_undos
     runs = [
         handmade_run("loopback", "none", 0, "none", 100.0, 90.0, 100),
         handmade_run("loopback", "at-k9", 0, "at:k=9,t=0.8", 90.0, 90.0, 100, changes=((80, 9),)),
+        handmade_run("loopback", "linear", 0, "linear:freeze_start=0.5", 90.0, 90.0, 100, changes=((50, 1), (60, 2))),
         handmade_run(
             "loopback", "horizon", 0, "horizon:exchange=10", 80.0, 90.0, 100, changes=((40, 1), (50, 0), (70, 9))
         ),
@@ -22,7 +23,7 @@ def test_decisions_list_every_adaptive_groups_moves_per_seed_and_count_its_undos
         handmade_run("loopback", "horizon", 2, "horizon:exchange=10", 100.0, 90.0, 100),
     ]
     table = decisions_table(runs, resolve_baseline(runs, None))
-    assert list(table.data["group"]) == ["horizon"]  # none and the clock are not adaptive
+    assert list(table.data["group"]) == ["horizon"]  # none, the clock and the schedules decide from no signal
     row = table.data.iloc[0]
     assert row["unfreezes"] == 1 and row["froze_runs"] == 2 and row["n_runs"] == 3
     assert row["first_freeze_fraction"] == pytest.approx((0.4 + 0.6) / 2)
@@ -93,3 +94,23 @@ def test_the_horizon_study_file_compares_with_the_frontier_study():
     study = read_study(Path(__file__).resolve().parents[2] / "experiments/configs/study_horizon.toml")
     assert study.shorter_horizon == "frontier" and study.report_md == "report/horizon-study.md"
     assert {"horizon", "horizon-bf16", "none", "control"} <= set(study.arms)
+
+
+def test_the_report_knows_every_policy_that_reads_a_signal():
+    from freeze.pipeline.report.decisions import SIGNAL_POLICIES
+    from freeze.policies import POLICIES
+
+    assert set(SIGNAL_POLICIES) == {name for name, cls in POLICIES.items() if cls.uses_gradients}
+
+
+def test_an_arm_whose_policy_differs_between_the_studies_is_not_compared_and_said():
+    short = _study(170, [89.0, 89.2, 88.8], 90.0)
+    long = [
+        r
+        if r.group != "at-k9-t0.8"
+        else handmade_run("loopback", "at-k9-t0.8", r.seed, "at:k=9,t=0.7", 80.0, 90.0, 680)
+        for r in _study(680, [89.8, 89.9, 89.7], 80.0)
+    ]
+    table = horizons_table(short, long, "1x", "4x", 0.95, 0.5)
+    assert "at-k9-t0.8" not in list(table.data.get("group", []))
+    assert any("loopback/at-k9-t0.8 (at:k=9,t=0.8 against at:k=9,t=0.7)" in note for note in table.notes)

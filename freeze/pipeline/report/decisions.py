@@ -1,8 +1,9 @@
 """Where each adaptive policy moved the boundary, seed by seed (issue 37): a rule that decides from
 a signal is judged by when it froze what, and whether it undid it, beside what that cost.
 
-One row per group whose policy is neither the baseline's nor a fixed schedule (``none``, ``static``,
-the clock ``at``): its boundary changes per seed, read from each run's ``boundary_steps`` (the
+One row per group whose policy decides from a training signal (:data:`SIGNAL_POLICIES`; the
+schedules - none, static, at, freezeout, linear, geometric, gradual-unfreeze - are known before the
+run): its boundary changes per seed, read from each run's ``boundary_steps`` (the
 optimizer step after which the boundary changed, and its new value), the first freeze as a fraction
 of the run, the final boundary and the unfreezes (a change to a lower boundary: horizon's undos).
 """
@@ -17,7 +18,10 @@ from freeze.names import split_policy_spec
 from freeze.pipeline.report.load import Run
 from freeze.pipeline.report.tables import NA, Baseline, Column, Table, complete_groups, csv_frame, display_columns
 
-FIXED_POLICIES = ("none", "static", "at")  # no signal: their boundary is known before the run
+# The policies that read the monitor (freeze.policies: uses_gradients), by name: the report reads run
+# directories without importing torch; tests/pipeline/test_decisions_horizons.py keeps the list equal
+# to the registry's.
+SIGNAL_POLICIES = ("autofreeze", "cs744", "payoff", "horizon")
 
 DECISIONS_CAPTION = (
     "Where each adaptive policy moved the boundary: per seed, every change as step->boundary (the optimizer step "
@@ -25,7 +29,7 @@ DECISIONS_CAPTION = (
     "(mean over seeds, with the seeds that never froze counted apart); unfreezes: changes to a lower boundary "
     "(horizon's undos on probation)."
 )
-NO_ADAPTIVE = "no adaptive policy in these runs (every group is none, static or at:k,t): no decisions table"
+NO_ADAPTIVE = f"no policy that reads a training signal ({', '.join(SIGNAL_POLICIES)}) in these runs: no decisions table"
 
 
 def _moves(run: Run) -> str:
@@ -53,7 +57,7 @@ def decisions_row(members: list[Run]) -> dict:
         "n_runs": len(members),
         "froze_runs": len(first),
         "first_freeze_fraction": float(np.mean(first)) if first else math.nan,
-        "final_boundaries": " ".join(str(r.boundary_steps[-1][1] if r.boundary_steps else 0) for r in members),
+        "final_boundaries": " ".join(str(int(r.metrics["boundary"].iloc[-1])) for r in members),
         "unfreezes": unfreezes,
         "moves": "; ".join(f"s{r.seed}: {_moves(r)}" for r in members),
     }
@@ -87,7 +91,7 @@ def decisions_table(runs: list[Run], baseline: Baseline) -> Table:
     rows = [
         decisions_row(members)
         for members in complete_groups(runs).values()
-        if split_policy_spec(members[0].policy)[0] not in FIXED_POLICIES
+        if split_policy_spec(members[0].policy)[0] in SIGNAL_POLICIES
     ]
     rows.sort(key=lambda r: (r["setting"], r["group"]))
     display, align = display_columns(rows, _columns())

@@ -1,6 +1,6 @@
 """The same arms at two horizons (issue 37): does what freezing costs shrink when the run is longer?
 
-For every group (setting, arm, world size) that both studies ran beside their own baseline, the
+For every group (setting, arm, world size) that both studies ran, with the same policy, beside their own baseline, the
 paired numbers of each study (freeze.pipeline.report.paired: accuracy difference and speedup against
 its own full fine-tuning, same seeds), where the arm froze (the first boundary change as a fraction
 of its run), and the change of the accuracy difference from the shorter study to the longer one.
@@ -113,10 +113,13 @@ def horizons_table(
         baseline = resolve_baseline(runs, None)
         sides.append({key: (members, baseline_runs(groups, baseline, key)) for key, members in groups.items()})
     short, long = sides
-    rows = []
+    rows, unmatched = [], []
     for key in sorted(set(short) & set(long)):
         (s_members, s_base), (l_members, l_base) = short[key], long[key]
         if not s_base or not l_base or s_members[0].group == s_base[0].group:
+            continue
+        if s_members[0].policy != l_members[0].policy:  # the same name, another arm: not comparable
+            unmatched.append(f"{key[0]}/{key[1]} ({s_members[0].policy} against {l_members[0].policy})")
             continue
         row = horizons_row(
             _side(s_members, s_base, target_fraction, margin_points),
@@ -138,4 +141,7 @@ def horizons_table(
     ]
     display, align = display_columns(rows, columns)
     caption = HORIZONS_CAPTION if rows else f"no group ran beside its baseline in both {short_name} and {long_name}"
-    return Table("horizons", f"The same arms at {short_name} and {long_name}", caption, csv_frame(rows), display, align)
+    notes = (f"Not compared (the same group name with another policy): {', '.join(unmatched)}",) if unmatched else ()
+    return Table(
+        "horizons", f"The same arms at {short_name} and {long_name}", caption, csv_frame(rows), display, align, notes
+    )
