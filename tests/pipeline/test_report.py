@@ -150,7 +150,7 @@ def test_combined_markdown_and_latex(report):
     tables_md = (out / "tables.md").read_text(encoding="utf-8")
     assert "5 complete runs in 3 groups (1 incomplete run excluded" in tables_md
     assert "final-epoch test accuracy" in tables_md
-    assert tables_md.count("\n## ") == 10
+    assert tables_md.count("\n## ") == 11
     main_tex = (out / "main.tex").read_text(encoding="utf-8")
     assert r"\toprule" in main_tex and r"\bottomrule" in main_tex and r"test acc \% (final epoch)" in main_tex
     assert r"67.50 $\pm$ 19.06" in main_tex
