@@ -70,10 +70,6 @@ def clock_arm(policy: str) -> tuple[int, float] | None:
     return int(k), fraction
 
 
-def _final_step(run: Run) -> float:
-    return float(run.metrics["step"].iloc[-1])
-
-
 def freeze_step(run: Run, k: int) -> float:
     """The optimizer step after which ``run``'s boundary first reached ``k`` (NaN if it never did)."""
     step = next((s for s, boundary in run.boundary_steps if boundary >= k), None)
@@ -100,7 +96,7 @@ def atlas_row(
     k, t = clock_arm(members[0].policy)
     steps = [freeze_step(r, k) for r in members]
     step = _spread(steps)
-    fraction = _spread([s / _final_step(r) for s, r in zip(steps, members)])
+    fraction = _spread([s / r.final_step for s, r in zip(steps, members)])
     paired = paired_row(members, base, target_fraction, margin_points)
     return {
         **group_fields(members[0]),

@@ -38,14 +38,15 @@ def _moves(run: Run) -> str:
     return ", ".join(f"{step}->{k}" for step, k in run.boundary_steps)
 
 
-def _final_step(run: Run) -> float:
-    return float(run.metrics["step"].iloc[-1])
+def first_freeze_fractions(members: list[Run]) -> list[float]:
+    """Per run that froze, the step of its first boundary change over the run's steps."""
+    return [r.boundary_steps[0][0] / r.final_step for r in members if r.boundary_steps]
 
 
 def decisions_row(members: list[Run]) -> dict:
     """One adaptive group's decisions over its seeds."""
     members = sorted(members, key=lambda r: r.seed)
-    first = [r.boundary_steps[0][0] / _final_step(r) for r in members if r.boundary_steps]
+    first = first_freeze_fractions(members)
     unfreezes = sum(
         sum(1 for (_, before), (_, after) in zip(r.boundary_steps, r.boundary_steps[1:]) if after < before)
         for r in members

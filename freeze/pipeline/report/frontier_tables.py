@@ -44,10 +44,6 @@ NO_FRONTIER = (
 )
 
 
-def _final_step(run: Run) -> float:
-    return float(run.metrics["step"].iloc[-1])
-
-
 def _is_budget(members: list[Run]) -> bool:
     return members[0].policy == "none" and members[0].budget_fraction < 1.0
 
@@ -75,7 +71,7 @@ def _carried_fraction(run: Run, full: Run, carry: str) -> float:
     """A run's share of full fine-tuning's ``full`` (same seed), by steps or by measured train time."""
     if carry == "time":
         return train_wall_s(run) / train_wall_s(full)
-    return _final_step(run) / _final_step(full)
+    return run.final_step / full.final_step
 
 
 def _time_per_step_ratio(runs: list[Run], base: dict[int, Run]) -> tuple[float, float, float]:

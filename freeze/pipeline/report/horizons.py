@@ -15,6 +15,7 @@ import math
 
 import numpy as np
 
+from freeze.pipeline.report.decisions import first_freeze_fractions
 from freeze.pipeline.report.load import Run
 from freeze.pipeline.report.paired import fmt_interval, paired_row
 from freeze.pipeline.report.tables import (
@@ -38,14 +39,14 @@ HORIZONS_CAPTION = (
 
 
 def _first_freeze_fraction(members: list[Run]) -> float:
-    fractions = [r.boundary_steps[0][0] / float(r.metrics["step"].iloc[-1]) for r in members if r.boundary_steps]
+    fractions = first_freeze_fractions(members)
     return float(np.mean(fractions)) if fractions else math.nan
 
 
 def _side(members: list[Run], base: list[Run], target_fraction: float, margin_points: float) -> dict:
     paired = paired_row(members, base, target_fraction, margin_points)
     return {
-        "steps": float(np.mean([r.metrics["step"].iloc[-1] for r in members])),
+        "steps": float(np.mean([r.final_step for r in members])),
         "first_freeze": _first_freeze_fraction(members),
         **{
             k: paired[k]

@@ -69,6 +69,11 @@ class Run:
     boundary_steps: tuple[tuple[int, int], ...] = ()
 
     @property
+    def final_step(self) -> float:
+        """Optimizer steps the run took: its last epoch record's step."""
+        return float(self.metrics["step"].iloc[-1])
+
+    @property
     def name(self) -> str:
         return str(self.manifest.get("run_name") or self.run_dir.name)
 
