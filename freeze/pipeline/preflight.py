@@ -26,9 +26,15 @@ def preflight(config: Config) -> None:
         check_arch(config.model.arch)
     except ModelError as err:
         raise ConfigError(str(err)) from None
-    policy = parse_policy_spec(config.freeze.policy)
+    check_policy_inputs(config, parse_policy_spec(config.freeze.policy))
+
+
+def check_policy_inputs(config: Config, policy: Policy) -> None:
+    """ConfigError (one line) when what ``policy`` needs beside the config is not there: a cost
+    profile for a policy that prices its freezes, held-out images for one that checks them. The
+    launcher calls it through :func:`preflight`, a worker where it builds the policy (plain torchrun)."""
     if policy.uses_pricing and not Path(config.freeze.cost_profile or "").is_file():
-        # here, before any worker starts; the workers check the profile itself (freeze.pipeline.pricing)
+        # the workers read the profile itself (freeze.pipeline.pricing)
         raise ConfigError(
             f"freeze.cost_profile: {config.freeze.cost_profile or 'not set'}; freeze.policy={policy.name} prices its "
             "freezes with a cost-model profile of this machine; accepted: the path of one, made by "

@@ -37,7 +37,7 @@ from freeze.pipeline.data import (
 from freeze.pipeline.distributed import WorkerContext, run_and_agree
 from freeze.pipeline.models import imagenet_weights_file, imagenet_weights_placement, state_dict_mismatch
 from freeze.pipeline.optim import build_optimizer, build_scheduler
-from freeze.pipeline.preflight import parse_policy_spec
+from freeze.pipeline.preflight import check_policy_inputs, parse_policy_spec
 from freeze.pipeline.pricing import run_pricing
 from freeze.pipeline.run_lock import RunLock
 from freeze.pipeline.runs import RunDir, RunError, environment_info, load_checkpoint, now_iso
@@ -132,6 +132,7 @@ def build_policy(cfg: Config, blocks: list[Block]) -> Policy:
     """The configured policy, refused (ConfigError) when it does not fit the model's blocks: a
     static:k=99 on a 10-block model must not run as k=9 under the name k=99."""
     policy = parse_policy_spec(cfg.freeze.policy)
+    check_policy_inputs(cfg, policy)
     try:
         policy.initial_boundary(len(blocks))
     except PolicyError as err:
@@ -176,6 +177,13 @@ def _check_batch_fits(cfg: Config, ctx: WorkerContext, n_train: int) -> None:
         )
 
 
+def validation_subset(cfg: Config, ctx: WorkerContext, split: DataSplit) -> EvalLoader:
+    """The first ``train.probe_val_size`` validation images: the same at every probe (the accuracy
+    probes and a policy's held-out check)."""
+    n = min(cfg.train.probe_val_size, len(split.val_y))
+    return EvalLoader(split.val_x[:n], split.val_y[:n], cfg.train.eval_batch_size, ctx.rank, ctx.world_size, ctx.device)
+
+
 def build_training(
     cfg: Config,
     ctx: WorkerContext,
@@ -207,12 +215,7 @@ def build_training(
     test_loader = EvalLoader(
         split.test_x, split.test_y, cfg.train.eval_batch_size, ctx.rank, ctx.world_size, ctx.device
     )
-    probe_loader = None
-    if cfg.train.probe_every_steps:
-        n = min(cfg.train.probe_val_size, len(split.val_y))  # the first n: the same images at every probe
-        probe_loader = EvalLoader(
-            split.val_x[:n], split.val_y[:n], cfg.train.eval_batch_size, ctx.rank, ctx.world_size, ctx.device
-        )
+    probe_loader = validation_subset(cfg, ctx, split) if cfg.train.probe_every_steps else None
     accum = cfg.train.accumulate_steps
     steps_per_epoch = len(loader) // accum
     if cfg.train.max_steps_per_epoch:

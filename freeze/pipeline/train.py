@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from freeze.cache import CacheCounters
 from freeze.freezer import Freezer
 from freeze.monitor import relative_change
-from freeze.pipeline.config import Config, ConfigError
+from freeze.pipeline.config import Config
 from freeze.pipeline.data import EvalLoader
 from freeze.pipeline.distributed import WorkerContext, all_reduce_sum, any_rank, from_rank0, run_and_agree
 from freeze.pipeline.log import ProgressLine, get_logger, peak_memory_bytes
@@ -40,6 +40,7 @@ from freeze.pipeline.prepare import (
     claim_run,
     load_data,
     resume_training,
+    validation_subset,
 )
 from freeze.pipeline.run_lock import RunLock
 from freeze.pipeline.runs import RunDir, RunError, in_sweep, save_checkpoint
@@ -267,24 +268,14 @@ class HeldOutLoss:
 
     @classmethod
     def for_run(cls, cfg: Config, ctx: WorkerContext, split) -> HeldOutLoss:
-        n = min(cfg.train.probe_val_size, len(split.val_y))
-        if n == 0:
-            raise ConfigError(
-                f"data.val_size: freeze.policy={cfg.freeze.policy} checks its freezes on held-out images; "
-                "accepted: data.val_size > 0 (or the policy's probation=0)"
-            )
-        loader = EvalLoader(
-            split.val_x[:n], split.val_y[:n], cfg.train.eval_batch_size, ctx.rank, ctx.world_size, ctx.device
-        )
-        return cls(loader, cfg.train.precision, ctx.device)
+        # data.val_size > 0 was checked where the policy was built (check_policy_inputs)
+        return cls(validation_subset(cfg, ctx, split), cfg.train.precision, ctx.device)
 
     def __call__(self) -> float:
         if self.clock is not None:
             self.clock.lap("freezer")  # what ran before the probe
-        self.freezer.sync_buffers()
-        self.freezer.eval()
+        self.freezer.sync_buffers()  # rank 0's BatchNorm statistics (the Freezer has switched to eval)
         loss, _ = evaluate(self.freezer.model, self.loader, self.precision, self.device)
-        self.freezer.train()
         if self.clock is not None:
             self.clock.lap(EVAL_PHASE)
         return loss
