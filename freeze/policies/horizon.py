@@ -11,9 +11,9 @@ For each candidate boundary j above the current one, k, at step t of T:
 (``Pricing.step_time_s``: the pipeline takes it from the cost model, freeze.pipeline.costmodel, with
 the activation cache where the run has one), so the saving is right on loopback, over a capped link
 and on a GPU alike; ``saved`` is a share of the whole run's time at k = 0. ``rate_i``: the
-training loss block i's updates remove per unit of learning rate, measured from its last update and
-the next interval's gradient (freeze.descent; whatever the optimizer), averaged over ``window``
-intervals and taken as 0 when negative. ``R(t)``: the learning rate still to be spent, the sum of the
+training loss block i's updates remove per unit of learning rate, measured from its displacement over
+``span`` intervals and the mean gradients just before and after them (freeze.descent, the trapezoid
+rule: whatever the optimizer), averaged over the last ``window`` estimates and taken as 0 when negative. ``R(t)``: the learning rate still to be spent, the sum of the
 schedule's LR over the steps left (``Pricing.lr_per_step``). So ``lost`` is, to first order, the
 training loss the frozen blocks would still have removed, in nats: independent of the interval
 length and the batch size, and it shrinks as the schedule decays (a freeze at 0.85 of a cosine
@@ -123,9 +123,8 @@ class Horizon(Policy):
     may_unfreeze: ClassVar[bool] = True  # the probation's undo
     uses_pricing: ClassVar[bool] = True
     uses_descent: ClassVar[bool] = True
-    exchange: float = param(
-        10.0, low=0.0, low_open=True
-    )  # share of the run's time a nat is worth (set in development: docs/horizon.md)
+    # the share of the run's time one nat of training loss is worth (set in development: docs/horizon.md)
+    exchange: float = param(10.0, low=0.0, low_open=True)
     window: int = param(2, low=1)  # descent estimates averaged into a block's rate
     span: int = param(3, low=1)  # intervals a descent's displacement spans (freeze.descent): one estimate per span + 1
     probation: int = param(2, low=0)  # intervals of held-out checks after a freeze; 0: none
