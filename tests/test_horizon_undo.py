@@ -20,15 +20,18 @@ PRICING = Pricing(step_time_s=(1.0, 0.6, 0.3, 0.1), lr_per_step=(0.01,) * (EPOCH
 POLICY = "horizon:exchange=0.01,span=1,probation=2,tolerance=0.05,hold_off=2"
 
 
-def make_run(rank: int = 0):
+def make_run(rank: int = 0, device: str = "cpu", measured_loss=None):
+    """The run on ``device``; ``measured_loss(model)``, when given, is measured on the held-out check
+    too (tests/gpu: the check's evaluation on the device), and the scripted rise added to it."""
     torch.manual_seed(rank)  # different init per rank: the Freezer syncs it from rank 0
-    model = TinyNet()
+    model = TinyNet().to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     holder = {}
 
     def held_out_loss() -> float:
         # a scripted check: the loss a broken freeze would show (it rises with the frozen blocks)
-        return 1.0 + 0.5 * holder["freezer"].boundary
+        measured = 0.0 if measured_loss is None else measured_loss(model)
+        return 1.0 + measured + 0.5 * holder["freezer"].boundary
 
     freezer = Freezer(
         model,
@@ -47,8 +50,9 @@ def make_run(rank: int = 0):
 
 def train_steps(model, optimizer, freezer, steps, rank=0, world_size=1, record=None):
     local = GLOBAL_BATCH // world_size
+    device = next(model.parameters()).device
     for step in steps:
-        x, y = global_batch(step, GLOBAL_BATCH)
+        x, y = (t.to(device) for t in global_batch(step, GLOBAL_BATCH))
         optimizer.zero_grad(set_to_none=True)
         freezer.train()
         F.cross_entropy(

@@ -26,7 +26,19 @@ from freeze.cache import CacheSource
 
 FREEZE_DIR = os.path.dirname(freeze.__file__) + os.sep
 TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
-CONFIGS = ("fp32", "fp32-cache-device", "fp32-cache-host", "bf16-cache-device", "fp16-scaler", "fp16-scaler-cache")
+CONFIGS = (
+    "fp32",
+    "fp32-cache-device",
+    "fp32-cache-host",
+    "bf16-cache-device",
+    "fp16-scaler",
+    "fp16-scaler-cache",
+    "fp32-horizon",
+)
+# fp32-horizon: the horizon rule's monitoring (freeze.policies.horizon) on the step: its 8-step
+# intervals close after the audited steps (3 to 6), and its first interval is one whose gradient the
+# descent sums (freeze.descent), so the audit sees the summing a step adds, not the close's reads.
+HORIZON_INTERVAL_STEPS = 8
 
 
 @dataclass(frozen=True)
@@ -96,7 +108,12 @@ def make_step(config: str, device: torch.device) -> Callable[[int], None]:
     source = CacheSource(lambda k: inputs[k], 64) if cache else None
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     freezer = Freezer(
-        model, split_blocks(model), optimizer=optimizer, interval_steps=10**6, cache=cache, cache_source=source
+        model,
+        split_blocks(model),
+        optimizer=optimizer,
+        cache=cache,
+        cache_source=source,
+        **(_horizon_arguments(model) if "horizon" in config else {"interval_steps": 10**6}),
     )
     with _store_on_host("cache-host" in config):  # the placement is chosen here, the build is at step 0
         freezer.set_boundary(2)
@@ -120,6 +137,22 @@ def make_step(config: str, device: torch.device) -> Callable[[int], None]:
         freezer.after_step()
 
     return step
+
+
+def _horizon_arguments(model: torch.nn.Module) -> dict:
+    """The Freezer's arguments for the horizon rule: a run long enough for its evaluations, a pricing
+    by hand, a held-out check that is never reached in the audited steps."""
+    from freeze.policies import Pricing, make_policy
+
+    steps = 16 * HORIZON_INTERVAL_STEPS  # the default window and span need 9 evaluations
+    return {
+        "policy": make_policy("horizon"),
+        "epochs": 1,
+        "steps_per_epoch": steps,
+        "interval_steps": HORIZON_INTERVAL_STEPS,
+        "pricing": Pricing(step_time_s=(1.0, 0.8, 0.6, 0.4), lr_per_step=(0.01,) * steps),
+        "probe": lambda: 0.0,
+    }
 
 
 @contextlib.contextmanager

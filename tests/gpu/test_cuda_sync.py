@@ -1,9 +1,9 @@
 """No host synchronisation on the hot path: steady-state training steps on CUDA, with and without the
 activation cache (its store on the device, and on the host behind the pinned staging buffers), fp32
-and bf16, make no synchronising CUDA call at all; with fp16 and a GradScaler the only one is torch's
-own (GradScaler.step reads found_inf on the host), none of ours. Run under
-``torch.cuda.set_sync_debug_mode``: "warn" to name every sync (tests/gpu/sync_audit.py), then "error",
-the mode that raises at the first."""
+and bf16, and with the horizon rule's monitoring, make no synchronising CUDA call at all; with fp16
+and a GradScaler the only one is torch's own (GradScaler.step reads found_inf on the host), none of
+ours. Run under ``torch.cuda.set_sync_debug_mode``: "warn" to name every sync
+(tests/gpu/sync_audit.py), then "error", the mode that raises at the first."""
 
 import os
 import traceback
@@ -15,7 +15,7 @@ import torch
 from tests.gpu.devices import CUDA_MARKS
 from tests.gpu.sync_audit import FREEZE_DIR, TORCH_DIR, _attribute, audit, make_step, recording, summarize
 
-NO_SYNC = ["fp32", "fp32-cache-device", "fp32-cache-host", "bf16-cache-device"]
+NO_SYNC = ["fp32", "fp32-cache-device", "fp32-cache-host", "bf16-cache-device", "fp32-horizon"]
 
 
 def _frame(path: str, line: int) -> traceback.FrameSummary:
