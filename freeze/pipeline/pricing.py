@@ -4,7 +4,7 @@ from the run's schedule.
 
 - **step time**: :func:`freeze.pipeline.costmodel.predict_step` at every boundary, from the profile
   named by ``freeze.cost_profile`` (measured on this machine for this model, batch, core layout and
-  optimizer: ``python -m experiments.profile_run --config <the run's config>``), the link fitted from
+  optimizer, each checked against the run's: ``python -m experiments.profile_run --config <the run's config>``), the link fitted from
   the cost model's probes at the run's node count and cap, its fitted CPU share of communication, and
   the activation cache where the run has one (served from the first step at k >= 1, as the study's
   prediction assumes). With the bf16 hook a step sends half the bytes: the link's per-byte terms are
@@ -25,7 +25,16 @@ from freeze.pipeline.config import Config, ConfigError
 from freeze.pipeline.costmodel.link import LinkError
 from freeze.pipeline.costmodel.model import predict_step
 from freeze.pipeline.costmodel.profile import ProfileError, load_profile
-from freeze.pipeline.costmodel.setting import PROBE_DIR, comm_cpu_share, probe_files, run_cluster, run_link
+from freeze.pipeline.costmodel.profiler import NodeCores
+from freeze.pipeline.costmodel.setting import (
+    PROBE_DIR,
+    comm_cpu_share,
+    layout_name,
+    probe_files,
+    process_layout,
+    run_cluster,
+    run_link,
+)
 from freeze.pipeline.optim import lr_factor
 from freeze.policies import Pricing
 
@@ -49,6 +58,21 @@ def run_pricing(cfg: Config, steps_per_epoch: int, block_names: Sequence[str], p
     total = steps_per_epoch * cfg.train.epochs
     lr = [cfg.optim.lr * lr_factor(s, steps_per_epoch, total, cfg.schedule, cfg.optim.lr) for s in range(total)]
     return Pricing(step_time_s=step_time_s, lr_per_step=tuple(lr), rewrap_s=rewrap_s)
+
+
+def _check_layout(cfg: Config, profiled: list[dict] | None, path: str) -> None:
+    """The profile's processes, cores and threads must be the run's on this machine: a step's compute
+    time depends on them (threads per process, processes sharing a core), so a profile from another
+    layout or another machine would misprice every freeze."""
+    layout = process_layout(cfg)
+    measured = None if profiled is None else [NodeCores(tuple(n["cores"]), n["threads"]) for n in profiled]
+    if measured == layout:
+        return
+    where = "an unrecorded layout" if measured is None else f"core layout {layout_name(measured)}"
+    raise ConfigError(
+        f"freeze.cost_profile: {path} was measured in {where}, this run's on this machine is "
+        f"{layout_name(layout)}; accepted: a profile in the run's layout, made here by `{PROFILE_COMMAND}`"
+    )
 
 
 def _step_times(cfg: Config, block_names: Sequence[str], probe_dir: Path) -> tuple[tuple[float, ...], float]:
@@ -79,6 +103,7 @@ def _step_times(cfg: Config, block_names: Sequence[str], probe_dir: Path) -> tup
             f"freeze.cost_profile: {path} was measured with optimizer {profile.optimizer}, this run's is "
             f"{cfg.optim.name}; accepted: a profile with the run's optimizer"
         )
+    _check_layout(cfg, profile.meta.get("layout"), path)
     if cfg.freeze.comm_hook.startswith("powersgd"):
         raise ConfigError(
             f"freeze.comm_hook: {cfg.freeze.comm_hook} is not priced by the cost model; accepted with "

@@ -31,6 +31,13 @@ CLUSTER = [
 ]
 
 
+@pytest.fixture(autouse=True)
+def the_profiles_machine(monkeypatch):
+    """The committed profiles were measured on 2 cores (one process each): the run's layout is laid out
+    as on that machine, whatever cores this one has."""
+    monkeypatch.setattr("freeze.pipeline.cluster.spec.available_cores", lambda: [0, 1])
+
+
 def config(*overrides):
     return load_config(FINETUNE, [*STUDY, *overrides], check_files=False)
 
@@ -58,6 +65,7 @@ def test_pricing_follows_the_topology_the_cache_and_the_schedule():
         (("freeze.comm_hook=powersgd4",), "freeze.comm_hook: powersgd4 is not priced"),
         (("train.batch_size=32",), "measured at batch 64, this run's is 32"),
         (("optim.name=sgd", "optim.lr=0.05"), "measured with optimizer adamw"),
+        (("dist.threads_per_worker=2",), "measured in core layout c0t1-c1t1, this run's on this machine is c0t2-c1t2"),
     ],
 )
 def test_what_the_cost_model_cannot_price_is_refused_in_one_line(overrides, field):
