@@ -158,40 +158,31 @@ def test_pricing_for_another_model_or_run_is_refused_in_one_line():
         Pricing((1.0, 0.0), (0.01,))
 
 
-def test_the_freezer_refuses_horizon_without_pricing_or_probe_when_built():
+REFUSALS_PRICING = Pricing((1.0, 0.9, 0.8, 0.7), (0.01,) * 20)
+
+
+@pytest.mark.parametrize(
+    ("policy", "epochs", "pricing", "message"),
+    [
+        ("horizon:span=1,probation=0", 2, None, "pass pricing=Pricing"),
+        ("horizon:window=1,span=1", 2, REFUSALS_PRICING, "pass probe="),
+        (
+            "horizon:probation=0",
+            2,
+            REFUSALS_PRICING,
+            "needs 9 evaluations before its first decision and this run has 4",
+        ),
+        ("horizon:span=1,probation=0", 3, REFUSALS_PRICING, "lr_per_step has 20 entries for a run of 30 steps"),
+    ],
+)
+def test_the_freezer_refuses_horizon_without_pricing_or_probe_when_built(policy, epochs, pricing, message):
     model = TinyNet()
-    blocks = split_blocks(model)
-    pricing = Pricing((1.0, 0.9, 0.8, 0.7), (0.01,) * 20)
-    with pytest.raises(ValueError, match="pass pricing=Pricing"):
-        Freezer(
-            model, blocks, make_policy("horizon:span=1,probation=0"), epochs=2, steps_per_epoch=10, interval_steps=5
-        )
-    with pytest.raises(ValueError, match="pass probe="):
+    with pytest.raises(ValueError, match=message):
         Freezer(
             model,
-            blocks,
-            make_policy("horizon:window=1,span=1"),
-            epochs=2,
-            steps_per_epoch=10,
-            interval_steps=5,
-            pricing=pricing,
-        )
-    with pytest.raises(ValueError, match="needs 9 evaluations before its first decision and this run has 4"):
-        Freezer(
-            model,
-            blocks,
-            make_policy("horizon:probation=0"),
-            epochs=2,
-            steps_per_epoch=10,
-            interval_steps=5,
-            pricing=pricing,
-        )
-    with pytest.raises(ValueError, match="lr_per_step has 20 entries for a run of 30 steps"):
-        Freezer(
-            model,
-            blocks,
-            make_policy("horizon:span=1,probation=0"),
-            epochs=3,
+            split_blocks(model),
+            make_policy(policy),
+            epochs=epochs,
             steps_per_epoch=10,
             interval_steps=5,
             pricing=pricing,
