@@ -13,9 +13,17 @@ import pytest
 import torch
 
 from freeze.pipeline.cluster import net, probe
-from freeze.pipeline.cluster.launch import agent_argv
+from freeze.pipeline.cluster.launch import agent_argv, node_env
 from freeze.pipeline.cluster.net import unavailable_reason
-from freeze.pipeline.cluster.spec import ClusterSpec, ClusterSpecError, parse_delay, parse_rate, plan_cpus
+from freeze.pipeline.cluster.spec import (
+    CLUSTER_CORES_ENV,
+    ClusterSpec,
+    ClusterSpecError,
+    parse_delay,
+    parse_rate,
+    plan_cpus,
+    planned_cores,
+)
 from freeze.pipeline.config import ConfigError, load_config
 from tests.processes import REPO, start_python
 
@@ -100,6 +108,21 @@ def test_cpu_plan_disjoint_when_cores_suffice_shared_otherwise():
     assert [c.threads_per_worker for c in plan_cpus(2, 2, [0, 1, 2, 3])] == [1, 1]
     four = plan_cpus(4, 1, [0, 1])
     assert [c.cores for c in four] == [(0,), (1,), (0,), (1,)] and all(c.shared for c in four)
+
+
+@pytest.mark.parametrize(
+    ("nodes", "cores"), [(2, [0, 1]), (2, [0, 1, 2]), (3, [0, 1, 2, 3]), (4, [0, 1]), (2, [2, 5, 7, 9])]
+)
+def test_every_node_is_told_the_cores_the_whole_cluster_was_planned_over(nodes, cores):
+    """A node's processes are pinned to their own slice, so inside one the cores no longer say how the
+    run was laid out; the launcher names them, and the same plan is made again from them (what a
+    horizon run's pricing checks its cost profile's layout against: tests/pipeline/test_pricing.py)."""
+    plan = plan_cpus(nodes, 1, cores)
+    cluster = net.Cluster(ClusterSpec.parse(nodes, "1gbit"), plan, log=lambda _: None)
+    named = planned_cores([node.cpu for node in cluster.nodes])
+    envs = [node_env(node, named, {}) for node in cluster.nodes]
+    assert {env[CLUSTER_CORES_ENV] for env in envs} == {",".join(map(str, named))}
+    assert plan_cpus(nodes, 1, [int(c) for c in envs[0][CLUSTER_CORES_ENV].split(",")]) == plan
 
 
 def test_agents_name_the_store_host_and_their_own_address():

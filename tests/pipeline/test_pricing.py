@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from freeze.pipeline.cluster.spec import CLUSTER_CORES_ENV
 from freeze.pipeline.config import ConfigError, load_config
 from freeze.pipeline.costmodel import load_profile
 from freeze.pipeline.preflight import preflight
@@ -36,6 +37,7 @@ def the_profiles_machine(monkeypatch):
     """The committed profiles were measured on 2 cores (one process each): the run's layout is laid out
     as on that machine, whatever cores this one has."""
     monkeypatch.setattr("freeze.pipeline.cluster.spec.available_cores", lambda: [0, 1])
+    monkeypatch.delenv(CLUSTER_CORES_ENV, raising=False)
 
 
 def config(*overrides):
@@ -73,6 +75,18 @@ def test_what_the_cost_model_cannot_price_is_refused_in_one_line(overrides, fiel
     with pytest.raises(ConfigError) as err:
         run_pricing(cfg, 34, blocks_of(cfg))
     assert field in str(err.value) and "\n" not in str(err.value)
+
+
+def test_inside_a_cluster_node_the_layout_is_the_whole_clusters(monkeypatch):
+    """An emulated node's worker is pinned to its own core: its pricing must check the profile against
+    the cluster's layout, which the launcher names (the horizon study's cluster runs of seed 2 were
+    refused before it did)."""
+    monkeypatch.setattr("freeze.pipeline.cluster.spec.available_cores", lambda: [0])  # node 0's view
+    cluster = config(*CLUSTER)
+    with pytest.raises(ConfigError, match="this run's on this machine is c0t1-c0t1"):
+        run_pricing(cluster, 34, blocks_of(cluster))
+    monkeypatch.setenv(CLUSTER_CORES_ENV, "0,1")  # as freeze.pipeline.cluster.launch sets it
+    assert len(run_pricing(cluster, 34, blocks_of(cluster)).step_time_s) == 10
 
 
 def test_the_launcher_refuses_horizon_without_a_profile_or_held_out_images():

@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass
 
 from freeze.pipeline.cluster.net import RDZV_PORT, Cluster, LinkCounters, Node
+from freeze.pipeline.cluster.spec import CLUSTER_CORES_ENV, planned_cores
 
 _PR_SET_PDEATHSIG = 1
 _FAILURE_GRACE_S = 60.0  # after one node fails, how long the others get to notice and exit
@@ -62,11 +63,15 @@ def agent_argv(
     return ["unshare", "--pid", "--fork", "--kill-child", *cluster.exec_argv(node, torchrun)]
 
 
-def node_env(node: Node, base: dict | None = None) -> dict:
+def node_env(node: Node, cluster_cores: list[int], base: dict | None = None) -> dict:
+    """The environment of a node's agent and workers; ``cluster_cores``: the cores of the whole
+    cluster's plan (:func:`planned_cores`), which a pinned node cannot see for itself."""
     env = dict(os.environ if base is None else base)
     env.update(
         GLOO_SOCKET_IFNAME=node.ifname,
         OMP_NUM_THREADS=str(node.cpu.threads_per_worker),
+        # the run's core layout, which a horizon run's pricing checks its cost profile against
+        **{CLUSTER_CORES_ENV: ",".join(map(str, cluster_cores))},
         PYTHONUNBUFFERED="1",
         # A fresh store per rendezvous round, hosted by the rank-0 worker. With torchrun's shared
         # agent store, workers of a restarted round could not meet across nodes (seen here): the
@@ -123,12 +128,13 @@ def run_job(
     """
     start_s = time.perf_counter()
     procs: list[subprocess.Popen] = []
+    cluster_cores = planned_cores([node.cpu for node in cluster.nodes])
     try:
         for node in cluster.nodes:
             procs.append(
                 subprocess.Popen(
                     agent_argv(cluster, node, entry, nproc_per_node, max_restarts),
-                    env=node_env(node, env),
+                    env=node_env(node, cluster_cores, env),
                     stdout=stdout,
                     stderr=stderr,
                     stdin=subprocess.DEVNULL,

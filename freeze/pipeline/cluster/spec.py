@@ -101,6 +101,12 @@ class ClusterSpec:
         return [str(next(hosts)) for _ in range(self.nodes)]
 
 
+# Set by the launcher in every node's environment: the cores the cluster's plan was laid over. A
+# node's processes are pinned to their own slice, so inside one ``available_cores`` no longer says
+# how the whole run was laid out (what a cost profile must have been measured in).
+CLUSTER_CORES_ENV = "FREEZE_CLUSTER_CORES"
+
+
 def available_cores() -> list[int]:
     """The cores this process may run on (taskset/cgroup aware), in order."""
     if hasattr(os, "sched_getaffinity"):
@@ -127,3 +133,15 @@ def plan_cpus(nodes: int, procs_per_node: int, cores: list[int] | None = None) -
         slices = [tuple(cores[i * per_node : (i + 1) * per_node]) for i in range(nodes)]
         return [NodeCpu(s, max(1, len(s) // procs_per_node), False) for s in slices]
     return [NodeCpu((cores[i % len(cores)],), 1, True) for i in range(nodes)]
+
+
+def run_cores() -> list[int]:
+    """The cores the run's processes were planned over: inside an emulated cluster's node, the
+    cluster's (its launcher names them in :data:`CLUSTER_CORES_ENV`), else this process's."""
+    named = os.environ.get(CLUSTER_CORES_ENV, "")
+    return [int(c) for c in named.split(",")] if named else available_cores()
+
+
+def planned_cores(plan: list[NodeCpu]) -> list[int]:
+    """The cores a plan from :func:`plan_cpus` uses; the same plan is made again from them."""
+    return sorted({core for node in plan for core in node.cores})

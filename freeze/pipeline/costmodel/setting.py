@@ -10,7 +10,7 @@ import dataclasses
 from pathlib import Path
 
 from freeze.pipeline.cluster import plan_cpus
-from freeze.pipeline.cluster.spec import parse_rate
+from freeze.pipeline.cluster.spec import parse_rate, run_cores
 from freeze.pipeline.config import Config
 from freeze.pipeline.costmodel.calibration import CALIBRATION_FILE, CalibrationError, load_calibration
 from freeze.pipeline.costmodel.link import Link, link_from_probes, scaled_link
@@ -43,7 +43,8 @@ def one_process_per_node(processes: int, threads: int = 0) -> list[NodeCores]:
         processes: node (or worker) count.
         threads: torch threads per process; 0 for plan_cpus' share of the cores.
     """
-    return [NodeCores(tuple(c.cores), threads or c.threads_per_worker) for c in plan_cpus(processes, 1)]
+    plan = plan_cpus(processes, 1, run_cores())  # inside a cluster's node too, the whole cluster's cores
+    return [NodeCores(tuple(c.cores), threads or c.threads_per_worker) for c in plan]
 
 
 def layout_name(layout: list[NodeCores]) -> str:
