@@ -23,6 +23,7 @@ from freeze.pipeline.cluster.spec import (
     parse_rate,
     plan_cpus,
     planned_cores,
+    run_cores,
 )
 from freeze.pipeline.config import ConfigError, load_config
 from tests.processes import REPO, start_python
@@ -113,16 +114,23 @@ def test_cpu_plan_disjoint_when_cores_suffice_shared_otherwise():
 @pytest.mark.parametrize(
     ("nodes", "cores"), [(2, [0, 1]), (2, [0, 1, 2]), (3, [0, 1, 2, 3]), (4, [0, 1]), (2, [2, 5, 7, 9])]
 )
-def test_every_node_is_told_the_cores_the_whole_cluster_was_planned_over(nodes, cores):
+def test_every_node_is_told_the_cores_the_whole_cluster_was_planned_over(nodes, cores, monkeypatch):
     """A node's processes are pinned to their own slice, so inside one the cores no longer say how the
     run was laid out; the launcher names them, and the same plan is made again from them (what a
     horizon run's pricing checks its cost profile's layout against: tests/pipeline/test_pricing.py)."""
     plan = plan_cpus(nodes, 1, cores)
     cluster = net.Cluster(ClusterSpec.parse(nodes, "1gbit"), plan, log=lambda _: None)
     named = planned_cores([node.cpu for node in cluster.nodes])
-    envs = [node_env(node, named, {}) for node in cluster.nodes]
-    assert {env[CLUSTER_CORES_ENV] for env in envs} == {",".join(map(str, named))}
-    assert plan_cpus(nodes, 1, [int(c) for c in envs[0][CLUSTER_CORES_ENV].split(",")]) == plan
+    for node in cluster.nodes:  # inside each node, pinned to its own cores, with the launcher's environment
+        monkeypatch.setattr("freeze.pipeline.cluster.spec.available_cores", lambda node=node: list(node.cpu.cores))
+        monkeypatch.setenv(CLUSTER_CORES_ENV, node_env(node, named, {})[CLUSTER_CORES_ENV])
+        assert plan_cpus(nodes, 1, run_cores()) == plan
+
+
+def test_cores_named_badly_in_the_environment_are_one_line(monkeypatch):
+    monkeypatch.setenv(CLUSTER_CORES_ENV, "0,one")
+    with pytest.raises(ClusterSpecError, match=f"^{CLUSTER_CORES_ENV}='0,one': accepted: "):
+        run_cores()
 
 
 def test_agents_name_the_store_host_and_their_own_address():

@@ -70,7 +70,8 @@ def node_env(node: Node, cluster_cores: list[int], base: dict | None = None) -> 
     env.update(
         GLOO_SOCKET_IFNAME=node.ifname,
         OMP_NUM_THREADS=str(node.cpu.threads_per_worker),
-        # the run's core layout, which a horizon run's pricing checks its cost profile against
+        # the cores the run was laid out over, from which a horizon run's pricing lays out the layout
+        # its cost profile must have been measured in
         **{CLUSTER_CORES_ENV: ",".join(map(str, cluster_cores))},
         PYTHONUNBUFFERED="1",
         # A fresh store per rendezvous round, hosted by the rank-0 worker. With torchrun's shared

@@ -139,7 +139,13 @@ def run_cores() -> list[int]:
     """The cores the run's processes were planned over: inside an emulated cluster's node, the
     cluster's (its launcher names them in :data:`CLUSTER_CORES_ENV`), else this process's."""
     named = os.environ.get(CLUSTER_CORES_ENV, "")
-    return [int(c) for c in named.split(",")] if named else available_cores()
+    if not named:
+        return available_cores()
+    if not all(c.isdigit() for c in named.split(",")):
+        raise ClusterSpecError(
+            f"{CLUSTER_CORES_ENV}={named!r}: accepted: core numbers separated by commas, as the cluster launcher sets it"
+        )
+    return [int(c) for c in named.split(",")]
 
 
 def planned_cores(plan: list[NodeCpu]) -> list[int]:
