@@ -82,7 +82,7 @@ class DescentTracker:
             self._start(summed, finite_steps)
         elif self._phase == self.span:
             for pos, start in self._moved.items():  # the start's parameters become their displacement
-                start.neg_().add_(self._params[pos].detach())
+                torch.sub(self._params[pos].detach(), start, out=start)  # one pass; = -start + p exactly
         self._phase += 1
         return out
 
@@ -95,8 +95,8 @@ class DescentTracker:
             steps = self._steps(pos, summed, finite_steps)
             if steps <= 0:
                 continue
-            # the buffers of the last span, reused: no allocation per span
-            grad_before[pos] = _reuse(self._grad_before.get(pos), summed[pos]).copy_(summed[pos]).div_(steps)
+            # the buffers of the last span, reused: no allocation per span; one pass each
+            grad_before[pos] = torch.div(summed[pos], steps, out=_reuse(self._grad_before.get(pos), summed[pos]))
             moved[pos] = _reuse(self._moved.get(pos), p).copy_(p.detach())
         self._grad_before, self._moved = grad_before, moved
 

@@ -146,17 +146,22 @@ _PENDING_ROWS_MAX = 256
 # Elements per flat buffer of the summed gradient: the staging buffer a step copies its gradients
 # into is one such buffer (32 MiB of fp32), and ResNet-18's 11.2 M parameters take two.
 _FLAT_CHUNK_ELEMENTS = 1 << 23
+# Devices whose tensors the host reads without a sync: there a step's finiteness is read and its
+# gradients added in place (one pass); elsewhere they go through a staging buffer, masked on the device.
+_FREE_TO_READ_DEVICE_TYPES = frozenset({"cpu"})
 
 
 @dataclass
 class _FlatRun:
     """Parameters whose summed gradients share one flat buffer, ``flat_sum`` (the monitor's sums are
-    views of it in their shapes): a step copies their gradients into ``staging`` (one foreach copy
-    through ``staging_views``; the runs of one dtype and device share it), masks and scales it there,
-    and adds it to ``flat_sum`` (one add)."""
+    views of it in their shapes, ``sum_views``): on the host a finite, unscaled step adds its
+    gradients to them (one foreach add); otherwise it copies them into ``staging`` (one foreach copy
+    through ``staging_views``; the runs of one dtype and device share it), masks and scales them
+    there, and adds it to ``flat_sum`` (one add)."""
 
     positions: list[int]
     flat_sum: torch.Tensor
+    sum_views: list[torch.Tensor]  # flat_sum in the parameters' shapes (the monitor's sums)
     staging: torch.Tensor
     staging_views: list[torch.Tensor]
 
@@ -195,7 +200,7 @@ def _flat_runs(
         first = grads[group[0]]
         flat_sum = torch.zeros(total, dtype=first.dtype, device=first.device)
         staging = staging_for[(first.dtype, first.device)][:total]
-        staging_views, offset = [], 0
+        sum_views, staging_views, offset = [], [], 0
         for i in group:
             n, shape = grads[i].numel(), grads[i].shape
             view = flat_sum[offset : offset + n].view(shape)
@@ -203,9 +208,10 @@ def _flat_runs(
             if old is not None:
                 view.copy_(old)
             new_sums[positions[i]] = view
+            sum_views.append(view)
             staging_views.append(staging[offset : offset + n].view(shape))
             offset += n
-        runs.append(_FlatRun([positions[i] for i in group], flat_sum, staging, staging_views))
+        runs.append(_FlatRun([positions[i] for i in group], flat_sum, sum_views, staging, staging_views))
     return runs, new_sums
 
 
@@ -460,6 +466,17 @@ class GradNormMonitor:
         if layout != self._summed_layout:  # a boundary move, a parameter without a gradient, a load
             self._summed_runs, self._summed = _flat_runs(positions, grads, self._summed)
             self._summed_layout = layout
+        if inv_tensor is None and alpha == 1.0 and row.device.type in _FREE_TO_READ_DEVICE_TYPES:
+            # On the host the step's finiteness costs nothing to read, so the gradients are added
+            # where they are, or not at all: one pass over them instead of three through the staging
+            # buffer (copy, mask, add), and the same sums bit for bit (x + 1 * g is exact either way;
+            # a scaled step keeps the staging path, whose rounding the sums were measured with).
+            if bool(finite):
+                start = 0
+                for run in self._summed_runs:
+                    torch._foreach_add_(run.sum_views, grads[start : start + len(run.positions)])
+                    start += len(run.positions)
+            return
         not_finite = ~finite
         start = 0
         for run in self._summed_runs:

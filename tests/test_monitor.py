@@ -209,13 +209,16 @@ def _random_steps(model, n: int, seed: int):
     return steps
 
 
+@pytest.mark.parametrize("free_to_read", [{"cpu"}, set()], ids=["added in place", "through staging"])
 @pytest.mark.parametrize("chunk_elements", [1 << 23, 10])
-def test_folding_pending_steps_gives_the_per_step_sums_bit_for_bit(monkeypatch, chunk_elements):
+def test_folding_pending_steps_gives_the_per_step_sums_bit_for_bit(monkeypatch, chunk_elements, free_to_read):
     """Steps are folded in rows (at close, at a boundary move, at a checkpoint); the statistics are
     those of a fold per step, bitwise: NaN and inf steps masked, a missing gradient, a float scale, a
     boundary moved mid-interval, a checkpoint mid-interval, the summed gradient in flat chunks and,
-    with tiny chunks, tensor by tensor (a transposed, non-contiguous gradient among them)."""
+    with tiny chunks, tensor by tensor (a transposed, non-contiguous gradient among them); summed in
+    place as on the host, and through the staging buffer as on a GPU (masked without a host read)."""
     monkeypatch.setattr("freeze.monitor._FLAT_CHUNK_ELEMENTS", chunk_elements)
+    monkeypatch.setattr("freeze.monitor._FREE_TO_READ_DEVICE_TYPES", frozenset(free_to_read))
     model = _deep()
     blocks = split_blocks(model)
     steps = _random_steps(model, 10, seed=0)
@@ -265,12 +268,15 @@ def _ops_per_step(depth: int, track_summed: bool) -> int:
     return count.ops
 
 
+@pytest.mark.parametrize("free_to_read", [{"cpu"}, set()], ids=["added in place", "through staging"])
 @pytest.mark.parametrize("track_summed", [False, True])
-def test_the_operations_a_step_launches_do_not_grow_with_the_parameters(track_summed):
+def test_the_operations_a_step_launches_do_not_grow_with_the_parameters(monkeypatch, track_summed, free_to_read):
     """On a GPU a small model's step is bound by launching kernels (the first GPU check: the monitor
     took 0.8-1.2 ms a step, ~15 operations of a per-step fold, 2P more with the summed gradient)."""
+    monkeypatch.setattr("freeze.monitor._FREE_TO_READ_DEVICE_TYPES", frozenset(free_to_read))
     few, many = _ops_per_step(4, track_summed), _ops_per_step(40, track_summed)
     assert few == many  # 8 parameters or 80: the same operations
     # the row (select, foreach norm, stack); with the summed gradient, the step's finiteness (9: isfinite
-    # alone is 4 operations) and one copy, mask and add per flat buffer: 17 in torch 2.14
+    # alone is 4 operations), its host read and one foreach add per flat buffer on the host (one copy,
+    # mask and add per flat buffer through staging on a GPU: 17 in torch 2.14)
     assert many <= (20 if track_summed else 3)
