@@ -36,15 +36,21 @@ def no_host_sync(monkeypatch):
     monkeypatch.undo()
 
 
-def test_an_overflowed_step_is_masked_and_counted_without_a_host_sync(monkeypatch):
+@pytest.mark.parametrize("on_device", [True, False], ids=["as on a GPU: no host read", "on the host: read"])
+def test_an_overflowed_step_is_masked_and_counted_without_a_host_sync(monkeypatch, on_device):
+    """As on a GPU (the summed gradient masked through staging) no step reads a value on the host; on
+    the host, where a read costs nothing, the step's finiteness is read and the sums are the same."""
+    if on_device:
+        monkeypatch.setattr("freeze.monitor._FREE_TO_READ_DEVICE_TYPES", frozenset())
     model, clean = _model(), _model()
     mon, ref = GradNormMonitor(split_blocks(model)), GradNormMonitor(split_blocks(clean))
     steps = [[1.0, 2.0, 3.0], [math.inf, 2.0, 3.0], [-1.0, math.nan, 1.0], [0.5, 0.5, 0.5]]
     for values in steps:
         _set_grads(model, values)
         with monkeypatch.context() as m:
-            for name in ("item", "tolist", "cpu", "__bool__", "__float__", "__int__"):
-                m.setattr(torch.Tensor, name, lambda *a, **k: (_ for _ in ()).throw(AssertionError("host sync")))
+            if on_device:
+                for name in ("item", "tolist", "cpu", "__bool__", "__float__", "__int__"):
+                    m.setattr(torch.Tensor, name, lambda *a, **k: (_ for _ in ()).throw(AssertionError("host sync")))
             mon.observe()
         if all(math.isfinite(v) for v in values):
             _set_grads(clean, values)

@@ -234,6 +234,7 @@ def test_folding_pending_steps_gives_the_per_step_sums_bit_for_bit(monkeypatch, 
         for p, g in zip(model.parameters(), grads):
             p.grad = g
         mon.observe(grad_scale=scale)
+    sums_at_close = {pos: t.clone() for pos, t in mon._summed.items()}
     stats = mon.close_interval(epoch=0, boundary=1, end_step=len(steps))
     mean, summed = _reference_stats(blocks, steps, lambda step: 1 if step >= 3 else 0)
     assert list(stats.mean_step_grad_norm[1:]) == mean[1:]  # exact: same operations, same order
@@ -245,6 +246,34 @@ def test_folding_pending_steps_gives_the_per_step_sums_bit_for_bit(monkeypatch, 
     ids = torch.tensor([block_of[p] for p in positions])
     ref_blocks = torch.zeros(len(blocks)).index_add_(0, ids, ref.square()).sqrt().tolist()
     assert list(stats.summed_grad_norm[1:]) == ref_blocks[1:]
+    assert all(torch.equal(sums_at_close[p], summed[p]) for p in positions)  # the tensors, bit for bit
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_gradients_sum_alike_in_place_and_through_staging(monkeypatch, dtype):
+    """fp16 and bf16 gradients (an inf step among them) give the same summed tensors on both paths."""
+    model = _deep().to(dtype)
+    steps = [g for g, _ in _random_steps(model, 6, seed=1)]
+
+    def sums(free_to_read):
+        monkeypatch.setattr("freeze.monitor._FREE_TO_READ_DEVICE_TYPES", frozenset(free_to_read))
+        mon = GradNormMonitor(split_blocks(model))
+        for grads in steps:
+            for p, g in zip(model.parameters(), grads):
+                p.grad = None if g is None else g.to(dtype)
+            mon.observe()
+        return {pos: t.clone() for pos, t in mon._summed.items()}
+
+    in_place, staged = sums({"cpu"}), sums(set())
+    assert in_place.keys() == staged.keys() and all(torch.equal(in_place[p], staged[p]) for p in in_place)
+
+
+def test_on_the_host_a_finite_unscaled_step_is_summed_in_place(monkeypatch):
+    """The host's one-pass sum is the path a CPU step takes (one foreach add per flat buffer, not a
+    copy, mask and add through staging): fewer operations than the staging path for the same step."""
+    in_place = _ops_per_step(40, track_summed=True)
+    monkeypatch.setattr("freeze.monitor._FREE_TO_READ_DEVICE_TYPES", frozenset())
+    assert in_place < _ops_per_step(40, track_summed=True)
 
 
 class _CountOps(torch.utils._python_dispatch.TorchDispatchMode):
