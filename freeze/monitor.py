@@ -160,6 +160,7 @@ class _FlatRun:
     there, and adds it to ``flat_sum`` (one add)."""
 
     positions: list[int]
+    grads: slice  # where its parameters' gradients lie in the step's list (runs are consecutive)
     flat_sum: torch.Tensor
     sum_views: list[torch.Tensor]  # flat_sum in the parameters' shapes (the monitor's sums)
     staging: torch.Tensor
@@ -211,7 +212,16 @@ def _flat_runs(
             sum_views.append(view)
             staging_views.append(staging[offset : offset + n].view(shape))
             offset += n
-        runs.append(_FlatRun([positions[i] for i in group], flat_sum, sum_views, staging, staging_views))
+        runs.append(
+            _FlatRun(
+                [positions[i] for i in group],
+                slice(group[0], group[-1] + 1),
+                flat_sum,
+                sum_views,
+                staging,
+                staging_views,
+            )
+        )
     return runs, new_sums
 
 
@@ -453,8 +463,9 @@ class GradNormMonitor:
     ) -> None:
         """Add this step's gradients (unscaled) to the interval's summed gradient; nothing where the
         step was not finite or its scale tensor bad (a masked fill, not a product: inf * 0 is NaN).
-        The gradients go through a few flat buffers (one foreach copy, one mask and one add each:
-        :class:`_FlatRun`), so the operations a step launches do not grow with the parameter count."""
+        The gradients are summed per flat buffer (one foreach add each on the host; one foreach copy,
+        mask and add each through staging: :class:`_FlatRun`), so the operations a step launches do not
+        grow with the parameter count."""
         finite = torch.isfinite(self._rows_block_norms(positions, row.unsqueeze(0)).sum())
         inv_tensor, alpha = None, 1.0
         if isinstance(grad_scale, torch.Tensor):
@@ -472,16 +483,12 @@ class GradNormMonitor:
             # buffer (copy, mask, add), and the same sums bit for bit (x + 1 * g is exact either way;
             # a scaled step keeps the staging path, whose rounding the sums were measured with).
             if bool(finite):
-                start = 0
                 for run in self._summed_runs:
-                    torch._foreach_add_(run.sum_views, grads[start : start + len(run.positions)])
-                    start += len(run.positions)
+                    torch._foreach_add_(run.sum_views, grads[run.grads])
             return
         not_finite = ~finite
-        start = 0
         for run in self._summed_runs:
-            torch._foreach_copy_(run.staging_views, grads[start : start + len(run.positions)])
-            start += len(run.positions)
+            torch._foreach_copy_(run.staging_views, grads[run.grads])
             run.staging.masked_fill_(not_finite, 0.0)
             if inv_tensor is not None:
                 run.staging.mul_(inv_tensor.to(run.staging.dtype))

@@ -209,7 +209,12 @@ def _random_steps(model, n: int, seed: int):
     return steps
 
 
-@pytest.mark.parametrize("free_to_read", [{"cpu"}, set()], ids=["added in place", "through staging"])
+# The monitor's two ways of summing a step's gradients: in place where the host reads for free, through
+# staging elsewhere (freeze.monitor._FREE_TO_READ_DEVICE_TYPES); a test given ``free_to_read`` sets it.
+_BOTH_SUM_PATHS = pytest.mark.parametrize("free_to_read", [{"cpu"}, set()], ids=["added in place", "through staging"])
+
+
+@_BOTH_SUM_PATHS
 @pytest.mark.parametrize("chunk_elements", [1 << 23, 10])
 def test_folding_pending_steps_gives_the_per_step_sums_bit_for_bit(monkeypatch, chunk_elements, free_to_read):
     """Steps are folded in rows (at close, at a boundary move, at a checkpoint); the statistics are
@@ -297,7 +302,7 @@ def _ops_per_step(depth: int, track_summed: bool) -> int:
     return count.ops
 
 
-@pytest.mark.parametrize("free_to_read", [{"cpu"}, set()], ids=["added in place", "through staging"])
+@_BOTH_SUM_PATHS
 @pytest.mark.parametrize("track_summed", [False, True])
 def test_the_operations_a_step_launches_do_not_grow_with_the_parameters(monkeypatch, track_summed, free_to_read):
     """On a GPU a small model's step is bound by launching kernels (the first GPU check: the monitor

@@ -141,11 +141,12 @@ def run_cores() -> list[int]:
     named = os.environ.get(CLUSTER_CORES_ENV, "")
     if not named:
         return available_cores()
-    if not all(c.isdigit() for c in named.split(",")):
+    cores = named.split(",")
+    if not all(c.isdigit() for c in cores):
         raise ClusterSpecError(
             f"{CLUSTER_CORES_ENV}={named!r}: accepted: core numbers separated by commas, as the cluster launcher sets it"
         )
-    return [int(c) for c in named.split(",")]
+    return [int(c) for c in cores]
 
 
 def planned_cores(plan: list[NodeCpu]) -> list[int]:
