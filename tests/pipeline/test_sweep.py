@@ -208,10 +208,13 @@ def test_a_key_error_names_the_file_it_came_from(tmp_path, capsys):
 
 def test_each_run_starts_from_its_resolved_config_file(tmp_path, monkeypatch):
     import freeze.pipeline.sweep as sweep_module
+    import freeze.pipeline.sweep.runner
     from freeze.pipeline.config import config_to_toml, load_config
 
     launched = []
-    monkeypatch.setattr(sweep_module, "launch_local", lambda path, nproc, resume, lock: launched.append(path) or 0)
+    monkeypatch.setattr(
+        sweep_module.runner, "launch_local", lambda path, nproc, resume, lock: launched.append(path) or 0
+    )
     grid = {"freeze.policy": ["none", "static:k=3"], "dist.nproc": [2]}
     specs = expand(str(SMOKE), "tiny", grid, ["train.epochs=1"], str(tmp_path / "runs"))
     assert [s.name for s in specs] == ["none_nproc=2", "static-k=3_nproc=2"]
@@ -271,9 +274,12 @@ def test_an_interrupted_run_stops_the_sweep_and_the_next_run_never_starts(tmp_pa
     # its namespaces and returns 130, and the sweep went on with the next run, so neither Ctrl-C nor
     # `kill` could stop it. An interrupted run (130) must end the sweep with one line and code 130.
     import freeze.pipeline.sweep as sweep_module
+    import freeze.pipeline.sweep.runner
 
     launched = []
-    monkeypatch.setattr(sweep_module, "launch_local", lambda path, nproc, resume, lock: launched.append(path) or 130)
+    monkeypatch.setattr(
+        sweep_module.runner, "launch_local", lambda path, nproc, resume, lock: launched.append(path) or 130
+    )
     grid = '"freeze.policy" = ["none", "static:k=3"]\n"dist.nproc" = [2]'
     path = _write_sweep(tmp_path, grid, overrides=["train.epochs=1"])
     assert sweep_module.main(["--sweep", str(path), "--out-dir", str(tmp_path / "runs")]) == 130
@@ -305,6 +311,7 @@ def test_a_local_launch_gives_back_the_signal_handlers_torchrun_takes(monkeypatc
 def test_the_eta_covers_the_whole_sweep_from_fresh_runs_only(tmp_path, monkeypatch):
     """A newcomer waited through `make study` and a sweep with only "[k/9]": no time left for the whole."""
     import freeze.pipeline.sweep as sweep_module
+    import freeze.pipeline.sweep.runner
 
     eta = sweep_module.WorkEta(runs_total=10)
     eta.record(None)  # skipped as complete: done, but no sample of a run's length
@@ -316,7 +323,7 @@ def test_the_eta_covers_the_whole_sweep_from_fresh_runs_only(tmp_path, monkeypat
     assert "about 3 h 17 min left" in eta.line()
 
     # run_specs prints one such line after every run, and a study's stages share one WorkEta
-    monkeypatch.setattr(sweep_module, "launch_local", lambda path, nproc, resume, lock: 0)
+    monkeypatch.setattr(sweep_module.runner, "launch_local", lambda path, nproc, resume, lock: 0)
     specs = expand(str(SMOKE), "tiny", {"run.seed": [0, 1]}, ["train.epochs=1"], str(tmp_path / "runs"))
     logged: list[str] = []
     shared = sweep_module.WorkEta(runs_total=5)
@@ -327,6 +334,7 @@ def test_the_eta_covers_the_whole_sweep_from_fresh_runs_only(tmp_path, monkeypat
 
 def test_sweep_help_points_to_the_docs_page_that_has_the_section(capsys):
     import freeze.pipeline.sweep as sweep_module
+    import freeze.pipeline.sweep.runner
 
     with pytest.raises(SystemExit):
         sweep_module.main(["--help"])

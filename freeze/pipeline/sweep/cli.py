@@ -1,0 +1,49 @@
+"""``python -m experiments.sweep``: the sweep file's grid, checked whole, then run (module docstring
+of :mod:`freeze.pipeline.sweep`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from freeze.pipeline import sweep as _package
+from freeze.pipeline.config import ConfigError
+from freeze.pipeline.sweep.grid import SweepError, check_runnable_here, dry_run_lines, expand, read_sweep
+from freeze.pipeline.sweep.runner import INTERRUPTED_EXIT_CODE, INTERRUPTED_MESSAGE, run_specs
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.sweep",
+        description=_package.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--sweep", required=True, help="sweep TOML file")
+    parser.add_argument("--out-dir", default=None, help="override run.out_dir for every run")
+    parser.add_argument("--dry-run", action="store_true", help="list the runs and exit")
+    args = parser.parse_args(argv)
+    try:
+        sweep = read_sweep(args.sweep)
+        try:
+            specs = expand(sweep["base"], sweep["study"], sweep["grid"], sweep["overrides"], args.out_dir)
+        except SweepError as e:  # a grid or override key of the sweep file (the base file names itself)
+            raise SweepError(f"sweep file {args.sweep}: {e}") from None
+        if not args.dry_run:  # a dry run lists names for other machines: this one's hardware is moot
+            check_runnable_here(specs)
+    except (SweepError, ConfigError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        print("\n".join(dry_run_lines(specs)))
+        return 0
+    try:
+        summary = run_specs(specs)
+    except KeyboardInterrupt:
+        print(INTERRUPTED_MESSAGE, file=sys.stderr)
+        return INTERRUPTED_EXIT_CODE
+    for line in summary.lines():
+        print(line)
+    # what comes next, as a single run says it (the runs' own hint is off inside a sweep)
+    print(f"report: python -m report {specs[0].config.run_dir().parent}" if specs else "sweep: no runs")
+    return 0 if summary.ok else 1
+
