@@ -57,6 +57,7 @@ from freeze.pipeline.models import ModelError
 from freeze.pipeline.preflight import preflight
 from freeze.pipeline.run_lock import RunLock
 from freeze.pipeline.runs import RunDir, RunError, in_sweep
+from freeze.pipeline.slurm import Allocation, SlurmEnvError, srun_rank_env
 from freeze.pipeline.torchrun_agent import quiet_torchrun_logs, restore_signal_handlers, signal_handlers
 from freeze.pipeline.train import WorkerOutcome, train_worker
 
@@ -155,7 +156,12 @@ def exported(env: dict[str, str]) -> Iterator[None]:
 
 
 def launch_local(
-    resolved_config: Path, nproc: int, resume: bool = False, max_restarts: int = 0, lock: RunLock | None = None
+    resolved_config: Path,
+    nproc: int,
+    resume: bool = False,
+    max_restarts: int = 0,
+    lock: RunLock | None = None,
+    allocation: Allocation | None = None,
 ) -> int:
     """Start ``nproc`` workers on this machine with torchrun's launcher (same code path as a
     multi-node torchrun, including --max-restarts) on the resolved config file written by
@@ -166,13 +172,17 @@ def launch_local(
     A worker that fails (a signal this process did not send, such as the out-of-memory killer's
     SIGKILL, included) fails the run: one line, the manifest beside ``resolved_config`` marked
     "failed" with it, exit code 1 (or the worker's own); only a stop sent to this process, or to
-    every worker, is an interruption (130)."""
+    every worker, is an interruption (130).
+
+    ``allocation``: a SLURM job of several nodes (:mod:`freeze.pipeline.slurm.allocation`), whose
+    every node calls this: the agents meet at a c10d rendezvous on the job's first node under the
+    job's id and restart count, instead of the standalone rendezvous of one machine."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
-    argv = [
-        "--standalone",
+    argv = ["--standalone"] if allocation is None else _rendezvous_argv(allocation)
+    argv += [
         f"--nproc-per-node={nproc}",
         f"--max-restarts={max_restarts}",
         *worker_argv("freeze.pipeline.run"),  # bound to this process before it imports torch
@@ -183,6 +193,10 @@ def launch_local(
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # what torchrun sets for its workers when unset
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     env = {**launcher_env(), **(lock.env() if lock is not None else {})}
+    if allocation is not None:
+        # A fresh store per rendezvous round (as on the emulated cluster, cluster/launch.py): with the
+        # agent's shared store, a restarted round counts restarts differently on each node.
+        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     # torchrun's agent installs its own SIGINT/SIGTERM/SIGHUP/SIGQUIT handlers and never restores
     # them: after one local run, Ctrl-C in a sweep would raise torch's SignalException everywhere
     # else (between runs, in the cluster launcher, in the report) instead of KeyboardInterrupt.
@@ -205,6 +219,19 @@ def launch_local(
     finally:
         restore_signal_handlers(saved_handlers)
     return 0
+
+
+def _rendezvous_argv(allocation: Allocation) -> list[str]:
+    """torchrun's options for one node of a SLURM job: every node's agent meets the others on the
+    first node; ``is_host`` says which agent hosts the store (on a cluster whose nodes share a name,
+    such as this project's test cluster on one machine, the name cannot tell)."""
+    return [
+        f"--nnodes={len(allocation.nodes)}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={allocation.rendezvous_endpoint}",
+        f"--rdzv-id={allocation.rendezvous_id}",
+        f"--rdzv-conf=is_host={1 if allocation.node_rank == 0 else 0}",
+    ]
 
 
 def launch_cluster(
@@ -349,6 +376,11 @@ def main(argv: list[str] | None = None) -> int:
     die_with_parent()  # first: a worker must not outlive its launcher, even while it imports
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
+    try:
+        # srun with one task per worker and no torchrun: the ranks from SLURM's own variables
+        os.environ.update(srun_rank_env())
+    except SlurmEnvError as e:
+        return _refuse(e)
     try:
         config = load_config(args.config, args.overrides)
         if not _under_launcher():  # a worker parses its policy where it builds it: once per process

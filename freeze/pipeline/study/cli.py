@@ -47,8 +47,8 @@ from freeze.pipeline.sweep import (
     RunSpec,
     SweepError,
     WorkEta,
-    check_runnable_here,
 )
+from freeze.pipeline.sweep.executors import Executor, SlurmExecutor, add_executor_arguments, executor_from_args
 
 # The name of the cost model's table (freeze.pipeline.report.predicted, not imported: a dry run never
 # pays for pandas): predicted.md/.csv/.tex, spliced into REPORT.md's span named predicted.
@@ -143,6 +143,7 @@ def _parser() -> argparse.ArgumentParser:
         help="run only these of the study's seeds (whole interleaved blocks: a long study in parts); "
         "the report covers every complete run",
     )
+    add_executor_arguments(parser)
     parser.add_argument(
         "--update-report",
         action="store_true",
@@ -186,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
 class _Plan(NamedTuple):
     """What one invocation runs, built and checked before anything runs."""
 
+    executor: Executor
     study: StudyFile
     out_dir: str
     weights: tuple[str, ...]  # the override that makes the pretrained or committed weights the model's
@@ -217,15 +219,19 @@ def _main(argv: list[str] | None) -> int:
 
     study = plan.study
     eta = WorkEta(len(plan.pretrain) + len(plan.search) + len(plan.grid))  # the whole study's time left
-    if plan.pretrain and not run_stage(f"pretraining ({study.pretrain})", plan.pretrain, eta):
-        return 1
+    if plan.pretrain and not run_stage(
+        f"pretraining ({study.pretrain})", plan.pretrain, eta, plan.executor, "pretrain"
+    ):
+        return _stopped_after_stage(plan)
     grid, searched = plan.grid, None
     if plan.search:
         searched = _search(plan, eta)
         if searched is None:
-            return 1
+            return _stopped_after_stage(plan)
         grid = searched.grid
-    ok = run_stage("study grid (interleaved per seed)", grid, eta)
+    ok = run_stage("study grid (interleaved per seed)", grid, eta, plan.executor, "grid")
+    if not ok and _emit_only(plan):
+        return _stopped_after_stage(plan)
 
     runs_dir = Path(plan.out_dir) / study.name
     report_dir = runs_dir.parent / f"{study.name}-report"
@@ -260,9 +266,26 @@ def _plan(args: argparse.Namespace) -> _Plan:
     if study.search:
         placeholder = study.search.choices_for(placeholder)
     grid = main_specs(study, placeholder, out_dir, weights)  # validates every run's config up front
+    executor = executor_from_args(args)
     if not args.dry_run:  # a dry run lists names for other machines: this one's hardware is moot
-        check_runnable_here(pretrain + search + grid)
-    return _Plan(study, out_dir, weights, pretrain, search, grid)
+        executor.check(pretrain + search + grid)
+    return _Plan(executor, study, out_dir, weights, pretrain, search, grid)
+
+
+def _emit_only(plan: _Plan) -> bool:
+    return isinstance(plan.executor, SlurmExecutor) and plan.executor.emit_only
+
+
+def _stopped_after_stage(plan: _Plan) -> int:
+    """A stage did not complete: 1; with --emit-sbatch, its script is written (0): the next stage
+    depends on its results (the search's choice), so it is written by the same command once they exist."""
+    if not _emit_only(plan):
+        return 1
+    print(
+        "== the next stages depend on this one's results: once its array completed, run the same command "
+        "again to write the next stage's script"
+    )
+    return 0
 
 
 def _search(plan: _Plan, eta: WorkEta) -> _Searched | None:
@@ -271,7 +294,7 @@ def _search(plan: _Plan, eta: WorkEta) -> _Searched | None:
     # The report's reader, imported here so a dry run never pays for pandas.
     from freeze.pipeline.report.load import load_runs
 
-    if not run_stage("parameter search on the validation split", plan.search, eta):
+    if not run_stage("parameter search on the validation split", plan.search, eta, plan.executor, "search"):
         return None
     search = plan.study.search
     try:

@@ -7,6 +7,7 @@ from freeze.pipeline.datasets.weights import WeightsError, verify
 from freeze.pipeline.runs import RunDir
 from freeze.pipeline.study.plan import StudyFile
 from freeze.pipeline.sweep import RunSpec, SweepError, WorkEta, expand, run_specs
+from freeze.pipeline.sweep.executors import Executor
 
 
 def pretrain_stage(study: StudyFile, out_dir: str) -> tuple[list[RunSpec], tuple[str, ...]]:
@@ -27,10 +28,18 @@ def pretrain_stage(study: StudyFile, out_dir: str) -> tuple[list[RunSpec], tuple
     return specs, (f"model.weights={RunDir(specs[0].config.run_dir()).model_path}",)  # its final weights
 
 
-def run_stage(title: str, specs: list[RunSpec], eta: WorkEta | None = None) -> bool:
-    """Run one stage; ``eta``: the whole study's, so each run's eta line covers every stage still to come."""
+def run_stage(
+    title: str,
+    specs: list[RunSpec],
+    eta: WorkEta | None = None,
+    executor: Executor | None = None,
+    stage: str = "runs",
+) -> bool:
+    """Run one stage (``stage``: its short name, which names its scheduler folder and jobs) with
+    ``executor`` (default: one run after another here); ``eta``: the whole study's, so each run's eta
+    line covers every stage still to come."""
     print(f"== {title}: {len(specs)} runs", flush=True)
-    summary = run_specs(specs, eta=eta)
+    summary = run_specs(specs, eta=eta) if executor is None else executor.run(stage, specs, eta=eta)
     for line in summary.lines():
         print(line)
-    return summary.ok  # a run left to another writer (busy) is not complete either
+    return summary.ok  # a run left to another writer (busy) or to a script not yet submitted is not complete either

@@ -8,8 +8,9 @@ import sys
 
 from freeze.pipeline import sweep as _package
 from freeze.pipeline.config import ConfigError
-from freeze.pipeline.sweep.grid import SweepError, check_runnable_here, dry_run_lines, expand, read_sweep
-from freeze.pipeline.sweep.runner import INTERRUPTED_EXIT_CODE, INTERRUPTED_MESSAGE, run_specs
+from freeze.pipeline.sweep.executors import add_executor_arguments, executor_from_args
+from freeze.pipeline.sweep.grid import SweepError, dry_run_lines, expand, read_sweep
+from freeze.pipeline.sweep.runner import INTERRUPTED_EXIT_CODE, INTERRUPTED_MESSAGE
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,15 +22,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sweep", required=True, help="sweep TOML file")
     parser.add_argument("--out-dir", default=None, help="override run.out_dir for every run")
     parser.add_argument("--dry-run", action="store_true", help="list the runs and exit")
+    add_executor_arguments(parser)
     args = parser.parse_args(argv)
     try:
+        executor = executor_from_args(args)
         sweep = read_sweep(args.sweep)
         try:
             specs = expand(sweep["base"], sweep["study"], sweep["grid"], sweep["overrides"], args.out_dir)
         except SweepError as e:  # a grid or override key of the sweep file (the base file names itself)
             raise SweepError(f"sweep file {args.sweep}: {e}") from None
         if not args.dry_run:  # a dry run lists names for other machines: this one's hardware is moot
-            check_runnable_here(specs)
+            executor.check(specs)
     except (SweepError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -37,13 +40,14 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(dry_run_lines(specs)))
         return 0
     try:
-        summary = run_specs(specs)
+        summary = executor.run("sweep", specs)
     except KeyboardInterrupt:
         print(INTERRUPTED_MESSAGE, file=sys.stderr)
         return INTERRUPTED_EXIT_CODE
     for line in summary.lines():
         print(line)
+    if summary.emitted and not summary.failed:
+        return 0  # the script's path and the sbatch command are said above
     # what comes next, as a single run says it (the runs' own hint is off inside a sweep)
     print(f"report: python -m report {specs[0].config.run_dir().parent}" if specs else "sweep: no runs")
     return 0 if summary.ok else 1
-

@@ -17,7 +17,9 @@ from freeze.pipeline.lifetime import launcher_env, worker_argv
 from freeze.pipeline.run import INTERRUPTED_EXIT_CODE, exported, launch_cluster, launch_local, prepare_run_dir
 from freeze.pipeline.run_lock import RunBusyError, RunLock
 from freeze.pipeline.runs import IN_SWEEP_ENV, RunDir, RunError
+from freeze.pipeline.slurm import Allocation
 from freeze.pipeline.sweep.grid import RunSpec
+from freeze.pipeline.sweep.nodes import announce
 
 
 @dataclass
@@ -28,11 +30,12 @@ class SweepSummary:
     busy: list[tuple[str, str]] = field(default_factory=list)  # another process writes them
     failed: list[tuple[str, str]] = field(default_factory=list)
     interrupted: list[str] = field(default_factory=list)  # Ctrl-C or SIGTERM: resumed by the next invocation
+    emitted: list[str] = field(default_factory=list)  # written into an sbatch script, not run (--emit-sbatch)
 
     @property
     def ok(self) -> bool:
         """Every run is complete: none failed, none left to another writer."""
-        return not self.failed and not self.busy and not self.interrupted
+        return not self.failed and not self.busy and not self.interrupted and not self.emitted
 
     def lines(self) -> list[str]:
         out = [
@@ -40,14 +43,32 @@ class SweepSummary:
             f"{len(self.skipped)} skipped (complete), {len(self.busy)} busy (another writer), "
             f"{len(self.failed)} failed"
         ]
+        if self.emitted:
+            out.append(f"  {len(self.emitted)} runs written into an sbatch script, not run (--emit-sbatch)")
         out += [f"  busy: {name}: {error}" for name, error in self.busy]
         out += [f"  failed: {name}: {error}" for name, error in self.failed]
         return out
 
 
-def _launch(config: Config, resume: bool, lock: RunLock) -> int:
+@dataclass(frozen=True)
+class TaskMode:
+    """How a scheduler's task (:mod:`freeze.pipeline.sweep.task`) runs its one run, unlike a sweep on
+    this machine: a run another process writes is awaited (it may be this task's own earlier life,
+    still stopping, or a second submission), every run goes through torchrun's agent hosted here (it
+    stops its workers on SLURM's SIGTERM and says "interrupted"), and a run over several nodes
+    announces itself to the other nodes' tasks (:mod:`freeze.pipeline.sweep.nodes`)."""
+
+    allocation: Allocation | None = None  # the SLURM job, when the run spans its nodes
+    busy_poll_s: float = 5.0
+
+
+def _launch(config: Config, resume: bool, lock: RunLock, task: TaskMode | None = None) -> int:
     """Run one resolved config to its end under ``lock`` (held here); returns the exit code."""
     resolved = prepare_run_dir(config, resume)
+    if task is not None:
+        if task.allocation is not None:
+            announce(config.run_dir(), task.allocation, resume, lock.token)
+        return launch_local(resolved, config.dist.nproc, resume, lock=lock, allocation=task.allocation)
     if config.cluster.nodes:  # one torchrun agent per emulated node (freeze.pipeline.cluster)
         return launch_cluster(config, resolved, resume, lock=lock)
     if config.dist.nproc > 1:
@@ -73,16 +94,39 @@ def _launch(config: Config, resume: bool, lock: RunLock) -> int:
 INTERRUPTED_MESSAGE = "interrupted: completed runs are kept; run the same command again to resume the rest"
 
 
-def _run_one(spec: RunSpec, tag: str, summary: SweepSummary, log) -> None:
-    """Run ``spec`` unless it is complete or another process writes it; record the outcome.
-    Raises KeyboardInterrupt when the run was interrupted: the sweep stops there."""
+def _acquire_awaiting(run: RunDir, tag: str, log, poll_s: float) -> RunLock | None:
+    """The run's lock once its other writer let go; None when that writer completed it."""
+    said = False
+    while True:
+        try:
+            return RunLock.acquire(run.path)
+        except RunBusyError as e:
+            if not said:
+                log(f"{tag}: waiting ({e})")
+                said = True
+        time.sleep(poll_s)
+        if run.status() == "complete":
+            return None
+
+
+def run_one(spec: RunSpec, tag: str, summary: SweepSummary, log, task: TaskMode | None = None) -> None:
+    """Run ``spec`` unless it is complete or another process writes it (in a scheduler's ``task``:
+    until that process lets go); record the outcome. Raises KeyboardInterrupt when the run was
+    interrupted: the sweep stops there."""
     run = RunDir(spec.config.run_dir())
     try:
         if run.status() == "complete":  # checked before the lock: a complete run is not touched
             summary.skipped.append(spec.name)
             log(f"{tag}: complete, skipped")
             return
-        lock = RunLock.acquire(run.path)
+        if task is None:
+            lock = RunLock.acquire(run.path)
+        else:
+            lock = _acquire_awaiting(run, tag, log, task.busy_poll_s)
+            if lock is None:
+                summary.skipped.append(spec.name)
+                log(f"{tag}: completed by its other writer")
+                return
     except RunBusyError as e:
         summary.busy.append((spec.name, str(e)))
         log(f"{tag}: BUSY ({e})")
@@ -105,7 +149,7 @@ def _run_one(spec: RunSpec, tag: str, summary: SweepSummary, log) -> None:
         log(f"{tag}: {'resuming' if resume else 'starting'}")
         start_s = time.perf_counter()
         try:
-            code = _launch(spec.config, resume, lock)
+            code = _launch(spec.config, resume, lock, task)
         except RunError as e:  # e.g. resuming a run directory written with another config
             lock.discard_if_unstarted()
             summary.failed.append((spec.name, str(e)))
@@ -171,14 +215,14 @@ def _duration(seconds: float) -> str:
 
 
 def run_specs(specs: list[RunSpec], log=print, eta: WorkEta | None = None) -> SweepSummary:
-    """Run every spec in turn (:func:`_run_one`); the summary says what happened to each. After each
+    """Run every spec in turn (:func:`run_one`); the summary says what happened to each. After each
     run, a line of ``eta`` (default: one for these runs alone) says how much of the work is left."""
     summary = SweepSummary()
     eta = eta or WorkEta(len(specs))
     with exported({IN_SWEEP_ENV: "1"}):  # the runs' workers inherit it (see runs.IN_SWEEP_ENV)
         for i, spec in enumerate(specs, 1):
             start_s, fresh_before = time.perf_counter(), _fresh_complete(summary)
-            _run_one(spec, f"[{i}/{len(specs)}] {spec.name}", summary, log)
+            run_one(spec, f"[{i}/{len(specs)}] {spec.name}", summary, log)
             eta.record(time.perf_counter() - start_s if _fresh_complete(summary) > fresh_before else None)
             log(eta.line())
     return summary

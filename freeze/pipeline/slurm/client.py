@@ -1,0 +1,108 @@
+"""SLURM's commands, each behind one function that turns its failure into one line: is it here,
+which partitions exist, how large may an array be, submit a script, what is queued, requeue a job.
+
+Only squeue is read for a job's state, never sacct: many clusters (and this project's test cluster)
+run without accounting, where submitit and TorchX misreport states (submitit#1720, TorchX PR #87).
+What happened to a run is read from its run directory instead, which the run itself writes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+COMMANDS = ("sbatch", "squeue", "sinfo", "scontrol")
+DEFAULT_MAX_ARRAY_SIZE = 1001  # SLURM's default MaxArraySize
+
+
+class SlurmError(RuntimeError):
+    """A SLURM command that is missing or refused; one line."""
+
+
+def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    except FileNotFoundError:
+        raise SlurmError(f"{argv[0]} is not on PATH") from None
+    except subprocess.TimeoutExpired:
+        raise SlurmError(f"{shlex_join(argv)} did not answer within 120 s (is slurmctld up?)") from None
+
+
+def shlex_join(argv: list[str]) -> str:
+    import shlex
+
+    return shlex.join(argv)
+
+
+def require_commands() -> None:
+    """SlurmError unless SLURM's client commands are on PATH."""
+    missing = [c for c in COMMANDS if shutil.which(c) is None]
+    if missing:
+        raise SlurmError(
+            f"{', '.join(missing)} not on PATH: --executor slurm runs on a SLURM login node (load its module); "
+            "without SLURM use --executor local"
+        )
+
+
+def partitions() -> tuple[list[str], str | None]:
+    """The partitions this user can submit to, and the default one (sinfo marks it with *)."""
+    done = _run(["sinfo", "-h", "-o", "%P"])
+    if done.returncode != 0:
+        raise SlurmError(f"sinfo failed: {done.stderr.strip() or done.stdout.strip()}")
+    names, default = [], None
+    for line in done.stdout.split():
+        name = line.rstrip("*")
+        names.append(name)
+        if line.endswith("*"):
+            default = name
+    return names, default
+
+
+def check_partition(partition: str | None) -> None:
+    names, default = partitions()
+    if partition is None and default is None:
+        raise SlurmError(
+            f"this cluster has no default partition; pass --slurm partition=NAME (one of {', '.join(names)})"
+        )
+    if partition is not None and partition not in names:
+        raise SlurmError(f"slurm option partition={partition!r} is not a partition here; accepted: {', '.join(names)}")
+
+
+def max_array_size() -> int:
+    """MaxArraySize from ``scontrol show config`` (array task ids must stay below it)."""
+    done = _run(["scontrol", "show", "config"])
+    match = re.search(r"^MaxArraySize\s*=\s*(\d+)", done.stdout, re.MULTILINE)
+    return int(match.group(1)) if match else DEFAULT_MAX_ARRAY_SIZE
+
+
+def submit(script: Path) -> str:
+    """``sbatch --parsable script``: the job id. SlurmError with sbatch's own words when refused."""
+    done = _run(["sbatch", "--parsable", str(script)])
+    if done.returncode != 0:
+        reason = " ".join(done.stderr.split()) or f"exit code {done.returncode}"
+        raise SlurmError(f"sbatch refused {script}: {reason}")
+    return done.stdout.strip().split(";")[0]
+
+
+def queued_tasks(job_name: str) -> dict[int, tuple[str, str]]:
+    """This user's queued or running array tasks of jobs named ``job_name``: index -> (job id, state).
+    Jobs that left the queue are absent: their runs' directories say how they ended."""
+    user = os.environ.get("USER") or os.environ.get("LOGNAME") or str(os.getuid())
+    done = _run(["squeue", "-h", "-r", "-u", user, "-n", job_name, "-o", "%i|%K|%T"])
+    if done.returncode != 0:
+        raise SlurmError(f"squeue failed: {done.stderr.strip() or done.stdout.strip()}")
+    tasks: dict[int, tuple[str, str]] = {}
+    for line in done.stdout.splitlines():
+        job_id, index, state = (line.split("|") + ["", ""])[:3]
+        if index.isdigit():
+            tasks[int(index)] = (job_id, state)
+    return tasks
+
+
+def requeue(job_id: str) -> None:
+    done = _run(["scontrol", "requeue", job_id])
+    if done.returncode != 0:
+        raise SlurmError(f"scontrol requeue {job_id} failed: {done.stderr.strip()}")

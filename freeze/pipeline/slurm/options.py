@@ -1,0 +1,119 @@
+"""What a user asks of SLURM for a sweep or a study: ``--slurm partition=gpu,time=04:00:00,...``.
+
+The run's shape is its config: ``dist.nodes`` nodes, ``dist.nproc`` workers on each. These options
+are the resources and the policy around it: where (partition, constraint, nodelist, account, qos),
+for how long (time), what each worker gets (gpus_per_worker, cpus_per_worker, mem), how many runs
+at once (max_parallel), and what a time limit does (the warning signal ``signal_s`` before it
+requeues the job, which resumes from its last epoch).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+
+
+class SlurmOptionsError(ValueError):
+    """An option that cannot be used; one line naming it and what is accepted."""
+
+
+@dataclass(frozen=True)
+class SlurmOptions:
+    partition: str | None = None  # None: the cluster's default partition
+    nodes: int = 1  # nodes per run: dist.nproc workers on each (world size = nodes x dist.nproc)
+    time: str | None = None  # sbatch --time (MM, HH:MM:SS, D-HH:MM...); None: the partition's default
+    gpus_per_worker: int = 0  # 0: CPU runs; 1: one GPU per worker (--gpus-per-node = dist.nproc)
+    cpus_per_worker: int = 1  # --cpus-per-task = dist.nproc x this (one task per node)
+    mem: str | None = None  # sbatch --mem per node, e.g. 64G; None: the partition's default
+    max_parallel: int = 0  # runs (array tasks) at once; 0: as many as the scheduler gives
+    constraint: str | None = None  # sbatch --constraint: one kind of node, so timings pair (docs/study.md)
+    nodelist: str | None = None  # sbatch --nodelist
+    account: str | None = None
+    qos: str | None = None
+    signal_s: int = 120  # the warning SLURM sends this long before the time limit: the job requeues itself
+    setup: str | None = None  # shell line run before the task, e.g. "module load cuda/12.4"
+    poll_s: float = 10.0  # how often the driver asks the queue
+
+    @property
+    def time_limit_s(self) -> int | None:
+        return None if self.time is None else parse_time_s(self.time)
+
+
+KEYS = tuple(f.name for f in dataclasses.fields(SlurmOptions))
+_TIME = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
+
+
+def parse_time_s(text: str) -> int:
+    """SLURM's time formats in seconds: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS."""
+    match = _TIME.fullmatch(text.strip())
+    if match is None:
+        raise SlurmOptionsError(
+            f"slurm option time={text!r}: accepted forms are MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS"
+        )
+    days, a, b, c = (int(g) if g is not None else None for g in match.groups())
+    if days is not None:  # D-HH[:MM[:SS]]
+        seconds = days * 86400 + a * 3600 + (b or 0) * 60 + (c or 0)
+    elif c is not None:  # HH:MM:SS
+        seconds = a * 3600 + b * 60 + c
+    elif b is not None:  # MM:SS
+        seconds = a * 60 + b
+    else:  # MM
+        seconds = a * 60
+    if seconds <= 0:
+        raise SlurmOptionsError(f"slurm option time={text!r}: the time limit must be positive")
+    return seconds
+
+
+def _split(items: list[str]) -> list[tuple[str, str]]:
+    """``["partition=gpu,time=60", "nodelist=a[1-2],b3"]`` -> pairs; a comma starts a new option only
+    where ``key=`` follows, so a node list keeps its commas."""
+    pairs: list[tuple[str, str]] = []
+    for item in items:
+        for part in item.split(","):
+            key, eq, value = part.partition("=")
+            if eq and re.fullmatch(r"[a-z_]+", key.strip()):
+                pairs.append((key.strip(), value.strip()))
+            elif pairs:
+                pairs[-1] = (pairs[-1][0], f"{pairs[-1][1]},{part}")
+            else:
+                raise SlurmOptionsError(f"slurm option {part!r}: expected key=value; accepted keys: {', '.join(KEYS)}")
+    return pairs
+
+
+def _typed(key: str, text: str) -> object:
+    field = {f.name: f for f in dataclasses.fields(SlurmOptions)}[key]
+    kind = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", str(field.type))
+    if kind == "int":
+        try:
+            value = int(text)
+        except ValueError:
+            raise SlurmOptionsError(f"slurm option {key}={text!r}: expected an integer") from None
+        low = 1 if key in ("nodes", "cpus_per_worker", "signal_s") else 0
+        if value < low:
+            raise SlurmOptionsError(f"slurm option {key}={value}: must be >= {low}")
+        return value
+    if kind == "float":
+        try:
+            value = float(text)
+        except ValueError:
+            raise SlurmOptionsError(f"slurm option {key}={text!r}: expected a number of seconds") from None
+        if value <= 0:
+            raise SlurmOptionsError(f"slurm option {key}={value}: must be > 0")
+        return value
+    if not text:
+        raise SlurmOptionsError(f"slurm option {key}: empty value")
+    if key == "time":
+        parse_time_s(text)
+    return text
+
+
+def parse_slurm_options(items: list[str] | None) -> SlurmOptions:
+    """The ``--slurm`` arguments (each ``key=value[,key=value...]``) as options; SlurmOptionsError names
+    an unknown key or a bad value."""
+    values: dict[str, object] = {}
+    for key, text in _split(items or []):
+        if key not in KEYS:
+            raise SlurmOptionsError(f"slurm option {key!r} is unknown; accepted: {', '.join(KEYS)}")
+        values[key] = _typed(key, text)
+    return SlurmOptions(**values)

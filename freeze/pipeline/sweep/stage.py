@@ -1,0 +1,75 @@
+"""A stage of runs handed to a scheduler, written once where its tasks can read it.
+
+``<runs of the study>/.scheduler/<stage>-<digest>/`` holds ``runs.json`` (the run names in array
+order and the nodes each run spans), ``configs/<index>.toml`` (each run's resolved config, as a run
+directory's config.toml holds it), the sbatch script and the tasks' logs. The digest is of the
+resolved configs: the same stage submitted again maps to the same folder (and its queued tasks are
+found again by the job name), while a changed grid gets a folder of its own, so a task queued for
+the old grid never runs the new grid's run at its index.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from freeze._atomic import atomic_write_text
+from freeze.pipeline.config import ConfigError, config_to_toml, load_config
+from freeze.pipeline.schema import run_name_part
+from freeze.pipeline.sweep.grid import RunSpec, SweepError
+
+SCHEDULER_DIR = ".scheduler"
+RUNS_FILE = "runs.json"
+
+
+@dataclass(frozen=True)
+class Stage:
+    path: Path
+
+    @classmethod
+    def of(cls, name: str, specs: list[RunSpec]) -> Stage:
+        if not specs:
+            raise SweepError(f"stage {name}: no runs")
+        digest = hashlib.sha256("\n".join(config_to_toml(s.config) for s in specs).encode("utf-8")).hexdigest()
+        return cls(specs[0].config.run_dir().parent / SCHEDULER_DIR / f"{run_name_part(name)}-{digest[:8]}")
+
+    @property
+    def job_name(self) -> str:
+        """The SLURM job name of this stage's arrays: the study's folder and the stage's."""
+        return f"{self.path.parent.parent.name}-{self.path.name}"
+
+    @property
+    def logs(self) -> Path:
+        return self.path / "logs"
+
+    def config_path(self, index: int) -> Path:
+        return self.path / "configs" / f"{index}.toml"
+
+    def write(self, specs: list[RunSpec], nodes: int) -> None:
+        (self.path / "configs").mkdir(parents=True, exist_ok=True)
+        self.logs.mkdir(exist_ok=True)
+        for index, spec in enumerate(specs):
+            atomic_write_text(self.config_path(index), config_to_toml(spec.config))
+        runs = {"nodes": nodes, "runs": [spec.name for spec in specs]}
+        atomic_write_text(self.path / RUNS_FILE, json.dumps(runs, indent=1) + "\n")
+
+    def _runs(self) -> dict:
+        try:
+            return json.loads((self.path / RUNS_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise SweepError(f"stage {self.path}: cannot read {RUNS_FILE}: {e}") from None
+
+    @property
+    def nodes(self) -> int:
+        return int(self._runs().get("nodes", 1))
+
+    def spec(self, index: int) -> RunSpec:
+        names = self._runs().get("runs", [])
+        if not 0 <= index < len(names):
+            raise SweepError(f"stage {self.path}: no run at index {index} (it has {len(names)})")
+        try:
+            return RunSpec(load_config(self.config_path(index)))
+        except ConfigError as e:
+            raise SweepError(f"stage {self.path}, run {names[index]}: {e}") from None
