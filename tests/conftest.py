@@ -10,6 +10,7 @@ The marker is checked in every run: a test without it that starts a process fail
 cannot drift when a code path learns to shell out.
 """
 
+import contextlib
 import multiprocessing.process
 import subprocess
 
@@ -22,6 +23,7 @@ torch.set_num_threads(1)
 pytest.register_assert_rewrite("tests.policy_histories")
 
 PROCESSES = "processes"
+SLURM = "slurm"
 
 
 class _ProcessGuard:
@@ -78,7 +80,21 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "cuda: needs a CUDA device, skipped without one (tests/gpu; make gpu-check runs them on a GPU)"
     )
+    config.addinivalue_line(
+        "markers",
+        f"{SLURM}: needs the two-node SLURM cluster on this host (tests/slurm_cluster.py), skipped with one line where "
+        "it cannot start (no root)",
+    )
+    _build_matplotlib_font_cache()
     _GUARD.install()
+
+
+def _build_matplotlib_font_cache() -> None:
+    """On a fresh machine matplotlib's first figure asks fontconfig (``fc-list``, a process) for the
+    fonts and caches them; inside a test unmarked 'processes' the guard refuses that, so the cache was
+    never written and every figure test of the fast tier failed there. Built here, before any test."""
+    with contextlib.suppress(ImportError):
+        import matplotlib.font_manager  # noqa: F401  (importing it builds the cache when missing)
 
 
 def pytest_unconfigure(config):

@@ -22,6 +22,7 @@ import os
 import pickle
 import platform
 import re
+import socket
 import subprocess
 import tomllib
 import zipfile
@@ -528,4 +529,31 @@ def environment_info(device: str | None = None) -> dict[str, Any]:
             "gpus": gpus,
             "device": device or ("cuda" if gpus else "cpu"),
         },
+        "placement": placement_info(),
+    }
+
+
+# Set by the local executor (freeze.pipeline.sweep.executors) for the runs it starts side by side.
+SIDE_BY_SIDE_ENV = "FREEZE_RUNS_SIDE_BY_SIDE"
+_SLURM_FIELDS = {
+    "job_id": "SLURM_JOB_ID",
+    "array_job_id": "SLURM_ARRAY_JOB_ID",
+    "array_task_id": "SLURM_ARRAY_TASK_ID",
+    "restart_count": "SLURM_RESTART_COUNT",
+    "nodelist": "SLURM_JOB_NODELIST",
+    "partition": "SLURM_JOB_PARTITION",
+}
+
+
+def placement_info() -> dict[str, Any]:
+    """Where rank 0 ran, for the report's timing pairs: the host, the cores it could use, how many
+    runs shared the machine (the local executor says), and the SLURM job when there was one."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    side_by_side = os.environ.get(SIDE_BY_SIDE_ENV, "1")
+    slurm = {key: os.environ[var] for key, var in _SLURM_FIELDS.items() if var in os.environ}
+    return {
+        "host": socket.gethostname(),
+        "cores_allowed": cores,
+        "runs_side_by_side": int(side_by_side) if side_by_side.isdigit() else 1,
+        "slurm": slurm or None,
     }

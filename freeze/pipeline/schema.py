@@ -102,6 +102,8 @@ class Manifest:
     git_commit: str | None = None  # the checkout's commit, "+dirty" when tracked files changed
     versions: dict[str, Any] | None = None  # python, torch, torchvision, numpy
     hardware: dict[str, Any] | None = None  # cpu, cores, gpus, device
+    # host, cores_allowed, runs_side_by_side, slurm (job id, nodes, partition): which runs' times pair
+    placement: dict[str, Any] | None = None
     start_time: str | None = None  # local time with its UTC offset, to the second
     end_time: str | None = None
     # the machine's 1-minute load average as the run started (and, at its end, finished): what a

@@ -225,7 +225,8 @@ def test_environment_info_keys(monkeypatch):
     # git_commit asks git (a process): the two tests below check its value; here only the keys.
     monkeypatch.setattr(runs, "git_commit", lambda: "0" * 40)
     info = environment_info()
-    assert set(info) == {"git_commit", "versions", "hardware"}
+    assert set(info) == {"git_commit", "versions", "hardware", "placement"}
+    assert set(info["placement"]) == {"host", "cores_allowed", "runs_side_by_side", "slurm"}
     assert set(info["versions"]) == {"python", "torch", "torchvision", "numpy"}
     assert info["versions"]["torch"] == torch.__version__
     assert set(info["hardware"]) == {"cpu", "cores", "gpus", "device"}
@@ -234,6 +235,13 @@ def test_environment_info_keys(monkeypatch):
     assert info["hardware"]["device"] in ("cpu", "cuda")
     assert environment_info(device="cpu")["hardware"]["device"] == "cpu"
     json.dumps(info)  # goes into manifest.json as is
+    # where it ran, for the report's timing pairs: side by side as the local executor says, the SLURM job
+    monkeypatch.setenv(runs.SIDE_BY_SIDE_ENV, "2")
+    monkeypatch.setenv("SLURM_JOB_ID", "41")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "gpu[01-02]")
+    placement = environment_info()["placement"]
+    assert placement["runs_side_by_side"] == 2 and placement["slurm"]["job_id"] == "41"
+    assert placement["slurm"]["nodelist"] == "gpu[01-02]"
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d\d:\d\d", now_iso())
 
 

@@ -109,6 +109,21 @@ class Run:
         return hw if isinstance(hw, dict) else {}
 
     @property
+    def timing_kind(self) -> str:
+        """The hardware a run's time was measured on, as far as it sets the time: its processor,
+        the cores it could use, and how many runs shared the machine. Two runs' times form a speedup
+        only when their kinds are equal (a cluster's nodes differ; runs side by side share memory
+        bandwidth unless each owned its devices). Runs made before manifests recorded a placement
+        are all of one kind per processor."""
+        placement = self.manifest.get("placement")
+        if not isinstance(placement, dict):
+            return self.processor
+        shared = placement.get("runs_side_by_side", 1)
+        cores = placement.get("cores_allowed")
+        kind = f"{self.processor}, {cores} cores" if cores is not None else self.processor
+        return kind + (f", {shared} runs side by side" if isinstance(shared, int) and shared > 1 else "")
+
+    @property
     def processor(self) -> str:
         """What the run computed on: its first GPU, else its CPU ("?" when unrecorded)."""
         gpus = self.hardware.get("gpus") or []

@@ -52,6 +52,7 @@ from freeze.pipeline.report.tables import (
     group_fields,
     iso_fields,
     mean_ci95,
+    mixed_timing_pairs,
     paired_speedups,
     ratio_ci95,
     time_to_target_s,
@@ -185,6 +186,7 @@ def paired_row(members: list[Run], base: list[Run], target_fraction: float, marg
         "arm_train_min": float(np.mean([train_wall_s(r) for r, _ in pairs])) / 60 if pairs else math.nan,
         "base_train_min": float(np.mean([train_wall_s(b) for _, b in pairs])) / 60 if pairs else math.nan,
         "control": bool(pairs) and all(is_control(r.config, b.config) for r, b in pairs),
+        "mixed_timing": "; ".join(mixed_timing_pairs(members, base)),
     }
 
 
@@ -264,6 +266,11 @@ def paired_table(
         "speedup: the same paired geometric mean over the seeds where both runs reached it."
     )
     notes = [baseline.note]
+    for row in (r for r in rows if r["mixed_timing"]):
+        notes.append(
+            f"{row['setting'] + '/' if row['setting'] else ''}{row['group']}: timed on other hardware than its "
+            f"baseline, left out of the speedup (accuracy still paired): {row['mixed_timing']}"
+        )
     for row in (r for r in rows if r["control"]):
         has_interval = math.isfinite(row["speedup_low"]) and math.isfinite(row["speedup_high"])
         holds = has_interval and row["speedup_low"] <= 1.0 <= row["speedup_high"]

@@ -7,7 +7,7 @@ from freeze.pipeline.datasets.weights import WeightsError, verify
 from freeze.pipeline.runs import RunDir
 from freeze.pipeline.study.plan import StudyFile
 from freeze.pipeline.sweep import RunSpec, SweepError, WorkEta, expand, run_specs
-from freeze.pipeline.sweep.executors import Executor
+from freeze.pipeline.sweep.executors import Executor, SerialExecutor
 
 
 def pretrain_stage(study: StudyFile, out_dir: str) -> tuple[list[RunSpec], tuple[str, ...]]:
@@ -39,7 +39,10 @@ def run_stage(
     ``executor`` (default: one run after another here); ``eta``: the whole study's, so each run's eta
     line covers every stage still to come."""
     print(f"== {title}: {len(specs)} runs", flush=True)
-    summary = run_specs(specs, eta=eta) if executor is None else executor.run(stage, specs, eta=eta)
+    if executor is None or isinstance(executor, SerialExecutor):  # here, one after another
+        summary = run_specs(specs, eta=eta)
+    else:
+        summary = executor.run(stage, specs, eta=eta)
     for line in summary.lines():
         print(line)
     return summary.ok  # a run left to another writer (busy) or to a script not yet submitted is not complete either

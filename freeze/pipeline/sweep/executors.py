@@ -26,7 +26,7 @@ from typing import Protocol
 from freeze._atomic import atomic_write_text
 from freeze.pipeline.config import ConfigError
 from freeze.pipeline.distributed import device_type
-from freeze.pipeline.runs import RunDir, RunError
+from freeze.pipeline.runs import SIDE_BY_SIDE_ENV, RunDir, RunError
 from freeze.pipeline.slurm import SlurmError, SlurmOptions, SlurmOptionsError, parse_slurm_options
 from freeze.pipeline.slurm import client as slurm
 from freeze.pipeline.slurm.script import sbatch_script
@@ -35,7 +35,6 @@ from freeze.pipeline.sweep.runner import SweepSummary, WorkEta, run_specs
 from freeze.pipeline.sweep.stage import Stage
 
 EXECUTORS = ("serial", "local", "slurm")
-SIDE_BY_SIDE_ENV = "FREEZE_RUNS_SIDE_BY_SIDE"  # how many runs shared this machine (the manifest records it)
 _PR_SET_PDEATHSIG = 1
 
 
@@ -150,6 +149,7 @@ class LocalExecutor:
         stage = Stage.of(stage_name, specs)
         stage.write(specs, nodes=1)
         eta = eta or WorkEta(len(specs))
+        eta.runs_at_once = self.parallel
         summary, free = SweepSummary(), list(self._slots(specs))
         complete_before = {i for i, s in enumerate(specs) if _status(s) == "complete"}
         waiting = [i for i in range(len(specs)) if i not in complete_before]

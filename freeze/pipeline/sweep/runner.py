@@ -186,6 +186,7 @@ class WorkEta:
     runs_total: int
     runs_done: int = 0
     fresh_run_wall_s: list[float] = field(default_factory=list)
+    runs_at_once: int = 1  # runs side by side (the local executor's --parallel)
 
     def record(self, fresh_run_wall_s: float | None) -> None:
         """One more run is done; ``fresh_run_wall_s``: its wall time when it trained from its start."""
@@ -201,8 +202,9 @@ class WorkEta:
             return f"eta: {self.runs_done} of {self.runs_total} runs done; time left known after the first run trained here"
         mean_s = sum(self.fresh_run_wall_s) / len(self.fresh_run_wall_s)
         return (
-            f"eta: {self.runs_done} of {self.runs_total} runs done; about {_duration(left * mean_s)} left "
-            f"({left} runs x {mean_s:.0f} s, the mean of the {len(self.fresh_run_wall_s)} trained here)"
+            f"eta: {self.runs_done} of {self.runs_total} runs done; about {_duration(left * mean_s / self.runs_at_once)} "
+            f"left ({left} runs x {mean_s:.0f} s, the mean of the {len(self.fresh_run_wall_s)} trained here"
+            + (f", {self.runs_at_once} at once)" if self.runs_at_once > 1 else ")")
         )
 
 
