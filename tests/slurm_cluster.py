@@ -16,6 +16,7 @@ Why not systemd units: PID 1 here is not systemd, and CI must stop exactly what 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -171,10 +172,8 @@ def down(root: Path) -> None:
         except (OSError, ValueError):
             continue
     for pid in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
     deadline = time.monotonic() + 10.0
     for pid in pids:
         while time.monotonic() < deadline:
@@ -184,10 +183,8 @@ def down(root: Path) -> None:
                 break
             time.sleep(0.1)
         else:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
 
 def main(argv: list[str]) -> int:

@@ -208,7 +208,6 @@ def test_a_key_error_names_the_file_it_came_from(tmp_path, capsys):
 
 def test_each_run_starts_from_its_resolved_config_file(tmp_path, monkeypatch):
     import freeze.pipeline.sweep as sweep_module
-    import freeze.pipeline.sweep.runner
     from freeze.pipeline.config import config_to_toml, load_config
 
     launched = []
@@ -274,7 +273,6 @@ def test_an_interrupted_run_stops_the_sweep_and_the_next_run_never_starts(tmp_pa
     # its namespaces and returns 130, and the sweep went on with the next run, so neither Ctrl-C nor
     # `kill` could stop it. An interrupted run (130) must end the sweep with one line and code 130.
     import freeze.pipeline.sweep as sweep_module
-    import freeze.pipeline.sweep.runner
 
     launched = []
     monkeypatch.setattr(
@@ -311,7 +309,6 @@ def test_a_local_launch_gives_back_the_signal_handlers_torchrun_takes(monkeypatc
 def test_the_eta_covers_the_whole_sweep_from_fresh_runs_only(tmp_path, monkeypatch):
     """A newcomer waited through `make study` and a sweep with only "[k/9]": no time left for the whole."""
     import freeze.pipeline.sweep as sweep_module
-    import freeze.pipeline.sweep.runner
 
     eta = sweep_module.WorkEta(runs_total=10)
     eta.record(None)  # skipped as complete: done, but no sample of a run's length
@@ -334,7 +331,6 @@ def test_the_eta_covers_the_whole_sweep_from_fresh_runs_only(tmp_path, monkeypat
 
 def test_sweep_help_points_to_the_docs_page_that_has_the_section(capsys):
     import freeze.pipeline.sweep as sweep_module
-    import freeze.pipeline.sweep.runner
 
     with pytest.raises(SystemExit):
         sweep_module.main(["--help"])

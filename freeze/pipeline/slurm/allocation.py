@@ -43,16 +43,53 @@ def _int_var(environ: Mapping[str, str], name: str, default: int | None = None) 
         raise SlurmEnvError(f"{name}={text!r} is not an integer") from None
 
 
+def _split_top_level(nodelist: str) -> list[str]:
+    """``"a[1-2,5],b"`` -> ``["a[1-2,5]", "b"]``: commas outside brackets separate hosts."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(nodelist):
+        depth += {"[": 1, "]": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            parts.append(nodelist[start:i])
+            start = i + 1
+    parts.append(nodelist[start:])
+    return [p for p in parts if p]
+
+
+def _expand_one(host: str) -> list[str] | None:
+    """``gpu[01-03,07]`` -> gpu01, gpu02, gpu03, gpu07 (zero padding kept); None for what this
+    reader does not know (several bracket groups), which SLURM's own expansion then handles."""
+    match = re.fullmatch(r"([^\[\]]*)\[([\d,\-]+)\]([^\[\]]*)", host)
+    if match is None:
+        return None if "[" in host else [host]
+    prefix, ranges, suffix = match.groups()
+    hosts = []
+    for part in ranges.split(","):
+        low, _, high = part.partition("-")
+        if not low.isdigit() or (high and not high.isdigit()):
+            return None
+        width = len(low)
+        hosts += [f"{prefix}{n:0{width}d}{suffix}" for n in range(int(low), int(high or low) + 1)]
+    return hosts
+
+
 def expand_nodelist(nodelist: str) -> tuple[str, ...]:
-    """``gpu[01-02],cpu7`` -> ``("gpu01", "gpu02", "cpu7")``: SLURM's own expansion (``scontrol show
-    hostnames``); without scontrol, only a plain comma-separated list is understood."""
+    """``gpu[01-02],cpu7`` -> ``("gpu01", "gpu02", "cpu7")``, in SLURM's order. One bracket group per
+    host is read here; anything else goes to ``scontrol show hostnames``."""
+    hosts: list[str] = []
+    for part in _split_top_level(nodelist):
+        expanded = _expand_one(part)
+        if expanded is None:
+            return _scontrol_hostnames(nodelist)
+        hosts += expanded
+    return tuple(hosts)
+
+
+def _scontrol_hostnames(nodelist: str) -> tuple[str, ...]:
     if shutil.which("scontrol"):
         done = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True)
         if done.returncode == 0 and done.stdout.split():
             return tuple(done.stdout.split())
-    if "[" in nodelist:
-        raise SlurmEnvError(f"cannot expand the node list {nodelist!r}: scontrol is not on PATH")
-    return tuple(n for n in nodelist.split(",") if n)
+    raise SlurmEnvError(f"cannot expand the node list {nodelist!r}: scontrol is not on PATH or refused it")
 
 
 def rendezvous_port(job_id: str) -> int:

@@ -1,0 +1,251 @@
+"""The SLURM pieces that need no scheduler: options, the allocation read from the environment, the
+sbatch script, a stage's folder, the executors' flags and slots, the time-limit check, and the
+report's timing pairs. On the scheduler itself: tests/pipeline/test_slurm_cluster.py."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from freeze.pipeline.config import ConfigError
+from freeze.pipeline.slurm import (
+    SlurmEnvError,
+    SlurmOptions,
+    SlurmOptionsError,
+    current_allocation,
+    parse_slurm_options,
+    srun_rank_env,
+)
+from freeze.pipeline.slurm.allocation import RDZV_PORT_BASE, expand_nodelist, rendezvous_port
+from freeze.pipeline.slurm.options import parse_time_s
+from freeze.pipeline.slurm.script import array_spec, sbatch_script
+from freeze.pipeline.sweep import SweepError, expand
+from freeze.pipeline.sweep.executors import (
+    LocalExecutor,
+    SerialExecutor,
+    SlurmExecutor,
+    add_executor_arguments,
+    check_time_limit,
+    executor_from_args,
+    plan_slots,
+)
+from freeze.pipeline.sweep.stage import Stage
+
+REPO = Path(__file__).resolve().parents[2]
+SMOKE = REPO / "experiments" / "configs" / "smoke.toml"
+
+
+def test_options_from_the_command_line_keep_a_node_lists_commas():
+    options = parse_slurm_options(["partition=gpu,time=02:00:00,nodes=2", "nodelist=gpu[01-02],gpu7,max_parallel=8"])
+    assert options == SlurmOptions(
+        partition="gpu", time="02:00:00", nodes=2, nodelist="gpu[01-02],gpu7", max_parallel=8
+    )
+    assert options.time_limit_s == 7200
+
+
+@pytest.mark.parametrize(
+    "items, message",
+    [
+        (["partiton=gpu"], "slurm option 'partiton' is unknown; accepted: partition, nodes, time"),
+        (["nodes=0"], "slurm option nodes=0: must be >= 1"),
+        (["gpus_per_worker=one"], "slurm option gpus_per_worker='one': expected an integer"),
+        (["time=2h"], "slurm option time='2h': accepted forms are MM, MM:SS, HH:MM:SS"),
+        (["gpu"], "slurm option 'gpu': expected key=value"),
+        (["partition="], "slurm option partition: empty value"),
+    ],
+)
+def test_a_bad_option_is_one_line_naming_it(items, message):
+    with pytest.raises(SlurmOptionsError, match=None) as info:
+        parse_slurm_options(items)
+    assert str(info.value).startswith(message) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "text, seconds", [("30", 1800), ("5:30", 330), ("1:02:03", 3723), ("2-0", 172800), ("1-01:30", 91800)]
+)
+def test_slurm_time_formats(text, seconds):
+    assert parse_time_s(text) == seconds
+
+
+def test_the_allocation_from_slurms_variables():
+    env = {"SLURM_JOB_ID": "1234", "SLURM_JOB_NODELIST": "nodeA,nodeB", "SLURM_NODEID": "1", "SLURM_RESTART_COUNT": "2"}
+    allocation = current_allocation(env)
+    assert allocation.nodes == ("nodeA", "nodeB") and allocation.node_rank == 1 and allocation.head == "nodeA"
+    # a requeued job never joins its previous life's rendezvous; two jobs on one node use two ports
+    assert allocation.rendezvous_id == "1234-2"
+    assert allocation.rendezvous_endpoint == f"nodeA:{rendezvous_port('1234')}"
+    assert rendezvous_port("1234") != rendezvous_port("1235") and rendezvous_port("1234") >= RDZV_PORT_BASE
+    assert current_allocation({}) is None
+    with pytest.raises(SlurmEnvError, match="SLURM_NODEID=5 is not the index of one of the job's 2 nodes"):
+        current_allocation({**env, "SLURM_NODEID": "5"})
+    with pytest.raises(SlurmEnvError, match="SLURM_RESTART_COUNT='x' is not an integer"):
+        current_allocation({**env, "SLURM_RESTART_COUNT": "x"})
+
+
+@pytest.mark.parametrize(
+    "nodelist, hosts",
+    [
+        ("gpu[01-03,07],cpu7", ("gpu01", "gpu02", "gpu03", "gpu07", "cpu7")),
+        ("vm,localhost", ("vm", "localhost")),
+        ("n[8-10]-ib", ("n8-ib", "n9-ib", "n10-ib")),
+    ],
+)
+def test_node_lists_expand_as_slurm_does(nodelist, hosts):
+    assert expand_nodelist(nodelist) == hosts
+
+
+def test_srun_one_task_per_worker_gets_torchruns_variables():
+    step = {
+        "SLURM_JOB_ID": "77",
+        "SLURM_STEP_ID": "0",
+        "SLURM_PROCID": "5",
+        "SLURM_LOCALID": "1",
+        "SLURM_NODEID": "1",
+        "SLURM_NTASKS": "8",
+        "SLURM_STEP_TASKS_PER_NODE": "4(x2)",
+        "SLURM_STEP_NODELIST": "gpu1,gpu2",
+    }
+    assert srun_rank_env(step) == {
+        "RANK": "5",
+        "WORLD_SIZE": "8",
+        "LOCAL_RANK": "1",
+        "LOCAL_WORLD_SIZE": "4",
+        "MASTER_ADDR": "gpu1",
+        "MASTER_PORT": str(rendezvous_port("77")),
+    }
+    # torchrun set RANK, a single task, a batch script's shell: nothing to derive
+    assert srun_rank_env({**step, "RANK": "0"}) == {}
+    assert srun_rank_env({**step, "SLURM_NTASKS": "1", "SLURM_STEP_TASKS_PER_NODE": "1"}) == {}
+    assert srun_rank_env({k: v for k, v in step.items() if k != "SLURM_STEP_ID"}) == {}
+    with pytest.raises(SlurmEnvError, match="cannot read the task layout"):
+        srun_rank_env({**step, "SLURM_STEP_TASKS_PER_NODE": "four"})
+
+
+def test_array_spec_compresses_indices():
+    assert array_spec([0, 1, 2, 5, 7, 8], 4) == "0-2,5,7-8%4"
+    assert array_spec([3], 0) == "3"
+
+
+def test_the_sbatch_script_requeues_itself_and_appends_its_log(tmp_path):
+    options = SlurmOptions(
+        partition="gpu", time="04:00:00", nodes=2, gpus_per_worker=1, constraint="h100", max_parallel=3
+    )
+    text = sbatch_script(
+        options,
+        job_name="s-grid-1",
+        stage_dir=tmp_path,
+        indices=[0, 1, 4],
+        nodes=2,
+        nproc=4,
+        python="/v/python",
+        workdir=tmp_path,
+    )
+    for line in (
+        "#SBATCH --array=0-1,4%3",
+        "#SBATCH --nodes=2",
+        "#SBATCH --ntasks-per-node=1",
+        "#SBATCH --cpus-per-task=4",
+        "#SBATCH --gpus-per-node=4",
+        "#SBATCH --partition=gpu",
+        "#SBATCH --time=04:00:00",
+        "#SBATCH --constraint=h100",
+        "#SBATCH --open-mode=append",
+        "#SBATCH --requeue",
+        "#SBATCH --signal=B:USR1@120",
+        f"srun --kill-on-bad-exit=1 /v/python -m freeze.pipeline.sweep.task {tmp_path} $SLURM_ARRAY_TASK_ID &",
+    ):
+        assert line in text.splitlines(), line
+    assert "scontrol requeue" in text and "--mem" not in text
+
+
+def _specs(tmp_path, grid=None, overrides=()):
+    return expand(str(SMOKE), "st", grid or {"run.seed": [0, 1]}, ["dist.nproc=1", *overrides], str(tmp_path / "runs"))
+
+
+def test_a_stage_folder_gives_back_each_runs_config(tmp_path):
+    specs = _specs(tmp_path)
+    stage = Stage.of("grid", specs)
+    stage.write(specs, nodes=2)
+    assert stage.path.parent == tmp_path / "runs" / "st" / ".scheduler" and stage.path.name.startswith("grid-")
+    assert stage.nodes == 2 and stage.job_name == f"st-{stage.path.name}"
+    assert [stage.spec(i).config for i in range(2)] == [s.config for s in specs]
+    with pytest.raises(SweepError, match="no run at index 2"):
+        stage.spec(2)
+    # a changed grid gets its own folder: a task queued for the old one never runs another run
+    assert Stage.of("grid", _specs(tmp_path, {"run.seed": [0, 2]})).path != stage.path
+    assert Stage.of("grid", specs).path == stage.path
+
+
+def _args(*argv):
+    parser = argparse.ArgumentParser()
+    add_executor_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_executor_flags_that_do_not_fit_are_one_line():
+    assert isinstance(executor_from_args(_args()), SerialExecutor)
+    assert executor_from_args(_args("--executor", "local", "--parallel", "2")) == LocalExecutor(2)
+    slurm = executor_from_args(_args("--executor", "slurm", "--slurm", "partition=gpu", "--emit-sbatch"))
+    assert slurm.options.partition == "gpu" and slurm.emit_only
+    for argv, message in (
+        (("--parallel", "2"), "--parallel is an option of --executor local"),
+        (("--slurm", "time=5"), "--slurm is an option of --executor slurm"),
+        (("--emit-sbatch",), "--emit-sbatch is an option of --executor slurm"),
+        (("--executor", "local"), "--executor local needs --parallel N"),
+        (("--executor", "slurm", "--slurm", "colour=red"), "slurm option 'colour' is unknown"),
+    ):
+        with pytest.raises(SweepError) as info:
+            executor_from_args(_args(*argv))
+        assert str(info.value).startswith(message)
+
+
+def test_slots_give_each_run_its_own_cores_and_gpus():
+    slots = plan_slots(2, [0, 1, 2, 3, 4], gpus=4, gpus_per_run=2)
+    assert [s.cores for s in slots] == [(0, 1), (2, 3)] and [s.gpus for s in slots] == [(0, 1), (2, 3)]
+    assert slots[1].env(2) == {"FREEZE_RUNS_SIDE_BY_SIDE": "2", "CUDA_VISIBLE_DEVICES": "2,3"}
+    with pytest.raises(ConfigError, match="--parallel 3: each run needs its own cores and this process may use 2"):
+        plan_slots(3, [0, 1], gpus=0, gpus_per_run=0)
+    with pytest.raises(ConfigError, match="3 runs x dist.nproc=2 GPUs each need 6, and 4 are visible"):
+        plan_slots(3, list(range(8)), gpus=4, gpus_per_run=2)
+
+
+def test_slurm_refuses_what_it_cannot_run_before_submitting(tmp_path, monkeypatch):
+    specs = _specs(tmp_path)
+    with pytest.raises(ConfigError, match="cluster.nodes is the emulated cluster on one machine"):
+        SlurmExecutor(SlurmOptions(), emit_only=True).check(_specs(tmp_path / "c", overrides=["cluster.nodes=2"]))
+    with pytest.raises(ConfigError, match="gpus_per_worker=1 with dist.device='cpu'"):
+        SlurmExecutor(SlurmOptions(gpus_per_worker=1), emit_only=True).check(
+            _specs(tmp_path, overrides=["dist.device=cpu"])
+        )
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no sbatch here
+    with pytest.raises(
+        SweepError, match="sbatch, squeue, sinfo, scontrol not on PATH: --executor slurm runs on a SLURM login"
+    ):
+        SlurmExecutor(SlurmOptions()).check(specs)
+
+
+def _complete_run(run_dir: Path, config_toml: str, epoch_walls: list[float]) -> None:
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.toml").write_text(config_toml)
+    (run_dir / "manifest.json").write_text(json.dumps({"status": "complete"}))
+    (run_dir / "metrics.jsonl").write_text(
+        "".join(json.dumps({"epoch": i, "epoch_wall_s": s}) + "\n" for i, s in enumerate(epoch_walls))
+    )
+
+
+def test_a_time_limit_shorter_than_a_measured_epoch_is_refused(tmp_path):
+    from freeze.pipeline.config import config_to_toml
+
+    specs = _specs(tmp_path)
+    check_time_limit(specs, 60)  # nothing measured yet: nothing to refuse
+    # a complete run of the same shape (another policy and seed) measured a 95 s epoch
+    other = _specs(tmp_path, {"run.seed": [9]}, ["freeze.policy=static:k=2"])[0]
+    _complete_run(other.config.run_dir(), config_to_toml(other.config), [95.0, 40.0])
+    with pytest.raises(SweepError, match=r"slurm option time: 60 s is shorter than one epoch \(95 s measured in"):
+        check_time_limit(specs, 60)
+    check_time_limit(specs, 120)
+    # a run of another shape (a larger batch) says nothing about these runs' epochs
+    check_time_limit(_specs(tmp_path / "b", overrides=["train.batch_size=64"]), 60)
