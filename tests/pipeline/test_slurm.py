@@ -249,3 +249,20 @@ def test_a_time_limit_shorter_than_a_measured_epoch_is_refused(tmp_path):
     check_time_limit(specs, 120)
     # a run of another shape (a larger batch) says nothing about these runs' epochs
     check_time_limit(_specs(tmp_path / "b", overrides=["train.batch_size=64"]), 60)
+
+
+def test_emit_sbatch_writes_a_stage_and_its_script_and_submits_nothing(tmp_path, capsys):
+    from freeze.pipeline.sweep.cli import main
+
+    sweep = tmp_path / "s.toml"
+    sweep.write_text(
+        f'[sweep]\nbase = "{SMOKE}"\nstudy = "em"\noverrides = ["dist.nproc=1"]\n[grid]\n"run.seed" = [0, 1, 2]\n'
+    )
+    argv = ["--sweep", str(sweep), "--out-dir", str(tmp_path / "runs"), "--executor", "slurm", "--emit-sbatch"]
+    assert main([*argv, "--slurm", "partition=gpu,time=30,max_parallel=2"]) == 0
+    out = capsys.readouterr().out
+    (script,) = (tmp_path / "runs" / "em" / ".scheduler").glob("sweep-*/job.sbatch")
+    assert f"submit it with: sbatch {script}" in out and "3 runs written into an sbatch script, not run" in out
+    text = script.read_text()
+    assert "#SBATCH --array=0-2%2" in text and "#SBATCH --partition=gpu" in text and "#SBATCH --time=30" in text
+    assert not any((tmp_path / "runs" / "em").glob("seed=*"))  # no run started

@@ -336,3 +336,28 @@ def test_sweep_help_points_to_the_docs_page_that_has_the_section(capsys):
         sweep_module.main(["--help"])
     assert 'docs/experiments.md, "Sweeps"' in capsys.readouterr().out
     assert "## Sweeps" in (REPO / "docs" / "experiments.md").read_text()
+
+
+@pytest.mark.processes
+def test_two_runs_side_by_side_each_on_its_own_core_end_as_one_after_another(tmp_path):
+    """--executor local: runs side by side, each pinned to its own cores, each in its own task
+    process; the manifests say the machine was shared, and the results are those of a serial sweep."""
+    from tests.processes import run_python
+
+    path = _write_sweep(tmp_path, '"run.seed" = [0, 1]', overrides=("dist.threads_per_worker=1",))
+    args = ["-m", "freeze.pipeline.sweep", "--sweep", str(path)]
+    side = run_python([*args, "--out-dir", str(tmp_path / "side"), "--executor", "local", "--parallel", "2"])
+    assert side.returncode == 0, side.stdout[-3000:] + side.stderr[-3000:]
+    assert "started on cores 0" in side.stdout and "started on cores 1" in side.stdout
+    assert "sweep: 2 ran (0 of them resumed), 0 skipped (complete), 0 busy (another writer), 0 failed" in side.stdout
+    serial = run_python([*args, "--out-dir", str(tmp_path / "serial")])
+    assert serial.returncode == 0, serial.stderr[-3000:]
+    import torch
+
+    for seed in (0, 1):
+        run = tmp_path / "side" / "tiny" / f"seed={seed}"
+        placement = json.loads((run / "manifest.json").read_text())["placement"]
+        assert placement["runs_side_by_side"] == 2 and placement["cores_allowed"] == 1
+        a = torch.load(run / "model.pt", weights_only=True)
+        b = torch.load(tmp_path / "serial" / "tiny" / f"seed={seed}" / "model.pt", weights_only=True)
+        assert all(torch.equal(a[k], b[k]) for k in a)

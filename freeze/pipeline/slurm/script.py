@@ -96,6 +96,7 @@ def sbatch_script(
         "task=$!",
         'wait "$task"; code=$?',
         'while kill -0 "$task" 2>/dev/null; do wait "$task"; code=$?; done  # the trap cut a wait short',
+        'echo "== array task $SLURM_ARRAY_TASK_ID: exit code $code at $(date -Is)"',
         'exit "$code"',
     ]
     return "\n".join(lines) + "\n"
