@@ -6,6 +6,8 @@
     python -m experiments.run --config experiments/configs/smoke.toml dist.nproc=2
     # on an emulated cluster of 2 network namespaces with 1 Gbit/s links (freeze.pipeline.cluster)
     python -m experiments.run --config experiments/configs/smoke.toml dist.nproc=1 cluster.nodes=2 cluster.bandwidth=1gbit
+    # on SLURM, one task per worker (no torchrun): ranks from SLURM_PROCID, SLURM_LOCALID and the layout
+    srun --ntasks-per-node=4 python -m experiments.run --config experiments/configs/reference.toml
     # under torchrun, one node or many (gloo on CPU, nccl on CUDA)
     torchrun --nnodes=4 --nproc-per-node=1 --rdzv-backend=c10d --rdzv-endpoint=HOST:29400 \
         --rdzv-id=study --max-restarts=1 -m experiments.run --config experiments/configs/reference.toml
@@ -66,7 +68,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m experiments.run",
         description="Run one freeze experiment. Configs, overrides and where results land: docs/experiments.md; "
-        'the real CIFAR-10 study: docs/study.md, "Running the real study".',
+        'the real CIFAR-10 study: docs/study.md, "Submit it".',
     )
     parser.add_argument("--config", required=True, help="TOML config file")
     parser.add_argument("--resume", action="store_true", help="continue the run from its last checkpoint")

@@ -120,7 +120,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m experiments.study",
         description="Run a study (search on validation, interleaved grid) and write its report. "
         'Study file format: freeze/pipeline/study/plan.py and docs/study.md ("The first offline study, and the '
-        'study file"); the real CIFAR-10 study: docs/study.md, "Running the real study". '
+        'study file"); the real CIFAR-10 study: docs/study.md, "Submit it". '
         "[study] predict = true adds the cost model's predicted training time of every run beside the "
         "measured one (predicted.md; profiles this machine, needs the probes and calibration in report/costmodel).",
     )
