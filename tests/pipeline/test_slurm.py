@@ -222,7 +222,7 @@ def test_slurm_refuses_what_it_cannot_run_before_submitting(tmp_path, monkeypatc
         )
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no sbatch here
     with pytest.raises(
-        SweepError, match="sbatch, squeue, sinfo, scontrol not on PATH: --executor slurm runs on a SLURM login"
+        SweepError, match="sbatch, squeue, sinfo, scontrol, scancel not on PATH: --executor slurm runs on a SLURM login"
     ):
         SlurmExecutor(SlurmOptions()).check(specs)
 

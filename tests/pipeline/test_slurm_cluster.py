@@ -271,3 +271,16 @@ def test_a_study_goes_through_its_stages_on_slurm_and_reports(cluster, tmp_path)
         [*args, "--executor", "slurm", "--emit-sbatch"], env=_env(cluster, tmp_path), timeout_s=DEADLINE_S
     )
     assert emitted.returncode == 0 and "submitted job" not in emitted.stdout, emitted.stderr[-2000:]
+
+
+def test_a_partition_it_lacks_and_a_request_it_can_never_start_are_one_line_each(cluster, tmp_path):
+    sweep = _sweep_file(tmp_path, "bad", '"run.seed" = [0]')
+    unknown = _sweep(cluster, tmp_path, sweep, "partition=gpu")
+    assert unknown.returncode == 2 and unknown.stdout == ""
+    assert unknown.stderr == "error: slurm option partition='gpu' is not a partition here; accepted: debug\n"
+    # 3 nodes on a 2-node cluster: SLURM queues it for ever (PartitionConfig); the driver says so and cancels it
+    never = _sweep(cluster, tmp_path, sweep, "nodes=3")
+    assert never.returncode == 1, never.stdout[-2000:] + never.stderr[-2000:]
+    (line,) = never.stderr.splitlines()
+    assert line.startswith("error: SLURM can never start this stage's tasks (PartitionConfig") and "cancelled" in line
+    assert _queued(cluster, f"bad-{next((tmp_path / 'runs' / 'bad' / '.scheduler').iterdir()).name}") == []

@@ -12,9 +12,10 @@ import os
 import re
 import shutil
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
-COMMANDS = ("sbatch", "squeue", "sinfo", "scontrol")
+COMMANDS = ("sbatch", "squeue", "sinfo", "scontrol", "scancel")
 DEFAULT_MAX_ARRAY_SIZE = 1001  # SLURM's default MaxArraySize
 
 
@@ -87,19 +88,52 @@ def submit(script: Path) -> str:
     return done.stdout.strip().split(";")[0]
 
 
-def queued_tasks(job_name: str) -> dict[int, tuple[str, str]]:
-    """This user's queued or running array tasks of jobs named ``job_name``: index -> (job id, state).
-    Jobs that left the queue are absent: their runs' directories say how they ended."""
-    user = os.environ.get("USER") or os.environ.get("LOGNAME") or str(os.getuid())
-    done = _run(["squeue", "-h", "-r", "-u", user, "-n", job_name, "-o", "%i|%K|%T"])
+# Why a pending job waits, when the wait can never end: the request exceeds what the partition or
+# the account allows (squeue's %r). A driver that waited on these would wait for ever.
+NEVER_STARTS = frozenset(
+    {
+        "PartitionConfig",
+        "PartitionNodeLimit",
+        "PartitionTimeLimit",
+        "BadConstraints",
+        "InvalidAccount",
+        "InvalidQOS",
+        "QOSMaxNodePerJobLimit",
+        "QOSMaxWallDurationPerJobLimit",
+        "AssocMaxNodesPerJobLimit",
+        "AssocMaxWallDurationPerJobLimit",
+    }
+)
+
+
+@dataclass(frozen=True)
+class QueuedTask:
+    job_id: str  # <array job id>_<index>
+    state: str  # PENDING, RUNNING, COMPLETING, ...
+    reason: str  # why it waits (squeue's %r), "None" when running
+
+
+def _user() -> str:
+    return os.environ.get("USER") or os.environ.get("LOGNAME") or str(os.getuid())
+
+
+def queued_tasks(job_name: str) -> dict[int, QueuedTask]:
+    """This user's queued or running array tasks of jobs named ``job_name``, by array index. Jobs
+    that left the queue are absent: their runs' directories say how they ended."""
+    done = _run(["squeue", "-h", "-r", "-u", _user(), "-n", job_name, "-o", "%i|%K|%T|%r"])
     if done.returncode != 0:
         raise SlurmError(f"squeue failed: {done.stderr.strip() or done.stdout.strip()}")
-    tasks: dict[int, tuple[str, str]] = {}
+    tasks: dict[int, QueuedTask] = {}
     for line in done.stdout.splitlines():
-        job_id, index, state = (line.split("|") + ["", ""])[:3]
+        job_id, index, state, reason = (line.split("|") + ["", "", ""])[:4]
         if index.isdigit():
-            tasks[int(index)] = (job_id, state)
+            tasks[int(index)] = QueuedTask(job_id, state, reason)
     return tasks
+
+
+def cancel(job_name: str) -> None:
+    """Cancel this user's jobs named ``job_name`` (tasks that can never start)."""
+    _run(["scancel", "-u", _user(), "-n", job_name])
 
 
 def requeue(job_id: str) -> None:

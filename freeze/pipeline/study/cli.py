@@ -182,6 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C, SIGTERM, or a run that was interrupted (sweep.INTERRUPTED_EXIT_CODE)
         print(INTERRUPTED_MESSAGE, file=sys.stderr)
         return INTERRUPTED_EXIT_CODE
+    except SweepError as e:  # a stage's scheduler refused, or can never start its runs (one line)
+        print(f"error: {e}", file=sys.stderr)
+        return 1
 
 
 class _Plan(NamedTuple):

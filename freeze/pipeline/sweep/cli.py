@@ -44,6 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(INTERRUPTED_MESSAGE, file=sys.stderr)
         return INTERRUPTED_EXIT_CODE
+    except SweepError as e:  # the scheduler refused, or can never start the runs (said in one line)
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     for line in summary.lines():
         print(line)
     if summary.emitted and not summary.failed:

@@ -320,9 +320,17 @@ class SlurmExecutor:
             queued = slurm.queued_tasks(stage.job_name)
             if not queued:
                 return
+            stuck = sorted({task.reason for task in queued.values() if task.reason in slurm.NEVER_STARTS})
+            if stuck:
+                slurm.cancel(stage.job_name)
+                raise SlurmError(
+                    f"SLURM can never start this stage's tasks ({', '.join(stuck)}: the request exceeds what the "
+                    f"partition or account allows); cancelled them. Check --slurm nodes, time, partition, "
+                    f"constraint against `sinfo` (script: {stage.path / 'job.sbatch'})"
+                )
             counts: dict[str, int] = {}
-            for _, state in queued.values():
-                counts[state] = counts.get(state, 0) + 1
+            for task in queued.values():
+                counts[task.state] = counts.get(task.state, 0) + 1
             done = sum(1 for s in specs if _status(s) == "complete")
             line = f"{done} of {len(specs)} complete; tasks " + ", ".join(
                 f"{n} {s.lower()}" for s, n in sorted(counts.items())
