@@ -462,6 +462,10 @@ def test_workers_follow_the_machine_from_the_command_line_without_editing_the_st
     assert capsys.readouterr().out.splitlines()[-1] == "0 pretraining, 3 search and 24 study runs"
     for override, fragments in (
         ("run.seed=3", ("the study sets run.seed for every run itself", "--seeds")),
+        # reliability probe case 15: once silently ignored (runs and report went to ./runs)
+        ("run.out_dir=elsewhere", ("the study sets run.out_dir for every run itself", "--out-dir")),
+        # case 17: once turned every arm, the baseline included, into one policy and exited 0
+        ("freeze.policy=geometric:alpha=0.5", ("the study sets freeze.policy for every run itself", "[arms]")),
         ("dist.nproc=many", ("dist.nproc",)),
         ("nproc=8", ("expected section.key=value",)),
     ):

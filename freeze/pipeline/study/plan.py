@@ -405,9 +405,15 @@ def search_specs(study: StudyFile, out_dir: str | None, extra_overrides: tuple[s
     return specs
 
 
-# Keys the study sets itself for every run (its name, group, seed, setting): an override of one would
-# be overwritten, so it is refused rather than ignored.
-STUDY_OWNED_KEYS = ("run.study", "run.name", "run.group", "run.seed", "run.setting")
+# Keys the study sets itself for every run (its name, group, seed, setting, where runs go): an override
+# of one would be overwritten, so it is refused rather than ignored. freeze.policy is the study's design
+# (each arm's policy, the baseline's none): one value for every arm would leave nothing to compare.
+STUDY_OWNED_KEYS = ("run.study", "run.name", "run.group", "run.seed", "run.setting", "run.out_dir", "freeze.policy")
+_OWNED_HINTS = {
+    "run.seed": "; choose seeds with --seeds",
+    "run.out_dir": "; choose where runs go with --out-dir",
+    "freeze.policy": "; each arm's policy is set in the study file's [arms]",
+}
 
 
 def with_command_line_overrides(study: StudyFile, overrides: tuple[str, ...]) -> StudyFile:
@@ -416,7 +422,7 @@ def with_command_line_overrides(study: StudyFile, overrides: tuple[str, ...]) ->
     for override in overrides:
         key = override.split("=", 1)[0].strip()
         if key in STUDY_OWNED_KEYS:
-            hint = "; choose seeds with --seeds" if key == "run.seed" else ""
+            hint = _OWNED_HINTS.get(key, "")
             raise _error(
                 study.path,
                 f"override {override!r}: the study sets {key} for every run itself; "
