@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from freeze import Freezer, split_blocks
+from freeze import Freezer, make_policy, split_blocks
 from freeze.testing import run_gloo_rank, spawn_and_collect
 from tests.distributed_harness import run_distributed
 from tests.tiny_models import TinyNet, global_batch
@@ -186,12 +186,53 @@ def _cache_mistakes(rank: int, world_size: int) -> dict:
     return out
 
 
+def _silent_mistakes(rank: int, world_size: int) -> dict:
+    """The two mistakes that once gave a wrong result with no word (a new user's trial): a loop that
+    never calls end_epoch (a per-epoch policy never froze, exit 0), and a checkpoint of a Freezer
+    built without optimizer= (the README's resume then trained differently). Each warns on every rank."""
+    import warnings
+
+    out = {}
+    torch.manual_seed(0)
+    model = TinyNet()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    freezer = Freezer(model, split_blocks(model), policy=make_policy("geometric:alpha=0.5"), epochs=2)  # no optimizer=
+    for step in range(2):
+        x, y = _local_batch(rank, world_size, step)
+        optimizer.zero_grad(set_to_none=True)
+        F.cross_entropy(freezer.module(x), y).backward()
+        freezer.after_backward()
+        optimizer.step()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        freezer.training_state_dict()
+        freezer.close()  # two steps, no end_epoch(): the geometric policy never decided
+    out["warnings"] = [str(w.message) for w in caught if w.category is RuntimeWarning]
+    out["boundary"] = freezer.boundary
+    # the right loop (optimizer given, end_epoch called) warns about neither
+    model = TinyNet()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    freezer = Freezer(model, split_blocks(model), policy=make_policy("geometric:alpha=0.5"), epochs=2, optimizer=optimizer)
+    x, y = _local_batch(rank, world_size, 0)
+    F.cross_entropy(freezer.module(x), y).backward()
+    freezer.after_backward()
+    optimizer.step()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        freezer.end_epoch(0)
+        freezer.training_state_dict()
+        freezer.close()
+    out["right_loop_warnings"] = [str(w.message) for w in caught if w.category is RuntimeWarning]
+    return out
+
+
 def _mistakes_worker(rank: int, world_size: int) -> dict:
     return {
         "bare": _bare_model_step(rank, world_size),
         "eval": _eval_forward_is_not_a_step(rank, world_size),
         "accumulation": _accumulation(rank, world_size),
         "cache": _cache_mistakes(rank, world_size),
+        "silent": _silent_mistakes(rank, world_size),
     }
 
 
@@ -229,6 +270,16 @@ def test_cache_augmentation_mistakes_are_refused_on_every_rank_before_any_freeze
         assert "random augmentation inside the source" in out.get("random_source", "")
         assert "not cache_source.inputs(sample_ids)" in out.get("outside_source", "")
         assert out["boundary"] == 0
+
+
+@pytest.mark.processes
+def test_no_end_epoch_and_no_optimizer_state_are_said_on_every_rank(mistakes):
+    for r in mistakes:
+        no_optimizer, no_epoch = r["silent"]["warnings"]
+        assert "holds no optimizer state" in no_optimizer and "optimizer=" in no_optimizer
+        assert "after 2 optimizer steps and end_epoch() was never called" in no_epoch
+        assert "boundary stayed at 0" in no_epoch and r["silent"]["boundary"] == 0
+        assert r["silent"]["right_loop_warnings"] == []
 
 
 def test_bare_model_forward_in_one_process_is_accepted():

@@ -140,6 +140,10 @@ class Freezer:
             descent_span=getattr(self.policy, "span", 1),
         )
         self.counters = FreezerCounters()
+        # What close() checks (steering.warn_if_no_epoch_ended): steps taken and epochs ended in this
+        # Freezer's life, a resume's restored counters aside.
+        self._epochs_ended = 0
+        self._steps_at_start = 0
         self.decisions: list[Decision] = []
         self.evaluations: deque[Evaluation] = deque(maxlen=64)  # the last policy evaluations, changed or not
         self._steering = steering.Steering(model, self.blocks, grad_checkpointing, frozen_mode)
@@ -171,6 +175,7 @@ class Freezer:
         weights and requires_grad flags are left as they are."""
         self.engine.close()
         self._steering.remove()
+        steering.warn_if_no_epoch_ended(self.counters.steps - self._steps_at_start, self._epochs_ended, self.boundary)
 
     def train(self, mode: bool = True) -> Freezer:
         """``model.train(mode)`` that keeps frozen blocks in eval (all their modules, or with
@@ -265,6 +270,7 @@ class Freezer:
         epoch = as_int(epoch, "Freezer.end_epoch: epoch")
         self.monitor.refuse_bad_grad_scales()  # a bad scale tensor, read once per interval
         steps_taken = self.clock.end_epoch(epoch, self.counters.steps)
+        self._epochs_ended += 1
         self._steering.warn_if_no_steps(epoch, steps_taken)
         if self.cache is not None:
             self.cache.check_weights(self.boundary, self.clock.epochs_completed)
@@ -362,6 +368,7 @@ class Freezer:
         self.counters.attach(self.engine.comm)
         self.clock.epochs_completed = int(state["epochs_completed"])
         self.clock.epoch_start_step = self.counters.steps
+        self._steps_at_start = self.counters.steps  # close() counts this life's steps from here
         k = int(state["boundary"])
         if k != self.boundary:
             self._apply(k, restoring=True)
@@ -376,6 +383,8 @@ class Freezer:
         state = {"model": self.model.state_dict(), "freezer": self.state_dict()}
         if self.optimizer is not None:
             state["optimizer"] = self.optimizer.state_dict()
+        else:
+            steering.warn_no_optimizer_state()
         return state
 
     def load_training_state_dict(self, state: dict) -> None:

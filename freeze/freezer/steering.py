@@ -271,3 +271,29 @@ def _remove(handles: list) -> None:
     for h in handles:
         h.remove()
     handles.clear()
+
+
+def warn_if_no_epoch_ended(steps_taken: int, epochs_ended: int, boundary: int) -> None:
+    """At ``close()``: optimizer steps were taken and ``end_epoch()`` was never called. Per-epoch
+    policies decide only there, so the run never froze and exited as if freezing cost and saved
+    nothing (a new user's ablation read it so); checkpoints record no completed epoch either."""
+    if steps_taken and not epochs_ended:
+        warnings.warn(
+            f"Freezer: closed after {steps_taken} optimizer steps and end_epoch() was never called, so per-epoch "
+            f"policies never decided (the boundary stayed at {boundary}); call freezer.end_epoch(epoch) after each "
+            "epoch's last step (ignore this if you stopped within the first epoch on purpose)",
+            RuntimeWarning,
+            stacklevel=3,  # the user's close() call
+        )
+
+
+def warn_no_optimizer_state() -> None:
+    """At ``training_state_dict()`` without an optimizer: a resume from it starts the optimizer
+    afresh (momentum, Adam's moments) and trains differently from an uninterrupted run, silently."""
+    warnings.warn(
+        "Freezer: training_state_dict() holds no optimizer state because this Freezer has no optimizer; a "
+        "resume from it restarts momentum and trains differently from an uninterrupted run. Pass "
+        "optimizer= to Freezer(...) (or freezer.attach_optimizer(opt)), or save optimizer.state_dict() yourself",
+        RuntimeWarning,
+        stacklevel=3,  # the user's training_state_dict() call
+    )
