@@ -212,7 +212,9 @@ def _silent_mistakes(rank: int, world_size: int) -> dict:
     # the right loop (optimizer given, end_epoch called) warns about neither
     model = TinyNet()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    freezer = Freezer(model, split_blocks(model), policy=make_policy("geometric:alpha=0.5"), epochs=2, optimizer=optimizer)
+    freezer = Freezer(
+        model, split_blocks(model), policy=make_policy("geometric:alpha=0.5"), epochs=2, optimizer=optimizer
+    )
     x, y = _local_batch(rank, world_size, 0)
     F.cross_entropy(freezer.module(x), y).backward()
     freezer.after_backward()

@@ -542,6 +542,7 @@ _SLURM_FIELDS = {
     "restart_count": "SLURM_RESTART_COUNT",
     "nodelist": "SLURM_JOB_NODELIST",
     "partition": "SLURM_JOB_PARTITION",
+    "cpus_on_node": "SLURM_CPUS_ON_NODE",  # the job's CPUs on rank 0's node (the node's all when --exclusive)
 }
 
 

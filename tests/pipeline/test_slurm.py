@@ -23,15 +23,10 @@ from freeze.pipeline.slurm.allocation import RDZV_PORT_BASE, expand_nodelist, re
 from freeze.pipeline.slurm.options import parse_time_s
 from freeze.pipeline.slurm.script import array_spec, sbatch_script
 from freeze.pipeline.sweep import SweepError, expand
-from freeze.pipeline.sweep.executors import (
-    LocalExecutor,
-    SerialExecutor,
-    SlurmExecutor,
-    add_executor_arguments,
-    check_time_limit,
-    executor_from_args,
-    plan_slots,
-)
+from freeze.pipeline.sweep.executor_args import add_executor_arguments, executor_from_args
+from freeze.pipeline.sweep.executors import SerialExecutor
+from freeze.pipeline.sweep.local_executor import LocalExecutor, plan_slots, visible_gpus
+from freeze.pipeline.sweep.slurm_executor import SlurmExecutor, check_time_limit
 from freeze.pipeline.sweep.stage import Stage
 
 REPO = Path(__file__).resolve().parents[2]
@@ -55,6 +50,10 @@ def test_options_from_the_command_line_keep_a_node_lists_commas():
         (["time=2h"], "slurm option time='2h': accepted forms are MM, MM:SS, HH:MM:SS"),
         (["gpu"], "slurm option 'gpu': expected key=value"),
         (["partition="], "slurm option partition: empty value"),
+        (["poll_s=nan"], "slurm option poll_s=nan: expected a number of seconds > 0"),
+        (["exclusive=yes"], "slurm option exclusive='yes': accepted: true, false"),
+        # the warning would come at once: the task would requeue itself for ever
+        (["time=2"], "slurm option time=2: 120 s leaves no time to train after start-up (60 s)"),
     ],
 )
 def test_a_bad_option_is_one_line_naming_it(items, message):
@@ -131,7 +130,7 @@ def test_array_spec_compresses_indices():
 
 def test_the_sbatch_script_requeues_itself_and_appends_its_log(tmp_path):
     options = SlurmOptions(
-        partition="gpu", time="04:00:00", nodes=2, gpus_per_worker=1, constraint="h100", max_parallel=3
+        partition="gpu", time="04:00:00", nodes=2, gpus_per_worker=1, constraint="h100", max_parallel=3, exclusive=True
     )
     text = sbatch_script(
         options,
@@ -155,7 +154,13 @@ def test_the_sbatch_script_requeues_itself_and_appends_its_log(tmp_path):
         "#SBATCH --open-mode=append",
         "#SBATCH --requeue",
         "#SBATCH --signal=B:USR1@120",
-        f"srun --kill-on-bad-exit=1 /v/python -m freeze.pipeline.sweep.task {tmp_path} $SLURM_ARRAY_TASK_ID &",
+        "#SBATCH --exclusive",
+        # srun does not inherit --cpus-per-task on SLURM 22.05-23.02 (the workers would share one CPU)
+        "srun --kill-on-bad-exit=1 --cpus-per-task=$SLURM_CPUS_PER_TASK /v/python -m freeze.pipeline.sweep.task "
+        f"{tmp_path} $SLURM_ARRAY_TASK_ID &",
+        # a life too short for an epoch requeues at most max_requeues times, not for ever
+        '  if [ "${SLURM_RESTART_COUNT:-0}" -lt 20 ]; then',
+        "trap requeue USR1",
     ):
         assert line in text.splitlines(), line
     assert "scontrol requeue" in text and "--mem" not in text
@@ -171,6 +176,7 @@ def test_a_stage_folder_gives_back_each_runs_config(tmp_path):
     stage.write(specs, nodes=2)
     assert stage.path.parent == tmp_path / "runs" / "st" / ".scheduler" and stage.path.name.startswith("grid-")
     assert stage.nodes == 2 and stage.job_name == f"st-{stage.path.name}"
+    assert Stage.of("grid", specs, nodes=2).path != stage.path  # another node count: other tasks, never re-attached
     assert [stage.spec(i).config for i in range(2)] == [s.config for s in specs]
     with pytest.raises(SweepError, match="no run at index 2"):
         stage.spec(2)
@@ -202,20 +208,32 @@ def test_executor_flags_that_do_not_fit_are_one_line():
         assert str(info.value).startswith(message)
 
 
-def test_slots_give_each_run_its_own_cores_and_gpus():
-    slots = plan_slots(2, [0, 1, 2, 3, 4], gpus=4, gpus_per_run=2)
-    assert [s.cores for s in slots] == [(0, 1), (2, 3)] and [s.gpus for s in slots] == [(0, 1), (2, 3)]
-    assert slots[1].env(2) == {"FREEZE_RUNS_SIDE_BY_SIDE": "2", "CUDA_VISIBLE_DEVICES": "2,3"}
+def test_slots_give_each_run_its_own_cores_and_gpus(monkeypatch):
+    slots = plan_slots(2, [0, 1, 2, 3, 4], gpus=["0", "1", "2", "3"], gpus_per_run=2)
+    assert [s.cores for s in slots] == [(0, 1), (2, 3)] and [s.gpus for s in slots] == [("0", "1"), ("2", "3")]
+    assert slots[1].env(2) == {
+        "FREEZE_RUNS_SIDE_BY_SIDE": "2",
+        "FREEZE_TASK_CORES": "2,3",
+        "OMP_NUM_THREADS": "2",
+        "CUDA_VISIBLE_DEVICES": "2,3",
+    }
     with pytest.raises(ConfigError, match="--parallel 3: each run needs its own cores and this process may use 2"):
-        plan_slots(3, [0, 1], gpus=0, gpus_per_run=0)
+        plan_slots(3, [0, 1], gpus=[], gpus_per_run=0)
     with pytest.raises(ConfigError, match="3 runs x dist.nproc=2 GPUs each need 6, and 4 are visible"):
-        plan_slots(3, list(range(8)), gpus=4, gpus_per_run=2)
+        plan_slots(3, list(range(8)), gpus=["0", "1", "2", "3"], gpus_per_run=2)
+    # inside an allocation (or on a shared box) this process sees GPUs 4-7: a child's list names those
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
+    assert visible_gpus(4) == ["4", "5", "6", "7"]
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert visible_gpus(2) == ["0", "1"]
 
 
 def test_slurm_refuses_what_it_cannot_run_before_submitting(tmp_path, monkeypatch):
     specs = _specs(tmp_path)
     with pytest.raises(ConfigError, match="cluster.nodes is the emulated cluster on one machine"):
         SlurmExecutor(SlurmOptions(), emit_only=True).check(_specs(tmp_path / "c", overrides=["cluster.nodes=2"]))
+    with pytest.raises(ConfigError, match="dist.device='cuda' asks for GPUs and --slurm gpus_per_worker is 0"):
+        SlurmExecutor(SlurmOptions(), emit_only=True).check(_specs(tmp_path, overrides=["dist.device=cuda"]))
     with pytest.raises(ConfigError, match="gpus_per_worker=1 with dist.device='cpu'"):
         SlurmExecutor(SlurmOptions(gpus_per_worker=1), emit_only=True).check(
             _specs(tmp_path, overrides=["dist.device=cpu"])
@@ -244,7 +262,9 @@ def test_a_time_limit_shorter_than_a_measured_epoch_is_refused(tmp_path):
     # a complete run of the same shape (another policy and seed) measured a 95 s epoch
     other = _specs(tmp_path, {"run.seed": [9]}, ["freeze.policy=static:k=2"])[0]
     _complete_run(other.config.run_dir(), config_to_toml(other.config), [95.0, 40.0])
-    with pytest.raises(SweepError, match=r"slurm option time: 60 s is shorter than one epoch \(95 s measured in"):
+    with pytest.raises(
+        SweepError, match=r"a task's life trains at most 60 s .* shorter than one epoch \(95 s measured in"
+    ):
         check_time_limit(specs, 60)
     check_time_limit(specs, 120)
     # a run of another shape (a larger batch) says nothing about these runs' epochs

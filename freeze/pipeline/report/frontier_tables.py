@@ -133,6 +133,17 @@ def _frontier_points(
     return None
 
 
+def _timed_against(groups: dict[GroupKey, list[Run]], baseline: Baseline, key: GroupKey) -> dict[int, list[Run]]:
+    """Per seed, the runs whose times an arm in ``key``'s setting is read against: its own setting's
+    budget runs, or the anchor whose times a borrowed frontier carries. An arm's seed timed on other
+    hardware than these is left out of its iso-accuracy speedup, as from the paired speedups."""
+    own = _frontier_runs(groups, baseline, key[0], key[2])
+    if own is not None:
+        seeds = {s for by_seed in own.values() for s in by_seed}
+        return {s: [by_seed[s] for by_seed in own.values() if s in by_seed] for s in seeds}
+    return {s: [r] for s, r in (_anchor(groups, baseline, key) or {}).items()}
+
+
 def frontier_table(runs: list[Run], baseline: Baseline) -> Table:
     """The frontier per setting: each budget's step and time fractions of full fine-tuning, paired by
     seed, and its final test accuracy."""
@@ -243,7 +254,8 @@ def iso_speedups(runs: list[Run], baseline: Baseline) -> dict[GroupKey, Frontier
         frontier = None if _is_budget(members) else _frontier_points(groups, baseline, key)
         if frontier is None:
             continue
-        arm = {r.seed: _point(r) for r in members}
+        timed = _timed_against(groups, baseline, key)
+        arm = {r.seed: _point(r) for r in members if all(r.timed_like(other) for other in timed.get(r.seed, ()))}
         try:
             iso = iso_accuracy_speedup(frontier[0], arm)
         except ValueError:

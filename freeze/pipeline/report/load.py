@@ -109,19 +109,34 @@ class Run:
         return hw if isinstance(hw, dict) else {}
 
     @property
-    def timing_kind(self) -> str:
-        """The hardware a run's time was measured on, as far as it sets the time: its processor,
-        the cores it could use, and how many runs shared the machine. Two runs' times form a speedup
-        only when their kinds are equal (a cluster's nodes differ; runs side by side share memory
-        bandwidth unless each owned its devices). Runs made before manifests recorded a placement
-        are all of one kind per processor."""
+    def timing_fields(self) -> dict:
+        """What sets a run's time on its hardware, as far as the manifest recorded it: the processor
+        and, in manifests that have a placement, the cores it could use and how many runs shared the
+        machine (a cluster's nodes differ; runs side by side share memory bandwidth)."""
+        fields = {"processor": self.processor}
         placement = self.manifest.get("placement")
-        if not isinstance(placement, dict):
-            return self.processor
-        shared = placement.get("runs_side_by_side", 1)
-        cores = placement.get("cores_allowed")
-        kind = f"{self.processor}, {cores} cores" if cores is not None else self.processor
-        return kind + (f", {shared} runs side by side" if isinstance(shared, int) and shared > 1 else "")
+        if isinstance(placement, dict):
+            for key in ("cores_allowed", "runs_side_by_side"):
+                if placement.get(key) is not None:
+                    fields[key] = placement[key]
+        return fields
+
+    def timed_like(self, other: Run) -> bool:
+        """Whether two runs' times form a ratio: equal in every timing field both recorded (a run
+        from before manifests recorded a placement pairs by processor alone)."""
+        mine, theirs = self.timing_fields, other.timing_fields
+        return all(mine[k] == theirs[k] for k in mine.keys() & theirs.keys())
+
+    @property
+    def timing_kind(self) -> str:
+        """:attr:`timing_fields` in words, for the report's notes."""
+        fields = self.timing_fields
+        words = [str(fields["processor"])]
+        if "cores_allowed" in fields:
+            words.append(f"{fields['cores_allowed']} cores")
+        if fields.get("runs_side_by_side", 1) != 1:
+            words.append(f"{fields['runs_side_by_side']} runs side by side")
+        return ", ".join(words)
 
     @property
     def processor(self) -> str:

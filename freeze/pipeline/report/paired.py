@@ -153,8 +153,9 @@ def paired_row(members: list[Run], base: list[Run], target_fraction: float, marg
     diff_low, diff_high = diff - diff_half, diff + diff_half
     # Time to target on validation, never test: the target must not be chosen on test.
     target = ttt_target(base, target_fraction, margin_points)
+    timed_pairs = [(r, b) for r, b in pairs if r.timed_like(b)]  # times pair only on the same hardware
     ttt_ratios = []
-    for r, b in pairs:
+    for r, b in timed_pairs:
         arm_s, base_s = time_to_target_s(r, target), time_to_target_s(b, target)
         if arm_s is not None and base_s is not None and arm_s > 0:
             ttt_ratios.append(base_s / arm_s)
@@ -183,8 +184,8 @@ def paired_row(members: list[Run], base: list[Run], target_fraction: float, marg
         "ttt_speedup": ttt,
         "ttt_speedup_low": ttt_low,
         "ttt_speedup_high": ttt_high,
-        "arm_train_min": float(np.mean([train_wall_s(r) for r, _ in pairs])) / 60 if pairs else math.nan,
-        "base_train_min": float(np.mean([train_wall_s(b) for _, b in pairs])) / 60 if pairs else math.nan,
+        "arm_train_min": float(np.mean([train_wall_s(r) for r, _ in timed_pairs])) / 60 if timed_pairs else math.nan,
+        "base_train_min": float(np.mean([train_wall_s(b) for _, b in timed_pairs])) / 60 if timed_pairs else math.nan,
         "control": bool(pairs) and all(is_control(r.config, b.config) for r, b in pairs),
         "mixed_timing": "; ".join(mixed_timing_pairs(members, base)),
     }

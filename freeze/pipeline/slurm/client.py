@@ -8,8 +8,8 @@ What happened to a run is read from its run directory instead, which the run its
 
 from __future__ import annotations
 
-import os
 import re
+import shlex
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -29,13 +29,7 @@ def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:
     except FileNotFoundError:
         raise SlurmError(f"{argv[0]} is not on PATH") from None
     except subprocess.TimeoutExpired:
-        raise SlurmError(f"{shlex_join(argv)} did not answer within 120 s (is slurmctld up?)") from None
-
-
-def shlex_join(argv: list[str]) -> str:
-    import shlex
-
-    return shlex.join(argv)
+        raise SlurmError(f"{shlex.join(argv)} did not answer within 120 s (is slurmctld up?)") from None
 
 
 def require_commands() -> None:
@@ -89,21 +83,11 @@ def submit(script: Path) -> str:
 
 
 # Why a pending job waits, when the wait can never end: the request exceeds what the partition or
-# the account allows (squeue's %r). A driver that waited on these would wait for ever.
-NEVER_STARTS = frozenset(
-    {
-        "PartitionConfig",
-        "PartitionNodeLimit",
-        "PartitionTimeLimit",
-        "BadConstraints",
-        "InvalidAccount",
-        "InvalidQOS",
-        "QOSMaxNodePerJobLimit",
-        "QOSMaxWallDurationPerJobLimit",
-        "AssocMaxNodesPerJobLimit",
-        "AssocMaxWallDurationPerJobLimit",
-    }
-)
+# the account allows (squeue's %r). Reasons that also mean "nodes are down or drained for now"
+# (PartitionNodeLimit, BadConstraints) are left out: a maintenance window must not cancel a stage.
+NEVER_STARTS = frozenset({"PartitionConfig", "PartitionTimeLimit", "InvalidAccount", "InvalidQOS"})
+# A held task waits until someone releases it (scontrol release): said, not cancelled.
+HELD = ("JobHeldAdmin", "JobHeldUser", "launch failed requeued held")
 
 
 @dataclass(frozen=True)
@@ -112,16 +96,25 @@ class QueuedTask:
     state: str  # PENDING, RUNNING, COMPLETING, ...
     reason: str  # why it waits (squeue's %r), "None" when running
 
+    @property
+    def never_starts(self) -> bool:
+        return self.state == "PENDING" and self.reason in NEVER_STARTS
 
-def _user() -> str:
-    return os.environ.get("USER") or os.environ.get("LOGNAME") or str(os.getuid())
+    @property
+    def held(self) -> bool:
+        return self.state == "PENDING" and any(h in self.reason for h in HELD)
 
 
-def queued_tasks(job_name: str) -> dict[int, QueuedTask]:
-    """This user's queued or running array tasks of jobs named ``job_name``, by array index. Jobs
-    that left the queue are absent: their runs' directories say how they ended."""
-    done = _run(["squeue", "-h", "-r", "-u", _user(), "-n", job_name, "-o", "%i|%K|%T|%r"])
+def queued_tasks(job_ids: list[str]) -> dict[int, QueuedTask]:
+    """The queued or running array tasks of the jobs ``job_ids`` (those this stage submitted), by
+    array index. Jobs that left the queue are absent: their runs' directories say how they ended.
+    By id, not by name: two checkouts' studies of one name must not await each other's tasks."""
+    if not job_ids:
+        return {}
+    done = _run(["squeue", "-h", "-r", "-j", ",".join(job_ids), "-o", "%i|%K|%T|%r"])
     if done.returncode != 0:
+        if "Invalid job id" in done.stderr:  # every job left the queue long ago (MinJobAge)
+            return {}
         raise SlurmError(f"squeue failed: {done.stderr.strip() or done.stdout.strip()}")
     tasks: dict[int, QueuedTask] = {}
     for line in done.stdout.splitlines():
@@ -131,9 +124,11 @@ def queued_tasks(job_name: str) -> dict[int, QueuedTask]:
     return tasks
 
 
-def cancel(job_name: str) -> None:
-    """Cancel this user's jobs named ``job_name`` (tasks that can never start)."""
-    _run(["scancel", "-u", _user(), "-n", job_name])
+def cancel_pending(job_ids: list[str]) -> None:
+    """Cancel the pending tasks of ``job_ids`` (tasks that can never start); running ones go on."""
+    done = _run(["scancel", "--state=PENDING", *job_ids])
+    if done.returncode != 0:
+        raise SlurmError(f"scancel {' '.join(job_ids)} failed: {done.stderr.strip()}")
 
 
 def requeue(job_id: str) -> None:

@@ -1,15 +1,18 @@
 """What a user asks of SLURM for a sweep or a study: ``--slurm partition=gpu,time=04:00:00,...``.
 
-The run's shape is its config: ``dist.nodes`` nodes, ``dist.nproc`` workers on each. These options
-are the resources and the policy around it: where (partition, constraint, nodelist, account, qos),
-for how long (time), what each worker gets (gpus_per_worker, cpus_per_worker, mem), how many runs
-at once (max_parallel), and what a time limit does (the warning signal ``signal_s`` before it
-requeues the job, which resumes from its last epoch).
+A run's workers per node are its config's ``dist.nproc``; how many nodes it spans is ``nodes`` here
+(world size = nodes x dist.nproc, recorded in each run's manifest), as a plain torchrun command's
+``--nnodes`` is. The rest are the resources and the policy around the runs: where (partition,
+constraint, nodelist, account, qos, exclusive), for how long (time), what each worker gets
+(gpus_per_worker, cpus_per_worker, mem), how many runs at once (max_parallel), and what a time limit
+does (the warning signal ``signal_s`` before it makes the task requeue itself, at most
+``max_requeues`` times, each life resuming from the last epoch).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from dataclasses import dataclass
 
@@ -31,7 +34,9 @@ class SlurmOptions:
     nodelist: str | None = None  # sbatch --nodelist
     account: str | None = None
     qos: str | None = None
+    exclusive: bool = False  # sbatch --exclusive: no other job shares a run's nodes (fair timings)
     signal_s: int = 120  # the warning SLURM sends this long before the time limit: the job requeues itself
+    max_requeues: int = 20  # a task requeues itself at most this often (a life that never reaches a checkpoint)
     setup: str | None = None  # shell line run before the task, e.g. "module load cuda/12.4"
     poll_s: float = 10.0  # how often the driver asks the queue
 
@@ -98,9 +103,13 @@ def _typed(key: str, text: str) -> object:
             value = float(text)
         except ValueError:
             raise SlurmOptionsError(f"slurm option {key}={text!r}: expected a number of seconds") from None
-        if value <= 0:
-            raise SlurmOptionsError(f"slurm option {key}={value}: must be > 0")
+        if not math.isfinite(value) or value <= 0:
+            raise SlurmOptionsError(f"slurm option {key}={text}: expected a number of seconds > 0")
         return value
+    if kind == "bool":
+        if text.lower() not in ("true", "false"):
+            raise SlurmOptionsError(f"slurm option {key}={text!r}: accepted: true, false")
+        return text.lower() == "true"
     if not text:
         raise SlurmOptionsError(f"slurm option {key}: empty value")
     if key == "time":
@@ -116,4 +125,16 @@ def parse_slurm_options(items: list[str] | None) -> SlurmOptions:
         if key not in KEYS:
             raise SlurmOptionsError(f"slurm option {key!r} is unknown; accepted: {', '.join(KEYS)}")
         values[key] = _typed(key, text)
-    return SlurmOptions(**values)
+    options = SlurmOptions(**values)
+    limit_s = options.time_limit_s
+    if limit_s is not None and limit_s <= options.signal_s + STARTUP_S:
+        raise SlurmOptionsError(
+            f"slurm option time={options.time}: {limit_s} s leaves no time to train after start-up ({STARTUP_S} s) "
+            f"and the requeue warning (signal_s={options.signal_s}); a task would requeue itself at once, every time"
+        )
+    return options
+
+
+# What a task's life spends before its first step: the interpreter, torch's import, data, the model,
+# the rendezvous (minutes on a busy cluster's file system are not rare).
+STARTUP_S = 60

@@ -45,10 +45,9 @@ def sbatch_script(
     nproc: int,
     python: str,
     workdir: Path,
-    index_offset: int = 0,
 ) -> str:
-    """The script's text for the runs at ``indices`` (array task ids, plus ``index_offset``) of the
-    stage written to ``stage_dir``; every run of the stage has ``nodes`` nodes of ``nproc`` workers."""
+    """The script's text for the runs at ``indices`` (array task ids) of the stage written to
+    ``stage_dir``; every run of the stage has ``nodes`` nodes of ``nproc`` workers."""
     directives = [
         f"--job-name={job_name}",
         f"--array={array_spec(indices, options.max_parallel)}",
@@ -70,14 +69,20 @@ def sbatch_script(
         value = getattr(options, key)
         if value is not None:
             directives.append(f"--{flag}={value}")
+    if options.exclusive:
+        directives.append("--exclusive")
     directives += [
-        f"--output={stage_dir / 'logs' / '%x-%a.log'}",  # one log per run, across its restarts
+        f"--output={stage_dir / 'logs' / '%a.log'}",  # one log per run, across its restarts
         "--open-mode=append",
         "--requeue",
         f"--signal=B:USR1@{options.signal_s}",
     ]
-    index = "$SLURM_ARRAY_TASK_ID" if not index_offset else f"$((SLURM_ARRAY_TASK_ID + {index_offset}))"
-    task = f"srun --kill-on-bad-exit=1 {shlex.quote(python)} -m {TASK_MODULE} {shlex.quote(str(stage_dir))} {index}"
+    # srun does not inherit sbatch's --cpus-per-task on SLURM 22.05-23.02: without it the step (every
+    # worker and data loader) may get one CPU. --kill-on-bad-exit ends the other nodes' tasks when one fails.
+    task = (
+        "srun --kill-on-bad-exit=1 --cpus-per-task=$SLURM_CPUS_PER_TASK "
+        f"{shlex.quote(python)} -m {TASK_MODULE} {shlex.quote(str(stage_dir))} $SLURM_ARRAY_TASK_ID"
+    )
     lines = [
         "#!/bin/bash",
         "# A stage of freeze runs as a SLURM job array, one array task per run (written by freeze; edit freely).",
@@ -90,8 +95,16 @@ def sbatch_script(
         'echo "== array task $SLURM_ARRAY_TASK_ID, job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}) '
         'on $SLURM_JOB_NODELIST at $(date -Is)"',
         "# The warning before the time limit: requeue this task. SLURM then stops it (SIGTERM: the run keeps",
-        "# its completed epochs) and starts it again, and the run resumes from its last epoch.",
-        'trap \'echo "== time limit near: requeueing"; scontrol requeue "$SLURM_JOB_ID"\' USR1',
+        "# its completed epochs) and starts it again, and the run resumes from its last epoch. At most",
+        f"# {options.max_requeues} times: a life too short for one epoch would otherwise requeue for ever.",
+        "requeue() {",
+        f'  if [ "${{SLURM_RESTART_COUNT:-0}}" -lt {options.max_requeues} ]; then',
+        '    echo "== time limit near: requeueing"; scontrol requeue "$SLURM_JOB_ID"',
+        "  else",
+        f'    echo "== time limit near: not requeued, {options.max_requeues} restarts already (max_requeues)"',
+        "  fi",
+        "}",
+        "trap requeue USR1",
         f"{task} &",
         "task=$!",
         'wait "$task"; code=$?',

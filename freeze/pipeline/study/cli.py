@@ -48,7 +48,9 @@ from freeze.pipeline.sweep import (
     SweepError,
     WorkEta,
 )
-from freeze.pipeline.sweep.executors import Executor, SlurmExecutor, add_executor_arguments, executor_from_args
+from freeze.pipeline.sweep.executor_args import add_executor_arguments, executor_from_args
+from freeze.pipeline.sweep.executors import Executor
+from freeze.pipeline.sweep.slurm_executor import SlurmExecutor
 
 # The name of the cost model's table (freeze.pipeline.report.predicted, not imported: a dry run never
 # pays for pandas): predicted.md/.csv/.tex, spliced into REPORT.md's span named predicted.

@@ -8,7 +8,7 @@ import sys
 
 from freeze.pipeline import sweep as _package
 from freeze.pipeline.config import ConfigError
-from freeze.pipeline.sweep.executors import add_executor_arguments, executor_from_args
+from freeze.pipeline.sweep.executor_args import add_executor_arguments, executor_from_args
 from freeze.pipeline.sweep.grid import SweepError, dry_run_lines, expand, read_sweep
 from freeze.pipeline.sweep.runner import INTERRUPTED_EXIT_CODE, INTERRUPTED_MESSAGE
 

@@ -46,6 +46,10 @@ class SweepSummary:
         if self.emitted:
             out.append(f"  {len(self.emitted)} runs written into an sbatch script, not run (--emit-sbatch)")
         out += [f"  busy: {name}: {error}" for name, error in self.busy]
+        if self.interrupted:
+            out.append(
+                f"  interrupted: {', '.join(self.interrupted)} (completed epochs kept; the same command resumes them)"
+            )
         out += [f"  failed: {name}: {error}" for name, error in self.failed]
         return out
 
@@ -60,6 +64,9 @@ class TaskMode:
 
     allocation: Allocation | None = None  # the SLURM job, when the run spans its nodes
     busy_poll_s: float = 5.0
+    # A task's previous life lets go within SLURM's KillWait (30 s by default); a run still held after
+    # this is another submission's, and this task gives its GPUs back instead of idling for hours.
+    busy_wait_s: float = 900.0
 
 
 def _launch(config: Config, resume: bool, lock: RunLock, task: TaskMode | None = None) -> int:
@@ -94,17 +101,20 @@ def _launch(config: Config, resume: bool, lock: RunLock, task: TaskMode | None =
 INTERRUPTED_MESSAGE = "interrupted: completed runs are kept; run the same command again to resume the rest"
 
 
-def _acquire_awaiting(run: RunDir, tag: str, log, poll_s: float) -> RunLock | None:
-    """The run's lock once its other writer let go; None when that writer completed it."""
-    said = False
+def _acquire_awaiting(run: RunDir, tag: str, log, task: TaskMode) -> RunLock | None:
+    """The run's lock once its other writer let go; None when that writer completed it. RunBusyError
+    when it still holds it after ``task.busy_wait_s``."""
+    end, said = time.monotonic() + task.busy_wait_s, False
     while True:
         try:
             return RunLock.acquire(run.path)
         except RunBusyError as e:
+            if time.monotonic() > end:
+                raise
             if not said:
                 log(f"{tag}: waiting ({e})")
                 said = True
-        time.sleep(poll_s)
+        time.sleep(task.busy_poll_s)
         if run.status() == "complete":
             return None
 
@@ -122,7 +132,7 @@ def run_one(spec: RunSpec, tag: str, summary: SweepSummary, log, task: TaskMode 
         if task is None:
             lock = RunLock.acquire(run.path)
         else:
-            lock = _acquire_awaiting(run, tag, log, task.busy_poll_s)
+            lock = _acquire_awaiting(run, tag, log, task)
             if lock is None:
                 summary.skipped.append(spec.name)
                 log(f"{tag}: completed by its other writer")

@@ -9,16 +9,20 @@ their completed epochs kept. On a run over several nodes the other nodes follow 
 (:mod:`freeze.pipeline.sweep.nodes`).
 
 Exit codes: 0 the run is complete (now or before); 130 interrupted (SLURM requeues or you resubmit:
-it resumes); 1 the run failed (its manifest says why); 2 refused before anything ran (one line).
+it resumes); 1 the run failed (its manifest says why); 2 refused before anything ran (one line); 3
+another process still writes the run after :data:`runner.BUSY_WAIT_S` (a second submission of it).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import sys
 from pathlib import Path
 
 from freeze.pipeline.failures import INTERRUPTED_EXIT_CODE
+from freeze.pipeline.lifetime import die_with_parent
 from freeze.pipeline.run import exported, launch_local
 from freeze.pipeline.run_lock import RunLock
 from freeze.pipeline.runs import IN_SWEEP_ENV, RunDir
@@ -27,6 +31,10 @@ from freeze.pipeline.sweep.grid import SweepError
 from freeze.pipeline.sweep.nodes import await_decision
 from freeze.pipeline.sweep.runner import SweepSummary, TaskMode, run_one
 from freeze.pipeline.sweep.stage import Stage
+
+TASK_CORES_ENV = "FREEZE_TASK_CORES"  # set by the local executor: the cores this task may use
+
+BUSY_EXIT_CODE = 3  # the run stayed held by another writer (a second submission of the same run)
 
 # How long a node waits for node 0's decision: as long as the job lives (srun's --kill-on-bad-exit
 # ends this node's task when node 0's fails; SLURM ends the job at its limit).
@@ -58,9 +66,9 @@ def _allocation_for(nodes: int) -> Allocation | None:
 def _lead(spec, tag: str, allocation: Allocation | None) -> int:
     summary = SweepSummary()
     run_one(spec, tag, summary, lambda line: print(line, flush=True), TaskMode(allocation))
-    if summary.failed:
-        return 1
-    return 0
+    if summary.busy:  # still written by another process after the wait: its outcome is its own
+        return BUSY_EXIT_CODE
+    return 1 if summary.failed else 0
 
 
 def _follow(spec, allocation: Allocation) -> int:
@@ -74,7 +82,18 @@ def _follow(spec, allocation: Allocation) -> int:
     return launch_local(run.config_path, spec.config.dist.nproc, resume, lock=lock, allocation=allocation)
 
 
+def _pin_to_cores() -> None:
+    """The cores the local executor gave this task (it cannot pin a child safely itself: a
+    preexec_fn runs in a fork of a process whose torch threads may hold locks)."""
+    named = os.environ.get(TASK_CORES_ENV, "")
+    if named:
+        with contextlib.suppress(ValueError, OSError):
+            os.sched_setaffinity(0, {int(c) for c in named.split(",")})
+
+
 def main(argv: list[str] | None = None) -> int:
+    die_with_parent()  # started by the local executor: end with it (a no-op under SLURM's srun)
+    _pin_to_cores()
     argv = list(sys.argv[1:] if argv is None else argv)
     if len(argv) != 2 or not argv[1].lstrip("-").isdigit():
         print("usage: python -m freeze.pipeline.sweep.task <stage dir> <index>", file=sys.stderr)
