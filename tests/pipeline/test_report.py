@@ -740,3 +740,35 @@ def test_policy_none_groups_are_compared_within_each_study_setting():
     ambiguous = [run("lr=1", "loopback", optim__lr=1.0), run("lr=2", "loopback", optim__lr=2.0)]
     with pytest.raises(ReportInputError, match="several policy-none groups .* differ in optim.lr; choose"):
         resolve_baseline(ambiguous, None)
+
+
+def test_a_speedup_is_timed_on_like_hardware_and_the_pairs_left_out_are_named():
+    """A cluster's nodes differ: a seed whose arm and baseline ran on other processors, or whose arm
+    shared its machine with other runs, is left out of the speedup (its accuracy still pairs) and
+    named in the table's notes; a manifest from before placements were recorded pairs by processor."""
+    from freeze.pipeline.report.paired import paired_table
+    from freeze.pipeline.report.tables import Baseline
+    from tests.pipeline.handmade_runs import handmade_run
+
+    def run(group, seed, policy, time_s, acc, gpu="H100", side_by_side=None):
+        r = handmade_run("", group, seed, policy, time_s, acc, 100, changes=((50, 2),) if policy != "none" else ())
+        r.manifest["hardware"] = {"gpus": [gpu], "cpu": "x"}
+        if side_by_side is not None:
+            r.manifest["placement"] = {"cores_allowed": 8, "runs_side_by_side": side_by_side}
+        return r
+
+    runs = [
+        *(run("none", s, "none", 100.0, 80.0, side_by_side=1) for s in (0, 1, 2)),
+        run("k2", 0, "static:k=2", 50.0, 80.0, side_by_side=1),  # 2.00x, like hardware
+        run("k2", 1, "static:k=2", 50.0, 80.0),  # an older manifest, same GPU: pairs by processor
+        run("k2", 2, "static:k=2", 10.0, 80.0, gpu="H200", side_by_side=1),  # another GPU: left out
+    ]
+    table = paired_table(runs, Baseline("none", "baseline: none"), target_fraction=0.95)
+    row = table.data.iloc[0]
+    assert row["n_pairs"] == 3 and row["speedup"] == pytest.approx(2.0)  # 2 timed pairs, both 2.00x
+    assert row["arm_train_min"] == pytest.approx(50 / 60) and row["mixed_timing"].startswith("seed 2 (H200")
+    assert any(n.startswith("k2: timed on other hardware than its baseline") and "seed 2" in n for n in table.notes)
+    # runs side by side on one machine are not timed like a run that had it alone
+    shared = [*runs[:3], *(run("k2", s, "static:k=2", 50.0, 80.0, side_by_side=2) for s in (0, 1, 2))]
+    row = paired_table(shared, Baseline("none", "baseline: none"), target_fraction=0.95).data.iloc[0]
+    assert row["mixed_timing"].count("seed") == 3 and "2 runs side by side" in row["mixed_timing"]

@@ -282,5 +282,8 @@ def test_a_partition_it_lacks_and_a_request_it_can_never_start_are_one_line_each
     never = _sweep(cluster, tmp_path, sweep, "nodes=3")
     assert never.returncode == 1, never.stdout[-2000:] + never.stderr[-2000:]
     (line,) = never.stderr.splitlines()
-    assert line.startswith("error: SLURM can never start this stage's pending tasks (PartitionConfig") and "cancelled" in line
+    assert (
+        line.startswith("error: SLURM can never start this stage's pending tasks (PartitionConfig")
+        and "cancelled" in line
+    )
     assert _queued(cluster, f"bad-{next((tmp_path / 'runs' / 'bad' / '.scheduler').iterdir()).name}") == []
