@@ -31,18 +31,23 @@ def _error_of(call) -> str | None:
     return None
 
 
+def _steps(freezer: Freezer, optimizer, rank: int, world_size: int, steps: int) -> None:
+    """``steps`` training steps the right way: through freezer.module, after_backward before step."""
+    for step in range(steps):
+        x, y = _local_batch(rank, world_size, step)
+        optimizer.zero_grad(set_to_none=True)
+        F.cross_entropy(freezer.module(x), y).backward()
+        freezer.after_backward()
+        optimizer.step()
+
+
 def _train_two_steps(rank: int, world_size: int) -> dict:
     """Built after init_process_group, as the error says: the ranks all-reduce and agree."""
     torch.manual_seed(rank)  # different initial weights: the Freezer must broadcast rank 0's
     model = TinyNet()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     freezer = Freezer(model, split_blocks(model), optimizer=optimizer)
-    for step in range(2):
-        x, y = _local_batch(rank, world_size, step)
-        optimizer.zero_grad(set_to_none=True)
-        F.cross_entropy(freezer.module(x), y).backward()
-        freezer.after_backward()
-        optimizer.step()
+    _steps(freezer, optimizer, rank, world_size, 2)
     freezer.close()
     params = torch.cat([p.detach().flatten() for p in model.parameters()])
     return {"bytes": freezer.counters.allreduce_bytes_total, "params": params}
@@ -197,12 +202,7 @@ def _silent_mistakes(rank: int, world_size: int) -> dict:
     model = TinyNet()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     freezer = Freezer(model, split_blocks(model), policy=make_policy("geometric:alpha=0.5"), epochs=2)  # no optimizer=
-    for step in range(2):
-        x, y = _local_batch(rank, world_size, step)
-        optimizer.zero_grad(set_to_none=True)
-        F.cross_entropy(freezer.module(x), y).backward()
-        freezer.after_backward()
-        optimizer.step()
+    _steps(freezer, optimizer, rank, world_size, 2)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         freezer.training_state_dict()
@@ -215,10 +215,7 @@ def _silent_mistakes(rank: int, world_size: int) -> dict:
     freezer = Freezer(
         model, split_blocks(model), policy=make_policy("geometric:alpha=0.5"), epochs=2, optimizer=optimizer
     )
-    x, y = _local_batch(rank, world_size, 0)
-    F.cross_entropy(freezer.module(x), y).backward()
-    freezer.after_backward()
-    optimizer.step()
+    _steps(freezer, optimizer, rank, world_size, 1)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         freezer.end_epoch(0)

@@ -26,19 +26,12 @@ from freeze.pipeline.cluster.spec import (
     run_cores,
 )
 from freeze.pipeline.config import ConfigError, load_config
+from tests.pipeline.tiny_runs import TINY_RUN
 from tests.processes import REPO, start_python
 
 SMOKE = REPO / "experiments" / "configs" / "smoke.toml"
 # 2 nodes x 1 worker, 2 steps per epoch, a policy evaluation every step: autofreeze decides in-run.
-TINY = [
-    "train.epochs=2",
-    "data.train_size=128",
-    "data.val_size=32",
-    "data.test_size=64",
-    "train.batch_size=32",
-    "dist.nproc=1",
-    "freeze.interval_steps=1",
-]
+TINY = TINY_RUN
 CLUSTER = ["cluster.nodes=2", "cluster.bandwidth=1gbit"]
 DEADLINE_S = 240
 

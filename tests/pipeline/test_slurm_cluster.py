@@ -16,22 +16,16 @@ import pytest
 import torch
 
 from tests import slurm_cluster
+from tests.pipeline.tiny_runs import TINY_RUN
 from tests.processes import python_env, run_python, start_python
 
 pytestmark = [pytest.mark.processes, pytest.mark.slurm]
 
 REPO = Path(__file__).resolve().parents[2]
 SMOKE = REPO / "experiments" / "configs" / "smoke.toml"
-TINY = [
-    "train.epochs=2",
-    "data.train_size=128",
-    "data.val_size=32",
-    "data.test_size=64",
-    "train.batch_size=32",
-    "dist.nproc=1",
-    "dist.threads_per_worker=1",  # the same bits wherever a run lands (threads change a conv's sums)
-    "freeze.interval_steps=1",
-]
+# tiny runs of 1 worker (each test node has one CPU), the same bits wherever a run lands (threads
+# change a conv's sums)
+TINY = [*TINY_RUN, "dist.threads_per_worker=1"]
 DEADLINE_S = 300.0
 
 
@@ -172,16 +166,21 @@ def _job_of(cluster, study_dir: Path) -> tuple[str, str]:
     return name, lines[0].split()[0]
 
 
-def test_a_requeued_run_resumes_bit_equal_to_an_uninterrupted_one(cluster, tmp_path):
-    sweep = _sweep_file(tmp_path, "pre", '"run.seed" = [0]', ["train.epochs=8", "freeze.policy=geometric:alpha=0.5"])
-    args = ["-m", "freeze.pipeline.sweep", "--sweep", str(sweep), "--out-dir", str(tmp_path / "runs")]
+def _start_driver(cluster, tmp_path: Path, args: list[str]) -> subprocess.Popen:
+    """The sweep's driver on SLURM, left running (its output in driver.log) for a test to act meanwhile."""
     with open(tmp_path / "driver.log", "wb") as log:
-        driver = start_python(
+        return start_python(
             [*args, "--executor", "slurm", "--slurm", "poll_s=0.5"],
             env=_env(cluster, tmp_path),
             stdout=log,
             stderr=subprocess.STDOUT,
         )
+
+
+def test_a_requeued_run_resumes_bit_equal_to_an_uninterrupted_one(cluster, tmp_path):
+    sweep = _sweep_file(tmp_path, "pre", '"run.seed" = [0]', ["train.epochs=8", "freeze.policy=geometric:alpha=0.5"])
+    args = ["-m", "freeze.pipeline.sweep", "--sweep", str(sweep), "--out-dir", str(tmp_path / "runs")]
+    driver = _start_driver(cluster, tmp_path, args)
     try:
         study = tmp_path / "runs" / "pre"
         metrics = study / "seed=0" / "metrics.jsonl"
@@ -219,13 +218,7 @@ def _pid_training(config: Path) -> int | None:
 def test_a_killed_worker_fails_its_run_in_one_line_and_the_sweep_goes_on(cluster, tmp_path):
     sweep = _sweep_file(tmp_path, "kill", '"run.seed" = [0, 1]', ["train.epochs=6"])
     args = ["-m", "freeze.pipeline.sweep", "--sweep", str(sweep), "--out-dir", str(tmp_path / "runs")]
-    with open(tmp_path / "driver.log", "wb") as log:
-        driver = start_python(
-            [*args, "--executor", "slurm", "--slurm", "poll_s=0.5"],
-            env=_env(cluster, tmp_path),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+    driver = _start_driver(cluster, tmp_path, args)
     try:
         victim = tmp_path / "runs" / "kill" / "seed=0"
         _wait_for(lambda: (victim / "metrics.jsonl").exists(), "seed 0 training", poll_s=0.05)
