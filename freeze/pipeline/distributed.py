@@ -13,6 +13,7 @@ import torch.distributed as dist
 
 from freeze import comm
 from freeze.pipeline.config import Config, ConfigError, DistConfig
+from freeze.pipeline.runs import cores_allowed
 
 T = TypeVar("T")
 
@@ -99,8 +100,8 @@ def worker_threads(configured: int, cores: int, local_world_size: int) -> int:
 
 
 def available_cores() -> int:
-    """The cores this process may use (taskset, cgroups, an emulated cluster node), not the machine's."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    """The cores this process may use (:func:`freeze.pipeline.runs.cores_allowed`)."""
+    return cores_allowed()
 
 
 def setup_worker(dist_cfg: DistConfig) -> WorkerContext:

@@ -546,10 +546,20 @@ _SLURM_FIELDS = {
 }
 
 
+def cores_allowed() -> int:
+    """The cores this process may use (taskset, cgroups, an emulated cluster node, a SLURM task's
+    --cpus-per-task), not the machine's. SLURM without CPU binding (TaskPlugin=task/none) leaves the
+    whole machine in the affinity mask: its SLURM_CPUS_PER_TASK is then the share to keep to, or two
+    tasks on one node each run a thread per core (seen: epochs 8-15x slower)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    granted = os.environ.get("SLURM_CPUS_PER_TASK", "")
+    return min(cores, int(granted)) if granted.isdigit() and int(granted) > 0 else cores
+
+
 def placement_info() -> dict[str, Any]:
     """Where rank 0 ran, for the report's timing pairs: the host, the cores it could use, how many
     runs shared the machine (the local executor says), and the SLURM job when there was one."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = cores_allowed()
     side_by_side = os.environ.get(SIDE_BY_SIDE_ENV, "1")
     slurm = {key: os.environ[var] for key, var in _SLURM_FIELDS.items() if var in os.environ}
     return {

@@ -163,7 +163,8 @@ def test_the_sbatch_script_requeues_itself_and_appends_its_log(tmp_path):
         "trap requeue USR1",
     ):
         assert line in text.splitlines(), line
-    assert "scontrol requeue" in text and "--mem" not in text
+    # this task only: an array's first task has the array's own job id, which would requeue every task
+    assert 'scontrol requeue "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"' in text and "--mem" not in text
 
 
 def _specs(tmp_path, grid=None, overrides=()):
@@ -286,3 +287,49 @@ def test_emit_sbatch_writes_a_stage_and_its_script_and_submits_nothing(tmp_path,
     text = script.read_text()
     assert "#SBATCH --array=0-2%2" in text and "#SBATCH --partition=gpu" in text and "#SBATCH --time=30" in text
     assert not any((tmp_path / "runs" / "em").glob("seed=*"))  # no run started
+
+
+def test_a_slurm_task_keeps_to_its_cpus_where_slurm_does_not_bind_them(monkeypatch):
+    """TaskPlugin=task/none leaves the whole machine in a task's affinity mask: two tasks on one node
+    each ran a thread per core (a new user's trial: epochs 8-15x slower than alone)."""
+    import os
+
+    from freeze.pipeline.runs import cores_allowed
+
+    mask = len(os.sched_getaffinity(0))
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "1")
+    assert cores_allowed() == 1
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", str(mask + 8))  # never more than the mask
+    assert cores_allowed() == mask
+    monkeypatch.delenv("SLURM_CPUS_PER_TASK")
+    assert cores_allowed() == mask
+
+
+def test_a_run_refused_in_its_task_is_summed_up_by_its_one_line(tmp_path):
+    """A run refused before it started (no CIFAR-10 offline) leaves nothing in its run directory:
+    the driver names the task's own error line instead of 'ended with the run absent'."""
+    from freeze.pipeline.sweep import SweepSummary
+    from freeze.pipeline.sweep.executors import record_outcome
+
+    (spec,) = _specs(tmp_path, {"run.seed": [0]})
+    log = tmp_path / "0.log"
+    log.write_text("== array task 0\nerror: could not download cifar-10 into data (no network)\n")
+    summary = SweepSummary()
+    record_outcome(summary, spec, False, log)
+    assert summary.failed == [(spec.name, f"could not download cifar-10 into data (no network) (log: {log})")]
+
+
+def test_sweep_overrides_on_the_command_line_apply_to_every_run_and_owned_keys_are_refused(tmp_path, capsys):
+    from freeze.pipeline.sweep.cli import main
+
+    sweep = tmp_path / "s.toml"
+    sweep.write_text(f'[sweep]\nbase = "{SMOKE}"\nstudy = "ov"\n[grid]\n"run.seed" = [0, 1]\n')
+    assert main(["--sweep", str(sweep), "--dry-run", "dist.nproc=1"]) == 0
+    for override, says in (
+        ("run.seed=3", "override 'run.seed=3': its grid varies it"),
+        ("run.out_dir=x", "override 'run.out_dir=x': the sweep sets it for every run; accepted: any other "),
+        ("dist.nproc=many", "dist.nproc"),
+    ):
+        assert main(["--sweep", str(sweep), "--dry-run", override]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and says in err, err

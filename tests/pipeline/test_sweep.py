@@ -75,7 +75,7 @@ def test_rerun_skips_complete_and_resumes_interrupted(swept):
     assert out.rstrip().splitlines()[-1] == f"report: python -m report {runs}"
     # whole-sweep eta after each run, from the runs trained start to end here (the resumed one is no sample)
     assert "eta: 2 of 4 runs done; time left known after the first run trained here" in out
-    assert "eta: 3 of 4 runs done; about " in out and "(1 runs x " in out and "eta: all 4 runs done" in out
+    assert "eta: 3 of 4 runs done; about " in out and "(1 run x " in out and "eta: all 4 runs done" in out
     for name in ("none_seed=0", "none_seed=1", "static-k=3_seed=0", "static-k=3_seed=1"):
         manifest = json.loads((runs / name / "manifest.json").read_text())
         assert manifest["status"] == "complete", name

@@ -46,7 +46,11 @@ def partitions() -> tuple[list[str], str | None]:
     """The partitions this user can submit to, and the default one (sinfo marks it with *)."""
     done = _run(["sinfo", "-h", "-o", "%P"])
     if done.returncode != 0:
-        raise SlurmError(f"sinfo failed: {done.stderr.strip() or done.stdout.strip()}")
+        said = (done.stderr.strip() or done.stdout.strip()).splitlines()
+        raise SlurmError(
+            f"sinfo cannot reach the cluster ({said[-1].strip() if said else f'exit code {done.returncode}'}): "
+            "is this a login node, the cluster's module loaded, SLURM_CONF set?"
+        )
     names, default = [], None
     for line in done.stdout.split():
         name = line.rstrip("*")

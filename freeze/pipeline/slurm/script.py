@@ -99,7 +99,8 @@ def sbatch_script(
         f"# {options.max_requeues} times: a life too short for one epoch would otherwise requeue for ever.",
         "requeue() {",
         f'  if [ "${{SLURM_RESTART_COUNT:-0}}" -lt {options.max_requeues} ]; then',
-        '    echo "== time limit near: requeueing"; scontrol requeue "$SLURM_JOB_ID"',
+        # this task only: an array's first task has the array's own job id, which names every task
+        '    echo "== time limit near: requeueing"; scontrol requeue "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"',
         "  else",
         f'    echo "== time limit near: not requeued, {options.max_requeues} restarts already (max_requeues)"',
         "  fi",

@@ -1,7 +1,10 @@
-"""A grid of runs (policies x parameters x seeds x worker counts x any config key), one after another.
+"""A grid of runs (policies x parameters x seeds x worker counts x any config key): one after another
+here, side by side (--executor local), or as a SLURM job array (--executor slurm).
 
     python -m experiments.sweep --sweep experiments/configs/sweep_smoke.toml --dry-run  # list the runs
     python -m experiments.sweep --sweep experiments/configs/sweep_smoke.toml            # run them
+    python -m experiments.sweep --sweep S.toml dist.nproc=1                             # an override for every run
+    python -m experiments.sweep --sweep S.toml --executor slurm --slurm partition=gpu,time=1:00:00
 
 Sweep file (docs/experiments.md, "Sweeps"; a learnable ablation to copy: "Your own ablation",
 experiments/configs/sweep_ablation.toml; sweep_smoke.toml below is a pipeline check only):
@@ -25,9 +28,13 @@ and the sweep goes on; the summary says what ran, what was skipped and what fail
 each run's lock while it runs it (:mod:`freeze.pipeline.run_lock`): a run another process writes
 (a second sweep on the same study) is left to it and reported as busy, with that process's pid and
 host; two sweeps of one study thus share its runs, each run trained once. The exit code is 0 only
+when every run is complete. On SLURM and side by side: docs/study.md, "Submit it".
 
 The package: :mod:`.grid` (the sweep file, expanded and checked), :mod:`.runner` (runs one after
-another on this machine), :mod:`.cli` (the command).
+another on this machine), :mod:`.executors` and :mod:`.executor_args` (where runs go: here, side by
+side in :mod:`.local_executor`, on SLURM in :mod:`.slurm_executor`), :mod:`.stage` (a stage's folder
+its tasks read), :mod:`.task` (one array task), :mod:`.nodes` (a run over several nodes),
+:mod:`.timing` (a measured epoch against a time limit), :mod:`.cli` (the command).
 """
 
 from freeze.pipeline.sweep.grid import (

@@ -12,6 +12,20 @@ from freeze.pipeline.sweep.executor_args import add_executor_arguments, executor
 from freeze.pipeline.sweep.grid import SweepError, dry_run_lines, expand, read_sweep
 from freeze.pipeline.sweep.runner import INTERRUPTED_EXIT_CODE, INTERRUPTED_MESSAGE
 
+# Keys a sweep sets for every run itself: an override would be overwritten, so it is refused.
+SWEEP_OWNED_KEYS = ("run.study", "run.name", "run.group", "run.out_dir")
+
+
+def check_command_line_overrides(overrides: list[str], grid: dict) -> None:
+    """SweepError (one line) for a command-line override of a key the sweep sets itself or varies in
+    its grid (it would be overwritten run by run, silently)."""
+    for override in overrides:
+        key = override.split("=", 1)[0].strip()
+        if key in SWEEP_OWNED_KEYS or key in grid:
+            where = "its grid varies it" if key in grid else "the sweep sets it for every run"
+            hint = "; choose where runs go with --out-dir" if key == "run.out_dir" else ""
+            raise SweepError(f"override {override!r}: {where}; accepted: any other section.key=value{hint}")
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
@@ -22,13 +36,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sweep", required=True, help="sweep TOML file")
     parser.add_argument("--out-dir", default=None, help="override run.out_dir for every run")
     parser.add_argument("--dry-run", action="store_true", help="list the runs and exit")
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="section.key=value",
+        help="applied to every run after the sweep file's overrides, e.g. dist.nproc=1 (workers per node; "
+        "train.batch_size is per worker, so this changes the global batch)",
+    )
     add_executor_arguments(parser)
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
     try:
         executor = executor_from_args(args)
         sweep = read_sweep(args.sweep)
+        check_command_line_overrides(args.overrides, sweep["grid"])
+        overrides = [*sweep["overrides"], *args.overrides]
         try:
-            specs = expand(sweep["base"], sweep["study"], sweep["grid"], sweep["overrides"], args.out_dir)
+            specs = expand(sweep["base"], sweep["study"], sweep["grid"], overrides, args.out_dir)
         except SweepError as e:  # a grid or override key of the sweep file (the base file names itself)
             raise SweepError(f"sweep file {args.sweep}: {e}") from None
         if not args.dry_run:  # a dry run lists names for other machines: this one's hardware is moot

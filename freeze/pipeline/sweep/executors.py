@@ -8,6 +8,7 @@ runs write themselves; the scheduler's own records only say whether a task is st
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Protocol
 
@@ -34,9 +35,28 @@ def status_of(spec: RunSpec) -> str:
         return "failed"
 
 
-def record_outcome(summary: SweepSummary, spec: RunSpec, complete_before: bool, log_path: Path | None = None) -> None:
+def last_error_line(log_path: Path | None) -> str | None:
+    """The last ``error: ...`` line a task wrote to its log (a run refused before it started writes
+    its one line there and nothing in its run directory), without the prefix."""
+    if log_path is None or not log_path.is_file():
+        return None
+    found = None
+    with contextlib.suppress(OSError):
+        for line in log_path.read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.startswith("error: "):
+                found = line.removeprefix("error: ").strip()
+    return found
+
+
+def record_outcome(
+    summary: SweepSummary,
+    spec: RunSpec,
+    complete_before: bool,
+    log_path: Path | None = None,
+    resumed: bool = False,
+) -> None:
     """Record in ``summary`` how ``spec``'s run ended, from its run directory (``log_path``: its task's
-    log, named beside an error)."""
+    log, named beside an error; ``resumed``: it had progress when its task started)."""
     run = RunDir(spec.config.run_dir())
     try:
         status = run.status()
@@ -44,8 +64,12 @@ def record_outcome(summary: SweepSummary, spec: RunSpec, complete_before: bool, 
     except RunError as e:
         status, error = "failed", str(e)
     where = f" (log: {log_path})" if log_path is not None else ""
+    if status in ("complete", "failed") and not complete_before and resumed:
+        summary.resumed.append(spec.name)
     if status == "complete":
         (summary.skipped if complete_before else summary.ran).append(spec.name)
+    elif status == "absent" and last_error_line(log_path):  # refused before it started: its one line
+        summary.failed.append((spec.name, f"{last_error_line(log_path)}{where}"))
     elif status == "failed":
         summary.ran.append(spec.name)
         summary.failed.append((spec.name, f"{error or 'failed'}{where}"))

@@ -136,7 +136,7 @@ class LocalExecutor:
                     del running[index]
                     free.append(slot)
                     mark_abandoned(specs[index], stage.log_path(index))
-                    record_outcome(summary, specs[index], False, stage.log_path(index))
+                    record_outcome(summary, specs[index], False, stage.log_path(index), resumed=not fresh)
                     wall_s = time.perf_counter() - start_s
                     complete = status_of(specs[index]) == "complete"
                     log(

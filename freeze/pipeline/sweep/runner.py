@@ -213,7 +213,8 @@ class WorkEta:
         mean_s = sum(self.fresh_run_wall_s) / len(self.fresh_run_wall_s)
         return (
             f"eta: {self.runs_done} of {self.runs_total} runs done; about {_duration(left * mean_s / self.runs_at_once)} "
-            f"left ({left} runs x {mean_s:.0f} s, the mean of the {len(self.fresh_run_wall_s)} trained here"
+            f"left ({left} run{'' if left == 1 else 's'} x {mean_s:.0f} s, the mean of the "
+            f"{len(self.fresh_run_wall_s)} trained here"
             + (f", {self.runs_at_once} at once)" if self.runs_at_once > 1 else ")")
         )
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from freeze.pipeline.config import ConfigError
+from freeze.pipeline.runs import RunDir
 from freeze.pipeline.slurm import SlurmError, SlurmOptions
 from freeze.pipeline.slurm import client as slurm
 from freeze.pipeline.slurm.options import STARTUP_S
@@ -91,6 +92,7 @@ class SlurmExecutor:
             stage.write(specs, nodes=self.options.nodes)
             complete_before = {i for i, s in enumerate(specs) if status_of(s) == "complete"}
             todo = [i for i in range(len(specs)) if i not in complete_before]
+            had_progress = {i for i in todo if RunDir(specs[i].config.run_dir()).has_progress()}
             if self.emit_only:
                 path = self._script(stage, specs, todo or list(range(len(specs))))
                 log(f"wrote {path} ({len(todo)} of {len(specs)} runs to do); submit it with: sbatch {path}")
@@ -112,7 +114,7 @@ class SlurmExecutor:
         for i, spec in enumerate(specs):
             if i not in complete_before:
                 mark_abandoned(spec, stage.log_path(i))
-            record_outcome(summary, spec, i in complete_before, stage.log_path(i))
+            record_outcome(summary, spec, i in complete_before, stage.log_path(i), resumed=i in had_progress)
         if eta is not None:
             for _ in specs:
                 eta.record(None)

@@ -113,8 +113,7 @@ def main(argv: list[str] | None = None) -> int:
             if allocation is None or allocation.node_rank == 0:
                 return _lead(spec, tag, allocation)
             return _follow(spec, allocation)
-    except KeyboardInterrupt:
-        print(f"{tag}: interrupted; its completed epochs are kept and it resumes when the task runs again", flush=True)
+    except KeyboardInterrupt:  # the run said "interrupted (its completed epochs are kept)" itself, if it ran
         return INTERRUPTED_EXIT_CODE
     except TimeoutError as e:
         print(f"error: {e}", file=sys.stderr)
