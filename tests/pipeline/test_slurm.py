@@ -50,6 +50,7 @@ def test_options_from_the_command_line_keep_a_node_lists_commas():
         (["time=2h"], "slurm option time='2h': accepted forms are MM, MM:SS, HH:MM:SS"),
         (["gpu"], "slurm option 'gpu': expected key=value"),
         (["partition="], "slurm option partition: empty value"),
+        (["mem=lots"], "slurm option mem='lots': accepted: a size per node such as 64G"),
         (["poll_s=nan"], "slurm option poll_s=nan: expected a number of seconds > 0"),
         (["exclusive=yes"], "slurm option exclusive='yes': accepted: true, false"),
         # the warning would come at once: the task would requeue itself for ever

@@ -114,6 +114,8 @@ def _typed(key: str, text: str) -> object:
         raise SlurmOptionsError(f"slurm option {key}: empty value")
     if key == "time":
         parse_time_s(text)
+    if key == "mem" and not re.fullmatch(r"\d+[KMGT]?", text):
+        raise SlurmOptionsError(f"slurm option mem={text!r}: accepted: a size per node such as 64G, 512M or 0 (all)")
     return text
 
 

@@ -145,7 +145,19 @@ class SlurmExecutor:
         if not missing:
             return
         path = self._script(stage, specs, missing)
-        job_id = slurm.submit(path)
+        nproc = max(s.config.dist.nproc for s in specs)
+        try:
+            job_id = slurm.submit(path)
+        except SlurmError as e:  # say where the request's numbers come from
+            gpus = (
+                f", --gpus-per-node={nproc * self.options.gpus_per_worker} (x gpus_per_worker)"
+                if self.options.gpus_per_worker
+                else ""
+            )
+            raise SlurmError(
+                f"{e} (it asked --nodes={self.options.nodes} (--slurm nodes), --cpus-per-task="
+                f"{nproc * self.options.cpus_per_worker} (dist.nproc={nproc} x cpus_per_worker){gpus})"
+            ) from None
         stage.record_job(job_id, missing)
         self.submitted.append(job_id)
         runs = f"{len(missing)} run{'' if len(missing) == 1 else 's'}"
