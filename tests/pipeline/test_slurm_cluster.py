@@ -204,6 +204,38 @@ def test_a_requeued_run_resumes_bit_equal_to_an_uninterrupted_one(cluster, tmp_p
     assert _same_bits(_weights(study / "seed=0"), _weights(tmp_path / "straight" / "pre" / "seed=0"))
 
 
+def test_the_time_limits_warning_requeues_only_its_own_task(cluster, tmp_path):
+    """SLURM's USR1 warning before the time limit (--signal=B:USR1@S) to one array task: the script
+    requeues that task, which resumes its run, and no other (the array's first task has the array's
+    own job id: requeueing by it once requeued every task of a new user's sweep)."""
+    sweep = _sweep_file(tmp_path, "warn", '"run.seed" = [0, 1]', ["train.epochs=8"])
+    args = ["-m", "freeze.pipeline.sweep", "--sweep", str(sweep), "--out-dir", str(tmp_path / "runs")]
+    driver = _start_driver(cluster, tmp_path, args)
+    try:
+        study = tmp_path / "runs" / "warn"
+        metrics = study / "seed=0" / "metrics.jsonl"
+        _wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 2, "two epochs", poll_s=0.05)
+        name, _ = _job_of(cluster, study)
+        (task0,) = [line.split()[0] for line in _queued(cluster, name) if line.split()[0].endswith("_0")]
+        env = _env(cluster, tmp_path)
+        assert subprocess.run(["scancel", "--batch", "--signal=USR1", task0], env=env).returncode == 0
+        _wait_for(
+            lambda: any(line.startswith(task0) and "PENDING" in line for line in _queued(cluster, name)),
+            "task 0 pending",
+        )
+        subprocess.run(["scontrol", "update", f"jobid={task0}", "StartTime=now"], env=env, check=True)
+        assert driver.wait(timeout=DEADLINE_S) == 0, (tmp_path / "driver.log").read_text()[-3000:]
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    (stage,) = (study / ".scheduler").iterdir()
+    first, second = ((stage / "logs" / f"{i}.log").read_text() for i in (0, 1))
+    assert "== time limit near: requeueing" in first and "(restart 1)" in first and "seed=0: resuming" in first
+    assert "(restart 1)" not in second and "requeueing" not in second
+    assert "sweep: 2 ran (1 of them resumed)" in (tmp_path / "driver.log").read_text()
+    assert [m["epoch"] for m in _metrics(study / "seed=0")] == list(range(8))
+
+
 def _pid_training(config: Path) -> int | None:
     for proc in Path("/proc").iterdir():
         try:

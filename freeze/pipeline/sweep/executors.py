@@ -48,6 +48,14 @@ def last_error_line(log_path: Path | None) -> str | None:
     return found
 
 
+def _resumed_in_log(log_path: Path | None, name: str) -> bool:
+    if log_path is None or not log_path.is_file():
+        return False
+    with contextlib.suppress(OSError):
+        return f"] {name}: resuming" in log_path.read_text(encoding="utf-8", errors="replace")
+    return False
+
+
 def record_outcome(
     summary: SweepSummary,
     spec: RunSpec,
@@ -64,6 +72,7 @@ def record_outcome(
     except RunError as e:
         status, error = "failed", str(e)
     where = f" (log: {log_path})" if log_path is not None else ""
+    resumed = resumed or _resumed_in_log(log_path, spec.name)  # a requeued task's later life resumed it
     if status in ("complete", "failed") and not complete_before and resumed:
         summary.resumed.append(spec.name)
     if status == "complete":
