@@ -117,14 +117,18 @@ def _config(root: Path, nodes: tuple[str, str], ports: list[int]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _start_munged() -> None:
+def _start_munged(root: Path) -> None:
+    """Start munged unless one runs (one per machine: its socket is /run/munge's); when this call
+    started it, its pid goes beside the cluster's so that :func:`down` stops it too."""
     if subprocess.run(["pgrep", "-x", "munged"], capture_output=True).returncode == 0:
-        return  # one per machine: its socket is /run/munge's
+        return
     Path("/run/munge").mkdir(parents=True, exist_ok=True)
     shutil.chown("/run/munge", "munge", "munge")
     done = subprocess.run(["runuser", "-u", "munge", "--", "/usr/sbin/munged"], capture_output=True, text=True)
     if done.returncode != 0:
         raise ClusterUnavailable(f"munged did not start: {done.stderr.strip()}")
+    with contextlib.suppress(OSError):
+        (root / "munged.pid").write_text(Path("/run/munge/munged.pid").read_text())
 
 
 def _idle_nodes(env: dict[str, str]) -> set[str]:
@@ -145,7 +149,7 @@ def up(root: Path) -> LocalSlurm:
         (root / sub).mkdir(parents=True, exist_ok=True)
     cluster = LocalSlurm(root, nodes)
     cluster.conf.write_text(_config(root, nodes, _free_ports(3)), encoding="utf-8")
-    _start_munged()
+    _start_munged(root)
     env = {**os.environ, **cluster.env()}
     for argv in (["/usr/sbin/slurmctld", "-f", str(cluster.conf)],) + tuple(
         ["/usr/sbin/slurmd", "-f", str(cluster.conf), "-N", n] for n in nodes
