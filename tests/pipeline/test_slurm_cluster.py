@@ -274,7 +274,7 @@ def test_a_study_goes_through_its_stages_on_slurm_and_reports(cluster, tmp_path)
     tiny = ", ".join(f'"{o}"' for o in [*TINY, "train.epochs=1", f"data.root={tmp_path / 'data'}"])
     study = tmp_path / "study.toml"
     study.write_text(
-        f'[study]\nname = "tiny"\nfinetune = "{SMOKE}"\nseeds = [0, 1]\norder_seed = 7\nmargin_points = 100\noverrides = [{tiny}]\n'
+        f'[study]\nname = "tiny"\nfinetune = "{SMOKE}"\nseeds = [0]\norder_seed = 7\nmargin_points = 100\noverrides = [{tiny}]\n'
         '[settings]\nsingle = ["dist.nproc=1"]\n[arms]\nnone = ["freeze.policy=none"]\nautofreeze = []\n'
         '[search]\nsetting = "single"\nseeds = [100]\nqualify_margin_points = 100\n'
         '[search.candidates]\nautofreeze = ["static:k=2", "static:k=4"]\n'

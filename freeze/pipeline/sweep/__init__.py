@@ -3,8 +3,8 @@ here, side by side (--executor local), or as a SLURM job array (--executor slurm
 
     python -m experiments.sweep --sweep experiments/configs/sweep_smoke.toml --dry-run  # list the runs
     python -m experiments.sweep --sweep experiments/configs/sweep_smoke.toml            # run them
-    python -m experiments.sweep --sweep S.toml dist.nproc=1                             # an override for every run
-    python -m experiments.sweep --sweep S.toml --executor slurm --slurm partition=gpu,time=1:00:00
+    python -m experiments.sweep --sweep experiments/configs/sweep_ablation.toml dist.nproc=1   # an override for every run
+    python -m experiments.sweep --sweep experiments/configs/sweep_ablation.toml --executor slurm --slurm partition=gpu,time=1:00:00
 
 Sweep file (docs/experiments.md, "Sweeps"; a learnable ablation to copy: "Your own ablation",
 experiments/configs/sweep_ablation.toml; sweep_smoke.toml below is a pipeline check only):
