@@ -177,20 +177,34 @@ def _start_driver(cluster, tmp_path: Path, args: list[str]) -> subprocess.Popen:
         )
 
 
+def _wait_for_epochs(run_dir: Path, epochs: int) -> None:
+    metrics = run_dir / "metrics.jsonl"
+    _wait_for(
+        lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= epochs, f"{epochs} epochs", poll_s=0.05
+    )
+
+
+def _start_requeued_now(cluster, env: dict[str, str], name: str, job: str) -> None:
+    """Once the requeued ``job`` (a task of the jobs named ``name``) is pending again, start it at
+    once: SLURM holds a requeued job about 2 minutes (BeginTime), which a test need not wait out."""
+    _wait_for(
+        lambda: any(line.startswith(job) and "PENDING" in line for line in _queued(cluster, name)),
+        f"{job} pending again",
+    )
+    subprocess.run(["scontrol", "update", f"jobid={job}", "StartTime=now"], env=env, check=True)
+
+
 def test_a_requeued_run_resumes_bit_equal_to_an_uninterrupted_one(cluster, tmp_path):
     sweep = _sweep_file(tmp_path, "pre", '"run.seed" = [0]', ["train.epochs=8", "freeze.policy=geometric:alpha=0.5"])
     args = ["-m", "freeze.pipeline.sweep", "--sweep", str(sweep), "--out-dir", str(tmp_path / "runs")]
     driver = _start_driver(cluster, tmp_path, args)
     try:
         study = tmp_path / "runs" / "pre"
-        metrics = study / "seed=0" / "metrics.jsonl"
-        _wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 2, "two epochs", poll_s=0.05)
+        _wait_for_epochs(study / "seed=0", 2)
         name, job = _job_of(cluster, study)
         env = _env(cluster, tmp_path)
         assert subprocess.run(["scontrol", "requeue", job], env=env).returncode == 0  # what preemption does
-        # SLURM holds a requeued job ~2 minutes (BeginTime); a test need not wait for it
-        _wait_for(lambda: any("PENDING" in line for line in _queued(cluster, name)), "the requeued task pending")
-        subprocess.run(["scontrol", "update", f"jobid={job}", "StartTime=now"], env=env, check=True)
+        _start_requeued_now(cluster, env, name, job)
         assert driver.wait(timeout=DEADLINE_S) == 0, (tmp_path / "driver.log").read_text()[-3000:]
     finally:
         if driver.poll() is None:
@@ -213,17 +227,12 @@ def test_the_time_limits_warning_requeues_only_its_own_task(cluster, tmp_path):
     driver = _start_driver(cluster, tmp_path, args)
     try:
         study = tmp_path / "runs" / "warn"
-        metrics = study / "seed=0" / "metrics.jsonl"
-        _wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 2, "two epochs", poll_s=0.05)
+        _wait_for_epochs(study / "seed=0", 2)
         name, _ = _job_of(cluster, study)
         (task0,) = [line.split()[0] for line in _queued(cluster, name) if line.split()[0].endswith("_0")]
         env = _env(cluster, tmp_path)
         assert subprocess.run(["scancel", "--batch", "--signal=USR1", task0], env=env).returncode == 0
-        _wait_for(
-            lambda: any(line.startswith(task0) and "PENDING" in line for line in _queued(cluster, name)),
-            "task 0 pending",
-        )
-        subprocess.run(["scontrol", "update", f"jobid={task0}", "StartTime=now"], env=env, check=True)
+        _start_requeued_now(cluster, env, name, task0)
         assert driver.wait(timeout=DEADLINE_S) == 0, (tmp_path / "driver.log").read_text()[-3000:]
     finally:
         if driver.poll() is None:

@@ -330,23 +330,12 @@ def ratio_ci95(ratios: list[float]) -> tuple[float, float, float]:
 
 def paired_speedups(members: list[Run], base: list[Run]) -> list[float]:
     """Baseline train time / arm train time for each seed present on both sides, timed on the same
-    kind of hardware (:meth:`Run.timed_like`; :func:`mixed_timing_pairs` names the others)."""
+    kind of hardware (:meth:`Run.timed_like`; the paired table names the others)."""
     base_by_seed = {r.seed: r for r in base}
     return [
         train_wall_s(base_by_seed[r.seed]) / train_wall_s(r)
         for r in members
         if r.seed in base_by_seed and r.timed_like(base_by_seed[r.seed])
-    ]
-
-
-def mixed_timing_pairs(members: list[Run], base: list[Run]) -> list[str]:
-    """The seeds whose arm and baseline runs were timed on different kinds of hardware (left out of
-    the speedups), each as 'seed S (arm kind / baseline kind)'."""
-    base_by_seed = {r.seed: r for r in base}
-    return [
-        f"seed {r.seed} ({r.timing_kind} / {base_by_seed[r.seed].timing_kind})"
-        for r in members
-        if r.seed in base_by_seed and not r.timed_like(base_by_seed[r.seed])
     ]
 
 

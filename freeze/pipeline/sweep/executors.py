@@ -35,25 +35,23 @@ def status_of(spec: RunSpec) -> str:
         return "failed"
 
 
-def last_error_line(log_path: Path | None) -> str | None:
-    """The last ``error: ...`` line a task wrote to its log (a run refused before it started writes
-    its one line there and nothing in its run directory), without the prefix."""
-    if log_path is None or not log_path.is_file():
-        return None
+def _log_text(log_path: Path | None) -> str:
+    """A task's log ("" when there is none yet), read once per outcome."""
+    if log_path is None:
+        return ""
+    with contextlib.suppress(OSError):
+        return log_path.read_text(encoding="utf-8", errors="replace")
+    return ""
+
+
+def last_error_line(log_text: str) -> str | None:
+    """The last ``error: ...`` line of a task's log (a run refused before it started writes its one
+    line there and nothing in its run directory), without the prefix."""
     found = None
-    with contextlib.suppress(OSError):
-        for line in log_path.read_text(encoding="utf-8", errors="replace").splitlines():
-            if line.startswith("error: "):
-                found = line.removeprefix("error: ").strip()
+    for line in log_text.splitlines():
+        if line.startswith("error: "):
+            found = line.removeprefix("error: ").strip()
     return found
-
-
-def _resumed_in_log(log_path: Path | None, name: str) -> bool:
-    if log_path is None or not log_path.is_file():
-        return False
-    with contextlib.suppress(OSError):
-        return f"] {name}: resuming" in log_path.read_text(encoding="utf-8", errors="replace")
-    return False
 
 
 def record_outcome(
@@ -72,13 +70,15 @@ def record_outcome(
     except RunError as e:
         status, error = "failed", str(e)
     where = f" (log: {log_path})" if log_path is not None else ""
-    resumed = resumed or _resumed_in_log(log_path, spec.name)  # a requeued task's later life resumed it
+    log_text = _log_text(log_path)
+    resumed = resumed or f"] {spec.name}: resuming" in log_text  # a requeued task's later life resumed it
+    refused = last_error_line(log_text)
     if status in ("complete", "failed") and not complete_before and resumed:
         summary.resumed.append(spec.name)
     if status == "complete":
         (summary.skipped if complete_before else summary.ran).append(spec.name)
-    elif status == "absent" and last_error_line(log_path):  # refused before it started: its one line
-        summary.failed.append((spec.name, f"{last_error_line(log_path)}{where}"))
+    elif status == "absent" and refused:  # refused before it started: its one line
+        summary.failed.append((spec.name, f"{refused}{where}"))
     elif status == "failed":
         summary.ran.append(spec.name)
         summary.failed.append((spec.name, f"{error or 'failed'}{where}"))

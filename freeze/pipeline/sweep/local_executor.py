@@ -16,6 +16,7 @@ import sys
 import time
 from dataclasses import dataclass
 
+from freeze.pipeline.cluster.launch import sigterm_as_interrupt
 from freeze.pipeline.config import ConfigError
 from freeze.pipeline.distributed import device_type
 from freeze.pipeline.lifetime import launcher_env
@@ -71,10 +72,6 @@ def plan_slots(parallel: int, cores: list[int], gpus: list[str], gpus_per_run: i
     ]
 
 
-def _sigterm_as_interrupt(signum, frame):
-    raise KeyboardInterrupt
-
-
 @dataclass(frozen=True)
 class LocalExecutor:
     parallel: int
@@ -108,11 +105,8 @@ class LocalExecutor:
             log(f"{len(complete_before)} of {len(specs)} runs complete already, skipped")
         waiting = [i for i in range(len(specs)) if i not in complete_before]
         # SIGTERM (a scheduler, `kill`) stops the runs as Ctrl-C does: their completed epochs kept
-        saved = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
-        try:
+        with sigterm_as_interrupt():
             self._run_waiting(stage, specs, waiting, summary, eta, log)
-        finally:
-            signal.signal(signal.SIGTERM, saved)
         return summary
 
     def _run_waiting(self, stage: Stage, specs, waiting: list[int], summary, eta: WorkEta, log) -> None:

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass, field
+from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 from freeze.pipeline.config import ConfigError
@@ -39,7 +40,6 @@ class SlurmExecutor:
 
     options: SlurmOptions
     emit_only: bool = False
-    submitted: list[str] = field(default_factory=list)  # job ids, in order
 
     def check(self, specs: list[RunSpec]) -> None:
         for spec in specs:
@@ -52,10 +52,8 @@ class SlurmExecutor:
             limit = slurm.max_array_size()
         except SlurmError as e:
             raise SweepError(str(e)) from None
-        by_folder: dict[Path, int] = {}
-        for spec in specs:  # a stage's runs share a folder: its size bounds the stage's
-            by_folder[spec.config.run_dir().parent] = by_folder.get(spec.config.run_dir().parent, 0) + 1
-        for folder, count in by_folder.items():
+        # a stage's runs share a folder: its size bounds the stage's
+        for folder, count in Counter(spec.config.run_dir().parent for spec in specs).items():
             if count > limit:
                 raise SweepError(
                     f"{folder}: {count} runs in one stage, and this cluster's MaxArraySize is {limit}: "
@@ -159,7 +157,6 @@ class SlurmExecutor:
                 f"{nproc * self.options.cpus_per_worker} (dist.nproc={nproc} x cpus_per_worker){gpus})"
             ) from None
         stage.record_job(job_id, missing)
-        self.submitted.append(job_id)
         runs = f"{len(missing)} run{'' if len(missing) == 1 else 's'}"
         log(f"submitted job {job_id}: {runs} as array tasks ({path}; logs in {stage.logs})")
 

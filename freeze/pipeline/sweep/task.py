@@ -10,17 +10,18 @@ their completed epochs kept. On a run over several nodes the other nodes follow 
 
 Exit codes: 0 the run is complete (now or before); 130 interrupted (SLURM requeues or you resubmit:
 it resumes); 1 the run failed (its manifest says why); 2 refused before anything ran (one line); 3
-another process still writes the run after :data:`runner.BUSY_WAIT_S` (a second submission of it).
+another process still writes the run after :attr:`runner.TaskMode.busy_wait_s` (a second submission
+of it).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import sys
 from pathlib import Path
 
+from freeze.pipeline.cluster.launch import sigterm_as_interrupt
 from freeze.pipeline.failures import INTERRUPTED_EXIT_CODE
 from freeze.pipeline.lifetime import die_with_parent
 from freeze.pipeline.run import exported, launch_local
@@ -39,13 +40,6 @@ BUSY_EXIT_CODE = 3  # the run stayed held by another writer (a second submission
 # How long a node waits for node 0's decision: as long as the job lives (srun's --kill-on-bad-exit
 # ends this node's task when node 0's fails; SLURM ends the job at its limit).
 FOLLOW_DEADLINE_S = 7 * 86400.0
-
-
-def _sigterm_as_interrupt() -> None:
-    def handler(signum, frame):
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, handler)
 
 
 def _allocation_for(nodes: int) -> Allocation | None:
@@ -98,7 +92,11 @@ def main(argv: list[str] | None = None) -> int:
     if len(argv) != 2 or not argv[1].lstrip("-").isdigit():
         print("usage: python -m freeze.pipeline.sweep.task <stage dir> <index>", file=sys.stderr)
         return 2
-    _sigterm_as_interrupt()
+    with sigterm_as_interrupt():  # SLURM's SIGTERM (requeue, preemption, time limit) stops like Ctrl-C
+        return _task(argv)
+
+
+def _task(argv: list[str]) -> int:
     try:
         stage = Stage(Path(argv[0]))
         index = int(argv[1])

@@ -11,12 +11,10 @@ training, workers), whatever their policy, seed and name: the unfrozen epochs bo
 
 from __future__ import annotations
 
-import json
 import tomllib
-from pathlib import Path
 
 from freeze.pipeline.runs import RunDir, RunError
-from freeze.pipeline.schema import CONFIG_FILE, METRICS_FILE
+from freeze.pipeline.schema import CONFIG_FILE
 from freeze.pipeline.sweep.grid import RunSpec
 
 # The config sections an epoch's length does not depend on (run names, the freeze policy: an
@@ -48,19 +46,17 @@ def longest_epoch_s(specs: list[RunSpec]) -> tuple[float, str] | None:
                 continue
             if shape not in shapes:
                 continue
-            for epoch_s in _epoch_walls(run_dir / METRICS_FILE):
+            for epoch_s in _epoch_walls(RunDir(run_dir)):
                 if best is None or epoch_s > best[0]:
                     best = (epoch_s, str(run_dir))
     return best
 
 
-def _epoch_walls(path: Path) -> list[float]:
-    walls = []
+def _epoch_walls(run: RunDir) -> list[float]:
+    """The run's epoch_wall_s values, from its metrics as every reader takes them (a torn last line
+    dropped); none when the file cannot be read."""
     try:
-        for line in path.read_text(encoding="utf-8").splitlines():
-            record = json.loads(line)
-            if isinstance(record, dict) and isinstance(record.get("epoch_wall_s"), int | float):
-                walls.append(float(record["epoch_wall_s"]))
-    except (OSError, ValueError):
+        records = run.read_metrics()
+    except (RunError, OSError):
         return []
-    return walls
+    return [float(r["epoch_wall_s"]) for r in records if isinstance(r.get("epoch_wall_s"), int | float)]
