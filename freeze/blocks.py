@@ -114,6 +114,19 @@ def check_partition(model: nn.Module, blocks: Sequence[Block]) -> None:
             )
 
 
+def block_param_groups(blocks: Sequence[Block], **options: object) -> list[dict]:
+    """One optimizer parameter group per block, in block order: what a policy that sets each
+    block's learning rate (``at:anneal=W``, ``freezeout:anneal=true``) needs, e.g.
+    ``torch.optim.SGD(block_param_groups(blocks), lr=0.1, momentum=0.9)``.
+
+    Args:
+        blocks: the model's blocks, as given to the Freezer.
+        **options: group options every group gets (lr, weight_decay, ...); the optimizer's defaults
+            fill the rest.
+    """
+    return [{"params": list(block.params), **options} for block in blocks]
+
+
 def held_in_eval(blocks: Sequence[Block], frozen_mode: str) -> list[nn.Module]:
     """The modules of (frozen) ``blocks`` that run in eval under ``frozen_mode``."""
     return [

@@ -14,6 +14,7 @@ from freeze.freezer.records import (
     check_saved_freezer,
     check_saved_training_state,
 )
+from freeze.policies import parse_policy
 from tests.tiny_models import TinyNet, freezer_step
 
 
@@ -37,16 +38,23 @@ def _saved(block_names: list[str], policy_spec: str, **entries) -> dict:
 
 def test_a_saved_freezer_state_for_other_blocks_or_another_policy_is_refused_naming_both():
     saved = _saved(["stem", "block1", "head"], "static:k=1")
-    check_saved_freezer(saved, ["stem", "block1", "head"], "static:k=1")  # the same: accepted
+    check_saved_freezer(saved, ["stem", "block1", "head"], parse_policy("static:k=1"))  # the same: accepted
     with pytest.raises(
         ValueError, match=r"checkpoint blocks \['stem', 'block1', 'head'\] differ from this model's"
     ) as e:
-        check_saved_freezer(saved, ["stem", "head"], "static:k=1")
+        check_saved_freezer(saved, ["stem", "head"], parse_policy("static:k=1"))
     assert "['stem', 'head']" in str(e.value)
     with pytest.raises(ValueError, match="checkpoint policy 'static:k=1' differs from 'static:k=2'"):
-        check_saved_freezer(saved, ["stem", "block1", "head"], "static:k=2")
+        check_saved_freezer(saved, ["stem", "block1", "head"], parse_policy("static:k=2"))
     with pytest.raises(ValueError, match="checkpoint blocks"):  # blocks are checked first
-        check_saved_freezer(saved, ["head"], "none")
+        check_saved_freezer(saved, ["head"], parse_policy("none"))
+    # equal as policies, not as strings: a spec written before a parameter existed names the policy
+    # whose new parameter is at its default (issue 46's at:anneal)
+    check_saved_freezer(
+        _saved(["stem", "block1", "head"], "at:k=1,t=0.5"),
+        ["stem", "block1", "head"],
+        parse_policy("at:k=1,t=0.5,anneal=0"),
+    )
 
 
 def test_a_training_state_passes_only_when_it_has_an_optimizer_entry_iff_the_freezer_has_an_optimizer():

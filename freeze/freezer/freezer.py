@@ -33,6 +33,7 @@ from freeze.blocks import Block, check_partition
 from freeze.cache import ActivationCache, CacheConfig, CacheSource, make_cache
 from freeze.checks import as_int
 from freeze.freezer import steering
+from freeze.freezer.block_lr import BlockLR
 from freeze.freezer.clock import RunClock
 from freeze.freezer.dispatch import FreezerModule
 from freeze.freezer.engine import Engine
@@ -127,6 +128,9 @@ class Freezer:
         self.clock.check_policy(self.policy)
         self.pricing, self.probe = _checked_policy_inputs(self.policy, self.clock, len(blocks), pricing, probe)
         self.optimizer = optimizer
+        self._block_lr = BlockLR(self.policy, self.blocks, self.clock) if self.policy.sets_block_lr else None
+        if optimizer is not None:
+            self._attach_block_lr(optimizer)
         self.frozen_mode = frozen_mode
         self.process_group = process_group
         # Summing gradients over an interval reads and writes every trainable gradient each step
@@ -175,6 +179,8 @@ class Freezer:
         weights and requires_grad flags are left as they are."""
         self.engine.close()
         self._steering.remove()
+        if self._block_lr is not None:
+            self._block_lr.detach()
         steering.warn_if_no_epoch_ended(self.counters.steps - self._steps_at_start, self._epochs_ended, self.boundary)
 
     def train(self, mode: bool = True) -> Freezer:
@@ -224,6 +230,13 @@ class Freezer:
                 since the last call (the loss came from the bare model: nothing was all-reduced).
         """
         self.engine.check_synced_forward()
+        if self._block_lr is not None:
+            if self.optimizer is None:
+                raise RuntimeError(
+                    f"Freezer: policy '{self.policy.spec()}' sets each block's learning rate through the optimizer: "
+                    "pass optimizer= to the Freezer or call attach_optimizer(optimizer) before training"
+                )
+            self._block_lr.note_backward()
         if skipped:
             self.monitor.skip_step()
         else:
@@ -243,7 +256,19 @@ class Freezer:
         inner = unwrap_optimizer(optimizer)
         check_steps_model(inner, self.model)
         self.optimizer = inner
+        self._attach_block_lr(inner)
         drop_state(inner, (p for b in self.blocks[: self.boundary] for p in b.params))
+
+    def block_lr_scales(self) -> list[float]:
+        """The factor on each block's learning rate at the next optimizer step (1.0 everywhere
+        unless the policy anneals blocks before freezing them)."""
+        if self._block_lr is None:
+            return [1.0] * len(self.blocks)
+        return self._block_lr.scales_now()
+
+    def _attach_block_lr(self, optimizer: torch.optim.Optimizer) -> None:
+        if self._block_lr is not None:
+            self._block_lr.attach(unwrap_optimizer(optimizer), lambda: self.counters.steps)
 
     def after_step(self) -> bool:
         """Call after ``optimizer.step()`` when evaluating every ``interval_steps`` steps: the
@@ -356,7 +381,7 @@ class Freezer:
         self._restore(state)
 
     def _check_saved(self, state: dict) -> None:
-        check_saved_freezer(state, [b.name for b in self.blocks], self.policy.spec())
+        check_saved_freezer(state, [b.name for b in self.blocks], self.policy)
         check_saved_monitor(state["monitor"], self.blocks)
         self._check_saved_powersgd(state.get("powersgd"))
 

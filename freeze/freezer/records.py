@@ -13,6 +13,8 @@ from freeze.blocks import Block
 from freeze.checks import is_int
 from freeze.comm import CommCounter
 from freeze.monitor import IntervalStats
+from freeze.policies import Policy
+from freeze.policies.base import same_policy
 
 
 @dataclass
@@ -92,7 +94,7 @@ def _refuse(what: str) -> ValueError:
     return ValueError(f"Freezer.load_state_dict: {what}")
 
 
-def check_saved_freezer(state: dict, block_names: list[str], policy_spec: str) -> None:
+def check_saved_freezer(state: dict, block_names: list[str], policy: Policy) -> None:
     """Refuse a Freezer state saved for other blocks or another policy, one lacking an entry, or
     one whose boundary, epoch count, decisions or counters could not be applied; all before
     anything is loaded (a refusal halfway left the model or the boundary replaced)."""
@@ -107,10 +109,10 @@ def check_saved_freezer(state: dict, block_names: list[str], policy_spec: str) -
         raise ValueError(
             f"Freezer.load_state_dict: checkpoint blocks {state['block_names']} differ from this model's {block_names}"
         )
-    # A policy's parameters are its whole state (decisions are pure): equal specs, equal policies.
-    if state["policy_spec"] != policy_spec:
+    # A policy's parameters are its whole state (decisions are pure): equal policies, equal runs.
+    if not same_policy(state["policy_spec"], policy):
         raise ValueError(
-            f"Freezer.load_state_dict: checkpoint policy '{state['policy_spec']}' differs from '{policy_spec}'"
+            f"Freezer.load_state_dict: checkpoint policy '{state['policy_spec']}' differs from '{policy.spec()}'"
         )
     boundary, head = state["boundary"], len(block_names) - 1
     if not is_int(boundary) or not 0 <= boundary <= head:

@@ -8,15 +8,19 @@ loads into a fresh optimizer (a complaint users have about other freezing librar
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 from torch import nn
 
+from freeze.blocks import Block, block_param_groups
 
-def build_optimizer(model: nn.Module, cfg) -> torch.optim.Optimizer:
-    """``cfg``: OptimConfig (name, lr, momentum, nesterov, weight_decay, betas, eps)."""
+
+def build_optimizer(model: nn.Module, cfg, blocks: Sequence[Block] | None = None) -> torch.optim.Optimizer:
+    """``cfg``: OptimConfig (name, lr, momentum, nesterov, weight_decay, betas, eps); ``blocks``:
+    one parameter group per block (a policy that sets each block's learning rate), else one group."""
     # Weight decay on every parameter, as torch's default and the reference study do.
-    params = list(model.parameters())
+    params = block_param_groups(blocks) if blocks else list(model.parameters())
     if cfg.name == "sgd":
         return torch.optim.SGD(
             params,

@@ -40,6 +40,14 @@ def check_policy_inputs(config: Config, policy: Policy) -> None:
             "freezes with a cost-model profile of this machine; accepted: the path of one, made by "
             "`python -m experiments.profile_run --config <the run's config>`"
         )
+    schedule = config.schedule
+    if policy.assumes_cosine_run and (schedule.name != "cosine" or schedule.warmup_epochs or schedule.min_lr):
+        # its per-block factors are the ratio of each block's cosine to the run's (freeze.policies.rules)
+        raise ConfigError(
+            f"schedule: name={schedule.name}, warmup_epochs={schedule.warmup_epochs}, min_lr={schedule.min_lr}; "
+            f"freeze.policy={policy.spec()} anneals each block against the run's cosine to zero, as published; "
+            "accepted: schedule.name=cosine with warmup_epochs=0 and min_lr=0"
+        )
     if policy.uses_probe and not config.data.val_size:
         raise ConfigError(
             f"data.val_size: freeze.policy={policy.name} checks its freezes on held-out images; accepted: "

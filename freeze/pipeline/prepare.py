@@ -43,6 +43,7 @@ from freeze.pipeline.run_lock import RunLock
 from freeze.pipeline.runs import RunDir, RunError, environment_info, load_checkpoint, now_iso
 from freeze.pipeline.schema import Manifest
 from freeze.policies import Policy, PolicyError
+from freeze.policies.base import same_policy
 
 
 def load_data(cfg: Config, ctx: WorkerContext) -> DataSplit:
@@ -232,7 +233,8 @@ def build_training(
         )
     total_steps = steps_per_epoch * cfg.train.epochs
 
-    optimizer = build_optimizer(model, cfg.optim)
+    # A policy that sets each block's learning rate needs a parameter group per block (freeze.blocks).
+    optimizer = build_optimizer(model, cfg.optim, blocks if policy.sets_block_lr else None)
     scheduler = build_scheduler(optimizer, cfg.schedule, steps_per_epoch, total_steps, cfg.optim.lr)
     scaler = torch.amp.GradScaler("cuda", enabled=cfg.train.precision == "fp16")
     ddp_kwargs = {"bucket_cap_mb": cfg.freeze.bucket_cap_mb}
@@ -294,7 +296,7 @@ def _check_checkpoint(ckpt: object, t: Training, path: Path) -> None:
     if mismatch:
         raise RunError(f"checkpoint {path} is of another model ({mismatch}): {redo}")
     spec, own_spec = ckpt["freezer"].get("policy_spec"), t.freezer.policy.spec()
-    if spec != own_spec:
+    if not same_policy(spec, t.freezer.policy):
         raise RunError(
             f"checkpoint {path} was written under freeze.policy {spec!r}, this run uses {own_spec!r}: {redo}"
         )

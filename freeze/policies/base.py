@@ -102,6 +102,13 @@ class Policy(ABC):
     uses_descent: ClassVar[bool] = False  # decisions read IntervalStats.descent (the monitor tracks it)
     uses_probe: ClassVar[bool] = False  # may ask for the held-out loss (wants_probe); the Freezer needs probe=
 
+    @property
+    def sets_block_lr(self) -> bool:
+        """Whether :meth:`block_lr_scales` may return a factor other than 1 (the Freezer then scales
+        each block's optimizer group; it needs the optimizer, one group per block, and the run in steps).
+        A property, not a flag: ``at:anneal=0`` is the hard clock and leaves the optimizer alone."""
+        return False
+
     def __post_init__(self) -> None:
         # Coerce first so that Policy(percentile=50) and parse "percentile=50" are the same object.
         for f in _fields(self):
@@ -126,6 +133,24 @@ class Policy(ABC):
             progress: where training stands.
             num_blocks: number of blocks L; the last one (the head) is never frozen by a rule.
         """
+
+    @property
+    def assumes_cosine_run(self) -> bool:
+        """Whether :meth:`block_lr_scales` is written for a run whose own LR follows a cosine to
+        zero over the whole run, no warm-up (FreezeOut as published); a pipeline refuses another."""
+        return False
+
+    def block_lr_scales(self, progress: Progress, num_blocks: int) -> list[float]:
+        """Per-block factor on the learning rate of the optimizer step taken at ``progress`` (its
+        ``steps_completed`` steps done before it), on top of the run's own schedule; 1.0 everywhere
+        unless :attr:`sets_block_lr`. A pure function of its arguments, so a resumed run scales as
+        the run that wrote the checkpoint did.
+
+        Args:
+            progress: where training stands before the step.
+            num_blocks: number of blocks L.
+        """
+        return [1.0] * num_blocks
 
     def wants_probe(
         self, boundary: int, history: Sequence[IntervalStats], progress: Progress, num_blocks: int, **inputs: Any
@@ -343,6 +368,23 @@ def _coerce(cls: type[Policy], f: dataclasses.Field, value: Any) -> Any:
     if typ in (int, float) and not meta["range"].contains(out):
         raise bad("is out of range")
     return out
+
+
+def same_policy(saved_spec: object, policy: Policy) -> bool:
+    """Whether a spec written by an earlier run (a checkpoint's) names ``policy``: equal as policies,
+    not as strings, so a spec written before a parameter existed (``at:k=9,t=0.5``) still names the
+    policy whose new parameter is at its default (``at:k=9,t=0.5,anneal=0``)."""
+    if saved_spec == policy.spec():
+        return True
+    try:
+        return isinstance(saved_spec, str) and parse_policy(saved_spec) == policy
+    except PolicyError:
+        return False
+
+
+def cosine_to_zero(fraction: float) -> float:
+    """0.5 (1 + cos(pi x)) for x clipped to [0, 1]: 1 at the start, 0 at the end."""
+    return 0.5 * (1.0 + math.cos(math.pi * min(max(fraction, 0.0), 1.0)))
 
 
 def floor_with_slack(x: float) -> int:

@@ -22,12 +22,14 @@ from typing import ClassVar
 
 import numpy as np
 
+from freeze.checks import spell
 from freeze.monitor import NORMS, IntervalStats
 from freeze.policies.base import (
     SCHEDULE_EPS,
     Policy,
     PolicyError,
     Progress,
+    cosine_to_zero,
     floor_with_slack,
     param,
     register_policy,
@@ -77,12 +79,43 @@ class StaticFreeze(Policy):
 @register_policy
 @dataclass(frozen=True)
 class FreezeOut(Policy):
-    """FreezeOut (Brock et al. 2017): block i freezes at fraction t_i of training, then scaled."""
+    """FreezeOut (Brock et al. 2017): block i freezes at fraction t_i of training, then scaled.
+
+    ``anneal=true`` is the method as published: block i's learning rate follows its own cosine,
+    0.5 lr_i (1 + cos(pi t / t_i)), and reaches zero at t_i, where the block freezes; ``scale_lr``
+    starts block i at lr / t_i (the paper's scaled variant, the same area under each block's
+    curve). The factors act on top of the run's schedule and are written for the schedule the paper
+    trains with, a cosine to zero over the whole run (the head's, t = 1): block i's factor is
+    cos_i(t) / cos_run(t), so a run on another schedule anneals the body relative to that one (the
+    pipeline refuses it). ``anneal=false`` (the default) stops each block at t_i with its
+    learning rate where the run's schedule has it: a hard freeze, what ``freezeout`` always was."""
 
     name: ClassVar[str] = "freezeout"
     needs_run_length: ClassVar[bool] = True
     t0: float = param(0.8, low=0.0, high=1.0)
     scale: str = param("cubic", choices=("linear", "squared", "cubic"))
+    anneal: bool = param(False)
+    scale_lr: bool = param(False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.scale_lr and not self.anneal:
+            raise PolicyError(
+                "policy 'freezeout': scale_lr=true scales the annealed learning rates; accepted: scale_lr with "
+                "anneal=true, or neither"
+            )
+        if self.anneal and self.t0 == 0.0:
+            raise PolicyError(
+                "policy 'freezeout': anneal=true with t0 = 0 anneals block 0 over no steps; accepted: t0 in (0, 1]"
+            )
+
+    @property
+    def sets_block_lr(self) -> bool:
+        return self.anneal
+
+    @property
+    def assumes_cosine_run(self) -> bool:
+        return self.anneal
 
     def freeze_fractions(self, num_blocks: int) -> list[float]:
         """t_i per block; the head's is 1.0, i.e. the end of training."""
@@ -91,6 +124,21 @@ class FreezeOut(Policy):
             return [1.0]
         power = {"linear": 1, "squared": 2, "cubic": 3}[self.scale]
         return [(self.t0 + (1.0 - self.t0) * i / (num_blocks - 1)) ** power for i in range(num_blocks)]
+
+    def block_lr_scales(self, progress: Progress, num_blocks: int) -> list[float]:
+        if not self.anneal:
+            return super().block_lr_scales(progress, num_blocks)
+        done = progress.fraction
+        run = cosine_to_zero(done)  # the run's own cosine: the head's schedule, t = 1
+        scales = []
+        for t_i in self.freeze_fractions(num_blocks):
+            if t_i >= 1.0 - SCHEDULE_EPS:
+                scales.append(1.0)  # the head (and any block due at the end) follows the run's schedule
+                continue
+            own = cosine_to_zero(done / t_i) * (1.0 / t_i if self.scale_lr else 1.0)
+            # own is 0 once done >= t_i; before that run >= cos(pi t_i) > 0, so the ratio is finite
+            scales.append(0.0 if own == 0.0 else own / run)
+        return scales
 
     def decide(self, boundary: int, history: Sequence[IntervalStats], progress: Progress, num_blocks: int) -> int:
         self._check_call(boundary, num_blocks)
@@ -226,7 +274,13 @@ class ClockFreeze(Policy):
 
     What users ask for ("freeze these blocks at epoch N": t = N / epochs with per-epoch evaluation),
     and the ablation a signal-driven rule has to beat: a rule that freezes k blocks at t is worth its
-    signal only if it lands beyond ``at:k=K,t=T`` for the same k (issue 35's freeze-time atlas)."""
+    signal only if it lands beyond ``at:k=K,t=T`` for the same k (issue 35's freeze-time atlas).
+
+    ``anneal=W`` anneals before it freezes: over the last W of the run before t the learning rate
+    of blocks 0..k-1 is multiplied by a cosine from 1 to 0 (on top of the run's schedule), so the
+    blocks stop where an annealed run would have brought them, not mid-stride (budgeted training
+    anneals every budget; a hard freeze at t stops a body whose learning rate is still high).
+    ``anneal=0`` (the default) is the hard freeze."""
 
     name: ClassVar[str] = "at"
     needs_run_length: ClassVar[bool] = True
@@ -234,11 +288,32 @@ class ClockFreeze(Policy):
     # Open at both ends: t = 0 is static freezing and t = 1 never freezes - each has its own policy,
     # and a study that labels either as "the clock" would misreport what ran.
     t: float = param(0.5, low=0.0, high=1.0, low_open=True, high_open=True)
+    anneal: float = param(0.0, low=0.0, high=1.0, high_open=True)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.anneal > self.t + SCHEDULE_EPS:
+            raise PolicyError(
+                f"policy 'at': anneal = {spell(self.anneal)} starts the anneal before the run does (t = {spell(self.t)}); "
+                f"accepted: 0 <= anneal <= t"
+            )
+
+    @property
+    def sets_block_lr(self) -> bool:
+        return self.anneal > 0.0
 
     def initial_boundary(self, num_blocks: int) -> int:
         self._check_blocks(num_blocks)
         self._check_k(num_blocks)  # at the Freezer's construction, not at fraction t of the run
         return 0
+
+    def block_lr_scales(self, progress: Progress, num_blocks: int) -> list[float]:
+        if not self.sets_block_lr:
+            return super().block_lr_scales(progress, num_blocks)
+        into_window = (progress.fraction - (self.t - self.anneal)) / self.anneal
+        body = 0.0 if progress.fraction + SCHEDULE_EPS >= self.t else cosine_to_zero(into_window)
+        k = min(self.k, num_blocks - 1)
+        return [body] * k + [1.0] * (num_blocks - k)
 
     def decide(self, boundary: int, history: Sequence[IntervalStats], progress: Progress, num_blocks: int) -> int:
         self._check_call(boundary, num_blocks)

@@ -54,6 +54,8 @@ def _rows(table) -> dict[str, dict]:
 def test_a_clock_arm_is_read_from_its_policy_spec_and_no_other_policy_is():
     assert clock_arm("at:k=9,t=0.6") == (9, 0.6)
     assert clock_arm(" at : k=8 , t=0.45") == (8, 0.45)
+    assert clock_arm("at:k=9,t=0.6,anneal=0") == (9, 0.6)  # the canonical spec of the hard clock
+    assert clock_arm("at:k=9,t=0.6,anneal=0.15") is None  # annealed: another arm, not the atlas's
     for other in ("none", "static:k=9", "payoff:exchange=3", "at:k=9", "at:k=x,t=0.5", "at:k=9,t=soon"):
         assert clock_arm(other) is None
 

@@ -245,3 +245,31 @@ def test_readme_smoke_run_says_what_it_does_and_shows_a_freeze(tmp_path):
     assert moved, "the smoke run froze nothing"
     after = [m for m in metrics if m["boundary_at_epoch_start"] > 0]
     assert after and after[0]["allreduce_bytes_per_step"] < metrics[0]["allreduce_bytes_per_step"]
+
+
+@pytest.mark.processes
+def test_an_annealed_clock_runs_on_two_workers_with_a_group_per_block(tmp_path):
+    """Issue 46: at:anneal=W in the pipeline: one optimizer group per block (the factors need it),
+    the freeze where the hard clock's would be, and the body's learning rate at zero by then."""
+    args = _common(tmp_path, "annealed") + ["dist.nproc=2", "freeze.policy=at:k=2,t=0.5,anneal=0.25"]
+    proc = _run(args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ckpt, metrics, manifest = _final(tmp_path, "annealed")
+    groups = ckpt["optimizer"]["param_groups"]
+    assert len(groups) == len(manifest["block_param_bytes"])
+    assert manifest["policy"] == "at:k=2,t=0.5,anneal=0.25"
+    assert [m["boundary"] for m in metrics] == [0, 2, 2]  # 12 steps: due at step 6, evaluated every 2
+    # between steps every group holds the schedule's LR (the factor is on only inside optimizer.step)
+    assert len({g["lr"] for g in groups}) == 1
+
+
+def test_freezeout_as_published_needs_the_runs_cosine(tmp_path):
+    from freeze.pipeline.config import ConfigError, load_config
+    from freeze.pipeline.preflight import preflight
+
+    base = [f"run.out_dir={tmp_path}", "freeze.policy=freezeout:t0=0.5,anneal=true"]
+    with pytest.raises(ConfigError, match=r"^schedule: name=constant, .*accepted: schedule.name=cosine"):
+        preflight(load_config(SMOKE, [*base, "schedule.name=constant"], check_files=False))
+    with pytest.raises(ConfigError, match="warmup_epochs=0"):
+        preflight(load_config(SMOKE, [*base, "schedule.name=cosine", "schedule.warmup_epochs=1"], check_files=False))
+    preflight(load_config(SMOKE, [*base, "schedule.name=cosine"], check_files=False))

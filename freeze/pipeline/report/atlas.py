@@ -57,7 +57,8 @@ ATLAS_CAPTION = (
 
 def clock_arm(policy: str) -> tuple[int, float] | None:
     """(K, T) of an ``at:k=K,t=T`` spec (the manifest holds the canonical spec, every parameter
-    written out), None for any other policy or a spec without both numbers."""
+    written out), None for any other policy, a spec without both numbers, or an annealed clock
+    (``anneal`` > 0: another arm than the hard freeze at the same K and T)."""
     name, items = split_policy_spec(policy)
     params = dict(items)
     k, t = params.get("k"), params.get("t")
@@ -65,9 +66,10 @@ def clock_arm(policy: str) -> tuple[int, float] | None:
         return None
     try:
         fraction = float(t)
+        annealed = float(params.get("anneal") or 0.0) > 0.0
     except ValueError:
         return None
-    return int(k), fraction
+    return None if annealed else (int(k), fraction)
 
 
 def freeze_step(run: Run, k: int) -> float:
