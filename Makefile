@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: test test-fast lint format study study-full study-frontier study-horizon bench gpu-check clean-venv
+.PHONY: test test-fast lint format study study-full study-frontier study-horizon study-anneal bench gpu-check clean-venv
 
 $(STAMP): requirements.txt setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -50,6 +50,10 @@ study-frontier: $(STAMP)
 # issue 37: horizon at 4x the frontier study's horizon (its 1x runs in runs/frontier give the horizons table)
 study-horizon: $(STAMP)
 	$(BIN)/python -m experiments.study --config experiments/configs/study_horizon.toml --update-report
+
+# issue 46: annealed freezing and FreezeOut as published against the budget frontier at 4x (docs/anneal-study.md)
+study-anneal: $(STAMP)
+	$(BIN)/python -m experiments.study --config experiments/configs/study_anneal.toml --update-report
 
 bench: $(STAMP)
 	$(BIN)/python -m experiments.bench
