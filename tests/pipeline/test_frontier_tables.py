@@ -12,7 +12,7 @@ from freeze.pipeline.report.load import Run
 from freeze.pipeline.report.tables import Baseline, final_test_acc
 from tests.pipeline.handmade_runs import handmade_run
 
-SEEDS = (0, 1, 2, 3, 4)  # a verdict needs 5 paired seeds (report.frontier.MIN_VERDICT_SEEDS)
+SEEDS = (0, 1, 2, 3, 4)  # 5 paired seeds, as the studies (a verdict needs 3: report.frontier.MIN_VERDICT_SEEDS)
 BASE = Baseline("none", "baseline: group 'none'")
 
 
@@ -155,7 +155,7 @@ def test_a_borrowed_frontier_is_read_by_step_and_by_time_fraction_and_decides_on
         runs.append(r)
     for seed in SEEDS:
         wobble = (seed - (len(SEEDS) - 1) / 2) * 0.3
-        runs.append(_run("cluster", "between", seed, "at:k=8,t=0.6", 185.0, 88 + wobble, 100))
+        runs.append(_run("cluster", "between", seed, "at:k=8,t=0.6", 175.0, 88 + wobble, 100))
     frontier = _rows(frontier_table(runs, BASE))
     assert frontier[("loopback", "budget-0.8")]["time_per_step_ratio"] == pytest.approx(90 / 80)
     readings = iso_speedups(runs, BASE)
@@ -163,8 +163,13 @@ def test_a_borrowed_frontier_is_read_by_step_and_by_time_fraction_and_decides_on
     assert fast.iso.speedup == pytest.approx(180 / 150) and fast.by_time.speedup == pytest.approx(190 / 150)
     assert fast.verdict() == "yes"  # beyond by both readings
     between = readings[("cluster", "between", 2)]
-    assert between.iso.speedup == pytest.approx(180 / 185) and between.by_time.speedup == pytest.approx(190 / 185)
-    assert (between.iso.verdict(), between.by_time.verdict(), between.verdict()) == ("no", "yes", "undecided")
+    assert between.iso.speedup == pytest.approx(180 / 175) and between.by_time.speedup == pytest.approx(190 / 175)
+    # 1.03x by steps is not beyond by the 1.05x margin; 1.09x by time is
+    assert (between.iso.verdict(), between.by_time.verdict(), between.verdict()) == (
+        "no (not by 1.05x)",
+        "yes",
+        "undecided",
+    )
     assert readings[("loopback", "fast", 2)].by_time is None  # its own frontier: one reading
     display = iso_speedup_table(readings).display.set_index(["setting", "group"])
     assert display.loc[("cluster", "between"), "beyond the frontier"] == "undecided"
@@ -188,3 +193,26 @@ def test_an_arm_that_compresses_is_read_against_training_less_with_the_same_comp
     # compression alone is what a user could do instead: read against the plain frontier (200 s / 120 s)
     assert readings[("cluster", "bf16", 2)].iso.speedup == pytest.approx(200 / 120)
     assert readings[("cluster", "bf16", 2)].source == "loopback"
+
+
+def test_a_control_that_reads_beyond_the_frontier_fails_the_table_loudly():
+    """Issue 46: the horizon study's 4x control, which computes what the baseline computes, read
+    "beyond the frontier: yes". A control is the statistic's calibration: if it reads beyond, no verdict
+    of the table stands, and the table says so; one that does not is named as the check passed."""
+
+    def study(control_time_s: float) -> list[Run]:
+        runs = _study()
+        for seed in SEEDS:
+            wobble = (seed - (len(SEEDS) - 1) / 2) * 0.3
+            runs.append(_run("loopback", "control", seed, "none", control_time_s, 90 + wobble, 100))
+        return runs
+
+    sound = iso_speedup_table(iso_speedups(study(100.0), BASE))
+    rows = _rows(sound)
+    assert rows[("loopback", "fast")]["verdict"] == "yes" and rows[("loopback", "control")]["verdict"].startswith("no")
+    assert any("control loopback/control" in n and "as a calibrated statistic must" in n for n in sound.notes)
+    # the same control timed 20 % fast (a machine that drifted): it reads beyond, and every verdict goes
+    broken = iso_speedup_table(iso_speedups(study(80.0), BASE))
+    assert any("CALIBRATION FAILED" in n for n in broken.notes)
+    assert {r["verdict"] for r in _rows(broken).values()} == {"invalid: the control (loopback/control) reads beyond"}
+    assert not any(r["beyond_frontier"] for r in _rows(broken).values())

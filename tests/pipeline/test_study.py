@@ -312,6 +312,16 @@ def test_study_chooses_on_validation_runs_interleaved_and_reports(tmp_path, monk
     )
     assert cli.main(["--config", str(path), "--out-dir", str(out_dir), "--update-report"]) == 0
     assert "\nold\n" not in report_md.read_text() and "non-inferior" in report_md.read_text()
+    # issue 46: the per-seed numbers are committed beside the report, one row per complete run
+    per_seed = pd.read_csv(tmp_path / "per-seed" / "tiny.csv", keep_default_na=False)
+    row = per_seed[(per_seed["group"] == "autofreeze") & (per_seed["setting"] == "single")]
+    assert sorted(row["seed"]) == [0, 1, 2] and set(row["policy"]) == {"autofreeze:percentile=80"}
+    assert {"train_s", "test_acc", "val_acc", "steps", "boundary_steps", "probes", "timed_on"} <= set(per_seed)
+    paired_again = (
+        row["test_acc"].mean()
+        - per_seed[(per_seed["group"] == "none") & (per_seed["setting"] == "single")]["test_acc"].mean()
+    )
+    assert 100 * paired_again == pytest.approx(af["diff_points"])  # a paired number, recomputed from the CSV
 
 
 def test_a_study_without_prediction_or_search_leaves_no_stale_table(tmp_path, monkeypatch):

@@ -17,6 +17,7 @@ from freeze.pipeline.report.decisions import decisions_table
 from freeze.pipeline.report.frontier_tables import frontier_table, iso_speedup_table, iso_speedups
 from freeze.pipeline.report.load import ReportInputError, Run, load_runs
 from freeze.pipeline.report.paired import DEFAULT_MARGIN_POINTS, convergence_table, paired_table
+from freeze.pipeline.report.per_seed import per_seed_table
 from freeze.pipeline.report.tables import (
     ON_DUPLICATE,
     Table,
@@ -77,6 +78,7 @@ def build_tables(
         phase_table(runs, chosen),
         incomplete_table(runs),
         blocks_table(runs),
+        per_seed_table(runs),
     ]
 
 

@@ -23,8 +23,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from freeze.pipeline.report.frontier import IsoSpeedup, Point, iso_accuracy_speedup
+from freeze.pipeline.report.frontier import BEYOND_MARGIN, MIN_VERDICT_SEEDS, IsoSpeedup, Point, iso_accuracy_speedup
 from freeze.pipeline.report.load import Run
+from freeze.pipeline.report.paired import is_control
 from freeze.pipeline.report.tables import (
     Baseline,
     Column,
@@ -233,13 +234,17 @@ class FrontierReading:
     iso: IsoSpeedup  # own frontier, or a borrowed one with its times as step fractions
     source: str
     by_time: IsoSpeedup | None = None  # a borrowed frontier with the measured time fractions
+    control: bool = False  # the group computes what the baseline computes (report.paired.is_control)
 
     def verdict(self) -> str:
         """yes / no only where every reading says so; else undecided (or the reading's n/a)."""
         if self.by_time is None:
             return self.iso.verdict()
         both = {self.iso.verdict(), self.by_time.verdict()}
-        return both.pop() if len(both) == 1 else "undecided"
+        if len(both) == 1:
+            return both.pop()
+        # "below the frontier" by one reading and "beyond, but not by the margin" by the other: no by both
+        return f"no (not by {BEYOND_MARGIN:.2f}x)" if all(v.startswith("no") for v in both) else "undecided"
 
 
 def iso_speedups(runs: list[Run], baseline: Baseline) -> dict[GroupKey, FrontierReading]:
@@ -263,13 +268,26 @@ def iso_speedups(runs: list[Run], baseline: Baseline) -> dict[GroupKey, Frontier
         by_time = None
         if frontier[1] != key[0]:  # borrowed: read it with the measured time fractions too
             by_time = iso_accuracy_speedup(_frontier_points(groups, baseline, key, carry="time")[0], arm)
-        found[key] = FrontierReading(iso, frontier[1], by_time)
+        base = {r.seed: r for r in groups.get((key[0], baseline.group, key[2]), [])}
+        control = key[1] != baseline.group and any(r.seed in base for r in members)
+        control = control and all(is_control(r.config, base[r.seed].config) for r in members if r.seed in base)
+        found[key] = FrontierReading(iso, frontier[1], by_time, control)
     return found
+
+
+def failed_controls(readings: dict[GroupKey, FrontierReading]) -> list[str]:
+    """The controls that read "beyond the frontier": they compute what the frontier's full budget
+    computes, so such a reading is the statistic's false positive, and no verdict of the table stands."""
+    return [f"{key[0]}/{key[1]}" for key, reading in readings.items() if reading.control and reading.verdict() == "yes"]
 
 
 def iso_speedup_table(readings: dict[GroupKey, FrontierReading]) -> Table:
     """The iso-accuracy speedups of :func:`iso_speedups`, one row per group."""
     rows = [_iso_row(key, reading) for key, reading in readings.items()]
+    failed = failed_controls(readings)
+    for row in rows if failed else ():
+        row["verdict"] = f"invalid: the control ({', '.join(failed)}) reads beyond"
+        row["beyond_frontier"] = False
     columns: list[Column] = [
         ("setting", "l", lambda r: r["setting"]),
         ("group", "l", lambda r: r["group"]),
@@ -283,15 +301,28 @@ def iso_speedup_table(readings: dict[GroupKey, FrontierReading]) -> Table:
     data = pd.DataFrame([{k: v for k, v in r.items() if k not in ("iso", "by_time")} for r in rows])
     if not rows:
         return Table("iso_speedup", "Iso-accuracy speedup", NO_FRONTIER, data, display, align)
-    return Table("iso_speedup", "Iso-accuracy speedup", ISO_DEFINITION, data, display, align)
+    notes = tuple(
+        f"control {key[0]}/{key[1]} (computes what the full budget computes): {reading.iso.label()} - "
+        + (
+            "CALIBRATION FAILED: it reads beyond the frontier, so no verdict in this table stands"
+            if reading.verdict() == "yes"
+            else f"reads '{reading.verdict()}', as a calibrated statistic must"
+        )
+        for key, reading in readings.items()
+        if reading.control
+    )
+    return Table("iso_speedup", "Iso-accuracy speedup", ISO_DEFINITION, data, display, align, notes)
 
 
 ISO_DEFINITION = (
-    "Iso-accuracy speedup = T_frontier(arm's accuracy) / arm's train time: the time full fine-tuning on a "
-    "shorter budget needs to reach the arm's mean final test accuracy (linear on the mean frontier, made "
-    "non-decreasing), over the arm's mean train time; 95 % interval: paired percentile bootstrap over seeds "
-    "(10,000 resamples, each recomputing frontier and arm from the same seeds). Above 1.00 the arm beats "
-    "training less; >= / <= mark bounds past the frontier's ends (an upper bound never counts as beyond). "
+    "Iso-accuracy speedup = T_frontier(arm's accuracy) / arm's train time, per seed on that seed's own "
+    "frontier (linear between its budgets, made non-decreasing): the time full fine-tuning on a shorter "
+    "budget needs to reach the arm's final test accuracy over the arm's train time; geometric mean over "
+    "the paired seeds, 95 % t interval on their logs. Beyond the frontier: yes when the interval's low end "
+    f"is above {BEYOND_MARGIN:.2f}x (a practical margin over loopback's 7 % per-seed timing noise), no when "
+    f"its high end is below {BEYOND_MARGIN:.2f}x, else undecided; at least {MIN_VERDICT_SEEDS} seeds. "
+    ">= / <= mark bounds past the frontier's ends, and an interval end resting on such a seed (an upper "
+    "bound never counts as beyond). A control must not read beyond: if one does, the table says so. "
     "A setting without budgets of its own borrows another's frontier, anchored on full fine-tuning sent as the "
     "arm sends its gradients (frontier of: 'loopback, times of bf16': training less with the bf16 hook), its "
     "times carried over as the budgets' step fractions (the column before) and as their measured time "

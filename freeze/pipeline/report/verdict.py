@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from freeze.pipeline.report.frontier import BEYOND_MARGIN
+
 
 def _label(row: pd.Series) -> str:
     setting = row.get("setting")
@@ -103,8 +105,12 @@ def _frontier_sentence(row: pd.Series) -> str:
     iso = _interval(value, float(row["iso_speedup_low"]), float(row["iso_speedup_high"]), "x")
     verdict = str(row.get("iso_verdict", ""))
     meaning = {
-        "yes": "beyond the budget frontier: it beats training fewer steps",
-        "no": "not beyond the budget frontier: training fewer steps does as well or better",
+        "yes": f"beyond the budget frontier by at least {BEYOND_MARGIN:.2f}x: it beats training fewer steps",
+        "no (below the frontier)": "not beyond the budget frontier: training fewer steps does as well or better",
+        f"no (not by {BEYOND_MARGIN:.2f}x)": (
+            f"not beyond the budget frontier by {BEYOND_MARGIN:.2f}x: at best it matches training fewer steps "
+            "within timing noise"
+        ),
         "undecided": "too uncertain to tell whether it beats training fewer steps",
     }.get(verdict, f"against the budget frontier: {verdict}")
     if verdict.startswith("undecided ("):  # the reason in parentheses: too few seeds, or a capped interval

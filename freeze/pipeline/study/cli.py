@@ -175,7 +175,13 @@ def _publish(study: StudyFile, report_dir: Path) -> None:
     figures.mkdir(parents=True, exist_ok=True)
     for path in sorted(report_dir.glob("*.png")):
         atomic_write_bytes(figures / path.name, path.read_bytes())
-    print(f"== {report_md}: tables {', '.join(names) or 'none'} regenerated; figures in {figures}")
+    # the runs' own numbers, committed beside the report (runs/ is not): every paired number recomputes
+    per_seed = report_md.parent / "per-seed" / f"{study.name}.csv"
+    per_seed.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(per_seed, (report_dir / "per_seed.csv").read_bytes())
+    print(
+        f"== {report_md}: tables {', '.join(names) or 'none'} regenerated; figures in {figures}; per-seed data {per_seed}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
