@@ -96,13 +96,6 @@ def test_the_horizon_study_file_compares_with_the_frontier_study():
     assert {"horizon", "horizon-bf16", "none", "control"} <= set(study.arms)
 
 
-def test_the_report_knows_every_policy_that_reads_a_signal():
-    from freeze.pipeline.report.decisions import SIGNAL_POLICIES
-    from freeze.policies import POLICIES
-
-    assert set(SIGNAL_POLICIES) == {name for name, cls in POLICIES.items() if cls.uses_gradients}
-
-
 def test_an_arm_whose_policy_differs_between_the_studies_is_not_compared_and_said():
     short = _study(170, [89.0, 89.2, 88.8], 90.0)
     long = [

@@ -150,7 +150,7 @@ def test_combined_markdown_and_latex(report):
     tables_md = (out / "tables.md").read_text(encoding="utf-8")
     assert "5 complete runs in 3 groups (1 incomplete run excluded" in tables_md
     assert "final-epoch test accuracy" in tables_md
-    assert tables_md.count("\n## ") == 11
+    assert tables_md.count("\n## ") == 13  # the summary and the per-seed rows among them
     main_tex = (out / "main.tex").read_text(encoding="utf-8")
     assert r"\toprule" in main_tex and r"\bottomrule" in main_tex and r"test acc \% (final epoch)" in main_tex
     assert r"67.50 $\pm$ 19.06" in main_tex
@@ -552,6 +552,7 @@ def test_convergence_of_the_baseline(report):
     assert row["val_change_points"] == pytest.approx(statistics.mean(changes))
     assert row["val_change_ci95"] == pytest.approx(_ci95(changes))
     assert not row["flat"] and row["from_epoch"] == 2
+    assert row["state"] == "undecided"  # +7 points, but two seeds: a t interval of [-31, +45]
 
 
 def test_settings_are_compared_only_within_themselves(tmp_path):
@@ -772,3 +773,54 @@ def test_a_speedup_is_timed_on_like_hardware_and_the_pairs_left_out_are_named():
     shared = [*runs[:3], *(run("k2", s, "static:k=2", 50.0, 80.0, side_by_side=2) for s in (0, 1, 2))]
     row = paired_table(shared, Baseline("none", "baseline: none"), target_fraction=0.95).data.iloc[0]
     assert row["mixed_timing"].count("seed") == 3 and "2 runs side by side" in row["mixed_timing"]
+
+
+def test_a_report_rerun_into_its_folder_keeps_no_earlier_figure_and_zero_complete_runs_is_an_error(tmp_path, capsys):
+    """Reliability.md cases 39-40: an earlier report's figures stayed beside tables that contradict them,
+    and a report of runs of which none completed exited 0 without saying so."""
+    runs = _copy_study(tmp_path)
+    out = tmp_path / "rep"
+    build_report(runs, out)
+    (out / "from-an-earlier-report.png").write_bytes(b"\x89PNG old")
+    for manifest in (runs / "fixture_study").glob("*/manifest.json"):
+        data = json.loads(manifest.read_text())
+        data["status"] = "failed"
+        manifest.write_text(json.dumps(data))
+    _assert_one_line_error(capsys, [str(runs), "--out", str(out)], "none of the", "is complete", "incomplete.md")
+    assert not list(out.glob("*.png"))  # no figure of the complete runs that are no more, nor the planted one
+    assert (out / "incomplete.md").is_file()
+
+
+@pytest.mark.parametrize(
+    "key, value, words",
+    [
+        ("test_acc", 1.7, "test_acc = 1.7 is impossible; accepted: a fraction in [0, 1]"),
+        ("epoch_wall_s", -5, "epoch_wall_s = -5 is impossible; accepted: a number >= 0"),
+        ("boundary", 99, "boundary = 99 is impossible with"),
+    ],
+)
+def test_impossible_values_are_refused_naming_the_line(tmp_path, capsys, key, value, words):
+    """Reliability.md case 25: a test accuracy of 1.7 read as +160.62 points in the paired table."""
+    runs = _copy_study(tmp_path)
+    metrics = runs / "fixture_study" / "autofreeze-s0" / "metrics.jsonl"
+    lines = [json.loads(line) for line in metrics.read_text().splitlines()]
+    lines[-1][key] = value
+    metrics.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    _assert_one_line_error(capsys, [str(runs)], f"metrics.jsonl:{len(lines)}: {words}")
+
+
+def test_the_summary_is_one_row_per_arm_with_every_interval_named_in_its_header(report):
+    """Issue 48: the table a researcher pastes; its numbers are the main and paired tables' own."""
+    out, _ = report
+    frame = pd.read_csv(out / "summary.csv", keep_default_na=False, na_values=[""])
+    summary = {row["arm"]: row for row in frame.to_dict("records")}
+    paired, main_rows = _rows(out / "paired.csv"), _rows(out / "main.csv")
+    assert set(summary) == set(main_rows)
+    group = next(g for g in summary if g in paired)
+    arm = summary[group]
+    assert arm["diff_points"] == pytest.approx(paired[group]["diff_points"])
+    assert arm["speedup_low"] == pytest.approx(paired[group]["speedup_low"])
+    assert arm["test_acc_pct"] == pytest.approx(100 * main_rows[group]["test_acc_mean"])
+    header = (out / "summary.md").read_text()
+    assert "test acc % [95% CI]" in header and "speedup [95% CI]" in header
+    assert "95 % t intervals" in (out / "tables.md").read_text()  # the caption, in the combined tables

@@ -3,6 +3,7 @@
 import math
 
 import pandas as pd
+import pytest
 
 from freeze.pipeline.report.verdict import verdict_lines
 
@@ -39,7 +40,8 @@ def test_the_quick_study_that_the_newcomer_read_says_it_is_too_short(tmp_path):
     )
     lines = verdict_lines(report, 0.5)
     assert lines[0] == (
-        "autofreeze: no measurable speedup, 0.94x (95% CI [0.56, 1.57]) includes 1.0. Its test accuracy differs "
+        "autofreeze: no measurable speedup over the whole run, 0.94x (95% CI [0.56, 1.57]) includes 1.0. Its test "
+        "accuracy differs "
         "by -0.40 points (95% CI [-1.20, +0.40]): too uncertain to tell whether it loses more than 0.5 points."
     )
     assert lines[1].startswith("The control control (the baseline run again) reads 1.08x") and "sound" in lines[1]
@@ -93,3 +95,44 @@ def test_an_arm_that_froze_almost_nothing_says_so(tmp_path):
         "points. It froze 0.019 % of the parameters (mean over epochs): almost nothing to skip."
     ), lines[0]
     assert lines[1].endswith("points. It froze 21 % of the parameters (mean over epochs)."), lines[1]
+
+
+@pytest.mark.parametrize(
+    "change, half, state, words",
+    [
+        (NAN, NAN, "no validation data", "has no validation accuracy (data.val_size = 0)"),
+        (-3.12, 0.8, "falling", "was losing accuracy (-3.12 points"),
+        (0.46, 0.32, "still improving", "was still improving (+0.46 points"),
+        (0.2, 0.2, "converged", "had converged (+0.20 points"),
+        (0.3, 0.5, "undecided", "is undecided (+0.30 points"),
+    ],
+)
+def test_the_baseline_s_convergence_is_decided_by_its_interval_and_said_as_it_is(tmp_path, change, half, state, words):
+    """Reliability.md case 41: "still improving (+nan points)" for a baseline without validation and for
+    one whose accuracy fell; science.md 1b.4: +0.46 ± 0.32 (a 95 % half-width) read "flat"."""
+    from freeze.pipeline.report.paired import convergence_state
+
+    assert convergence_state(change, half, 0.5) == state
+    report = _write(tmp_path, [], [{"setting": "", "group": "none", "val_change_points": change, "state": state}])
+    assert any(words in line for line in verdict_lines(report, 0.5))
+
+
+def test_a_time_to_target_that_excludes_one_is_said_beside_no_measurable_speedup(tmp_path):
+    """Issue 48: "no measurable speedup" sat beside a time-to-target interval of [1.05, 1.40], unremarked."""
+    row = {
+        **_paired_row("clock", 1.02, 0.97, 1.08),
+        "ttt_speedup": 1.2,
+        "ttt_speedup_low": 1.05,
+        "ttt_speedup_high": 1.4,
+    }
+    quiet = {
+        **_paired_row("other", 1.02, 0.97, 1.08),
+        "ttt_speedup": 1.1,
+        "ttt_speedup_low": 0.9,
+        "ttt_speedup_high": 1.3,
+    }
+    lines = verdict_lines(_write(tmp_path, [row, quiet], []), 0.5)
+    assert (
+        "includes 1.0; it reached the target accuracy sooner, time to target 1.20x (95% CI [1.05, 1.40])." in lines[0]
+    )
+    assert "time to target" not in lines[1]

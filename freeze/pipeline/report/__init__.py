@@ -18,6 +18,7 @@ from freeze.pipeline.report.frontier_tables import frontier_table, iso_speedup_t
 from freeze.pipeline.report.load import ReportInputError, Run, load_runs
 from freeze.pipeline.report.paired import DEFAULT_MARGIN_POINTS, convergence_table, paired_table
 from freeze.pipeline.report.per_seed import per_seed_table
+from freeze.pipeline.report.summary import summary_table
 from freeze.pipeline.report.tables import (
     ON_DUPLICATE,
     Table,
@@ -66,9 +67,12 @@ def build_tables(
     chosen = resolve_baseline(runs, baseline)
     iso = iso_speedups(runs, chosen)  # against the budget frontier; {} without budget runs
     iso_by_group = {key: reading.iso for key, reading in iso.items()}
+    main = main_table(runs, chosen, target_fraction, margin_points, iso_by_group)
+    paired = paired_table(runs, chosen, target_fraction, margin_points, iso_by_group)
     return [
-        main_table(runs, chosen, target_fraction, margin_points, iso_by_group),
-        paired_table(runs, chosen, target_fraction, margin_points, iso_by_group),
+        summary_table(main, paired, iso),
+        main,
+        paired,
         frontier_table(runs, chosen),
         iso_speedup_table(iso),
         atlas_table(runs, chosen, target_fraction, margin_points, iso_by_group),
@@ -150,4 +154,13 @@ def build_report(
         from freeze.pipeline.report.plots import write_plots
 
         written.update(write_plots(runs, out, tables, margin_points))
+    # An earlier report's figures in the same folder would sit beside tables that contradict them (and a
+    # study's --update-report would publish them): only what this report wrote stays.
+    for stale in sorted(p for p in out.glob("*.png") if p.name not in written):
+        stale.unlink()
+    if runs and not any(run.is_complete for run in runs):
+        raise ReportInputError(
+            f"none of the {len(runs)} runs under {runs_dir} is complete: no table has a result "
+            f"({out / 'incomplete.md'} lists each run and why)"
+        )
     return written

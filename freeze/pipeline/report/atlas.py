@@ -35,8 +35,9 @@ from freeze.pipeline.report.tables import (
     group_fields,
     iso_fields,
 )
+from freeze.policies.rules import ClockFreeze
 
-CLOCK_POLICY = "at"  # freeze.policies.rules.ClockFreeze's name
+CLOCK_POLICY = ClockFreeze.name
 
 NO_CLOCK_ARM = (
     "no clock arms (policy at:k=K,t=T) with baseline runs in their setting: no freeze-time atlas; "

@@ -72,6 +72,16 @@ def main(argv: list[str] | None = None) -> int:
     except ReportInputError as exc:
         print(f"report: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # the output folder is read-only or full
+        where = exc.filename or "the output folder"
+        print(f"report: error: cannot write {where}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(
+            "report: interrupted: the folder may hold this report's tables beside older figures; run it again",
+            file=sys.stderr,
+        )
+        return 130
     if "main.md" in written:  # the answer on the terminal, as the study prints its tables; the rest is in files
         print(written["main.md"].read_text(encoding="utf-8"))
     print_meaning(written)

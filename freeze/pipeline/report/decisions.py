@@ -17,11 +17,11 @@ import numpy as np
 from freeze.names import split_policy_spec
 from freeze.pipeline.report.load import Run
 from freeze.pipeline.report.tables import NA, Baseline, Column, Table, complete_groups, csv_frame, display_columns
+from freeze.policies import POLICIES
 
-# The policies that read the monitor (freeze.policies: uses_gradients), by name: the report reads run
-# directories without importing torch; tests/pipeline/test_decisions_horizons.py keeps the list equal
-# to the registry's.
-SIGNAL_POLICIES = ("autofreeze", "cs744", "payoff", "horizon")
+# The policies that decide from a training signal, read off the registry (freeze.policies imports no
+# torch: the report reads run directories without it).
+SIGNAL_POLICIES = tuple(name for name, cls in POLICIES.items() if cls.uses_gradients)
 
 DECISIONS_CAPTION = (
     "Where each adaptive policy moved the boundary: per seed, every change as step->boundary (the optimizer step "

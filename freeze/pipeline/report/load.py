@@ -321,6 +321,7 @@ def _parse_metrics_record(record: dict, where: str, n_blocks: int) -> tuple[dict
     for key in _RECORD_SCALARS:
         nullable = type(None) in _RECORD_TYPES[key]
         row[key] = _number(record.get(key), key, where, nullable=nullable)
+    _check_possible(row, where, n_blocks)
     phase_s = record["phase_s"]
     if not isinstance(phase_s, dict):
         raise ReportInputError(f"{where}: malformed metrics line (phase_s must be an object)")
@@ -333,6 +334,38 @@ def _parse_metrics_record(record: dict, where: str, n_blocks: int) -> tuple[dict
             f"(grad_norm.eta must be a list of {n_blocks} numbers or nulls, one per block)"
         )
     return row, [_number(v, "grad_norm.eta", where, nullable=True) for v in eta]
+
+
+# Values of the right type that no run can write: refused, never averaged into a table (a test_acc
+# of 1.7 read as +160 points in a paired table; reliability.md case 25).
+_FRACTIONS = ("train_acc", "val_acc", "test_acc", "frozen_param_fraction")
+_NON_NEGATIVE = (
+    "epoch",
+    "step",
+    "epoch_wall_s",
+    "cumulative_wall_s",
+    "allreduce_bytes",
+    "train_loss",
+    "val_loss",
+    "test_loss",
+)
+
+
+def _check_possible(row: dict, where: str, n_blocks: int) -> None:
+    for key in _FRACTIONS:
+        if key in row and not (math.isnan(row[key]) or 0.0 <= row[key] <= 1.0):
+            raise ReportInputError(f"{where}: {key} = {row[key]:g} is impossible; accepted: a fraction in [0, 1]")
+    for key in _NON_NEGATIVE:
+        if key in row and row[key] < 0:  # NaN compares false: a null stays a null
+            raise ReportInputError(f"{where}: {key} = {row[key]:g} is impossible; accepted: a number >= 0")
+    if not float(row["epoch"]).is_integer():
+        raise ReportInputError(f"{where}: epoch = {row['epoch']:g} is impossible; accepted: an integer >= 0")
+    for key in ("boundary", "boundary_at_epoch_start"):
+        value = row.get(key, math.nan)
+        if not math.isnan(value) and not (float(value).is_integer() and 0 <= value <= n_blocks - 1):
+            raise ReportInputError(
+                f"{where}: {key} = {value:g} is impossible with {n_blocks} blocks; accepted: an integer 0..{n_blocks - 1}"
+            )
 
 
 def _number(value, key: str, where: str, nullable: bool) -> float:

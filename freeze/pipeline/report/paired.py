@@ -289,6 +289,21 @@ def paired_table(
     return Table("paired", "Paired speedup and accuracy", caption, csv_frame(rows), display, align, tuple(notes))
 
 
+def convergence_state(change: float, half: float, margin_points: float) -> str:
+    """converged / still improving / falling / undecided / no validation data, decided by the interval
+    change ± half (one seed, half NaN: by the change alone)."""
+    if not math.isfinite(change):
+        return "no validation data"
+    low, high = (change, change) if not math.isfinite(half) else (change - half, change + half)
+    if -margin_points <= low and high <= margin_points:
+        return "converged"
+    if low > 0:
+        return "still improving"
+    if high < 0:
+        return "falling"
+    return "undecided"
+
+
 def convergence_table(runs: list[Run], baseline: Baseline, margin_points: float = DEFAULT_MARGIN_POINTS) -> Table:
     """Is the baseline converged? Its val accuracy change over the last fifth of training.
 
@@ -309,7 +324,7 @@ def convergence_table(runs: list[Run], baseline: Baseline, margin_points: float 
             if start < epochs - 1 and math.isfinite(val[start]) and math.isfinite(val[epochs - 1]):
                 changes.append(100 * (val[epochs - 1] - val[start]))
         change, half = mean_ci95(changes)
-        flat = math.isfinite(change) and abs(change) <= margin_points
+        state = convergence_state(change, half, margin_points)
         rows.append(
             {
                 "setting": key[0],
@@ -321,7 +336,8 @@ def convergence_table(runs: list[Run], baseline: Baseline, margin_points: float 
                 "val_change_points": change,
                 "val_change_ci95": half,
                 "final_val_acc": float(np.mean([r.metrics["val_acc"].iloc[-1] for r in members])),
-                "flat": flat,
+                "state": state,
+                "flat": state == "converged",
             }
         )
     columns: list[Column] = [("setting", "l", lambda r: r["setting"])] if any(k[0] for k in groups) else []
@@ -338,13 +354,14 @@ def convergence_table(runs: list[Run], baseline: Baseline, margin_points: float 
                 f" (epoch {r['from_epoch']} -> {r['epochs']})"
             ),
         ),
-        (f"flat (|change| <= {margin_points:g})", "l", lambda r: "yes" if r["flat"] else "NO"),
+        (f"converged (within ±{margin_points:g})", "l", lambda r: r["state"]),
     ]
     display, align = display_columns(rows, columns)
     caption = (
-        "Convergence of the baseline: mean over seeds (± 95% CI half-width) of the change in validation accuracy "
-        "from the epoch before the last fifth of training to the final epoch; the baseline counts as converged "
-        f"when the mean change is within ±{margin_points:g} points."
+        "Convergence of the baseline: mean over seeds (± 95% CI half-width: a t interval, not an SD) of the change "
+        "in validation accuracy from the epoch before the last fifth of training to the final epoch, decided by "
+        f"its interval: converged when the whole interval lies within ±{margin_points:g} points, still improving "
+        "when it lies above 0, falling when below 0, else undecided (one seed: by the change itself)."
     )
     notes = () if rows else ("no baseline group: convergence not assessed",)
     return Table("convergence", "Convergence of the baseline", caption, pd.DataFrame(rows), display, align, notes)

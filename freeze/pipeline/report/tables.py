@@ -399,7 +399,7 @@ def main_table(
         ("workers", "r", lambda r: str(r["world_size"])),
         ("policy", "l", lambda r: r["policy"]),
         ("n", "r", lambda r: str(r["n_runs"])),
-        ("test acc % (final epoch)", "r", lambda r: _fmt_acc(r["test_acc_mean"], r["test_acc_ci95"])),
+        ("test acc % (final epoch) ± 95% CI", "r", lambda r: _fmt_acc(r["test_acc_mean"], r["test_acc_ci95"])),
     ]
     if compare:
         columns += [
@@ -629,7 +629,7 @@ def static_sweep_table(runs: list[Run], baseline: Baseline) -> Table:
         ("workers", "r", lambda r: str(r["world_size"])),
         ("n", "r", lambda r: str(r["n_runs"])),
         ("s/epoch", "r", lambda r: fmt_number(r["epoch_wall_s"], ".2f")),
-        ("test acc % (final epoch)", "r", lambda r: _fmt_acc(r["test_acc_mean"], r["test_acc_ci95"])),
+        ("test acc % (final epoch) ± 95% CI", "r", lambda r: _fmt_acc(r["test_acc_mean"], r["test_acc_ci95"])),
         ("speedup per epoch vs k=0", "r", lambda r: fmt_number(r["speedup_per_epoch"], ".2f", "x")),
     ]
     display, align = display_columns(rows, columns)

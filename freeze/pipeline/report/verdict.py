@@ -37,10 +37,20 @@ def _speed_sentence(row: pd.Series) -> str:
     if not (math.isfinite(low) and math.isfinite(high)):
         return f"{_label(row)}: {shown}; run more seeds before reading anything into it."
     if low <= 1.0 <= high:
-        return f"{_label(row)}: no measurable speedup, {shown} includes 1.0."
+        return f"{_label(row)}: no measurable speedup over the whole run, {shown} includes 1.0{_ttt_clause(row)}."
     if low > 1.0:
         return f"{_label(row)}: trained faster than the baseline, {shown}."
     return f"{_label(row)}: trained slower than the baseline, {shown}."
+
+
+def _ttt_clause(row: pd.Series) -> str:
+    """Where the run's speedup says nothing, a time to target whose interval excludes 1.0 says something
+    (issue 48: "no measurable speedup" sat beside a time-to-target interval above 1.0, unremarked)."""
+    ttt, low, high = (float(row.get(k, math.nan)) for k in ("ttt_speedup", "ttt_speedup_low", "ttt_speedup_high"))
+    if not (math.isfinite(low) and math.isfinite(high)) or low <= 1.0 <= high:
+        return ""
+    which = "sooner" if low > 1.0 else "later"
+    return f"; it reached the target accuracy {which}, time to target {_interval(ttt, low, high, 'x')}"
 
 
 def _accuracy_sentence(row: pd.Series, margin_points: float) -> str:
@@ -147,14 +157,20 @@ def _control_sentence(row: pd.Series) -> str:
 
 def _convergence_sentence(row: pd.Series, margin_points: float) -> str:
     change = float(row["val_change_points"])
-    if bool(row["flat"]):
-        return (
-            f"The baseline {_label(row)} had converged (validation accuracy moved {change:+.2f} points over the "
-            f"last fifth of training, within {margin_points:g})."
-        )
+    # "state" since 2026-11-28 (decided by the interval); older convergence.csv files have "flat" only
+    state = str(row["state"]) if "state" in row else ("converged" if bool(row["flat"]) else "still improving")
+    moved = f"{change:+.2f} points of validation accuracy over the last fifth of training"
+    if state == "converged":
+        return f"The baseline {_label(row)} had converged ({moved}, within {margin_points:g})."
+    if state == "no validation data":
+        return f"The baseline {_label(row)} has no validation accuracy (data.val_size = 0): convergence not assessed."
+    if state == "falling":
+        return f"The baseline {_label(row)} was losing accuracy ({moved}): check its learning rate and schedule."
+    if state == "undecided":
+        return f"Whether the baseline {_label(row)} had converged is undecided ({moved}; more seeds would tell)."
     return (
-        f"The baseline {_label(row)} was still improving ({change:+.2f} points of validation accuracy over the "
-        "last fifth of training): these runs are too short to show a speedup at equal accuracy."
+        f"The baseline {_label(row)} was still improving ({moved}): these runs are too short to show a speedup at "
+        "equal accuracy."
     )
 
 
