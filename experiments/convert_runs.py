@@ -94,8 +94,15 @@ def _convert_config_text(path: Path, text: str) -> str:
     return text
 
 
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:  # a hand-edited file saved in another encoding
+        raise ConvertError(f"{path}: not UTF-8 ({err.reason} at byte {err.start}); left as it is") from None
+
+
 def _convert_config(path: Path, dry_run: bool) -> bool:
-    text = path.read_text(encoding="utf-8")
+    text = _read_text(path)
     try:
         converted = _convert_config_text(path, text)
     except tomllib.TOMLDecodeError as err:
@@ -109,7 +116,7 @@ def _convert_config(path: Path, dry_run: bool) -> bool:
 
 def _convert_manifest(path: Path, dry_run: bool) -> bool:
     try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
+        manifest = json.loads(_read_text(path))
     except json.JSONDecodeError as err:
         raise ConvertError(f"{path}: not valid JSON ({err}); left as it is") from None
     started = manifest.get("config") if isinstance(manifest, dict) else None
@@ -134,6 +141,7 @@ def convert_run(run_dir: Path, dry_run: bool = False) -> list[str] | None:
     except RunBusyError:
         return None
     with lock:
+        _convert_files(run_dir, dry_run=True)  # every file read and parsed first: a refusal changes none
         return _convert_files(run_dir, dry_run=False)
 
 
@@ -164,6 +172,16 @@ def main(argv: list[str] | None = None) -> int:
     except RunError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
+    except UnicodeDecodeError as err:  # a hand-edited config.toml or manifest.json in another encoding
+        print(
+            f"error: {run_dir}: a file is not UTF-8 ({err.reason} at byte {err.start}); left as it is", file=sys.stderr
+        )
+        return 1
+    except KeyboardInterrupt:
+        # each run converts under its lock, file by file: a run cut mid-way is finished by the next call
+        done = f"{changed} run(s) converted before it" if not args.dry_run else "nothing changed"
+        print(f"interrupted: {done}; run the same command again to convert the rest", file=sys.stderr)
+        return 130
     verb = "would convert" if args.dry_run else "converted"
     left = f", {busy} busy (another process writes them)" if busy else ""
     print(f"convert_runs: {verb} {changed} run(s); {unchanged} already current{left}")

@@ -412,6 +412,9 @@ def get_args_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = get_args_parser().parse_args(argv)
+    if not (math.isfinite(args.budget_s) and args.budget_s > 0):  # -5 skipped every part; nan disabled the limit
+        print(f"error: --budget-s {args.budget_s:g}; accepted: seconds > 0", file=sys.stderr)
+        return 2
     try:
         import torch
     except ImportError as e:

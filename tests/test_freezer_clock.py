@@ -50,6 +50,20 @@ def test_end_epoch_called_twice_or_with_a_skipped_epoch_is_refused_in_one_line()
         freezer.end_epoch(1)
 
 
+def test_a_loop_resumed_without_the_freezer_s_state_is_told_the_fix_not_the_epoch_rule():
+    """Issue 48: restoring only the model and optimizer, then end_epoch(2), was refused with a message
+    about 0-based epoch numbers."""
+    model = TinyNet()
+    freezer = Freezer(model, split_blocks(model), make_policy("autofreeze"))
+    x, y = global_batch(0, 4)
+    F.cross_entropy(freezer.module(x), y).backward()
+    freezer.after_backward()
+    with pytest.raises(
+        ValueError, match=r"end_epoch\(2\): this Freezer has ended no epoch yet.*load_training_state_dict"
+    ):
+        freezer.end_epoch(2)
+
+
 # ------------------------------------------------------------------------------ RunClock on its own
 def test_a_negative_interval_is_refused_naming_the_field_and_what_0_means():
     with pytest.raises(ValueError, match=r"interval_steps must be >= 0 \(0 = once per epoch\), got -1"):

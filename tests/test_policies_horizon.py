@@ -124,6 +124,22 @@ def test_a_freeze_on_probation_is_undone_when_every_held_out_check_rises_past_th
     assert decide(policy, later + [stats(6, 3, frozen, 9.0)]) == 3
 
 
+def test_a_diverging_held_out_loss_neither_proposes_a_freeze_nor_keeps_one():
+    """Reliability.md case 13: at lr 1000 the held-out loss went nan, freezes were proposed on it and
+    probation never undid them (`nan > limit` is false)."""
+    policy = make_policy("horizon:span=1,exchange=1,probation=2,tolerance=0.05,hold_off=2")
+    settled = (0.0, 0.0, 0.0, 0.5)
+    frozen = (None, None, None, 0.5)
+    diverged = trace([(None,) * L, settled, settled], held_out=[None, None, math.nan])
+    assert decide(policy, diverged) == 0  # proposed on nan: no freeze
+    history = trace([(None,) * L, settled, settled], held_out=[None, None, 1.0])
+    assert decide(policy, history) == 3
+    after = history + [stats(3, 3, frozen, math.nan), stats(4, 3, frozen, math.inf)]
+    assert decide(policy, after) == 0  # every check diverged: undone
+    mixed = history + [stats(3, 3, frozen, math.nan), stats(4, 3, frozen, 1.01)]
+    assert decide(policy, mixed) == 3  # one check back within the tolerance: kept, as a bump
+
+
 def test_after_an_undo_no_freeze_for_the_hold_off_doubled_at_every_further_undo():
     policy = make_policy("horizon:span=1,exchange=1,probation=1,tolerance=0.02,hold_off=2")
     s = (0.0, 0.0, 0.0, 0.5)

@@ -52,6 +52,13 @@ class RunClock:
 
     def end_epoch(self, epoch: int, steps: int) -> int:
         """Close ``epoch`` at optimizer step ``steps``; returns the steps it took."""
+        if epoch != self.epochs_completed and self.epochs_completed == 0 and is_int(epoch) and epoch > 0:
+            # the usual cause: a resumed loop restored the model and optimizer, not the Freezer
+            raise ValueError(
+                f"Freezer.end_epoch({epoch}): this Freezer has ended no epoch yet; a loop resumed from a checkpoint "
+                "must restore the Freezer too: save freezer.training_state_dict() and load it with "
+                "freezer.load_training_state_dict(state) (model, Freezer and optimizer, in that order)"
+            )
         if epoch != self.epochs_completed:
             raise ValueError(
                 f"Freezer.end_epoch({epoch}): the epoch that just ended is {self.epochs_completed}; call end_epoch "

@@ -15,18 +15,23 @@ from __future__ import annotations
 from pathlib import Path
 
 from freeze.pipeline.config import Config, ConfigError
+from freeze.pipeline.costmodel.profile import Profile, ProfileError, load_profile
 from freeze.pipeline.models import ModelError, check_arch
+from freeze.pipeline.plugins import load_plugins
+from freeze.pipeline.trackers import check_trackers
 from freeze.policies import Policy, parse_policy
 
 
 def preflight(config: Config) -> None:
     """ConfigError (one line naming the field and what is accepted) for an unknown ``model.arch`` or
-    a ``freeze.policy`` that does not parse."""
+    a ``freeze.policy`` that does not parse (after importing the plugins that may register them)."""
+    load_plugins(config)
     try:
         check_arch(config.model.arch)
     except ModelError as err:
         raise ConfigError(str(err)) from None
     check_policy_inputs(config, parse_policy_spec(config.freeze.policy))
+    check_trackers(config.log.trackers)
 
 
 def check_policy_inputs(config: Config, policy: Policy) -> None:
@@ -40,6 +45,8 @@ def check_policy_inputs(config: Config, policy: Policy) -> None:
             "freezes with a cost-model profile of this machine; accepted: the path of one, made by "
             "`python -m experiments.profile_run --config <the run's config>`"
         )
+    if policy.uses_pricing:
+        check_profile_fits(config, config.freeze.cost_profile)
     schedule = config.schedule
     if policy.assumes_cosine_run and (schedule.name != "cosine" or schedule.warmup_epochs or schedule.min_lr):
         # its per-block factors are the ratio of each block's cosine to the run's (freeze.policies.rules)
@@ -53,6 +60,45 @@ def check_policy_inputs(config: Config, policy: Policy) -> None:
             f"data.val_size: freeze.policy={policy.name} checks its freezes on held-out images; accepted: "
             "data.val_size > 0, or the policy's probation=0"
         )
+
+
+PROFILE_COMMAND = "python -m experiments.profile_run --config <the run's config> [--set ...]"
+
+
+def check_profile_fits(config: Config, path: str) -> Profile:
+    """The profile at ``path``, refused (ConfigError, one line) when it cannot price this run on any
+    machine: unreadable, another batch size, optimizer or process count, or a comm hook the cost model
+    does not describe. Checked where runs are planned (a login node too); the worker adds what only the
+    machine that trains can check: the exact cores and the CPU (freeze.pipeline.pricing)."""
+    try:
+        profile = load_profile(path)
+    except (OSError, ProfileError) as e:
+        raise ConfigError(
+            f"freeze.cost_profile: {path} cannot be read ({e}); accepted: a profile made by `{PROFILE_COMMAND}`"
+        ) from None
+    if profile.batch_size != config.train.batch_size:
+        raise ConfigError(
+            f"freeze.cost_profile: {path} was measured at batch {profile.batch_size}, this run's is "
+            f"{config.train.batch_size}; accepted: a profile at the run's batch size"
+        )
+    if profile.optimizer.split("(")[0] != config.optim.name:  # its label: "adamw(weight_decay=0.01)"
+        raise ConfigError(
+            f"freeze.cost_profile: {path} was measured with optimizer {profile.optimizer}, this run's is "
+            f"{config.optim.name}; accepted: a profile with the run's optimizer"
+        )
+    layout = profile.meta.get("layout")
+    processes = config.cluster.nodes or config.dist.nproc
+    if isinstance(layout, list) and len(layout) != processes:
+        raise ConfigError(
+            f"freeze.cost_profile: {path} was measured with {len(layout)} processes, this run has {processes} "
+            f"(dist.nproc, or cluster.nodes); accepted: a profile of the run's layout, made by `{PROFILE_COMMAND}`"
+        )
+    if config.freeze.comm_hook.startswith("powersgd"):
+        raise ConfigError(
+            f"freeze.comm_hook: {config.freeze.comm_hook} is not priced by the cost model; accepted with "
+            f"freeze.policy={config.freeze.policy}: allreduce, bf16"
+        )
+    return profile
 
 
 def parse_policy_spec(spec: str) -> Policy:

@@ -18,13 +18,14 @@ What cannot be priced is refused when the run starts, in one line naming the fie
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from freeze._atomic import atomic_write_text
 from freeze.pipeline.config import Config, ConfigError
 from freeze.pipeline.costmodel.link import LinkError
 from freeze.pipeline.costmodel.model import predict_step
-from freeze.pipeline.costmodel.profile import ProfileError, load_profile
 from freeze.pipeline.costmodel.profiler import NodeCores
 from freeze.pipeline.costmodel.setting import (
     PROBE_DIR,
@@ -36,12 +37,68 @@ from freeze.pipeline.costmodel.setting import (
     run_link,
 )
 from freeze.pipeline.optim import lr_factor
+from freeze.pipeline.preflight import PROFILE_COMMAND, check_profile_fits
+from freeze.pipeline.runs import cpu_name
 from freeze.policies import Pricing
 
-PROFILE_COMMAND = "python -m experiments.profile_run --config <the run's config> [--set ...]"
+# The pricing a run started with, in its run directory: what a resume prices with, so that an edited
+# or replaced profile (or probe, or calibration) between two lives cannot change its decisions.
+PRICING_FILE = "pricing.json"
 
 
-def run_pricing(cfg: Config, steps_per_epoch: int, block_names: Sequence[str], probe_dir: Path = PROBE_DIR) -> Pricing:
+def recorded_pricing(
+    cfg: Config,
+    run_dir: Path,
+    steps_per_epoch: int,
+    block_names: Sequence[str],
+    base_lr: float,
+    *,
+    resuming: bool,
+    write: bool,
+) -> Pricing:
+    """The run's pricing: on a resume from a checkpoint, the one its first life recorded in
+    ``run_dir``; otherwise :func:`run_pricing` from the files the config names, recorded there
+    (by the rank that ``write``s). A resumed run directory from before the record prices anew.
+
+    Raises:
+        ConfigError: what :func:`run_pricing` refuses, or a record that is not this run's (one line).
+    """
+    path = Path(run_dir) / PRICING_FILE
+    if resuming and path.is_file():
+        return _read_pricing(path, steps_per_epoch * cfg.train.epochs, len(block_names))
+    pricing = run_pricing(cfg, steps_per_epoch, block_names, base_lr=base_lr)
+    if write:
+        atomic_write_text(path, json.dumps(dataclasses.asdict(pricing)))
+    return pricing
+
+
+def _read_pricing(path: Path, steps: int, num_blocks: int) -> Pricing:
+    redo = "delete checkpoint.pt to re-run it from epoch 0"
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        pricing = Pricing(
+            step_time_s=record["step_time_s"],
+            lr_per_step=record["lr_per_step"],
+            rewrap_s=record["rewrap_s"],
+            build_s=record.get("build_s", ()),
+        )
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"{path}: the pricing this run started with cannot be read ({e}); {redo}") from None
+    if len(pricing.step_time_s) != num_blocks or len(pricing.lr_per_step) != steps:
+        raise ConfigError(
+            f"{path}: prices {len(pricing.step_time_s)} boundaries over {len(pricing.lr_per_step)} steps, this run "
+            f"has {num_blocks} blocks and {steps} steps; {redo}"
+        )
+    return pricing
+
+
+def run_pricing(
+    cfg: Config,
+    steps_per_epoch: int,
+    block_names: Sequence[str],
+    probe_dir: Path = PROBE_DIR,
+    base_lr: float | None = None,
+) -> Pricing:
     """The run's :class:`~freeze.policies.Pricing` (module docstring).
 
     Args:
@@ -49,6 +106,7 @@ def run_pricing(cfg: Config, steps_per_epoch: int, block_names: Sequence[str], p
         steps_per_epoch: the run's optimizer steps per epoch.
         block_names: the model's block names, which the profile's must equal.
         probe_dir: where the cost model's probes and calibration are.
+        base_lr: the LR the run trains at (optim.lr scaled with the global batch); None: optim.lr.
 
     Raises:
         ConfigError: one line naming the field: no profile, another model's, no probe for the link,
@@ -56,7 +114,8 @@ def run_pricing(cfg: Config, steps_per_epoch: int, block_names: Sequence[str], p
     """
     step_time_s, rewrap_s = _step_times(cfg, block_names, probe_dir)
     total = steps_per_epoch * cfg.train.epochs
-    lr = [cfg.optim.lr * lr_factor(s, steps_per_epoch, total, cfg.schedule, cfg.optim.lr) for s in range(total)]
+    lr0 = cfg.optim.lr if base_lr is None else base_lr
+    lr = [lr0 * lr_factor(s, steps_per_epoch, total, cfg.schedule, lr0) for s in range(total)]
     return Pricing(step_time_s=step_time_s, lr_per_step=tuple(lr), rewrap_s=rewrap_s)
 
 
@@ -65,7 +124,13 @@ def _check_layout(cfg: Config, profiled: list[dict] | None, path: str) -> None:
     time depends on them (threads per process, processes sharing a core), so a profile from another
     layout or another machine would misprice every freeze."""
     layout = process_layout(cfg)
-    measured = None if profiled is None else [NodeCores(tuple(n["cores"]), n["threads"]) for n in profiled]
+    try:
+        measured = None if profiled is None else [NodeCores(tuple(n["cores"]), n["threads"]) for n in profiled]
+    except (TypeError, KeyError, ValueError):  # a hand-edited meta: one line, not a traceback per rank
+        raise ConfigError(
+            f"freeze.cost_profile: {path}: meta.layout = {profiled!r} is malformed; accepted: a profile made by "
+            f"`{PROFILE_COMMAND}`"
+        ) from None
     if measured == layout:
         return
     where = "an unrecorded layout" if measured is None else f"core layout {layout_name(measured)}"
@@ -75,6 +140,21 @@ def _check_layout(cfg: Config, profiled: list[dict] | None, path: str) -> None:
     )
 
 
+def _check_machine(meta: dict, path: str) -> None:
+    """A profile names the CPU it was measured on (profiles made before 2026-11-28 do not, and pass on
+    their core layout alone): another CPU's costs would misprice every freeze. The host is not
+    compared: a cluster's identical nodes share one profile."""
+    measured_on = meta.get("cpu")
+    if measured_on is None:
+        return
+    here = cpu_name()
+    if measured_on != here:
+        raise ConfigError(
+            f"freeze.cost_profile: {path} was measured on {measured_on} (host {meta.get('host', '?')}), this "
+            f"machine is {here}; accepted: a profile made on this kind of machine by `{PROFILE_COMMAND}`"
+        )
+
+
 def _step_times(cfg: Config, block_names: Sequence[str], probe_dir: Path) -> tuple[tuple[float, ...], float]:
     path = cfg.freeze.cost_profile
     if not path:
@@ -82,33 +162,14 @@ def _step_times(cfg: Config, block_names: Sequence[str], probe_dir: Path) -> tup
             f"freeze.cost_profile: freeze.policy={cfg.freeze.policy} prices its freezes with the cost model and needs "
             f"a profile of this machine; accepted: the path of one, made by `{PROFILE_COMMAND}`"
         )
-    try:
-        profile = load_profile(path)
-    except (OSError, ProfileError) as e:
-        raise ConfigError(
-            f"freeze.cost_profile: {path} cannot be read ({e}); accepted: a profile made by `{PROFILE_COMMAND}`"
-        ) from None
+    profile = check_profile_fits(cfg, path)
     if [b.name for b in profile.blocks] != list(block_names):
         raise ConfigError(
             f"freeze.cost_profile: {path} profiles blocks {[b.name for b in profile.blocks]}, this run's are "
             f"{list(block_names)}; accepted: a profile of this model (`{PROFILE_COMMAND}`)"
         )
-    if profile.batch_size != cfg.train.batch_size:
-        raise ConfigError(
-            f"freeze.cost_profile: {path} was measured at batch {profile.batch_size}, this run's is "
-            f"{cfg.train.batch_size}; accepted: a profile at the run's batch size"
-        )
-    if profile.optimizer.split("(")[0] != cfg.optim.name:  # its label: "adamw(weight_decay=0.01)"
-        raise ConfigError(
-            f"freeze.cost_profile: {path} was measured with optimizer {profile.optimizer}, this run's is "
-            f"{cfg.optim.name}; accepted: a profile with the run's optimizer"
-        )
     _check_layout(cfg, profile.meta.get("layout"), path)
-    if cfg.freeze.comm_hook.startswith("powersgd"):
-        raise ConfigError(
-            f"freeze.comm_hook: {cfg.freeze.comm_hook} is not priced by the cost model; accepted with "
-            f"freeze.policy={cfg.freeze.policy}: allreduce, bf16"
-        )
+    _check_machine(profile.meta, path)
     probes = probe_files(cfg, probe_dir)
     try:
         link = run_link(probes, cfg)

@@ -44,7 +44,8 @@ from pathlib import Path
 
 from freeze.cache import CacheError
 from freeze.pipeline.cluster.jobs import run_config_entry, run_on_cluster
-from freeze.pipeline.config import Config, ConfigError, config_to_toml, load_config
+from freeze.pipeline.cluster.spec import ClusterSpecError
+from freeze.pipeline.config import Config, ConfigError, config_to_toml, default_values, load_config
 from freeze.pipeline.data import DataError
 from freeze.pipeline.distributed import check_hardware, setup_worker, teardown_worker
 from freeze.pipeline.failures import (
@@ -137,7 +138,7 @@ def prepare_run_dir(config: Config, resume: bool) -> Path:
     another config) and write its resolved config.toml; returns that file's path, the one the
     workers load. The caller holds the run's lock. Raises RunError."""
     run = RunDir(config.run_dir())
-    run.prepare(config_to_toml(config), resume)
+    run.prepare(config_to_toml(config), resume, default_values())
     return run.config_path
 
 
@@ -279,7 +280,7 @@ def run_worker(config: Config, resume: bool, argv: list[str] | None = None) -> i
             _mark_failed(config, e)
         print(f"error: {e} (config keys freeze.cache, freeze.cache_budget_bytes)", file=sys.stderr)
         return 2
-    except (ConfigError, RunError, DataError, ModelError, OSError) as e:
+    except (ConfigError, ClusterSpecError, RunError, DataError, ModelError, OSError) as e:
         if _Interrupt.seen:  # e.g. a write cut short by the signal
             return _interrupted(config, ctx, outcome, argv)
         if not outcome.started:

@@ -26,7 +26,7 @@ import socket
 import subprocess
 import tomllib
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -155,16 +155,26 @@ def _flatten(data: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]
             yield dotted, value
 
 
-def first_differing_key(old_toml: str, new_toml: str) -> tuple[str, Any, Any] | None:
+def first_differing_key(
+    old_toml: str, new_toml: str, defaults: Mapping[str, Any] | None = None
+) -> tuple[str, Any, Any] | None:
     """(dotted key, old value, new value) of the first key that differs, or None if equal as data."""
-    return first_differing_key_of(tomllib.loads(old_toml), tomllib.loads(new_toml))
+    return first_differing_key_of(tomllib.loads(old_toml), tomllib.loads(new_toml), defaults)
 
 
-def first_differing_key_of(old_config: dict[str, Any], new_config: dict[str, Any]) -> tuple[str, Any, Any] | None:
-    """:func:`first_differing_key` of two configs already read (nested dicts, as TOML reads them)."""
+def first_differing_key_of(
+    old_config: dict[str, Any], new_config: dict[str, Any], defaults: Mapping[str, Any] | None = None
+) -> tuple[str, Any, Any] | None:
+    """:func:`first_differing_key` of two configs already read (nested dicts, as TOML reads them).
+    ``defaults`` (dotted key -> default): a key the old config lacks and the new one holds at its
+    default is no difference: the key was added after the run started, at the value that keeps what
+    the run did (a key is only ever added that way)."""
     old, new = dict(_flatten(old_config)), dict(_flatten(new_config))
     missing = object()
+    defaults = defaults or {}
     for key in list(old) + [k for k in new if k not in old]:
+        if key not in old and key in defaults and new.get(key, missing) == defaults[key]:
+            continue
         if old.get(key, missing) != new.get(key, missing):
             return key, old.get(key), new.get(key)
     return None
@@ -228,9 +238,10 @@ class RunDir:
             raise RunError(f"run {self.path} is complete; it is never overwritten: choose another run.name")
         return status
 
-    def prepare(self, config_toml: str, resume: bool) -> RunStatus:
+    def prepare(self, config_toml: str, resume: bool, defaults: Mapping[str, Any] | None = None) -> RunStatus:
         """Check that the run may start (or, with ``resume``, continue) under this config, and write
-        it as config.toml; returns the status the run had. Calling it again with the same config
+        it as config.toml; returns the status the run had. ``defaults`` (dotted key -> default): keys
+        added since the run started pass at their default (:func:`first_differing_key_of`). Calling it again with the same config
         changes nothing: the launcher calls it before starting workers (which then load config.toml),
         and rank 0 again when the run starts, which also covers workers started by a plain torchrun.
         """
@@ -241,9 +252,9 @@ class RunDir:
                 "pass --resume to continue it, or choose another run.name"
             )
         if resume and self.config_path.exists():
-            self._check_same_config(config_toml)
+            self._check_same_config(config_toml, defaults)
         if resume and status != "absent":
-            self._check_started_config(config_toml)
+            self._check_started_config(config_toml, defaults)
         if resume:
             self.epoch_records()  # a bad line stops the run here, before any worker trains
         try:
@@ -268,12 +279,12 @@ class RunDir:
         self.prepare(config_toml, resume)
         self.begin(manifest, resume)
 
-    def _check_same_config(self, config_toml: str) -> None:
+    def _check_same_config(self, config_toml: str, defaults: Mapping[str, Any] | None) -> None:
         stored = self.config_path.read_text(encoding="utf-8")
         if stored == config_toml:
             return
         try:
-            diff = first_differing_key(stored, config_toml)
+            diff = first_differing_key(stored, config_toml, defaults)
         except tomllib.TOMLDecodeError as err:
             raise RunError(f"cannot resume {self.path}: {self.config_path} is not valid TOML: {err}") from None
         if diff is None:
@@ -284,7 +295,7 @@ class RunDir:
             "resume with the stored config, or choose another run.name"
         )
 
-    def _check_started_config(self, config_toml: str) -> None:
+    def _check_started_config(self, config_toml: str, defaults: Mapping[str, Any] | None) -> None:
         """RunError unless ``config_toml`` is the config the run started with (the manifest's
         ``config``): config.toml itself may have been edited, and resuming through
         ``--config <run>/config.toml`` then passed :meth:`_check_same_config` while the checkpoint's
@@ -293,7 +304,7 @@ class RunDir:
         started = self.read_manifest().get("config")
         if not isinstance(started, dict):
             return
-        diff = first_differing_key_of(started, tomllib.loads(config_toml))
+        diff = first_differing_key_of(started, tomllib.loads(config_toml), defaults)
         if diff is None:
             return
         key, old, new = diff

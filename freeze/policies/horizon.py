@@ -44,7 +44,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from freeze.monitor import IntervalStats
+from freeze.intervals import IntervalStats
 from freeze.policies import payoff as _payoff  # noqa: F401  (registered first: the older rules list before this one)
 from freeze.policies.base import Policy, PolicyError, Progress, param, register_policy
 
@@ -163,6 +163,8 @@ class Horizon(Policy):
                 f"policy '{self.name}': a freeze on probation needs the held-out loss at the interval that "
                 "proposes it; accepted: a Freezer built with probe=..., or probation=0"
             )
+        if self.uses_probe and not math.isfinite(history[-1].held_out_loss):
+            return boundary  # a diverging run (held-out loss nan or inf): nothing to check a freeze against
         return j
 
     def wants_probe(
@@ -280,8 +282,12 @@ class Horizon(Policy):
         checks = [stats.held_out_loss for stats in history[freeze_at + 1 :]]
         if before is None or any(c is None for c in checks):
             return None  # measured by no probe: nothing to compare (probation needs the Freezer's probe)
+        if not math.isfinite(before):
+            return history[freeze_at].boundary  # proposed on a diverged loss (a run from before the check above)
         limit = before + abs(before) * self.tolerance
-        return history[freeze_at].boundary if all(c > limit for c in checks) else None
+        # a check that diverged (nan, inf) is a rise: `nan > limit` is false, and kept such a freeze for good
+        rose = [not math.isfinite(c) or c > limit for c in checks]
+        return history[freeze_at].boundary if all(rose) else None
 
     def _on_probation(self, boundary: int, history: Sequence[IntervalStats]) -> int | None:
         """Index in ``history`` of the interval whose close decided the freeze now on probation."""

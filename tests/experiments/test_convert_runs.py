@@ -85,3 +85,14 @@ def test_the_boolean_augment_becomes_its_name_and_keep_checkpoint_its_default():
 def test_a_folder_that_is_not_there_is_one_line(tmp_path, capsys):
     assert main([str(tmp_path / "nope")]) == 2
     assert capsys.readouterr().err.strip() == f"error: {tmp_path / 'nope'} is not a directory"
+
+
+def test_a_file_that_is_not_utf8_is_one_line_and_nothing_changes(tmp_path, capsys):
+    """Reliability.md case 21: a 26-line UnicodeDecodeError traceback."""
+    run_dir = _old_run(tmp_path)
+    (run_dir / "config.toml").write_bytes(b"\xff" + (run_dir / "config.toml").read_bytes())
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir()}
+    assert main([str(tmp_path / "runs")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "config.toml: not UTF-8" in err and "left as it is" in err
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir() if p.name in before} == before

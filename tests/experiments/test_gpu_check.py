@@ -120,3 +120,11 @@ def test_bench_rows_measure_the_four_approaches_on_one_rank_and_the_summary_read
     line = next(line for line in summary.splitlines() if line.startswith("| 2 |"))
     assert f"| {float(stored['median_ms']):.4g} |" in line
     assert "- FAILED: `t::a[cuda]`: boom" in summary and "No fine-tune results." in summary
+
+
+@pytest.mark.parametrize("budget", ["-5", "0", "nan", "inf"])
+def test_a_budget_that_is_no_time_limit_is_refused_in_one_line(tmp_path, capsys, budget):
+    """Reliability.md case 28: -5 skipped every part on a GPU and nan disabled the limit."""
+    assert gc.main(["--out", str(tmp_path / "gpu"), "--budget-s", budget]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: --budget-s") and "accepted: seconds > 0" in err[0]

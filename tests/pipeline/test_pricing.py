@@ -95,3 +95,74 @@ def test_the_launcher_refuses_horizon_without_a_profile_or_held_out_images():
     with pytest.raises(ConfigError, match="^data.val_size: freeze.policy=horizon checks"):
         preflight(config(*LOOPBACK, "data.val_size=0"))
     preflight(config(*LOOPBACK, "freeze.policy=horizon:probation=0", "data.val_size=0"))  # no check: no images needed
+
+
+def test_a_resume_prices_with_what_the_run_recorded_not_an_edited_profile(tmp_path):
+    """Issue 50 (reliability.md case 5): the profile rewritten between an interruption and the resume
+    changed the resumed run's decisions. The pricing a run started with is recorded in its directory
+    and a resume from a checkpoint reads only that."""
+    import json
+
+    from freeze.pipeline.pricing import PRICING_FILE, recorded_pricing
+
+    live = tmp_path / "live.json"
+    live.write_text((PROFILES / "profile-loopback-adamw.json").read_text())
+    cfg = config("dist.nproc=2", f"freeze.cost_profile={live}")
+    blocks = blocks_of(cfg)
+    first = recorded_pricing(cfg, tmp_path, 34, blocks, cfg.optim.lr, resuming=False, write=True)
+    assert json.loads((tmp_path / PRICING_FILE).read_text())["step_time_s"] == list(first.step_time_s)
+    profile = json.loads(live.read_text())  # another machine's costs, same layout: every block 3x dearer
+    for block in profile["blocks"]:
+        for key, value in block.items():
+            if key.endswith("_ms") and isinstance(value, (int, float)):
+                block[key] = 3 * value
+    live.write_text(json.dumps(profile))
+    assert recorded_pricing(cfg, tmp_path, 34, blocks, cfg.optim.lr, resuming=True, write=True) == first
+    # a fresh start (no checkpoint to resume) prices from the files again, and records that
+    again = recorded_pricing(cfg, tmp_path, 34, blocks, cfg.optim.lr, resuming=False, write=True)
+    assert again != first
+    # a record for another run shape is refused in one line
+    with pytest.raises(ConfigError, match=r"pricing.json: prices 10 boundaries over 170 steps, .* 1700 steps"):
+        recorded_pricing(
+            config("dist.nproc=2", f"freeze.cost_profile={live}", "train.epochs=50"),
+            tmp_path,
+            34,
+            blocks,
+            cfg.optim.lr,
+            resuming=True,
+            write=False,
+        )
+
+
+def test_a_profile_measured_on_another_cpu_is_refused(tmp_path, monkeypatch):
+    """Reliability.md case 6: a profile "from another machine" in the same core layout passed. A profile
+    now names its CPU (profiles older than that, as the committed ones, pass on their layout alone)."""
+    import json
+
+    other = json.loads((PROFILES / "profile-loopback-adamw.json").read_text())
+    other["meta"]["cpu"], other["meta"]["host"] = "Imaginary CPU 9000", "elsewhere"
+    path = tmp_path / "other.json"
+    path.write_text(json.dumps(other))
+    monkeypatch.setattr("freeze.pipeline.pricing.cpu_name", lambda: "AMD EPYC here")
+    cfg = config("dist.nproc=2", f"freeze.cost_profile={path}")
+    with pytest.raises(
+        ConfigError, match=r"measured on Imaginary CPU 9000 \(host elsewhere\), this machine is AMD EPYC"
+    ):
+        run_pricing(cfg, 34, blocks_of(cfg))
+    other["meta"]["cpu"] = "AMD EPYC here"  # the same kind of CPU on another host (a cluster's nodes): priced
+    path.write_text(json.dumps(other))
+    assert len(run_pricing(cfg, 34, blocks_of(cfg)).step_time_s) == 10
+
+
+def test_the_pricing_lr_is_the_lr_the_run_trains_at():
+    cfg = config(*LOOPBACK)
+    plain = run_pricing(cfg, 34, blocks_of(cfg))
+    doubled = run_pricing(cfg, 34, blocks_of(cfg), base_lr=2 * cfg.optim.lr)
+    assert doubled.lr_per_step == pytest.approx([2 * lr for lr in plain.lr_per_step])
+
+
+def test_a_profile_of_another_process_count_is_refused_where_the_runs_are_planned():
+    """Reliability.md case 18: a horizon arm on 1 process priced with the 2-process profile passed the
+    study's up-front check and was refused only when its turn came, up to an hour in."""
+    with pytest.raises(ConfigError, match="measured with 2 processes, this run has 1"):
+        preflight(config("dist.nproc=1", f"freeze.cost_profile={PROFILES / 'profile-loopback-adamw.json'}"))

@@ -289,6 +289,31 @@ def test_a_batch_larger_than_the_data_is_refused_and_leaves_no_run(tmp_path, cap
     assert not (tmp_path / "runs" / "smoke").exists()
 
 
+def test_a_policy_the_freezer_refuses_for_this_run_is_one_line_not_a_traceback(tmp_path, capsys, monkeypatch):
+    """Reliability.md case 11: the Freezer's one-line refusal (horizon with too few evaluations) arrived as
+    a ValueError traceback from every rank, exit 1."""
+    import freeze.pipeline.prepare as prepare
+    import freeze.pipeline.run as run_module
+
+    def refuse(*args, **kwargs):
+        raise ValueError(
+            "Freezer: policy 'horizon:...' needs 3 evaluations before its first decision and this run has 2"
+        )
+
+    monkeypatch.setattr(prepare, "Freezer", refuse)
+    argv = [
+        "--config",
+        str(SMOKE),
+        f"run.out_dir={tmp_path / 'runs'}",
+        f"data.root={tmp_path / 'data'}",
+        "dist.nproc=1",
+    ]
+    assert run_module.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: freeze.policy: Freezer: policy 'horizon:...' needs 3 evaluations")
+    assert not any("Traceback" in line for line in err)
+
+
 def test_control_character_in_run_name_is_one_line():
     from freeze.pipeline.config import ConfigError, load_config
 

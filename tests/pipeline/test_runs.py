@@ -343,3 +343,22 @@ def test_progress_line_keeps_a_tensor_loss_off_the_host_until_it_prints():
     clock[0] = 3
     line = progress.update(3, 3, torch.tensor(3.0), 0.1, 0.0)
     assert "loss 2.000" in line
+
+
+def test_a_key_added_after_the_run_started_resumes_at_its_default_and_at_no_other_value(tmp_path):
+    """A run started before optim.lr_reference_batch existed resumes under today's config, which holds
+    it at its default (0: the LR as given); a resume that changes it is refused as any other change."""
+    from freeze.pipeline.config import default_values
+
+    defaults = default_values()
+    assert defaults["optim.lr_reference_batch"] == 0
+    run = RunDir(tmp_path / "r")
+    run.create(CONFIG_A, MANIFEST, resume=False)
+    run.append_metrics({"epoch": 0})
+    with_new_key = CONFIG_A.replace("[optim]\n", "[optim]\nlr_reference_batch = 0\n")
+    assert with_new_key != CONFIG_A
+    run.prepare(with_new_key, resume=True, defaults=defaults)
+    other = CONFIG_A.replace("[optim]\n", "[optim]\nlr_reference_batch = 256\n")
+    (run.path / "config.toml").write_text(CONFIG_A)
+    with pytest.raises(RunError, match="optim.lr_reference_batch was None, now 256"):
+        run.prepare(other, resume=True, defaults=defaults)

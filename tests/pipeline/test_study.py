@@ -271,7 +271,8 @@ def _fake_runner(specs, log=print, eta=None):
             wall *= 0.99
         drop = 0.004 if "80" in c.freeze.policy and not c.run.study.endswith("-search") else 0.0
         val = VAL[c.freeze.policy] - drop
-        _write_run(c, wall, val, 0.7 + 0.01 * c.run.seed - (0.002 if "80" in c.freeze.policy else 0))
+        # seeds 100-103 (the search's) as 0-3: an accuracy above 1 is refused by the report
+        _write_run(c, wall, val, 0.7 + 0.01 * (c.run.seed % 100) - (0.002 if "80" in c.freeze.policy else 0))
     return SweepSummary(ran=[s.name for s in specs])
 
 
@@ -478,6 +479,8 @@ def test_workers_follow_the_machine_from_the_command_line_without_editing_the_st
         ("freeze.policy=geometric:alpha=0.5", ("the study sets freeze.policy for every run itself", "[arms]")),
         ("dist.nproc=many", ("dist.nproc",)),
         ("nproc=8", ("expected section.key=value",)),
+        # case 16: a missing weights file passed the up-front check and every run was refused in turn
+        (f"model.weights={tmp_path / 'missing.pt'}", ("model.weights: file", "does not exist")),
     ):
         assert cli.main(["--config", str(path), "--dry-run", override]) == 2, override
         err = capsys.readouterr().err

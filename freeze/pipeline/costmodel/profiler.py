@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import socket
 import tempfile
 import time
 import traceback
@@ -37,6 +38,7 @@ from pathlib import Path
 from freeze.checks import is_int
 from freeze.pipeline.config import OPTIMIZER_NAMES, OptimConfig
 from freeze.pipeline.costmodel.profile import BlockCost, Profile, median
+from freeze.pipeline.runs import cpu_name
 
 
 @dataclass(frozen=True)
@@ -365,5 +367,8 @@ def profile_model(
         "load_avg_1min": [load_before, os.getloadavg()[0]],
         "wall_s": time.perf_counter() - start,
         "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        # which machine measured it: a run prices its freezes only with its own kind of CPU's profile
+        "cpu": cpu_name(),
+        "host": socket.gethostname(),
     }
     return combine(results, spec, layout, meta)

@@ -173,8 +173,11 @@ def _publish(study: StudyFile, report_dir: Path) -> None:
     names = splice_tables(report_md, report_dir, not_run_tables(study))
     figures = report_md.parent / "figures" / study.name
     figures.mkdir(parents=True, exist_ok=True)
-    for path in sorted(report_dir.glob("*.png")):
+    current = sorted(report_dir.glob("*.png"))
+    for path in current:
         atomic_write_bytes(figures / path.name, path.read_bytes())
+    for stale in sorted(set(figures.glob("*.png")) - {figures / p.name for p in current}):
+        stale.unlink()  # an earlier report's figure this one did not draw
     # the runs' own numbers, committed beside the report (runs/ is not): every paired number recomputes
     per_seed = report_md.parent / "per-seed" / f"{study.name}.csv"
     per_seed.parent.mkdir(parents=True, exist_ok=True)

@@ -60,7 +60,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from freeze.checks import is_int, is_number
-from freeze.pipeline.config import ConfigError, load_config
+from freeze.pipeline.config import ConfigError, load_config, validate
 from freeze.pipeline.preflight import preflight
 from freeze.pipeline.schema import run_name_part
 from freeze.pipeline.sweep import RunSpec, SweepError, read_toml
@@ -341,7 +341,14 @@ def _read_search(path, search, arms: dict, settings: dict, seeds: tuple[int, ...
 
 
 def _spec(
-    study: StudyFile, folder: str, setting: str, group: str, seed: int, overrides: tuple[str, ...], out_dir
+    study: StudyFile,
+    folder: str,
+    setting: str,
+    group: str,
+    seed: int,
+    overrides: tuple[str, ...],
+    out_dir,
+    produced: frozenset[str] = frozenset(),
 ) -> RunSpec:
     name = "_".join(p for p in (run_name_part(setting), run_name_part(group), f"seed={seed}") if p)
     run_overrides = [*study.overrides, *study.settings[setting], *overrides, *study.command_line_overrides]
@@ -352,6 +359,8 @@ def _spec(
         names["run.out_dir"] = str(out_dir)
     try:
         config = load_config(study.finetune, run_overrides, check_files=False, values=names)
+        if config.model.weights not in produced:  # weights the study's pretraining writes are checked when written
+            validate(config, check_files=True)  # a model.weights typed on the command line that is not there
         preflight(config)  # every run refused before the first one starts, not hours in
         return RunSpec(config)
     except ConfigError as e:
@@ -382,8 +391,13 @@ def main_specs(
             overrides = (*extra_overrides, *study.arms[arm].overrides)
             if arm in chosen:
                 overrides += (f"freeze.policy={chosen[arm]}",)
-            specs.append(_spec(study, study.name, setting, arm, seed, overrides, out_dir))
+            specs.append(_spec(study, study.name, setting, arm, seed, overrides, out_dir, _produced(extra_overrides)))
     return specs
+
+
+def _produced(extra_overrides: tuple[str, ...]) -> frozenset[str]:
+    """The weights files the study's own stages write (its pretraining's), named in ``extra_overrides``."""
+    return frozenset(o.split("=", 1)[1] for o in extra_overrides if o.startswith("model.weights="))
 
 
 def search_specs(study: StudyFile, out_dir: str | None, extra_overrides: tuple[str, ...] = ()) -> list[RunSpec]:
@@ -401,7 +415,11 @@ def search_specs(study: StudyFile, out_dir: str | None, extra_overrides: tuple[s
             if policy:
                 overrides += (f"freeze.policy={policy}",)
                 group = f"{arm}@{policy}"
-            specs.append(_spec(study, f"{study.name}-search", setting, group, seed, overrides, out_dir))
+            specs.append(
+                _spec(
+                    study, f"{study.name}-search", setting, group, seed, overrides, out_dir, _produced(extra_overrides)
+                )
+            )
     return specs
 
 
