@@ -25,6 +25,10 @@ setup(
         "hf": ["transformers>=5", "accelerate>=1.1"],
         "lightning": ["lightning>=2.2"],
         "timm": ["timm>=1.0"],
+        # experiment trackers (log.trackers in a run's config; freeze.pipeline.trackers)
+        "tensorboard": ["tensorboard>=2.14"],
+        "wandb": ["wandb>=0.19"],
+        "mlflow": ["mlflow-skinny>=2.16"],
     },
     entry_points={
         "console_scripts": [

@@ -178,6 +178,10 @@ class OptimConfig:
     betas: tuple[float, float] = _f((0.9, 0.999), ge=0, lt=1)
     eps: float = _f(1e-8, gt=0)
     grad_clip_norm: float = _f(0.0, ge=0)  # 0 = off
+    # The global batch (per worker x workers x accumulation) ``lr`` was set for: the run's LR is
+    # lr x its global batch / this (the linear scaling rule, Goyal et al. 2017), so a recipe run on
+    # 8 workers instead of 4 keeps its recipe; 0: lr as given, whatever the batch.
+    lr_reference_batch: int = _f(0, ge=0)
 
 
 @dataclass(frozen=True)
@@ -223,6 +227,30 @@ class DistConfig:
     threads_per_worker: int = _f(0, ge=0)  # 0 = cores / local workers
 
 
+# The experiment trackers a run can write to (freeze.pipeline.trackers), each an optional package.
+TrackerName = Literal["tensorboard", "wandb", "mlflow"]
+TRACKER_NAMES: tuple[str, ...] = typing.get_args(TrackerName)
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    """Where rank 0 sends each epoch's record besides metrics.jsonl (freeze.pipeline.trackers)."""
+
+    trackers: tuple[TrackerName, ...] = ()  # e.g. ["tensorboard", "wandb"]; on the command line "tensorboard,wandb"
+    project: str = "freeze"  # the W&B project / MLflow experiment; TensorBoard writes into the run directory
+    mlflow_uri: str = ""  # MLflow's tracking URI; "" = a file store mlruns/ beside the study's runs
+
+
+@dataclass(frozen=True)
+class PluginsConfig:
+    """Your own code in the pipeline: modules imported before the config's names are resolved, whose
+    ``@register_policy`` policies and ``@register_model`` builders the run, sweep and study then accept
+    by name (docs/policies.md). Installed packages can also declare them under the entry-point group
+    ``freeze.plugins``, imported always."""
+
+    modules: tuple[str, ...] = ()  # importable module names, e.g. ["my_policies"]
+
+
 @dataclass(frozen=True)
 class ClusterConfig:
     """An emulated cluster on this machine (freeze.pipeline.cluster); nodes = 0: none."""
@@ -244,6 +272,8 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     dist: DistConfig = field(default_factory=DistConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    plugins: PluginsConfig = field(default_factory=PluginsConfig)
 
     def run_dir(self) -> Path:
         return Path(self.run.out_dir) / self.run.study / self.run.name
@@ -365,6 +395,19 @@ def _check_value(dotted: str, value: Any, hint: Any, bounds: Range | None) -> An
         if not isinstance(value, str) or value not in accepted:
             raise ConfigError(f"{dotted}: {_show(value)} is not accepted; accepted: {', '.join(accepted)}")
         return value
+    if origin is tuple and len(typing.get_args(hint)) == 2 and typing.get_args(hint)[1] is Ellipsis:
+        # a list of names (log.trackers, plugins.modules): each one of the accepted (any name for
+        # plain strings), none twice
+        item = typing.get_args(hint)[0]
+        accepted = typing.get_args(item)
+        items = (value,) if isinstance(value, str) else value
+        ok = isinstance(items, (list, tuple)) and all(isinstance(v, str) and v.strip() for v in items)
+        if not ok or (accepted and not all(v in accepted for v in items)):
+            kinds = ", ".join(accepted) if accepted else "non-empty names"
+            raise ConfigError(f"{dotted}: {_show(value)} is not accepted; accepted: a list of {kinds}")
+        if len(set(items)) != len(items):
+            raise ConfigError(f"{dotted}: {_show(value)} names one twice; accepted: each of {', '.join(accepted)} once")
+        return tuple(items)
     if origin is tuple:
         args = typing.get_args(hint)
         rng = f" {bounds.describe()}" if bounds else ""
@@ -507,6 +550,8 @@ def apply_override(data: dict[str, dict[str, Any]], override: str) -> None:
     if (hint in (str, Augment) or typing.get_origin(hint) is Literal) and not isinstance(value, str):
         # run.name=123 or run.name=true means the name "123"/"true", not a type error.
         value = text.strip()
+    if typing.get_origin(hint) is tuple and typing.get_args(hint)[-1] is Ellipsis and isinstance(value, str):
+        value = [v.strip() for v in value.split(",") if v.strip()]  # log.trackers=tensorboard,wandb
     data.setdefault(section, {})[key] = value
 
 
@@ -606,6 +651,16 @@ def _toml_value(value: Any) -> str:
         # A float's repr is the shortest string that round-trips exactly; inf and nan as TOML spells them.
         return spell(value)
     raise TypeError(f"config_to_toml: cannot write a value of type {type(value).__name__}: {value!r}")
+
+
+def default_values() -> dict[str, Any]:
+    """Every key's default, as ``"section.key" -> value`` in the form config.toml holds it: what a key
+    added after a run started resumes at (freeze.pipeline.runs.first_differing_key_of)."""
+    return {
+        f"{section}.{key}": value
+        for section, values in config_to_dict(Config()).items()
+        for key, value in values.items()
+    }
 
 
 def config_to_toml(config: Config) -> str:

@@ -65,6 +65,8 @@ if __name__ == "__main__":
     # python .../lifetime.py <module> <args>: bind to the launcher, then run <module> as __main__.
     die_with_parent()
     sys.path.pop(0)  # this file's directory: its modules (data, log, ...) must not shadow others
+    # what `python -m` puts first: the folder it runs from, where a user's plugins.modules live
+    sys.path.insert(0, os.getcwd())
     module = sys.argv.pop(1)
     sys.argv[0] = module
     try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import difflib
 import logging
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -34,11 +34,43 @@ def classification_models() -> list[str]:
     return torchvision.models.list_models(module=torchvision.models)
 
 
+# Your own models by name (model.arch): builder(num_classes) -> nn.Module, registered by a plugin module
+# (freeze.pipeline.plugins) with @register_model("name").
+MODELS: dict[str, Callable[[int], nn.Module]] = {}
+
+
+def register_model(name: str) -> Callable[[Callable[[int], nn.Module]], Callable[[int], nn.Module]]:
+    """Decorator: make ``builder(num_classes) -> nn.Module`` a ``model.arch`` the pipeline accepts.
+
+    The builder returns the model with a fresh ``num_classes`` head as its last ``nn.Linear`` (the
+    head ``model.weights`` never overwrites); blocks are cut by ``split_blocks`` as for any model, or
+    named in ``model.blocks``.
+
+    Raises:
+        ModelError: the name is empty, a torchvision model's, or another builder's.
+    """
+    if not isinstance(name, str) or not name.strip():
+        raise ModelError(f"register_model: name {name!r}; accepted: a non-empty name")
+
+    def register(builder: Callable[[int], nn.Module]) -> Callable[[int], nn.Module]:
+        if name in classification_models():
+            raise ModelError(f"register_model: {name!r} is a torchvision model; accepted: a name of your own")
+        if MODELS.get(name, builder) is not builder:
+            raise ModelError(
+                f"register_model: {name!r} is already registered by {MODELS[name]!r}; accepted: a new name"
+            )
+        MODELS[name] = builder
+        return builder
+
+    return register
+
+
 def check_arch(arch: str) -> None:
     """ModelError (one line naming model.arch and what is accepted) unless ``arch`` is a torchvision
-    classification model name; config validation reports the same line."""
+    classification model name or a registered one (:func:`register_model`); config validation
+    reports the same line."""
     names = classification_models()
-    if arch in names:
+    if arch in names or arch in MODELS:
         return
     close = difflib.get_close_matches(str(arch), names, n=3)
     hint = f" (did you mean {', '.join(close)}?)" if close else ""
@@ -46,7 +78,8 @@ def check_arch(arch: str) -> None:
     raise ModelError(
         f"unknown model.arch {arch!r}{hint}: accepted are the {len(names)} torchvision classification "
         f"models, e.g. resnet18, resnet50, mobilenet_v3_small, efficientnet_b0, vgg11_bn "
-        f"(families: {', '.join(families)})"
+        f"(families: {', '.join(families)}), and models registered by plugins.modules "
+        f"({', '.join(sorted(MODELS)) or 'none registered'})"
     )
 
 
@@ -114,9 +147,19 @@ def build_model(
         raise ModelError(f"model.num_classes must be a positive integer, got {num_classes!r}")
     if stem not in STEMS:
         raise ModelError(f"model.stem must be one of {', '.join(STEMS)}, got {stem!r}")
-    # Every torchvision builder sizes its own head from num_classes (fc, classifier[-1], heads.head,
-    # ...), so no architecture-specific head surgery is needed; pretrained tensors are loaded after.
-    model = torchvision.models.get_model(arch, weights=None, num_classes=num_classes)
+    if arch in MODELS:
+        if stem != "imagenet" or weights == "imagenet":
+            raise ModelError(
+                f"model.arch {arch!r} is your own model: model.stem=cifar and model.weights=imagenet are for "
+                "torchvision's; accepted: model.stem=imagenet (as built) and model.weights none or a file"
+            )
+        model = MODELS[arch](num_classes)
+        if not isinstance(model, nn.Module):
+            raise ModelError(f"model.arch {arch!r}: its builder returned a {type(model).__name__}, not an nn.Module")
+    else:
+        # Every torchvision builder sizes its own head from num_classes (fc, classifier[-1], heads.head,
+        # ...), so no architecture-specific head surgery is needed; pretrained tensors are loaded after.
+        model = torchvision.models.get_model(arch, weights=None, num_classes=num_classes)
     if stem == "cifar":
         _cifar_stem(model, arch)
     if weights == "none":

@@ -34,6 +34,14 @@ def build_optimizer(model: nn.Module, cfg, blocks: Sequence[Block] | None = None
     raise ValueError(f"optim.name: '{cfg.name}' is not accepted; accepted: sgd, adamw")
 
 
+def run_lr(cfg, global_batch: int) -> float:
+    """The LR a run trains at: ``cfg.lr`` (OptimConfig), scaled linearly with the global batch when
+    ``cfg.lr_reference_batch`` names the batch it was set for (0: as given)."""
+    if not cfg.lr_reference_batch:
+        return cfg.lr
+    return cfg.lr * global_batch / cfg.lr_reference_batch
+
+
 def lr_factor(step: int, steps_per_epoch: int, total_steps: int, cfg, base_lr: float) -> float:
     """Multiplier of the base LR after ``step`` optimizer steps.
 

@@ -22,9 +22,9 @@ import torch
 from torch import nn
 
 from freeze.blocks import Block, children_block_names, split_blocks
-from freeze.cache import CacheConfig
+from freeze.cache import CacheConfig, CacheError
 from freeze.freezer import Freezer
-from freeze.pipeline.config import Config, ConfigError, config_to_toml
+from freeze.pipeline.config import Config, ConfigError, config_to_toml, default_values
 from freeze.pipeline.data import (
     DataError,
     DataSplit,
@@ -36,9 +36,9 @@ from freeze.pipeline.data import (
 )
 from freeze.pipeline.distributed import WorkerContext, run_and_agree
 from freeze.pipeline.models import imagenet_weights_file, imagenet_weights_placement, state_dict_mismatch
-from freeze.pipeline.optim import build_optimizer, build_scheduler
+from freeze.pipeline.optim import build_optimizer, build_scheduler, run_lr
 from freeze.pipeline.preflight import check_policy_inputs, parse_policy_spec
-from freeze.pipeline.pricing import run_pricing
+from freeze.pipeline.pricing import recorded_pricing
 from freeze.pipeline.run_lock import RunLock
 from freeze.pipeline.runs import RunDir, RunError, environment_info, load_checkpoint, now_iso
 from freeze.pipeline.schema import Manifest
@@ -119,7 +119,7 @@ def claim_run(cfg: Config, ctx: WorkerContext, run: RunDir, resume: bool) -> Run
     def claim() -> RunLock:
         lock = RunLock.for_worker(run.path)
         try:
-            run.prepare(config_to_toml(cfg), resume)
+            run.prepare(config_to_toml(cfg), resume, default_values())
         except BaseException:
             lock.discard_if_unstarted()
             lock.release()
@@ -193,10 +193,12 @@ def build_training(
     blocks: list[Block],
     policy: Policy,
     probe: Callable[[], float] | None = None,
+    resuming: bool = False,
 ) -> Training:
     """The training objects; ConfigError when the batch or the accumulation does not fit the data,
     or the policy's pricing cannot be made (freeze.pipeline.pricing). ``probe``: the held-out loss
-    for a policy with a held-out check (the Freezer's ``probe``)."""
+    for a policy with a held-out check (the Freezer's ``probe``); ``resuming``: the run will load a
+    checkpoint, so a pricing policy prices with what the run recorded when it started."""
     _check_batch_fits(cfg, ctx, len(split.train_y))
     loader = TrainLoader(
         split.train_x,
@@ -234,34 +236,52 @@ def build_training(
     total_steps = steps_per_epoch * cfg.train.epochs
 
     # A policy that sets each block's learning rate needs a parameter group per block (freeze.blocks).
-    optimizer = build_optimizer(model, cfg.optim, blocks if policy.sets_block_lr else None)
-    scheduler = build_scheduler(optimizer, cfg.schedule, steps_per_epoch, total_steps, cfg.optim.lr)
+    optim = dataclasses.replace(cfg.optim, lr=run_lr(cfg.optim, cfg.train.batch_size * ctx.world_size * accum))
+    optimizer = build_optimizer(model, optim, blocks if policy.sets_block_lr else None)
+    scheduler = build_scheduler(optimizer, cfg.schedule, steps_per_epoch, total_steps, optim.lr)
     scaler = torch.amp.GradScaler("cuda", enabled=cfg.train.precision == "fp16")
     ddp_kwargs = {"bucket_cap_mb": cfg.freeze.bucket_cap_mb}
     if ctx.device.type == "cuda":
         ddp_kwargs["device_ids"] = [ctx.device.index]
-    freezer = Freezer(
-        model,
-        blocks,
-        policy,
-        optimizer=optimizer,
-        epochs=cfg.train.epochs,
-        steps_per_epoch=steps_per_epoch,
-        interval_steps=cfg.freeze.interval_steps,
-        ddp_kwargs=ddp_kwargs,
-        comm_hook=cfg.freeze.comm_hook,
-        grad_checkpointing=cfg.train.grad_checkpointing,
-        track_summed_grads=cfg.freeze.track_summed_grads or None,
-        cache=CacheConfig(
-            mode=cfg.freeze.cache,
-            budget_bytes=cfg.freeze.cache_budget_bytes,
-            storage_dtype=cfg.freeze.cache_dtype,
-            directory=str(cfg.run_dir()),  # a disk cache spills into the run directory
-        ),
-        cache_source=loader.cache_source() if cfg.freeze.cache != "off" else None,
-        pricing=run_pricing(cfg, steps_per_epoch, [b.name for b in blocks]) if policy.uses_pricing else None,
-        probe=probe,
-    )
+    try:
+        freezer = Freezer(
+            model,
+            blocks,
+            policy,
+            optimizer=optimizer,
+            epochs=cfg.train.epochs,
+            steps_per_epoch=steps_per_epoch,
+            interval_steps=cfg.freeze.interval_steps,
+            ddp_kwargs=ddp_kwargs,
+            comm_hook=cfg.freeze.comm_hook,
+            grad_checkpointing=cfg.train.grad_checkpointing,
+            track_summed_grads=cfg.freeze.track_summed_grads or None,
+            cache=CacheConfig(
+                mode=cfg.freeze.cache,
+                budget_bytes=cfg.freeze.cache_budget_bytes,
+                storage_dtype=cfg.freeze.cache_dtype,
+                directory=str(cfg.run_dir()),  # a disk cache spills into the run directory
+            ),
+            cache_source=loader.cache_source() if cfg.freeze.cache != "off" else None,
+            pricing=(
+                recorded_pricing(
+                    cfg,
+                    cfg.run_dir(),
+                    steps_per_epoch,
+                    [b.name for b in blocks],
+                    optim.lr,
+                    resuming=resuming,
+                    write=ctx.is_main,
+                )
+                if policy.uses_pricing
+                else None
+            ),
+            probe=probe,
+        )
+    except (ConfigError, CacheError):
+        raise  # naming their own fields (the pricing's, the cache's)
+    except ValueError as e:  # the policy does not fit this run (the Freezer's one-line refusals): no traceback per rank
+        raise ConfigError(f"freeze.policy: {e}") from None
     return Training(
         model, freezer, optimizer, scheduler, scaler, loader, val_loader, test_loader, steps_per_epoch, probe_loader
     )

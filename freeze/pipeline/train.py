@@ -30,6 +30,8 @@ from freeze.pipeline.data import EvalLoader
 from freeze.pipeline.distributed import WorkerContext, all_reduce_sum, any_rank, from_rank0, run_and_agree
 from freeze.pipeline.log import ProgressLine, get_logger, peak_memory_bytes
 from freeze.pipeline.models import build_model
+from freeze.pipeline.optim import run_lr
+from freeze.pipeline.plugins import load_plugins
 from freeze.pipeline.prepare import (
     Training,
     begin_run,
@@ -45,6 +47,7 @@ from freeze.pipeline.prepare import (
 from freeze.pipeline.run_lock import RunLock
 from freeze.pipeline.runs import RunDir, RunError, in_sweep, save_checkpoint
 from freeze.pipeline.schema import EVAL_PHASE, PHASES, TRAIN_PHASES, EpochRecord
+from freeze.pipeline.trackers import Trackers
 
 
 @dataclass
@@ -464,6 +467,7 @@ def _train(
         time.perf_counter() - start_s,
     )
     start_s = time.perf_counter()
+    load_plugins(cfg)  # your own models and policies, by name (a plain torchrun ran no preflight)
     model = build_model(cfg.model.arch, split.num_classes, cfg.model.stem, cfg.model.weights, logger=logger)
     model = model.to(ctx.device)
     blocks = build_blocks(model, cfg.model.blocks)
@@ -476,12 +480,13 @@ def _train(
     )
     policy = build_policy(cfg, blocks)
     held_out = HeldOutLoss.for_run(cfg, ctx, split) if policy.uses_probe else None
-    t = build_training(cfg, ctx, split, model, blocks, policy, probe=held_out)
+    resuming = resume and run.checkpoint_path.exists()
+    t = build_training(cfg, ctx, split, model, blocks, policy, probe=held_out, resuming=resuming)
     if held_out is not None:
         held_out.freezer = t.freezer
 
     start_epoch, cumulative_wall_s = 0, 0.0
-    if resume and run.checkpoint_path.exists():
+    if resuming:
         start_epoch, cumulative_wall_s = resume_training(t, run.checkpoint_path, ctx.device)
         # before begin_run: a refused resume keeps its status, and every rank stops on it
         run_and_agree(lambda: run.check_metrics_cover(start_epoch), run_here=ctx.is_main, error_type=RunError)
@@ -491,20 +496,34 @@ def _train(
     if ctx.is_main:
         run.truncate_metrics(start_epoch)  # epochs after the checkpoint are re-run, not duplicated
     logger.info("training: policy %s, %d epochs of %d steps", policy.spec(), cfg.train.epochs, t.steps_per_epoch)
+    if cfg.optim.lr_reference_batch:
+        global_batch = cfg.train.batch_size * ctx.world_size * cfg.train.accumulate_steps
+        logger.info(
+            "optim.lr %g set for a global batch of %d (optim.lr_reference_batch): %g at this run's %d",
+            cfg.optim.lr,
+            cfg.optim.lr_reference_batch,
+            run_lr(cfg.optim, global_batch),
+            global_batch,
+        )
 
     record = None
-    for epoch in range(start_epoch, cfg.train.epochs):
-        clock = PhaseClock(ctx.device)
-        if held_out is not None:
-            held_out.clock = clock
-        train = train_one_epoch(t, cfg, ctx, epoch, clock, logger)
-        cumulative_wall_s += clock.train_seconds()
-        evaluation = dict.fromkeys(("val_loss", "val_acc", "test_loss", "test_acc"))
-        if _evaluation_due(cfg, epoch):
-            evaluation = evaluate_epoch(t, cfg, ctx.device, clock, epoch + 1 == cfg.train.epochs)
-        record = epoch_record(t, epoch, train, evaluation, clock, cumulative_wall_s)
-        _log_epoch(logger, record, cfg.train.epochs)
-        save_epoch(t, cfg, ctx, run, lock, record)
+    trackers = Trackers.open(cfg, run.path, [b.name for b in blocks], ctx.is_main)  # rank 0's, after metrics.jsonl
+    try:
+        for epoch in range(start_epoch, cfg.train.epochs):
+            clock = PhaseClock(ctx.device)
+            if held_out is not None:
+                held_out.clock = clock
+            train = train_one_epoch(t, cfg, ctx, epoch, clock, logger)
+            cumulative_wall_s += clock.train_seconds()
+            evaluation = dict.fromkeys(("val_loss", "val_acc", "test_loss", "test_acc"))
+            if _evaluation_due(cfg, epoch):
+                evaluation = evaluate_epoch(t, cfg, ctx.device, clock, epoch + 1 == cfg.train.epochs)
+            record = epoch_record(t, epoch, train, evaluation, clock, cumulative_wall_s)
+            _log_epoch(logger, record, cfg.train.epochs)
+            save_epoch(t, cfg, ctx, run, lock, record)
+            trackers.write(record)
+    finally:
+        trackers.close()
     t.freezer.close()  # releases the DDP wrapper, so that teardown_worker can stop the group's threads
     if ctx.is_main:
         finish_run(run, lock, t.model.state_dict(), cfg.run.keep_checkpoint)

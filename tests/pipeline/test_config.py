@@ -32,7 +32,19 @@ def write(tmp_path: Path, text: str, name: str = "c.toml") -> Path:
 def test_defaults_match_the_schema():
     config = load_config(None)
     assert config == Config()
-    assert SECTIONS == ("run", "data", "model", "freeze", "optim", "schedule", "train", "dist", "cluster")
+    assert SECTIONS == (
+        "run",
+        "data",
+        "model",
+        "freeze",
+        "optim",
+        "schedule",
+        "train",
+        "dist",
+        "cluster",
+        "log",
+        "plugins",
+    )
     assert (config.run.name, config.run.study, config.run.out_dir, config.run.seed) == ("run", "default", "runs", 0)
     assert (config.data.dataset, config.data.val_size, config.data.augment.spec()) == ("cifar10", 5000, "crop-flip")
     assert (config.model.arch, config.model.stem, config.model.weights, config.model.blocks) == (

@@ -4,7 +4,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from freeze.pipeline.optim import build_optimizer, build_scheduler, lr_factor
+from freeze.pipeline.optim import build_optimizer, build_scheduler, lr_factor, run_lr
 from tests.tiny_models import TinyNet
 
 
@@ -26,6 +26,7 @@ class Opt:
     weight_decay: float = 1e-4
     betas: tuple = (0.9, 0.999)
     eps: float = 1e-8
+    lr_reference_batch: int = 0
 
 
 STEPS_PER_EPOCH, TOTAL = 10, 100
@@ -64,3 +65,20 @@ def test_optimizers_and_scheduler_drive_the_lr(name, cls):
     opt.step()
     sched.step()
     assert opt.param_groups[0]["lr"] == pytest.approx(0.04)
+
+
+def test_the_lr_scales_with_the_global_batch_only_when_a_reference_batch_is_named():
+    """Issue 46: study_cifar10 on dist.nproc=8 doubled the global batch and kept the LR: another recipe."""
+    assert run_lr(Opt("sgd"), 512) == 0.1  # as given
+    assert run_lr(Opt("sgd", lr_reference_batch=256), 512) == pytest.approx(0.2)
+    assert run_lr(Opt("sgd", lr_reference_batch=256), 128) == pytest.approx(0.05)
+
+
+def test_one_group_per_block_when_asked():
+    from freeze import split_blocks
+
+    model = TinyNet()
+    blocks = split_blocks(model)
+    optimizer = build_optimizer(model, Opt("sgd"), blocks)
+    assert [len(g["params"]) for g in optimizer.param_groups] == [len(b.params) for b in blocks]
+    assert len(build_optimizer(model, Opt("sgd")).param_groups) == 1

@@ -1,0 +1,88 @@
+"""Your own policy and model in the pipeline (freeze.pipeline.plugins): docs/policies.md's example,
+run as written in the pipeline; a module that cannot be imported refused in one line (issue 47: a
+newcomer's policy worked in their loop and the pipeline said "unknown policy 'halfway'")."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+
+import pytest
+
+from freeze.pipeline.config import ConfigError, load_config
+from freeze.pipeline.models import MODELS, build_model
+from freeze.pipeline.plugins import load_plugins
+from freeze.pipeline.preflight import preflight
+from freeze.policies import POLICIES
+from tests.processes import REPO, run_python
+
+SMOKE = REPO / "experiments" / "configs" / "smoke.toml"
+PAGE = REPO / "docs" / "policies.md"
+
+
+def doc_file(name: str) -> str:
+    """The docs page's python block that opens with ``# <name>``: the file as the page shows it."""
+    (block,) = [
+        b for b in re.findall(r"^```python\n(.*?)^```", PAGE.read_text(), re.S | re.M) if b.startswith(f"# {name}")
+    ]
+    return block
+
+
+@pytest.fixture
+def plugin_dir(tmp_path, monkeypatch):
+    """The page's two modules in a folder on sys.path; the registries and sys.modules as they were after."""
+    (tmp_path / "my_policies.py").write_text(doc_file("my_policies.py"))
+    (tmp_path / "my_models.py").write_text(doc_file("my_models.py"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    policies, models = dict(POLICIES), dict(MODELS)
+    yield tmp_path
+    for registry, before in ((POLICIES, policies), (MODELS, models)):
+        registry.clear()
+        registry.update(before)
+    for name in ("my_policies", "my_models"):
+        sys.modules.pop(name, None)
+
+
+def config(tmp_path, *overrides: str):
+    return load_config(SMOKE, [f"run.out_dir={tmp_path / 'runs'}", *overrides], check_files=False)
+
+
+def test_a_policy_named_by_a_plugin_module_is_accepted_and_a_missing_module_refused(plugin_dir):
+    with pytest.raises(ConfigError, match="unknown policy 'halfway'"):
+        preflight(config(plugin_dir, "freeze.policy=halfway:at=0.5"))
+    preflight(config(plugin_dir, "plugins.modules=my_policies", "freeze.policy=halfway:at=0.5"))
+    assert "halfway" in POLICIES
+    with pytest.raises(ConfigError, match=r"halfway.*'at'.*is out of range"):
+        preflight(config(plugin_dir, "plugins.modules=my_policies", "freeze.policy=halfway:at=2"))
+    with pytest.raises(ConfigError) as err:
+        load_plugins(config(plugin_dir, "plugins.modules=my_polices"))
+    assert str(err.value).startswith("plugins.modules: 'my_polices' cannot be imported (ModuleNotFoundError")
+    assert "\n" not in str(err.value)
+
+
+def test_a_model_registered_by_a_plugin_is_a_model_arch(plugin_dir):
+    preflight(config(plugin_dir, "plugins.modules=my_models", "model.arch=tiny-mlp"))
+    model = build_model("tiny-mlp", num_classes=7)
+    assert model[-1].out_features == 7
+    from freeze.pipeline.models import ModelError
+
+    with pytest.raises(ModelError, match="model.stem=cifar and model.weights=imagenet are for torchvision's"):
+        build_model("tiny-mlp", num_classes=7, stem="cifar")
+
+
+@pytest.mark.processes
+def test_the_page_s_pipeline_command_runs_its_policy(tmp_path):
+    """docs/policies.md's command, from a folder holding my_policies.py, on a tiny smoke run."""
+    (tmp_path / "my_policies.py").write_text(doc_file("my_policies.py"))
+    (command,) = re.findall(r"^python -m experiments\.run .*plugins\.modules=my_policies.*$", PAGE.read_text(), re.M)
+    args = command.split()[1:]  # the page's arguments, then a tiny run of them
+    args[args.index("experiments/configs/smoke.toml")] = str(SMOKE)
+    tiny = ["train.epochs=2", "data.train_size=256", "train.batch_size=32", f"run.out_dir={tmp_path / 'runs'}"]
+    proc = run_python([*args, *tiny, f"data.root={tmp_path / 'data'}"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (manifest,) = (tmp_path / "runs").glob("*/*/manifest.json")
+    assert json.loads(manifest.read_text())["policy"] == "halfway:at=0.5"
+    metrics = [json.loads(line) for line in (manifest.parent / "metrics.jsonl").read_text().splitlines()]
+    head = len(json.loads(manifest.read_text())["block_names"]) - 1
+    assert [m["boundary"] for m in metrics] == [head, head]  # frozen at the end of epoch 1 of 2: half the run
