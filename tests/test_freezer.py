@@ -209,7 +209,10 @@ def test_explain_says_what_each_evaluation_read_and_chose():
 @pytest.mark.processes
 def test_importing_the_torch_free_parts_of_the_package_does_not_import_torch():
     # A subprocess: this one has torch loaded already.
-    code = "import sys, freeze, freeze.pipeline.schema; print('torch' in sys.modules)"
+    # freeze.policies too (issue 47): a config, a sweep and the report read policies without torch
+    code = (
+        "import sys, freeze, freeze.pipeline.schema, freeze.policies, freeze.intervals; print('torch' in sys.modules)"
+    )
     child = run_python(["-c", code])
     assert child.returncode == 0, child.stderr
     assert child.stdout.split()[0] == "False"

@@ -6,7 +6,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from freeze import Freezer, GradNormMonitor, make_policy, split_blocks
-from freeze.monitor import IntervalStats, relative_change
 from freeze.policies import POLICIES, Pricing
 from tests.tiny_models import TinyNet, global_batch
 
@@ -70,13 +69,6 @@ def test_state_round_trip_mid_interval_gives_identical_statistics():
     restored.observe()
     assert mon.close_interval(1, 0, end_step=3) == restored.close_interval(1, 0, end_step=3)
     assert len(restored.history) == 2
-
-
-def test_relative_change():
-    a = IntervalStats(0, 0, 1, 1, 0, 0, (2.0, None, 0.0, 4.0), (4.0, 1.0, 1.0, 1.0), (0, 0, 0, 0))
-    b = IntervalStats(1, 1, 2, 1, 0, 0, (1.0, 1.0, 1.0, 5.0), (1.0, 1.0, 1.0, 1.0), (0, 0, 0, 0))
-    assert relative_change(a, b) == [0.5, None, None, 0.25]
-    assert relative_change(a, b, norm="l1") == [0.75, 0.0, 0.0, 0.0]
 
 
 def test_observe_copies_no_host_data_per_step(monkeypatch):

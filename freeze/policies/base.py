@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from freeze.checks import Range, did_you_mean, is_int, spell
-from freeze.monitor import IntervalStats, relative_change, summed_norms
+from freeze.intervals import IntervalStats, relative_change, summed_norms
 from freeze.names import split_policy_spec
 
 # Schedule arithmetic in floats lands a hair off exact values (0.8 + 0.2 * 1/4 = 0.8500000000000001);

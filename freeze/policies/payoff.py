@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from freeze.monitor import IntervalStats
+from freeze.intervals import IntervalStats
 from freeze.policies import rules as _rules  # noqa: F401  (registered first: the field's rules list before ours)
 from freeze.policies.base import Policy, PolicyError, Progress, param, register_policy
 

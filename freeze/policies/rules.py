@@ -23,7 +23,7 @@ from typing import ClassVar
 import numpy as np
 
 from freeze.checks import spell
-from freeze.monitor import NORMS, IntervalStats
+from freeze.intervals import NORMS, IntervalStats
 from freeze.policies.base import (
     SCHEDULE_EPS,
     Policy,

@@ -259,13 +259,13 @@ def test_study_dry_run_lists_the_runs_of_the_readme_command(capsys, monkeypatch)
     monkeypatch.chdir(REPO)  # the README's command runs from the checkout's root
     assert main(["--config", "experiments/configs/study_cifar10.toml", "--dry-run"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    # the search (baseline + 9 candidates on seeds 100-103), then 27 arms (the frontier's 5 among them) x 5 seeds
-    assert lines[-1] == "0 pretraining, 40 search and 135 study runs" and len(lines) == 176
+    # the search (baseline + 11 candidates on seeds 100-103), then 31 arms (the frontier's 5 among them) x 5 seeds
+    assert lines[-1] == "0 pretraining, 48 search and 155 study runs" and len(lines) == 204
     # docs/study.md plans with the count the dry run prints (it said 27: issue 32)
     study_md = (REPO / "docs" / "study.md").read_text()
-    assert "175 runs" in study_md and '"0 pretraining, 40 search and 135 study runs"' in study_md
-    assert sum(line.startswith("search    ") for line in lines) == 40
-    assert "study     none_seed=0  (none)" in lines[40:67]
+    assert "203 runs" in study_md and '"0 pretraining, 48 search and 155 study runs"' in study_md
+    assert sum(line.startswith("search    ") for line in lines) == 48
+    assert "study     none_seed=0  (none)" in lines[48:79]
 
 
 def test_an_interrupted_run_stops_the_sweep_and_the_next_run_never_starts(tmp_path, monkeypatch, capsys):
