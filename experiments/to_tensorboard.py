@@ -16,7 +16,7 @@ from pathlib import Path
 
 from freeze.pipeline.config import ConfigError
 from freeze.pipeline.runs import RunError
-from freeze.pipeline.schema import MANIFEST_FILE
+from freeze.pipeline.schema import MANIFEST_FILE, find_run_dirs
 from freeze.pipeline.trackers import check_trackers, write_tensorboard
 
 
@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         check_trackers(["tensorboard"])
-        run_dirs = sorted(p.parent for p in args.runs_dir.rglob(MANIFEST_FILE))
+        run_dirs = find_run_dirs(args.runs_dir)
         if not run_dirs:
             print(f"error: no run directory (a folder with {MANIFEST_FILE}) under {args.runs_dir}", file=sys.stderr)
             return 2

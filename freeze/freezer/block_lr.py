@@ -9,7 +9,7 @@ as the run that wrote the checkpoint did.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -21,7 +21,8 @@ from freeze.policies import Policy
 class BlockLR:
     """Scales each block's parameter group by ``policy.block_lr_scales`` during optimizer steps."""
 
-    def __init__(self, policy: Policy, blocks: Sequence[Block], clock: RunClock):
+    def __init__(self, policy: Policy, blocks: Sequence[Block], clock: RunClock, steps_counted: Callable[[], int]):
+        """``steps_counted()``: the optimizer steps the Freezer has counted (its after_backward calls)."""
         if not (clock.epochs and clock.steps_per_epoch):
             # The factor moves every step; an epoch count alone would hold it for a whole epoch.
             raise ValueError(
@@ -37,13 +38,12 @@ class BlockLR:
         self._unscaled: list[tuple[dict, object]] | None = None
         self._backward_since_step = False  # after_backward ran since the last optimizer step
         self._backward_first: bool | None = None  # the loop's order, learned at its first step
-        self._steps = lambda: 0
+        self._steps = steps_counted
 
-    def attach(self, optimizer: torch.optim.Optimizer, steps_counted) -> None:
-        """Hook ``optimizer``; ``steps_counted()`` returns the optimizer steps the Freezer has counted."""
+    def attach(self, optimizer: torch.optim.Optimizer) -> None:
+        """Hook ``optimizer`` (replacing the hooks on an optimizer attached before)."""
         self._group_blocks = [self._group_block(group, index) for index, group in enumerate(optimizer.param_groups)]
         self.detach()
-        self._steps = steps_counted
         self._handles = [
             optimizer.register_step_pre_hook(lambda opt, args, kwargs: self._scale(opt)),
             optimizer.register_step_post_hook(lambda opt, args, kwargs: self._after_step()),

@@ -128,7 +128,11 @@ class Freezer:
         self.clock.check_policy(self.policy)
         self.pricing, self.probe = _checked_policy_inputs(self.policy, self.clock, len(blocks), pricing, probe)
         self.optimizer = optimizer
-        self._block_lr = BlockLR(self.policy, self.blocks, self.clock) if self.policy.sets_block_lr else None
+        self._block_lr = (
+            BlockLR(self.policy, self.blocks, self.clock, lambda: self.counters.steps)
+            if self.policy.sets_block_lr
+            else None
+        )
         if optimizer is not None:
             self._attach_block_lr(optimizer)
         self.frozen_mode = frozen_mode
@@ -268,7 +272,7 @@ class Freezer:
 
     def _attach_block_lr(self, optimizer: torch.optim.Optimizer) -> None:
         if self._block_lr is not None:
-            self._block_lr.attach(unwrap_optimizer(optimizer), lambda: self.counters.steps)
+            self._block_lr.attach(unwrap_optimizer(optimizer))
 
     def after_step(self) -> bool:
         """Call after ``optimizer.step()`` when evaluating every ``interval_steps`` steps: the

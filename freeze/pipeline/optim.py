@@ -34,6 +34,11 @@ def build_optimizer(model: nn.Module, cfg, blocks: Sequence[Block] | None = None
     raise ValueError(f"optim.name: '{cfg.name}' is not accepted; accepted: sgd, adamw")
 
 
+def global_batch(train_cfg, world_size: int) -> int:
+    """Samples per optimizer step: ``train_cfg`` (TrainConfig)'s batch per worker x workers x accumulation."""
+    return train_cfg.batch_size * world_size * train_cfg.accumulate_steps
+
+
 def run_lr(cfg, global_batch: int) -> float:
     """The LR a run trains at: ``cfg.lr`` (OptimConfig), scaled linearly with the global batch when
     ``cfg.lr_reference_batch`` names the batch it was set for (0: as given)."""

@@ -36,7 +36,7 @@ from freeze.pipeline.data import (
 )
 from freeze.pipeline.distributed import WorkerContext, run_and_agree
 from freeze.pipeline.models import imagenet_weights_file, imagenet_weights_placement, state_dict_mismatch
-from freeze.pipeline.optim import build_optimizer, build_scheduler, run_lr
+from freeze.pipeline.optim import build_optimizer, build_scheduler, global_batch, run_lr
 from freeze.pipeline.preflight import check_policy_inputs, parse_policy_spec
 from freeze.pipeline.pricing import recorded_pricing
 from freeze.pipeline.run_lock import RunLock
@@ -236,13 +236,19 @@ def build_training(
     total_steps = steps_per_epoch * cfg.train.epochs
 
     # A policy that sets each block's learning rate needs a parameter group per block (freeze.blocks).
-    optim = dataclasses.replace(cfg.optim, lr=run_lr(cfg.optim, cfg.train.batch_size * ctx.world_size * accum))
+    optim = dataclasses.replace(cfg.optim, lr=run_lr(cfg.optim, global_batch(cfg.train, ctx.world_size)))
     optimizer = build_optimizer(model, optim, blocks if policy.sets_block_lr else None)
     scheduler = build_scheduler(optimizer, cfg.schedule, steps_per_epoch, total_steps, optim.lr)
     scaler = torch.amp.GradScaler("cuda", enabled=cfg.train.precision == "fp16")
     ddp_kwargs = {"bucket_cap_mb": cfg.freeze.bucket_cap_mb}
     if ctx.device.type == "cuda":
         ddp_kwargs["device_ids"] = [ctx.device.index]
+    pricing = None
+    if policy.uses_pricing:
+        names = [b.name for b in blocks]
+        pricing = recorded_pricing(
+            cfg, cfg.run_dir(), steps_per_epoch, names, optim.lr, resuming=resuming, write=ctx.is_main
+        )
     try:
         freezer = Freezer(
             model,
@@ -263,23 +269,11 @@ def build_training(
                 directory=str(cfg.run_dir()),  # a disk cache spills into the run directory
             ),
             cache_source=loader.cache_source() if cfg.freeze.cache != "off" else None,
-            pricing=(
-                recorded_pricing(
-                    cfg,
-                    cfg.run_dir(),
-                    steps_per_epoch,
-                    [b.name for b in blocks],
-                    optim.lr,
-                    resuming=resuming,
-                    write=ctx.is_main,
-                )
-                if policy.uses_pricing
-                else None
-            ),
+            pricing=pricing,
             probe=probe,
         )
-    except (ConfigError, CacheError):
-        raise  # naming their own fields (the pricing's, the cache's)
+    except CacheError:
+        raise  # naming its own fields (freeze.cache, freeze.cache_budget_bytes)
     except ValueError as e:  # the policy does not fit this run (the Freezer's one-line refusals): no traceback per rank
         raise ConfigError(f"freeze.policy: {e}") from None
     return Training(

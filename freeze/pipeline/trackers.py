@@ -79,6 +79,20 @@ def epoch_scalars(record: EpochRecord, block_names: list[str]) -> dict[str, floa
     return {k: float(v) for k, v in values.items() if isinstance(v, (int, float)) and math.isfinite(v)}
 
 
+def record_step(record: EpochRecord) -> int:
+    """Where an epoch's scalars go on a tracker's axis: the run's optimizer step (its epoch in run
+    directories older than the step count)."""
+    return record.step if record.step is not None else record.epoch
+
+
+_RECORD_KEYS = frozenset(f.name for f in dataclasses.fields(EpochRecord))
+
+
+def record_of_line(line: Mapping[str, Any]) -> EpochRecord:
+    """A metrics.jsonl line as an EpochRecord (keys an older run wrote and the record lost are left out)."""
+    return EpochRecord(**{k: v for k, v in line.items() if k in _RECORD_KEYS})
+
+
 def run_tags(config: Config) -> dict[str, str]:
     """What groups a run with its study's others: study, arm (the run's group), setting, seed, policy."""
     return {
@@ -192,10 +206,9 @@ class Trackers:
         if not self.sinks:
             return
         scalars = epoch_scalars(record, self.block_names)
-        step = record.step if record.step is not None else record.epoch
         for name, sink in list(self.sinks.items()):
             try:
-                sink.write(scalars, step)
+                sink.write(scalars, record_step(record))
             except Exception as e:
                 _warn(name, "write", e)
                 del self.sinks[name]
@@ -233,10 +246,9 @@ def write_tensorboard(run_dirs: Iterable[Path]) -> int:
         block_names = list(run.read_manifest().get("block_names") or [])
         sink = TensorBoardSink(config, run_dir)
         try:
-            for record in run.epoch_records():
-                known = {f.name for f in dataclasses.fields(EpochRecord)}
-                epoch = EpochRecord(**{k: v for k, v in record.items() if k in known})
-                sink.write(epoch_scalars(epoch, block_names), epoch.step if epoch.step is not None else epoch.epoch)
+            for line in run.epoch_records():
+                record = record_of_line(line)
+                sink.write(epoch_scalars(record, block_names), record_step(record))
         finally:
             sink.close()
         count += 1

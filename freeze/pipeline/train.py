@@ -30,7 +30,7 @@ from freeze.pipeline.data import EvalLoader
 from freeze.pipeline.distributed import WorkerContext, all_reduce_sum, any_rank, from_rank0, run_and_agree
 from freeze.pipeline.log import ProgressLine, get_logger, peak_memory_bytes
 from freeze.pipeline.models import build_model
-from freeze.pipeline.optim import run_lr
+from freeze.pipeline.optim import global_batch, run_lr
 from freeze.pipeline.plugins import load_plugins
 from freeze.pipeline.prepare import (
     Training,
@@ -497,13 +497,13 @@ def _train(
         run.truncate_metrics(start_epoch)  # epochs after the checkpoint are re-run, not duplicated
     logger.info("training: policy %s, %d epochs of %d steps", policy.spec(), cfg.train.epochs, t.steps_per_epoch)
     if cfg.optim.lr_reference_batch:
-        global_batch = cfg.train.batch_size * ctx.world_size * cfg.train.accumulate_steps
+        samples = global_batch(cfg.train, ctx.world_size)
         logger.info(
             "optim.lr %g set for a global batch of %d (optim.lr_reference_batch): %g at this run's %d",
             cfg.optim.lr,
             cfg.optim.lr_reference_batch,
-            run_lr(cfg.optim, global_batch),
-            global_batch,
+            run_lr(cfg.optim, samples),
+            samples,
         )
 
     record = None

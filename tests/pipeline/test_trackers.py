@@ -12,7 +12,7 @@ import pytest
 
 from freeze.pipeline.config import ConfigError, load_config
 from freeze.pipeline.schema import EpochRecord
-from freeze.pipeline.trackers import TENSORBOARD_DIR, Trackers, check_trackers, epoch_scalars, run_tags
+from freeze.pipeline.trackers import TENSORBOARD_DIR, Trackers, check_trackers, epoch_scalars, record_of_line, run_tags
 from tests.processes import REPO, run_python
 
 SMOKE = REPO / "experiments" / "configs" / "smoke.toml"
@@ -21,8 +21,7 @@ FIXTURE_RUN = REPO / "tests" / "fixtures" / "runs" / "fixture_study" / "autofree
 
 def record(epoch: int = 0, **changes) -> EpochRecord:
     line = json.loads((FIXTURE_RUN / "metrics.jsonl").read_text().splitlines()[epoch])
-    known = {f.name for f in dataclasses.fields(EpochRecord)}
-    return dataclasses.replace(EpochRecord(**{k: v for k, v in line.items() if k in known}), **changes)
+    return dataclasses.replace(record_of_line(line), **changes)
 
 
 def config(*overrides: str):

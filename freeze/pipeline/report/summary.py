@@ -9,6 +9,7 @@ import math
 import pandas as pd
 
 from freeze.pipeline.report.frontier_tables import FrontierReading
+from freeze.pipeline.report.paired import fmt_interval
 from freeze.pipeline.report.tables import Column, GroupKey, Table, display_columns, fmt_number
 
 CAPTION = (
@@ -72,8 +73,6 @@ def _key(row: dict) -> GroupKey:
 
 
 def _interval(row: dict, name: str, spec: str, suffix: str = "") -> str:
-    value, low, high = row[name], row[f"{name}_low"], row[f"{name}_high"]
-    if not math.isfinite(value):
-        return ""
-    shown = fmt_number(value, spec, suffix)
-    return shown if not (math.isfinite(low) and math.isfinite(high)) else f"{shown} [{low:{spec}}, {high:{spec}}]"
+    """The paired table's ``value [low, high]``; blank where the arm has no such number."""
+    value = row[name]
+    return fmt_interval(value, row[f"{name}_low"], row[f"{name}_high"], spec, suffix) if math.isfinite(value) else ""
