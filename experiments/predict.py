@@ -7,6 +7,11 @@
         --probe report/costmodel/probe-2xuncapped.json --workers 16 --bandwidth 1gbit --cache
     # a finished run's boundary trajectory (its metrics.jsonl) on another cluster
     python -m experiments.predict --profile P.json --workers 16 --bandwidth 1gbit --run runs/study/autofreeze-s0
+    # 2 nodes x 8 workers each (one ring of 16, paced by the link between the nodes)
+    python -m experiments.predict --profile P.json --workers 2 --workers-per-node 8 --bandwidth 10gbit
+
+A profile whose step times spread more than 10 % at some boundary over its timed steps is reported
+as too noisy to rank boundaries (a warning on stderr and in predict.md).
 
 Writes ``predict.md`` (tables), ``predict.csv`` and ``predict.png`` (stacked compute / exposed
 communication / optimizer per k, one panel per workers x bandwidth) to ``--out-dir`` (a new
@@ -43,6 +48,7 @@ from freeze.pipeline.costmodel import (
     ProfileError,
     link_from_probes,
     load_profile,
+    noise_warnings,
     predict_run,
     predict_step,
     save_profile,
@@ -54,6 +60,7 @@ from freeze.pipeline.schema import CONFIG_FILE
 DEFAULT_PROBES = (PROBE_DIR / "probe-2xuncapped.json", PROBE_DIR / "probe-2x1gbit.json")
 CSV_COLUMNS = (
     "workers",
+    "nodes",
     "bandwidth",
     "cache",
     "k",
@@ -142,19 +149,27 @@ def check_segments(segments: list[tuple[int, int]], profile: Profile) -> None:
 
 # ------------------------------------------------------------------------------------ the outputs
 def prediction_rows(
-    profile: Profile, links: dict[str, Link], workers: list[int], ks: list[int], cache: bool, share: float
+    profile: Profile,
+    links: dict[str, Link],
+    workers: list[int],
+    ks: list[int],
+    cache: bool,
+    share: float,
+    workers_per_node: int = 1,
 ) -> list[dict]:
+    """One row per node count x link x cache x boundary; ``workers``: node counts."""
     rows = []
     for n in workers:
         for name, link in links.items():
-            cluster = ClusterModel(nodes=n, link=link, comm_cpu_share=share)
+            cluster = ClusterModel(nodes=n, link=link, comm_cpu_share=share, workers_per_node=workers_per_node)
             for use_cache in (False, True) if cache else (False,):
                 base = predict_step(profile, cluster, 0).step_ms
                 for k in ks:
                     p = predict_step(profile, cluster, k, cache=use_cache)
                     rows.append(
                         {
-                            "workers": n,
+                            "workers": n * workers_per_node,
+                            "nodes": n,
                             "bandwidth": name,
                             "cache": use_cache,
                             "k": k,
@@ -206,7 +221,7 @@ def figure(rows: list[dict], workers: list[int], bandwidths: list[str], path: Pa
     for i, name in enumerate(bandwidths):
         for j, n in enumerate(workers):
             ax = axes[i][j]
-            cell = [r for r in rows if r["workers"] == n and r["bandwidth"] == name and not r["cache"]]
+            cell = [r for r in rows if r["nodes"] == n and r["bandwidth"] == name and not r["cache"]]
             ks = [r["k"] for r in cell]
             bottom = [0.0] * len(cell)
             for part, color in (
@@ -217,10 +232,11 @@ def figure(rows: list[dict], workers: list[int], bandwidths: list[str], path: Pa
                 values = [r[part] for r in cell]
                 ax.bar(ks, values, bottom=bottom, color=color, label=part.removesuffix("_ms").replace("_", " "))
                 bottom = [b + v for b, v in zip(bottom, values)]
-            cached = [r for r in rows if r["workers"] == n and r["bandwidth"] == name and r["cache"]]
+            cached = [r for r in rows if r["nodes"] == n and r["bandwidth"] == name and r["cache"]]
             if cached:
                 ax.plot([r["k"] for r in cached], [r["step_ms"] for r in cached], "k.--", label="step, cache on")
-            ax.set_title(f"{n} workers, {name}", fontsize=9)
+            total = cell[0]["workers"] if cell else n
+            ax.set_title(f"{total} workers" + (f" ({n} nodes)" if total != n else "") + f", {name}", fontsize=9)
             ax.set_xlabel("boundary k")
             if j == 0:
                 ax.set_ylabel("predicted ms / step")
@@ -232,7 +248,13 @@ def figure(rows: list[dict], workers: list[int], bandwidths: list[str], path: Pa
 
 
 def run_report(
-    profile: Profile, links: dict[str, Link], workers: list[int], share: float, run_dir: Path, cache: bool
+    profile: Profile,
+    links: dict[str, Link],
+    workers: list[int],
+    share: float,
+    run_dir: Path,
+    cache: bool,
+    workers_per_node: int = 1,
 ) -> str:
     segments, info = run_segments(run_dir)
     lines = [f"## Run {run_dir}", ""]
@@ -250,10 +272,12 @@ def run_report(
     cells = []
     for n in workers:
         for name, link in links.items():
-            cluster = ClusterModel(nodes=n, link=link, comm_cpu_share=share)
+            cluster = ClusterModel(nodes=n, link=link, comm_cpu_share=share, workers_per_node=workers_per_node)
             run = predict_run(profile, cluster, segments, cache=cache)
             base = predict_run(profile, cluster, [(steps, 0)])
-            cells.append([n, name, f"{run.wall_s:.1f}", f"{base.wall_s:.1f}", f"{base.wall_s / run.wall_s:.2f}x"])
+            cells.append(
+                [cluster.workers, name, f"{run.wall_s:.1f}", f"{base.wall_s:.1f}", f"{base.wall_s / run.wall_s:.2f}x"]
+            )
     header = ("workers", "link", "predicted s (this trajectory)", "predicted s (k=0 throughout)", "saving")
     return "\n".join(lines + md.table(header, cells))
 
@@ -274,7 +298,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--model", default="resnet18", help="model to profile (ignored with --profile)")
     p.add_argument("--batch-size", type=int, default=64, help="per worker (ignored with --profile)")
     p.add_argument("--image-size", type=int, default=32)
-    p.add_argument("--workers", type=_ints, default=[2, 4, 16, 64], help="node counts, one worker each, e.g. 2,4,16,64")
+    p.add_argument("--workers", type=_ints, default=[2, 4, 16, 64], help="node counts, e.g. 2,4,16,64")
+    p.add_argument(
+        "--workers-per-node",
+        type=int,
+        default=1,
+        help="workers (GPUs) on each node, e.g. 8 for 2 nodes x 8 GPUs with --workers 2; the ring spans them all",
+    )
     p.add_argument("--bandwidth", default="1gbit,10gbit", help="link caps, e.g. 100mbit,1gbit,uncapped")
     p.add_argument("--cache", action="store_true", help="also predict with the activation cache serving the prefix")
     p.add_argument("--profile", type=Path, help="a profile JSON (freeze-costmodel-profile/1); default: profile now")
@@ -302,8 +332,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"predict: {share_note}", flush=True)
         if not 0 <= args.comm_cpu_share <= 1:
             raise InputError(f"--comm-cpu-share: {args.comm_cpu_share} is not in [0, 1]")
-        if args.batch_size < 1 or args.profile_steps < 1:
-            raise InputError("--batch-size and --profile-steps: expected integers >= 1")
+        if args.batch_size < 1 or args.profile_steps < 1 or args.workers_per_node < 1:
+            raise InputError("--batch-size, --profile-steps and --workers-per-node: expected integers >= 1")
         names = [b.strip() for b in args.bandwidth.split(",") if b.strip()]
         caps = {name: cap_bits(name) for name in names}
         probes = args.probe or [p for p in DEFAULT_PROBES if p.is_file()]
@@ -330,17 +360,24 @@ def main(argv: list[str] | None = None) -> int:
         except InputError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
+    warnings = noise_warnings(profile, str(args.profile or out_dir / "profile.json"))
+    for line in warnings:
+        print(f"predict: warning: {line}", file=sys.stderr, flush=True)
     ks = list(range(profile.num_blocks))
-    rows = prediction_rows(profile, links, args.workers, ks, args.cache, args.comm_cpu_share)
+    rows = prediction_rows(profile, links, args.workers, ks, args.cache, args.comm_cpu_share, args.workers_per_node)
+    per_node = f", {args.workers_per_node} workers per node" if args.workers_per_node > 1 else ""
     header = (
-        f"# Predicted step time: {profile.model}, batch {profile.batch_size} per worker\n\n"
+        f"# Predicted step time: {profile.model}, batch {profile.batch_size} per worker{per_node}\n\n"
         f"Link fitted from {', '.join(str(p) for p in probes)}: alpha {base.alpha_s * 1e6:.0f} us per ring step, "
         f"gamma {base.gamma_s_per_byte * 1e9:.2f} ns/B, payload {efficiency:.0%} of a cap; comm_cpu_share "
         f"{args.comm_cpu_share}. Profile: {args.profile or out_dir / 'profile.json'} ({profile.threads} thread(s))."
+        + "".join(f"\n\n**Warning**: {line}." for line in warnings)
     )
     text = markdown(rows, header)
     if args.run is not None:
-        text += "\n\n" + run_report(profile, links, args.workers, args.comm_cpu_share, args.run, args.cache)
+        text += "\n\n" + run_report(
+            profile, links, args.workers, args.comm_cpu_share, args.run, args.cache, args.workers_per_node
+        )
     (out_dir / "predict.md").write_text(text + "\n", encoding="utf-8")
     write_csv(rows, out_dir / "predict.csv")
     figure(rows, args.workers, names, out_dir / "predict.png", f"{profile.model}, batch {profile.batch_size}")

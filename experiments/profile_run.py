@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from freeze.pipeline.config import ConfigError, load_config
-from freeze.pipeline.costmodel import save_profile
+from freeze.pipeline.costmodel import noise_warnings, save_profile
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,9 +36,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from freeze.pipeline.study.predict import measure_profile  # torch only after the arguments are checked
 
-    profile = measure_profile(config)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    save_profile(profile, out)
+    try:
+        profile = measure_profile(config)
+        save_profile(profile, out)  # atomic: a Ctrl-C leaves the profile whole or absent
+    except KeyboardInterrupt:
+        print(f"interrupted: no profile written ({out} does not exist)", file=sys.stderr)
+        return 130
+    for line in noise_warnings(profile, str(out)):
+        print(f"warning: {line}", file=sys.stderr)
     print(
         f"profile of {profile.model} at batch {profile.batch_size} ({profile.optimizer}) in {out}, "
         f"measured in {profile.meta.get('wall_s', float('nan')):.0f} s"

@@ -97,3 +97,20 @@ def test_markdown_table_bytes():
         "| 2 | 1gbit | off | 0 | 12.3 | 5.0 | 0.4 | 17.8 | 1.50 | 44.7 |\n"
         "| 2 | 1gbit | on | 3 | 12.3 | 5.0 | 0.4 | 17.8 | 1.50 | 44.7 |"
     )
+
+
+def test_nodes_times_workers_per_node_is_one_ring_paced_by_the_link_between_nodes(tmp_path, capsys):
+    """2 nodes x 8 GPUs could not be described (--workers was nodes with one worker each; F-C8)."""
+    _, args = _inputs(tmp_path)
+    out = {}
+    for name, workers in (("2x8", ["--workers", "2", "--workers-per-node", "8"]), ("16x1", ["--workers", "16"])):
+        out[name] = tmp_path / name
+        assert predict.main([*args, *workers, "--bandwidth", "1gbit", "--out-dir", str(out[name])]) == 0
+    rows = {name: list(csv.DictReader((d / "predict.csv").read_text().splitlines())) for name, d in out.items()}
+    assert [(r["workers"], r["nodes"]) for r in rows["2x8"]] == [("16", "2")] * 2
+    # the same ring of 16 on the same link: the same step, whichever way the workers sit
+    assert [r["step_ms"] for r in rows["2x8"]] == [r["step_ms"] for r in rows["16x1"]]
+    assert "8 workers per node" in (out["2x8"] / "predict.md").read_text()
+    # the test's profile records no spread: said on stderr and in the tables, not silently ranked
+    assert "records no spread of its step times" in capsys.readouterr().err
+    assert "**Warning**" in (out["16x1"] / "predict.md").read_text()

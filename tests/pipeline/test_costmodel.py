@@ -262,3 +262,21 @@ def test_calibration_round_trips_and_is_never_overwritten(tmp_path):
         path.write_text(json.dumps(body))
         with pytest.raises(CalibrationError, match=field):
             load_calibration(path)
+
+
+def test_a_profile_too_noisy_to_rank_boundaries_says_so_in_one_line(tmp_path):
+    """A newcomer's 3-step profile on a loaded machine priced one frozen block at 0.50x the step, with
+    no spread and no warning (research note newcomer.md, F-C8)."""
+    from freeze.pipeline.costmodel import noise_warnings
+    from freeze.pipeline.costmodel.profile import step_spreads
+
+    steady_step = {"low": 90.0, "q1": 97.0, "median": 100.0, "q3": 104.0, "high": 130.0}  # one slow outlier
+    steady = {"steps": 5, "step_ms": [steady_step] * 2}
+    assert noise_warnings(write_profile(tmp_path, meta=steady)) == []
+    noisy_step = {"low": 80.0, "q1": 90.0, "median": 100.0, "q3": 140.0, "high": 160.0}
+    profile = write_profile(tmp_path, meta={"steps": 3, "step_ms": [steady_step, noisy_step]})
+    assert step_spreads(profile) == pytest.approx([0.07, 0.5])
+    (line,) = noise_warnings(profile, "p.json")
+    assert line.startswith("p.json: too noisy to rank boundaries: the step time at boundary 1 spread 50% ")
+    (old,) = noise_warnings(write_profile(tmp_path, meta={}), "old.json")
+    assert "records no spread" in old

@@ -24,9 +24,11 @@ def test_profile_of_a_tiny_model_round_trips(tmp_path):
     assert profile.blocks[0].backward_ms is None and profile.blocks[0].cache_read_ms is None
     assert profile.blocks[-1].forward_frozen_ms is None
     assert len(profile.after_backward_ms) == 4 and profile.nodes_per_core == 1
+    spreads = profile.meta["step_ms"]  # the whole step at each boundary: what the noise check reads
+    assert len(spreads) == 4 and all(0 < s["low"] <= s["q1"] <= s["median"] <= s["q3"] <= s["high"] for s in spreads)
     path = tmp_path / "p.json"
     save_profile(profile, path)
-    assert load_profile(path) == profile
+    assert load_profile(path) == profile and load_profile(path).meta["step_ms"] == spreads
     with pytest.raises(FileExistsError):
         save_profile(profile, path)
 

@@ -51,12 +51,14 @@ from freeze.pipeline.costmodel.profile import (
     Profile,
     ProfileError,
     load_profile,
+    noise_warnings,
     profile_from_dict,
     profile_to_dict,
     save_profile,
 )
 
 __all__ = [
+    "noise_warnings",
     "CALIBRATION_FILE",
     "CALIBRATION_FORMAT",
     "Calibration",

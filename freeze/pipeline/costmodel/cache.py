@@ -89,10 +89,10 @@ def cache_pays(
         from_level=None,
         keys=samples,
         store_bytes=store,
-        forwards_per_rank=math.ceil(samples / cluster.nodes),
+        forwards_per_rank=math.ceil(samples / cluster.workers),
         reads_remaining_per_rank=float(remaining_steps * batch),
         compute_s_per_row=sum(b.forward_frozen_ms or 0.0 for b in profile.blocks[:k]) / batch / 1e3,
-        exchange_s=allgather_s(store, cluster.nodes, cluster.link),
+        exchange_s=allgather_s(store, cluster.workers, cluster.link),
         saved_s_per_read=(without - with_ms) / batch / 1e3,
     )
     build_ms = (estimate.forwards_per_rank * estimate.compute_s_per_row + estimate.exchange_s) * 1e3

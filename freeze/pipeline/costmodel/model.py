@@ -51,6 +51,7 @@ share a core the slow-down is measured, not assumed. A run is a sequence of (ste
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -66,21 +67,36 @@ _EPS = 1e-12
 
 @dataclass(frozen=True)
 class ClusterModel:
-    """N nodes (one worker each) joined by ``link``; DDP's bucket limits; the fitted CPU share."""
+    """N nodes joined by ``link``, ``workers_per_node`` workers on each; DDP's bucket limits; the
+    fitted CPU share.
+
+    The all-reduce is one ring over all nodes x workers_per_node workers (as NCCL's and gloo's rings
+    run), paced by ``link``: with several nodes, the link between nodes, whose every hop carries the
+    ring's whole chunk stream (hops inside a node are taken to be no slower: NVLink or PCIe against
+    Ethernet or InfiniBand); on one node, the link between its workers. Each worker's compute is the
+    profile's, measured at its batch size and threads (on a GPU node, a profile made on that GPU)."""
 
     nodes: int
     link: Link
     comm_cpu_share: float = 0.5
     bucket_cap_bytes: int = DEFAULT_BUCKET_CAP_BYTES
     first_bucket_bytes: int = DEFAULT_FIRST_BUCKET_BYTES
+    workers_per_node: int = 1
 
     def __post_init__(self) -> None:
         if not is_int(self.nodes) or self.nodes < 1:
             raise ValueError(f"ClusterModel nodes: expected an integer >= 1, got {self.nodes!r}")
+        if not is_int(self.workers_per_node) or self.workers_per_node < 1:
+            raise ValueError(f"ClusterModel workers_per_node: expected an integer >= 1, got {self.workers_per_node!r}")
         if not 0.0 <= self.comm_cpu_share <= 1.0:
             raise ValueError(f"ClusterModel comm_cpu_share: expected a number in [0, 1], got {self.comm_cpu_share!r}")
         if self.bucket_cap_bytes < 1 or self.first_bucket_bytes < 1:
             raise ValueError("ClusterModel bucket_cap_bytes and first_bucket_bytes: expected integers >= 1")
+
+    @property
+    def workers(self) -> int:
+        """The data-parallel workers: the ring's size."""
+        return self.nodes * self.workers_per_node
 
 
 @dataclass(frozen=True)
@@ -218,7 +234,7 @@ def predict_step(
     prefix_ms = blocks[k].cache_read_ms if use_cache else sum(b.forward_frozen_ms for b in blocks[:k])
     forward_ms = profile.forward_overhead_ms + prefix_ms + sum(b.forward_ms for b in blocks[k:])
     ready, sizes, work_ms = _backward_schedule(profile, k)
-    n, link = cluster.nodes, cluster.link
+    n, link = cluster.workers, cluster.link
     counts = (
         [len(sizes)]
         if first_after_rewrap
@@ -242,7 +258,7 @@ def predict_step(
     step_ms = bcast_ms + forward_ms + max(backward_end, comm_end) + optimizer_ms
     return StepPrediction(
         k=k,
-        nodes=n,
+        nodes=n,  # the ring's workers (nodes x workers_per_node)
         cache=use_cache,
         forward_ms=forward_ms,
         backward_ms=work_ms,
@@ -314,7 +330,7 @@ def fit_comm_cpu_share(
     best = None
     for i in range(101):
         share = i / 100
-        trial = ClusterModel(cluster.nodes, cluster.link, share, cluster.bucket_cap_bytes, cluster.first_bucket_bytes)
+        trial = dataclasses.replace(cluster, comm_cpu_share=share)
         error = abs(predict_step(profile, trial, k, cache).step_ms - measured_step_ms)
         key = (round(error, 9), abs(share - 0.5))
         if best is None or key < best[0]:

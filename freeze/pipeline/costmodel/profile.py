@@ -206,3 +206,42 @@ def median(values: Sequence[float]) -> float:
         raise ValueError("median of no values")
     mid = len(ordered) // 2
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+# A profile whose whole-step times at some boundary spread more than this (interquartile range over
+# the timed steps, relative to their median: unlike the range, it does not grow with more steps) is
+# called too noisy to rank boundaries: a newcomer's 3-step profile on a loaded machine priced one
+# frozen block at 0.50x the step time, between 1.5x and 2.4x neighbours, without a word (research
+# note newcomer.md, F-C8).
+NOISY_STEP_SPREAD = 0.10
+
+
+def step_spreads(p: Profile) -> list[float] | None:
+    """Each boundary's whole-step spread, (q3 - q1) / median over the timed steps; None for a profile
+    written before spreads were recorded."""
+    recorded = p.meta.get("step_ms")
+    if not isinstance(recorded, list) or len(recorded) != p.num_blocks:
+        return None
+    if not all(isinstance(r, dict) and {"q1", "median", "q3"} <= set(r) for r in recorded):
+        return None
+    return [(r["q3"] - r["q1"]) / r["median"] if r["median"] > 0 else math.inf for r in recorded]
+
+
+def noise_warnings(p: Profile, where: str = "profile") -> list[str]:
+    """One line when ``p`` is too noisy to rank boundaries (or says nothing about its noise), else none."""
+    spreads = step_spreads(p)
+    if spreads is None:
+        return [
+            f"{where}: records no spread of its step times (written by an older version): its ranking of "
+            "boundaries has no noise check; profile again to get one"
+        ]
+    worst = max(range(len(spreads)), key=spreads.__getitem__)
+    if spreads[worst] <= NOISY_STEP_SPREAD:
+        return []
+    steps = p.meta.get("steps", "its")
+    return [
+        f"{where}: too noisy to rank boundaries: the step time at boundary {worst} spread "
+        f"{spreads[worst]:.0%} (interquartile range over median, {steps} timed steps; the limit is "
+        f"{NOISY_STEP_SPREAD:.0%}); predictions that differ by less than that are not a ranking: profile again "
+        "on an idle machine"
+    ]

@@ -167,6 +167,7 @@ def _timed_step(freezer, optimizer, stamps: _Stamps, x, y) -> dict:
         "forward": forward,
         "backward": backward,
         "after": (t_end - stamps.last_grad) * ms,
+        "step": (t_end - t0) * ms,  # the whole step: its spread over the timed steps says how noisy they were
     }
 
 
@@ -213,6 +214,7 @@ def _measure(spec: ProfileSpec) -> dict:
     samples = {"overhead": [], "forward": [[] for _ in range(L)], "forward_frozen": [[] for _ in range(L)]}
     samples |= {"backward": [[] for _ in range(L)], "backward_first": [[] for _ in range(L)]}
     samples["after"] = [[] for _ in range(L)]
+    samples["step"] = [[] for _ in range(L)]
     act_bytes, act_shape = [None] * L, [None] * L
     try:
         for k in range(L):
@@ -233,6 +235,7 @@ def _measure(spec: ProfileSpec) -> dict:
                 for j, ms in m["backward"].items():
                     samples["backward_first" if j == k else "backward"][j].append(ms)
                 samples["after"][k].append(m["after"])
+                samples["step"][k].append(m["step"])
     finally:
         for h in handles:
             h.remove()
@@ -285,6 +288,22 @@ def _slowest(per_process: list[list[float]]) -> float | None:
     return max(medians) if medians else None
 
 
+def _spread_of_slowest(per_process: list[list[float]]) -> dict[str, float]:
+    """The whole step's quartiles and range in ms at one boundary, from the process with the slowest
+    median (the one whose medians the profile keeps): what noise_warnings reads."""
+    slowest = sorted(max((p for p in per_process if p), key=median))
+    q1, q3 = _quantile(slowest, 0.25), _quantile(slowest, 0.75)
+    return {"low": slowest[0], "q1": q1, "median": median(slowest), "q3": q3, "high": slowest[-1]}
+
+
+def _quantile(ordered: list[float], q: float) -> float:
+    """The ``q`` quantile of sorted values, linear between neighbours (numpy's default)."""
+    at = q * (len(ordered) - 1)
+    below = int(at)
+    above = min(below + 1, len(ordered) - 1)
+    return ordered[below] + (ordered[above] - ordered[below]) * (at - below)
+
+
 def combine(results: list[dict], spec: ProfileSpec, layout: Sequence[NodeCores], meta: dict) -> Profile:
     """A Profile from every process's samples: per quantity, the slowest process's median.
 
@@ -315,6 +334,7 @@ def combine(results: list[dict], spec: ProfileSpec, layout: Sequence[NodeCores],
                 cache_read_ms=max(reads) if reads else None,
             )
         )
+    meta = {**meta, "step_ms": [_spread_of_slowest([p["step"][k] for p in s]) for k in range(L)]}
     return Profile(
         model=spec.model_name,
         batch_size=spec.batch_size,
