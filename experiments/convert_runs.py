@@ -32,9 +32,9 @@ from freeze._atomic import atomic_write_bytes, atomic_write_json, atomic_write_t
 from freeze.pipeline.jsonl import JsonLinesError, read_json_lines
 from freeze.pipeline.run_lock import RunBusyError, RunLock
 from freeze.pipeline.runs import RunError
-from freeze.pipeline.schema import CONFIG_FILE, MANIFEST_FILE, METRICS_FILE, find_run_dirs
+from freeze.pipeline.schema import CONFIG_FILE, LEGACY_RECORD_KEYS, MANIFEST_FILE, METRICS_FILE, find_run_dirs
 
-OLD_BOUNDARY_KEY, BOUNDARY_KEY = "boundary_during", "boundary_at_epoch_start"
+((OLD_BOUNDARY_KEY, BOUNDARY_KEY),) = LEGACY_RECORD_KEYS.items()
 AUGMENT_OF_BOOLEAN = {True: "crop-flip", False: "none"}
 
 

@@ -18,6 +18,7 @@ and is refused as not checkable. Torch-free: imports only the standard library.
 
 from __future__ import annotations
 
+import errno
 import zipfile
 from pathlib import Path
 
@@ -48,6 +49,14 @@ def check_torch_file(path: str | Path) -> int:
     except (EOFError, ValueError, NotImplementedError) as err:
         # a damaged local header (zipfile raises these while reading the records)
         raise CorruptFileError(f"{path} is damaged: {err}") from None
+    except RuntimeError as err:
+        # a record's "encrypted" flag set: torch never encrypts, so a bit flipped in a header
+        raise CorruptFileError(f"{path} is damaged: {err} (torch never writes encrypted records)") from None
+    except OSError as err:
+        if err.errno != errno.EINVAL:
+            raise  # the file cannot be read (missing, no permission): not a statement about its bytes
+        # a directory offset flipped: zipfile seeks before the file's first byte
+        raise CorruptFileError(f"{path} is damaged: its zip directory points outside the file") from None
     if damaged is not None:
         raise CorruptFileError(f"{path} is damaged: record {damaged} fails its CRC32 check (its bytes changed on disk)")
     return count

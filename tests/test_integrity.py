@@ -71,3 +71,44 @@ def test_legacy_truncated_and_missing_files(tmp_path, capsys):
     assert main([str(ok), str(cut)]) == 1
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith(f"ok: {ok}: ") and lines[1].startswith(f"error: {cut} ")
+
+
+def _set_encrypted_flag_in_central_directory(path) -> None:
+    """Set bit 0 ("encrypted") of the first central-directory entry's flags, as a flipped bit would."""
+    data = bytearray(path.read_bytes())
+    entry = data.find(b"PK\x01\x02")
+    data[entry + 8] |= 0x01  # general purpose bit flag, 8 bytes into the entry
+    path.write_bytes(bytes(data))
+
+
+def _flip_directory_offset(path) -> None:
+    """Flip a bit of the directory's offset in the zip64 end-of-central-directory record (torch writes
+    zip64 records, and zipfile reads the offset from there)."""
+    data = bytearray(path.read_bytes())
+    end = data.rfind(b"PK\x06\x06")
+    data[end + 52] ^= 0x01  # the 8-byte offset of the central directory (48 bytes in): + 4 GiB
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(
+    "damage, expected",
+    [
+        (_set_encrypted_flag_in_central_directory, "torch never writes encrypted records"),
+        (_flip_directory_offset, "its zip directory points outside the file"),
+    ],
+)
+def test_a_flipped_zip_flag_or_offset_is_one_line_from_the_cli_and_the_resume(
+    resnet_checkpoint, capsys, damage, expected
+):
+    """Reliability probe case 31: these flips came out as an 18-line RuntimeError from the CLI, a
+    74-line double traceback from the resume, and an OSError without the file's name."""
+    damage(resnet_checkpoint)
+    with pytest.raises(CorruptFileError, match=expected) as err:
+        check_torch_file(resnet_checkpoint)
+    assert "\n" not in str(err.value) and str(resnet_checkpoint) in str(err.value)
+    assert main([str(resnet_checkpoint)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 1 and out[0].startswith(f"error: {resnet_checkpoint} ")
+    with pytest.raises(RunError) as resumed:
+        load_checkpoint(resnet_checkpoint)
+    assert "\n" not in str(resumed.value) and "delete it to start the run over" in str(resumed.value)

@@ -264,14 +264,27 @@ class RunDir:
             raise RunError(f"cannot write {err.filename or self.config_path}: {err.strerror or err}") from None
         return status
 
-    def begin(self, manifest: dict[str, Any], resume: bool) -> None:
+    def begin(self, manifest: dict[str, Any], resume: bool, from_epoch: int | None = None) -> None:
         """Write the "running" manifest, after :meth:`prepare`. On resume the original start_time is
-        kept; the caller's other manifest fields win."""
+        kept and ``sessions`` gains this start: ``from_epoch`` (the checkpoint's epoch the run goes
+        on from; by default the epochs the manifest says are done) and its commit. The caller's
+        other manifest fields win."""
         previous: dict[str, Any] = {}
         if resume and self.manifest_path.exists():
             previous = self.read_manifest()
         record = {**previous, **manifest, "status": "running", "error": None, "end_time": None}
         record["start_time"] = previous.get("start_time") or manifest.get("start_time") or now_iso()
+        session = {
+            "from_epoch": from_epoch if from_epoch is not None else (previous.get("epochs_done", 0) if resume else 0),
+            "git_commit": manifest.get("git_commit"),
+            "start_time": manifest.get("start_time") or now_iso(),
+        }
+        earlier = previous.get("sessions")
+        if earlier is None and previous:  # a manifest of an older version: its one session from what it kept
+            earlier = [
+                {"from_epoch": 0, "git_commit": previous.get("git_commit"), "start_time": previous.get("start_time")}
+            ]
+        record["sessions"] = [*(earlier or []), session]
         atomic_write_json(self.manifest_path, record)
 
     def create(self, config_toml: str, manifest: dict[str, Any], resume: bool) -> None:

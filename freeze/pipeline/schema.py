@@ -30,6 +30,9 @@ METRICS_FILE = "metrics.jsonl"
 CHECKPOINT_FILE = "checkpoint.pt"  # what a resume needs; a complete run drops it for MODEL_FILE
 MODEL_FILE = "model.pt"  # a complete run's final weights (a plain state dict)
 LOG_FILE = "log.txt"
+# metrics.jsonl keys earlier versions wrote, renamed since (python -m experiments.convert_runs renames
+# them once): the report's hint for an unknown key depends on whether converting can help
+LEGACY_RECORD_KEYS = {"boundary_during": "boundary_at_epoch_start"}
 
 # manifest.json: a run's status ("running" also describes a run whose process was killed).
 RUN_STATUSES: tuple[str, ...] = ("running", "complete", "interrupted", "failed")
@@ -100,6 +103,9 @@ class Manifest:
     # the resolved config the run (re)started with: a resume checks config.toml against it
     config: dict[str, Any] | None = None
     git_commit: str | None = None  # the checkout's commit, "+dirty" when tracked files changed
+    # one entry per start and resume: {"from_epoch", "git_commit", "start_time"}; git_commit above is
+    # the last one's, so a run resumed on other code says which epochs ran on which (probe case 4)
+    sessions: list[dict[str, Any]] | None = None
     versions: dict[str, Any] | None = None  # python, torch, torchvision, numpy
     hardware: dict[str, Any] | None = None  # cpu, cores, gpus, device
     # host, cores_allowed, runs_side_by_side, slurm (job id, nodes, partition): which runs' times pair

@@ -42,7 +42,7 @@ def _old_run(tmp_path: Path) -> Path:
 def test_an_old_run_directory_converts_once_and_then_reads_and_resumes_as_a_current_one(tmp_path, capsys):
     run_dir = _old_run(tmp_path)
     with pytest.raises(
-        ReportInputError, match=r"metrics.jsonl:1: malformed metrics line \(unknown keys: boundary_during;"
+        ReportInputError, match=r"metrics.jsonl:1: metrics line of an older version \(keys boundary_during\); convert"
     ):
         load_run(run_dir)
     before = {p.name: p.read_bytes() for p in run_dir.iterdir()}

@@ -785,3 +785,26 @@ def test_a_collective_timeout_is_one_line_naming_dist_timeout_s(tmp_path, monkey
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "exceeded dist.timeout_s = 2 s" in err and "not to the run" in err, err
     assert run.status() == "failed" and "dist.timeout_s" in run.read_manifest()["error"]
+
+
+def test_ctrl_c_in_the_report_and_in_profile_run_is_one_line_and_exit_130(tmp_path, monkeypatch, capsys):
+    """Reliability probe case 42: both printed a 28-73-line KeyboardInterrupt traceback; profile_run
+    must leave no partial profile (it writes atomically, after measuring)."""
+    import experiments.profile_run as profile_run
+    import freeze.pipeline.report.cli as report_cli
+    import freeze.pipeline.study.predict as predict
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(report_cli, "build_report", interrupted)
+    assert report_cli.main([str(tmp_path), "--out", str(tmp_path / "report")]) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("report: interrupted:")
+
+    monkeypatch.setattr(predict, "measure_profile", interrupted)
+    out = tmp_path / "profile.json"
+    smoke = Path(__file__).parents[2] / "experiments" / "configs" / "smoke.toml"
+    assert profile_run.main(["--config", str(smoke), "--out", str(out)]) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"interrupted: no profile written ({out} does not exist)"] and not out.exists()

@@ -362,3 +362,34 @@ def test_a_key_added_after_the_run_started_resumes_at_its_default_and_at_no_othe
     (run.path / "config.toml").write_text(CONFIG_A)
     with pytest.raises(RunError, match="optim.lr_reference_batch was None, now 256"):
         run.prepare(other, resume=True, defaults=defaults)
+
+
+def test_the_manifest_keeps_every_sessions_commit_and_the_epoch_it_continued_from(tmp_path):
+    """Reliability probe case 4: a run resumed on other code kept only the last commit, so nothing
+    said that its first epochs ran on the earlier one."""
+    run = RunDir(tmp_path / "r")
+    run.create(CONFIG_A, {**MANIFEST, "git_commit": "aaa", "start_time": "2020-01-01T00:00:00+00:00"}, resume=False)
+    run.append_metrics({"epoch": 0})
+    run.update_manifest(epochs_done=1)
+    run.finish("interrupted", error="Ctrl-C")
+    run.create(
+        CONFIG_A, {**MANIFEST, "git_commit": "bbb+dirty", "start_time": "2020-01-02T00:00:00+00:00"}, resume=True
+    )
+    manifest = run.read_manifest()
+    assert manifest["git_commit"] == "bbb+dirty"
+    assert manifest["sessions"] == [
+        {"from_epoch": 0, "git_commit": "aaa", "start_time": "2020-01-01T00:00:00+00:00"},
+        {"from_epoch": 1, "git_commit": "bbb+dirty", "start_time": "2020-01-02T00:00:00+00:00"},
+    ]
+
+
+def test_a_manifest_of_an_older_version_gets_its_first_session_from_what_it_kept(tmp_path):
+    run = RunDir(tmp_path / "r")
+    run.create(CONFIG_A, {**MANIFEST, "git_commit": "aaa", "start_time": "2020-01-01T00:00:00+00:00"}, resume=False)
+    run.append_metrics({"epoch": 0})
+    old = run.read_manifest()
+    del old["sessions"]
+    run.manifest_path.write_text(json.dumps({**old, "epochs_done": 2, "status": "interrupted"}))
+    run.create(CONFIG_A, {**MANIFEST, "git_commit": "bbb", "start_time": "2020-01-02T00:00:00+00:00"}, resume=True)
+    sessions = run.read_manifest()["sessions"]
+    assert [(s["from_epoch"], s["git_commit"]) for s in sessions] == [(0, "aaa"), (2, "bbb")]

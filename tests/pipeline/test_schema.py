@@ -87,9 +87,11 @@ def test_the_record_the_training_loop_builds_is_what_the_report_reads(tmp_path, 
     ("change", "message"),
     [
         (lambda r: r.pop("grad_norm"), "malformed metrics line (missing keys: grad_norm)"),
-        (lambda r: r.update(boundary_during=0), "malformed metrics line (unknown keys: boundary_during;"),
+        (lambda r: r.update(boundary_during=0), "metrics line of an older version (keys boundary_during); convert"),
+        # no version wrote it: pointing at convert_runs sent a user round a loop (probe case 24)
+        (lambda r: r.update(note="x"), "metrics line with keys no version of freeze writes: note; remove them"),
     ],
-    ids=["missing", "extra"],
+    ids=["missing", "older-version", "edited"],
 )
 def test_a_metrics_line_with_a_key_missing_or_too_many_is_refused_in_one_line(tmp_path, monkeypatch, change, message):
     record = dataclasses.asdict(_epoch_record())

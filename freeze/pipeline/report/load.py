@@ -23,6 +23,7 @@ from freeze.pipeline.jsonl import JsonLinesError, read_json_lines
 from freeze.pipeline.schema import (
     CONFIG_FILE,
     EVAL_PHASE,
+    LEGACY_RECORD_KEYS,
     MANIFEST_FILE,
     METRICS_FILE,
     PHASES,
@@ -308,10 +309,17 @@ def _check_record_keys(record: dict, where: str) -> None:
     if missing:
         raise ReportInputError(f"{where}: malformed metrics line (missing keys: {', '.join(missing)})")
     unknown = [k for k in record if k not in _RECORD_TYPES]
-    if unknown:
+    if any(k in LEGACY_RECORD_KEYS for k in unknown):
         raise ReportInputError(
-            f"{where}: malformed metrics line (unknown keys: {', '.join(unknown)}; a run directory of an "
-            "older version is converted once by python -m experiments.convert_runs)"
+            f"{where}: metrics line of an older version (keys {', '.join(unknown)}); convert the run "
+            "directory once: python -m experiments.convert_runs <runs dir>"
+        )
+    if unknown:
+        # no version of freeze wrote these (an edited or foreign file): converting cannot help, and
+        # pointing there sent a user round a loop (reliability probe, case 24)
+        raise ReportInputError(
+            f"{where}: metrics line with keys no version of freeze writes: {', '.join(unknown)}; "
+            "remove them from that line (accepted keys: the fields of freeze.pipeline.schema.EpochRecord)"
         )
 
 
