@@ -16,7 +16,7 @@ setup(
     # `import freeze` imports none of them.
     install_requires=["torch>=2.4", "numpy"],
     extras_require={
-        "study": ["torchvision>=0.19", "scipy", "pandas", "matplotlib"],
+        "study": ["torchvision>=0.19", "scipy", "pandas", "matplotlib", "tqdm>=4.60"],
         # hf: what FreezeTrainer needs, transformers >= 5 (4.x built DDP inside _wrap_model; the
         # module refuses it on import, so a 4.x the extra let in would fail at the user's first
         # import) and accelerate, which the Trainer refuses to run without. Blocks and the cache of

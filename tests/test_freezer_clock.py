@@ -74,12 +74,16 @@ def test_a_negative_interval_is_refused_naming_the_field_and_what_0_means():
 def test_check_policy_asks_for_what_the_run_length_policy_lacks():
     freezeout = make_policy("freezeout")
     with pytest.raises(ValueError, match="policy 'freezeout' needs the run length: pass epochs=N"):
-        RunClock(epochs=None, steps_per_epoch=None, interval_steps=0).check_policy(freezeout)
+        RunClock(epochs=None, steps_per_epoch=None, interval_steps=0).check_needs(freezeout.needs(), freezeout.spec())
     with pytest.raises(ValueError, match="policy 'freezeout' needs the run length"):
-        RunClock(epochs=0, steps_per_epoch=5, interval_steps=0).check_policy(freezeout)  # 0 epochs: not given
-    RunClock(epochs=3, steps_per_epoch=None, interval_steps=0).check_policy(freezeout)  # per epoch: epochs suffice
+        RunClock(epochs=0, steps_per_epoch=5, interval_steps=0).check_needs(
+            freezeout.needs(), freezeout.spec()
+        )  # 0 epochs: not given
+    RunClock(epochs=3, steps_per_epoch=None, interval_steps=0).check_needs(
+        freezeout.needs(), freezeout.spec()
+    )  # per epoch: epochs suffice
     for name in ("none", "autofreeze", "geometric"):  # no run length needed, whatever the clock lacks
-        RunClock(epochs=None, steps_per_epoch=None, interval_steps=7).check_policy(make_policy(name))
+        RunClock(epochs=None, steps_per_epoch=None, interval_steps=7).check_needs(make_policy(name).needs(), name)
 
 
 def test_end_epoch_returns_the_steps_each_epoch_took_and_refuses_the_wrong_epoch():

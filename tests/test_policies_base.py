@@ -104,3 +104,37 @@ def test_the_spec_a_checkpoint_saves_restores_the_policy(name):
     history = eta_history([0.1, 0.2, 0.5, 0.05, 0.4, 0.3])
     extra = sizes(original, 6)
     assert restored.decide(1, history, PROGRESS, 6, **extra) == original.decide(1, history, PROGRESS, 6, **extra)
+
+
+def test_a_policys_needs_are_one_declaration_read_from_its_flags_and_parameters():
+    """The Freezer, its monitor and the pipeline ask a policy one question (needs()); a policy
+    written with the class flags keeps working (issue 47)."""
+    from freeze.policies.base import Needs
+
+    assert make_policy("none").needs() == Needs()
+    assert make_policy("autofreeze").needs() == Needs(gradient_sums=True)
+    assert make_policy("freezeout").needs() == Needs(run_length=True)
+    payoff = make_policy("payoff").needs()
+    assert payoff.block_bytes and payoff.gradient_sums and payoff.intervals_needed == 3
+    horizon = make_policy("horizon")
+    assert horizon.needs() == Needs(
+        descent_span=3, pricing=True, probe=True, run_length=True, intervals_needed=9, may_unfreeze=True
+    )
+    assert not make_policy("horizon:probation=0").needs().probe  # a parameter changes what it needs
+    assert make_policy("at:k=6,t=0.5,anneal=0.15").needs().block_lr
+    assert not make_policy("at:k=6,t=0.5").needs().block_lr
+    published = make_policy("freezeout:anneal=true,scale_lr=true").needs()
+    assert published.block_lr and published.cosine_run and published.run_length
+
+
+def test_decide_in_passes_a_policy_the_inputs_it_declares_and_no_others():
+    from freeze.policies.base import DecisionContext
+
+    history = eta_history([0.5, 0.1, 0.4, 0.3])
+    ctx = DecisionContext(boundary=0, history=history, progress=PROGRESS, num_blocks=4, block_bytes=(1,) * 4)
+    autofreeze = make_policy("autofreeze")  # takes no block_bytes: given them, its decide would raise
+    assert autofreeze.decide_in(ctx) == autofreeze.decide(0, history, PROGRESS, 4)
+    assert autofreeze.explain_in(ctx) == autofreeze.explain(0, history, PROGRESS, 4)
+    payoff = make_policy("payoff")
+    assert payoff.decide_in(ctx) == payoff.decide(0, history, PROGRESS, 4, **sizes(payoff, 4))
+    assert payoff.explain_in(ctx) == payoff.explain(0, history, PROGRESS, 4, **sizes(payoff, 4))

@@ -37,7 +37,18 @@ def test_readme_example_runs_in_one_process(tmp_path):
 @pytest.mark.processes
 def test_readme_example_runs_under_torchrun(tmp_path):
     script = tmp_path / "example.py"
-    script.write_text(readme_example())
+    example = readme_example()
+    # rank 0 alone prints (no interleaved lines); the test has rank 1 print its own view too, so that
+    # the ranks' boundary, held-out loss and bytes can be compared
+    line = 'print(epoch, freezer.boundary, f"held-out loss {held_out_loss:.4f} acc {accuracy:.3f}", sent)'
+    assert example.count(line) == 1
+    script.write_text(
+        example.replace(
+            "    if comm.rank() == 0:  # one line",
+            f"    if comm.rank() == 1:\n        {line}\n    if comm.rank() == 0:  # one line",
+            1,
+        )
+    )
     cmd = local_torchrun_command(script, tmp_path / "logs")  # one stdout file per rank
     proc = run_command(cmd, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -89,6 +100,9 @@ def test_readme_example_resumed_after_epoch_1_ends_with_the_bits_of_an_uninterru
         assert torch.equal(tensor, b["model"][name]), name
     for i, entry in a["optimizer"]["state"].items():
         assert torch.equal(entry["momentum_buffer"], b["optimizer"]["state"][i]["momentum_buffer"]), i
+    finished = run_python(["example.py"], cwd=whole)  # run again once done: it says so (it said nothing)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert finished.stdout.strip() == "checkpoint.pt holds all 4 epochs: nothing to train (delete it to train again)"
 
 
 def test_readme_example_follows_the_order_rules_it_states():

@@ -63,7 +63,7 @@ def build(variant: str, steps_total: int, interval: int, device: torch.device):
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
     policy = make_policy("none" if variant == "none-again" else variant)
     extra = {}
-    if policy.uses_pricing:
+    if policy.needs().pricing:
         step_time_s = [1.0 - 0.05 * k for k in range(len(blocks))]
         extra["pricing"] = Pricing(step_time_s=step_time_s, lr_per_step=[1e-3] * steps_total)
     freezer = Freezer(

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from freeze.checks import is_int
-from freeze.policies import Policy, Progress
+from freeze.policies import Progress
+from freeze.policies.base import Needs
 
 
 @dataclass
@@ -38,17 +39,41 @@ class RunClock:
         self.epochs = None if self.epochs is None else int(self.epochs)
         self.steps_per_epoch = None if self.steps_per_epoch is None else int(self.steps_per_epoch)
 
-    def check_policy(self, policy: Policy) -> None:
-        """Refuse a run-length policy the run length was not given for."""
-        if policy.needs_run_length and not self.epochs:
-            raise ValueError(f"Freezer: policy '{policy.name}' needs the run length: pass epochs=N")
-        if policy.needs_run_length and self.interval_steps and not self.steps_per_epoch:
+    def check_needs(self, needs: Needs, spec: str) -> None:
+        """Refuse a run-length policy (``spec``, its ``needs``) the run length was not given for."""
+        name = spec.split(":", 1)[0]
+        if needs.run_length and not self.epochs:
+            raise ValueError(f"Freezer: policy '{name}' needs the run length: pass epochs=N")
+        if needs.run_length and self.interval_steps and not self.steps_per_epoch:
             # Between epoch ends only steps say how far training is; an epoch count would put the
             # whole running epoch in the past or in the future.
             raise ValueError(
-                f"Freezer: policy '{policy.name}' evaluated every interval_steps={self.interval_steps} steps "
+                f"Freezer: policy '{name}' evaluated every interval_steps={self.interval_steps} steps "
                 "needs the run length in steps: pass steps_per_epoch=N"
             )
+
+    def evaluations(self) -> int | None:
+        """How many times the policy is asked over the planned run (None: the run length in steps
+        was not given and the policy evaluates by steps)."""
+        if not self.interval_steps:
+            return self.epochs
+        if not (self.epochs and self.steps_per_epoch):
+            return None
+        return self.epochs * self.steps_per_epoch // self.interval_steps
+
+    def check_evaluations(self, needs: Needs, spec: str) -> None:
+        """Refuse a run asked fewer times than ``needs.intervals_needed`` before the first decision of
+        the policy ``spec``: it would never decide. Called by the Freezer, and by the pipeline before
+        a run starts."""
+        needed, evaluations = needs.intervals_needed, self.evaluations()
+        if not needed or evaluations is None or evaluations >= needed:
+            return
+        run_steps = (self.epochs or 0) * (self.steps_per_epoch or 0)
+        raise ValueError(
+            f"Freezer: policy '{spec}' needs {needed} evaluations before its first decision and this run "
+            f"has {evaluations}; accepted: interval_steps small enough for {needed} or more (e.g. "
+            f"{max(run_steps // (2 * needed), 1)}), or a smaller window/span"
+        )
 
     def end_epoch(self, epoch: int, steps: int) -> int:
         """Close ``epoch`` at optimizer step ``steps``; returns the steps it took."""

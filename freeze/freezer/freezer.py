@@ -51,6 +51,7 @@ from freeze.freezer.records import (
 from freeze.monitor import GradNormMonitor, IntervalStats
 from freeze.names import CommHook
 from freeze.policies import Policy, Pricing, make_policy
+from freeze.policies.base import DecisionContext, Needs
 
 _log = logging.getLogger("freeze")
 
@@ -124,14 +125,16 @@ class Freezer:
         self.model = model
         self.blocks = list(blocks)
         self.policy = policy if policy is not None else make_policy("none")
+        # The one question the Freezer asks the policy about itself: everything below reads the answer.
+        self.needs = self.policy.needs()
         self.clock = RunClock(epochs, steps_per_epoch, interval_steps)
-        self.clock.check_policy(self.policy)
-        self.pricing, self.probe = _checked_policy_inputs(self.policy, self.clock, len(blocks), pricing, probe)
+        self.clock.check_needs(self.needs, self.policy.spec())
+        self.pricing, self.probe = _checked_policy_inputs(
+            self.needs, self.policy.spec(), self.clock, len(blocks), pricing, probe
+        )
         self.optimizer = optimizer
         self._block_lr = (
-            BlockLR(self.policy, self.blocks, self.clock, lambda: self.counters.steps)
-            if self.policy.sets_block_lr
-            else None
+            BlockLR(self.policy, self.blocks, self.clock, lambda: self.counters.steps) if self.needs.block_lr else None
         )
         if optimizer is not None:
             self._attach_block_lr(optimizer)
@@ -143,9 +146,9 @@ class Freezer:
         self.monitor = GradNormMonitor(
             self.blocks,
             # a policy that reads only the descent has the monitor sum just the intervals it reads
-            track_summed=bool(track_summed_grads) or (self.policy.uses_gradients and not self.policy.uses_descent),
-            track_descent=self.policy.uses_descent,
-            descent_span=getattr(self.policy, "span", 1),
+            track_summed=bool(track_summed_grads) or self.needs.gradient_sums,
+            track_descent=self.needs.descent_span > 0,
+            descent_span=self.needs.descent_span or 1,
         )
         self.counters = FreezerCounters()
         # What close() checks (steering.warn_if_no_epoch_ended): steps taken and epochs ended in this
@@ -159,7 +162,7 @@ class Freezer:
         if comm.is_distributed():
             # What DDP's constructor would do: start every replica from rank 0's weights and buffers.
             comm.broadcast_from_rank0(list(model.parameters()) + list(model.buffers()), process_group)
-        cache_args = (cache, cache_source, epochs, process_group, frozen_mode, self.policy.may_unfreeze)
+        cache_args = (cache, cache_source, epochs, process_group, frozen_mode, self.needs.may_unfreeze)
         ddp = {"comm_hook": comm_hook, "ddp_kwargs": ddp_kwargs, "process_group": process_group}
         self.engine = Engine(model, self.blocks, make_cache(model, self.blocks, *cache_args), **ddp)
         self.counters.attach(self.engine.comm)  # the byte total's one owner
@@ -467,22 +470,22 @@ class Freezer:
     def _evaluate(self, epoch: int) -> bool:
         """``epoch``: the 0-based epoch the closing interval is recorded under."""
         stats = self.monitor.close_interval(epoch, self.boundary, self.counters.steps)
-        args = (self.boundary, self.monitor.history, self.clock.progress(self.counters.steps), len(self.blocks))
-        sizes = {"block_bytes": self._steering.block_grad_bytes} if self.policy.uses_block_bytes else {}
-        if self.policy.uses_pricing:
-            sizes["pricing"] = self.pricing
+        ctx = DecisionContext(
+            boundary=self.boundary,
+            history=self.monitor.history,
+            progress=self.clock.progress(self.counters.steps),
+            num_blocks=len(self.blocks),
+            block_bytes=self._steering.block_grad_bytes,
+            pricing=self.pricing,
+        )
         # rank 0's answer on every rank: the probe runs collectives, which all ranks must enter
-        if self.policy.uses_probe and comm.broadcast_int_from_rank0(
-            int(self.policy.wants_probe(*args, **sizes)), self.process_group
-        ):
+        if self.needs.probe and comm.broadcast_int_from_rank0(int(self.policy.wants_probe_in(ctx)), self.process_group):
             stats = self._probe(stats)
-        proposed = self.policy.decide(*args, **sizes)
+        proposed = self.policy.decide_in(ctx)
         # Statistics come from all-reduced gradients, so ranks agree already; the broadcast makes
         # a disagreement (e.g. a non-deterministic reduction order) impossible rather than unlikely.
         k = self._clamp(comm.broadcast_int_from_rank0(int(proposed), self.process_group))
-        evaluation = Evaluation(
-            stats.index, epoch, self.counters.steps, self.boundary, k, self.policy.explain(*args, **sizes)
-        )
+        evaluation = Evaluation(stats.index, epoch, self.counters.steps, self.boundary, k, self.policy.explain_in(ctx))
         self.evaluations.append(evaluation)
         _log.debug("%s: %s", self.policy.spec(), evaluation.line())
         if k == self.boundary:
@@ -537,34 +540,30 @@ class Freezer:
 
 
 def _checked_policy_inputs(
-    policy: Policy, clock: RunClock, num_blocks: int, pricing: Pricing | None, probe: Callable[[], float] | None
+    needs: Needs,
+    spec: str,
+    clock: RunClock,
+    num_blocks: int,
+    pricing: Pricing | None,
+    probe: Callable[[], float] | None,
 ) -> tuple[Pricing | None, Callable[[], float] | None]:
-    """Refuse, when the Freezer is built, a policy whose pricing or held-out probe is missing or wrong."""
-    if policy.uses_pricing:
+    """Refuse, when the Freezer is built, a policy (``spec``) whose pricing or held-out probe is
+    missing or wrong."""
+    name = spec.split(":", 1)[0]
+    if needs.pricing:
         if pricing is None:
             raise ValueError(
-                f"Freezer: policy '{policy.name}' prices each freeze: pass pricing=Pricing(step_time_s=<seconds per "
+                f"Freezer: policy '{name}' prices each freeze: pass pricing=Pricing(step_time_s=<seconds per "
                 "step at each boundary>, lr_per_step=<the schedule's LR per step>) (docs/horizon.md; the "
                 "pipeline takes it from the cost model: freeze.cost_profile)"
             )
         if not clock.steps_per_epoch or not clock.epochs:
-            raise ValueError(
-                f"Freezer: policy '{policy.name}' needs the run length in steps: pass epochs and steps_per_epoch"
-            )
+            raise ValueError(f"Freezer: policy '{name}' needs the run length in steps: pass epochs and steps_per_epoch")
         pricing.check(num_blocks, clock.epochs * clock.steps_per_epoch)
-        needed = getattr(policy, "intervals_needed", 0)
-        evaluations = (
-            clock.epochs * clock.steps_per_epoch // clock.interval_steps if clock.interval_steps else clock.epochs
-        )
-        if evaluations < needed:
-            raise ValueError(
-                f"Freezer: policy '{policy.spec()}' needs {needed} evaluations before its first decision and this run "
-                f"has {evaluations}; accepted: interval_steps small enough for {needed} or more (e.g. "
-                f"{max(clock.epochs * clock.steps_per_epoch // (2 * needed), 1)}), or a smaller window/span"
-            )
-    if policy.uses_probe and probe is None:
+        clock.check_evaluations(needs, spec)
+    if needs.probe and probe is None:
         raise ValueError(
-            f"Freezer: policy '{policy.spec()}' checks each freeze on a held-out subset: pass probe=<function returning "
+            f"Freezer: policy '{spec}' checks each freeze on a held-out subset: pass probe=<function returning "
             "that subset's loss>, or set the policy's probation=0"
         )
     if probe is not None and not callable(probe):

@@ -58,8 +58,9 @@ class RunConfig:
     keep_checkpoint: bool = False
 
 
-# The datasets a config may name: the official CIFAR-10, and the tasks of this pipeline's generators
-# (freeze.pipeline.data.GENERATORS; tests/pipeline/test_data.py holds the two lists equal).
+# The datasets this pipeline has itself: the official CIFAR-10, and the tasks of its generators
+# (freeze.pipeline.data.GENERATORS; tests/pipeline/test_data.py holds the two lists equal). A plugin
+# adds its own (freeze.pipeline.data.register_dataset).
 DatasetName = Literal[
     "cifar10",
     "synthetic-source",
@@ -119,7 +120,9 @@ def parse_augment(spec: object) -> Augment:
 
 @dataclass(frozen=True)
 class DataConfig:
-    dataset: DatasetName = "cifar10"
+    # cifar10, a generated task (DATASET_NAMES), or a name a plugin registered with
+    # freeze.pipeline.data.register_dataset: checked where plugins are loaded (preflight, the worker)
+    dataset: str = "cifar10"
     root: str = "data"
     download: bool = False
     val_size: int = _f(5000, ge=0)  # images held out of the training set
@@ -136,13 +139,45 @@ Stem = Literal["imagenet", "cifar"]
 STEMS: tuple[str, ...] = typing.get_args(Stem)
 
 
+class BlockSplit:
+    """The annotation of ``model.blocks`` (a marker: values stay plain): "default" (the library's
+    split: the model's repeated layers), "children" (parameter-owning top-level children, the
+    reference study's 7 groups of a ResNet), or a list with one entry per block in forward order, as
+    ``freeze.split_blocks`` takes them: a module name, a glob (``"layer1.*"``: one block per matching
+    module) or a list of names forming one block; the last entry is the head."""
+
+
+BLOCK_SPLIT_KEYWORDS = ("default", "children")
+BLOCK_SPLIT_ACCEPTED = (
+    'default, children, or a list of 2 or more entries in forward order, each a module name, a glob ("layer1.*") '
+    'or a list of names forming one block (e.g. [["conv1", "bn1"], "layer1.*", "layer2.*", "layer3.*", "layer4.*", "fc"])'
+)
+
+
+def parse_block_split(dotted: str, value: Any) -> str | tuple:
+    """``model.blocks`` checked: a keyword, or the entries as a tuple (a group as a tuple of names)."""
+    if isinstance(value, str):
+        if value in BLOCK_SPLIT_KEYWORDS:
+            return value
+        raise ConfigError(f"{dotted}: {_show(value)} is not accepted; accepted: {BLOCK_SPLIT_ACCEPTED}")
+
+    def name_ok(v: Any) -> bool:
+        return isinstance(v, str) and bool(v.strip())
+
+    def entry_ok(v: Any) -> bool:
+        return name_ok(v) or (isinstance(v, (list, tuple)) and bool(v) and all(name_ok(n) for n in v))
+
+    if not isinstance(value, (list, tuple)) or len(value) < 2 or not all(entry_ok(v) for v in value):
+        raise ConfigError(f"{dotted}: {_show(value)} is not accepted; accepted: {BLOCK_SPLIT_ACCEPTED}")
+    return tuple(v if isinstance(v, str) else tuple(v) for v in value)
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     arch: str = "resnet18"  # a torchvision classification model name
     stem: Stem = "imagenet"
     weights: str = "none"  # "none", "imagenet", or the path of an existing file
-    # "children" = parameter-owning top-level children (the reference study's 7 groups of a ResNet)
-    blocks: Literal["default", "children"] = "default"
+    blocks: BlockSplit = "default"  # how the model is cut into blocks: see BlockSplit
 
 
 @dataclass(frozen=True)
@@ -312,7 +347,7 @@ def config_to_dict(config: Config) -> dict[str, dict[str, Any]]:
 def _plain(value: Any) -> Any:
     """A config value as TOML and JSON spell it: a tuple as a list, a parsed value as its spec."""
     if isinstance(value, tuple):
-        return list(value)
+        return [_plain(v) for v in value]  # model.blocks' groups too
     return value.spec() if isinstance(value, Augment) else value
 
 
@@ -419,6 +454,8 @@ def _check_value(dotted: str, value: Any, hint: Any, bounds: Range | None) -> An
             raise ConfigError(f"{dotted}: expected a list of {len(args)} numbers{rng}, got {_show(value)}") from None
     if hint is Augment:
         return value if isinstance(value, Augment) else parse_augment(value)
+    if hint is BlockSplit:
+        return parse_block_split(dotted, value)
     if hint is bool:
         if not isinstance(value, bool):
             raise ConfigError(f"{dotted}: expected true or false, got {_show(value)}")

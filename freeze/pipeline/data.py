@@ -23,7 +23,7 @@ import os
 import pickle
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -402,19 +402,144 @@ def load_dataset(
     synthetic_test_size: int = 4000,
     synthetic_seed: int = 0,
 ) -> CifarArrays:
-    """``name``: "cifar10" (official files under ``root``) or "<family>-<task>" of a generator
+    """``name``: "cifar10" (official files under ``root``), "<family>-<task>" of a generator
     (:data:`GENERATORS`: "fdsl32-source"/"fdsl32-target", the original "synthetic-source"/
-    "synthetic-target"), generated once under ``root``, then read by the same reader."""
+    "synthetic-target"), generated once under ``root``, then read by the same reader, or a name a
+    plugin registered (:func:`register_dataset`)."""
     root = Path(root)
+    check_dataset(name)  # one line for a name neither this pipeline's nor registered
     if name == "cifar10":
         if download:
             download_cifar10(root)
         return read_cifar10(root)
-    if name in DATASET_NAMES:
-        family, task = name.rsplit("-", 1)
-        folder = _synthetic_root(root, task, synthetic_train_size, synthetic_test_size, synthetic_seed, family)
-        return read_cifar10(folder, synthetic=True)
-    raise DataError(f"unknown data.name {name!r}: accepted {', '.join(DATASET_NAMES)}")
+    if name in DATASETS:
+        return _registered_arrays(name, root)
+    family, task = name.rsplit("-", 1)
+    folder = _synthetic_root(root, task, synthetic_train_size, synthetic_test_size, synthetic_seed, family)
+    return read_cifar10(folder, synthetic=True)
+
+
+# ------------------------------------------------------------------------------------- your own data
+# name -> builder(root: Path) -> ImageArrays; filled by @register_dataset in a plugin module
+DATASETS: dict[str, Callable[[Path], ImageArrays]] = {}
+
+
+@dataclass(frozen=True, eq=False)
+class ImageArrays:
+    """What a registered dataset's builder returns: the whole training and test sets in memory, as the
+    pipeline holds CIFAR-10 (the validation split, sharding, augmentation and the cache are its own)."""
+
+    train_x: torch.Tensor  # uint8 [N, 3, H, W]
+    train_y: torch.Tensor  # integer class indices [N], 0 .. len(classes) - 1
+    test_x: torch.Tensor  # uint8 [M, 3, H, W]
+    test_y: torch.Tensor
+    classes: tuple[str, ...]
+
+
+def register_dataset(name: str) -> Callable[[Callable[[Path], ImageArrays]], Callable[[Path], ImageArrays]]:
+    """Decorator: make ``builder(root) -> ImageArrays`` a ``data.dataset`` the pipeline accepts by name
+    (``root`` is ``data.root``: where the builder may keep its files). Import the module through the
+    config's ``[plugins] modules`` (or an entry point) so that runs, sweeps and studies know the name.
+
+    Raises:
+        DataError: the name is empty, one of this pipeline's own, or another builder's.
+    """
+    if not isinstance(name, str) or not name.strip():
+        raise DataError(f"register_dataset: name {name!r}; accepted: a non-empty name")
+
+    def register(builder: Callable[[Path], ImageArrays]) -> Callable[[Path], ImageArrays]:
+        if name in DATASET_NAMES:
+            raise DataError(
+                f"register_dataset: {name!r} is one of this pipeline's datasets; accepted: a name of your own"
+            )
+        if DATASETS.get(name, builder) is not builder:
+            raise DataError(
+                f"register_dataset: {name!r} is already registered by {DATASETS[name]!r}; accepted: a new name"
+            )
+        DATASETS[name] = builder
+        return builder
+
+    return register
+
+
+def check_dataset(name: str) -> None:
+    """DataError (one line naming data.dataset and what is accepted) for a name neither this
+    pipeline's nor registered (:func:`register_dataset`)."""
+    if name in DATASET_NAMES or name in DATASETS:
+        return
+    own = f", or your own: {', '.join(sorted(DATASETS))}" if DATASETS else ""
+    raise DataError(
+        f"data.dataset: {name!r} is not accepted; accepted: {', '.join(DATASET_NAMES)}{own} (a dataset of your own: "
+        "@register_dataset in a module [plugins] modules names, docs/policies.md)"
+    )
+
+
+def _registered_arrays(name: str, root: Path) -> CifarArrays:
+    """The registered builder's arrays, checked once, as the pipeline's readers return theirs."""
+    arrays = DATASETS[name](root)
+    if not isinstance(arrays, ImageArrays):
+        raise DataError(f"data.dataset {name!r}: its builder returned {type(arrays).__name__}; accepted: ImageArrays")
+    classes = tuple(str(c) for c in arrays.classes)
+    for part, (x, y) in {"train": (arrays.train_x, arrays.train_y), "test": (arrays.test_x, arrays.test_y)}.items():
+        try:
+            _check_images(x, y)
+        except DataError as err:
+            raise DataError(f"data.dataset {name!r}, {part} set: {err}") from None
+        if y.dtype.is_floating_point or y.numel() == 0 or int(y.min()) < 0 or int(y.max()) >= len(classes):
+            raise DataError(
+                f"data.dataset {name!r}, {part} set: labels must be integers in 0..{len(classes) - 1} "
+                f"(one per class name), with at least one image"
+            )
+    return CifarArrays(
+        arrays.train_x, arrays.train_y.long(), arrays.test_x, arrays.test_y.long(), classes, synthetic=False
+    )
+
+
+CIFAR10_TRAIN_IMAGES = 50_000  # the official training set (data_batch_1..5)
+
+
+def planned_train_images(data_cfg) -> int | None:
+    """The training images a run will see, from its ``data`` config alone (the generated datasets
+    have data.synthetic_train_size, CIFAR-10 its official count, less the validation split, capped
+    by data.train_size): what a launcher checks a run's length with before any data is read. None
+    for a dataset whose size only reading it tells."""
+    if data_cfg.dataset == "cifar10":
+        available = CIFAR10_TRAIN_IMAGES
+    elif data_cfg.dataset in DATASET_NAMES:
+        available = data_cfg.synthetic_train_size
+    else:
+        return None
+    remaining = available - data_cfg.val_size
+    if remaining <= 0:
+        return None  # the split refuses this data.val_size in its own words when the run reads the data
+    return min(data_cfg.train_size, remaining) if data_cfg.train_size else remaining
+
+
+def optimizer_steps_per_epoch(train_cfg, batches_per_epoch: int) -> int:
+    """Optimizer steps in an epoch of ``batches_per_epoch`` batches per worker, under ``train_cfg``'s
+    accumulation, step cap and budget (0 when accumulation leaves none): what a worker trains and
+    what a launcher plans with (:func:`planned_steps_per_epoch`)."""
+    steps_per_epoch = batches_per_epoch // train_cfg.accumulate_steps
+    if train_cfg.max_steps_per_epoch:
+        steps_per_epoch = min(steps_per_epoch, train_cfg.max_steps_per_epoch)
+    if train_cfg.budget_fraction < 1.0 and steps_per_epoch >= 1:
+        # The same epochs and evaluations, each epoch a random fraction of its batches (the head of
+        # the epoch's shuffled order), and the schedule over the shorter run: a warm-up given in
+        # epochs shrinks with it and a decaying schedule still decays to its end.
+        steps_per_epoch = max(1, round(steps_per_epoch * train_cfg.budget_fraction))
+    return steps_per_epoch
+
+
+def planned_steps_per_epoch(cfg) -> int | None:
+    """The optimizer steps per epoch a run of ``cfg`` will take, from the config alone, at the world
+    size its launcher starts (dist.nproc workers on each emulated node, or on this machine); None
+    when the dataset's size is known only once read. A multi-node SLURM or torchrun run has more
+    workers, so fewer steps: its workers check again with the real count."""
+    images = planned_train_images(cfg.data)
+    if images is None:
+        return None
+    world_size = cfg.dist.nproc * max(cfg.cluster.nodes, 1)
+    return optimizer_steps_per_epoch(cfg.train, images // (cfg.train.batch_size * world_size))
 
 
 # ------------------------------------------------------------------------------------- splitting

@@ -18,6 +18,8 @@ import torch
 import torchvision
 from torch import nn
 
+from freeze.block_finder import BlockError
+from freeze.blocks import Block, children_block_names, split_blocks
 from freeze.pipeline.config import STEMS
 from freeze.pipeline.runs import UnsafeFileError, load_torch_file
 
@@ -250,3 +252,28 @@ def load_weights(
     if sorted(result.missing_keys) != skipped or result.unexpected_keys:  # guards the filtering above
         raise ModelError(f"{where}: loading left {result.missing_keys} unset")
     return skipped
+
+
+def build_blocks(model: nn.Module, how: str | tuple) -> list[Block]:
+    """``model`` cut as ``model.blocks`` says (freeze.pipeline.config.BlockSplit); ModelError (one
+    line) when its names or globs do not cut this model."""
+    if how == "default":
+        names = None
+    elif how == "children":
+        names = children_block_names(model)
+    else:  # the config's entries: a name or glob, or a group of them (a tuple)
+        names = [n if isinstance(n, str) else list(n) for n in how]
+    try:
+        return split_blocks(model, names)
+    except BlockError as err:
+        raise ModelError(f"model.blocks: {err}") from None
+
+
+def check_block_split(arch: str, stem: str, how: str | tuple) -> None:
+    """ModelError (one line) when ``model.blocks``' own list does not cut ``arch``: checked on the
+    model built on the meta device (no memory, no weights), before any run starts."""
+    if isinstance(how, str):
+        return  # the library's splits cut every model
+    with torch.device("meta"):
+        model = build_model(arch, num_classes=10, stem=stem)
+    build_blocks(model, how)

@@ -1,8 +1,9 @@
-"""Your own policies and models in the pipeline: the modules ``plugins.modules`` names, and those
-installed packages declare under the entry-point group ``freeze.plugins``, are imported before a
+"""Your own policies, models and datasets in the pipeline: the modules ``plugins.modules`` names, and
+those installed packages declare under the entry-point group ``freeze.plugins``, are imported before a
 config's names are resolved, so that what they register (``@register_policy`` from
-:mod:`freeze.policies`, ``@register_model`` from :mod:`freeze.pipeline.models`) is accepted by name in
-``freeze.policy`` and ``model.arch`` by a run, a sweep and a study (docs/policies.md).
+:mod:`freeze.policies`, ``@register_model`` from :mod:`freeze.pipeline.models`, ``@register_dataset``
+from :mod:`freeze.pipeline.data`) is accepted by name in ``freeze.policy``, ``model.arch`` and
+``data.dataset`` by a run, a sweep and a study (docs/policies.md).
 
 Imported where names are resolved: the launcher's, sweep's and study's up-front check (preflight)
 and each worker before it builds its model and policy. A module that cannot be imported is refused

@@ -14,9 +14,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from freeze.freezer.clock import RunClock
 from freeze.pipeline.config import Config, ConfigError
 from freeze.pipeline.costmodel.profile import Profile, ProfileError, load_profile
-from freeze.pipeline.models import ModelError, check_arch
+from freeze.pipeline.data import DataError, check_dataset, planned_steps_per_epoch
+from freeze.pipeline.log import progress_choice
+from freeze.pipeline.models import ModelError, check_arch, check_block_split
 from freeze.pipeline.plugins import load_plugins
 from freeze.pipeline.trackers import check_trackers
 from freeze.policies import Policy, parse_policy
@@ -28,38 +31,62 @@ def preflight(config: Config) -> None:
     load_plugins(config)
     try:
         check_arch(config.model.arch)
-    except ModelError as err:
+        check_block_split(config.model.arch, config.model.stem, config.model.blocks)
+        check_dataset(config.data.dataset)
+    except (ModelError, DataError) as err:
         raise ConfigError(str(err)) from None
-    check_policy_inputs(config, parse_policy_spec(config.freeze.policy))
+    policy = parse_policy_spec(config.freeze.policy)
+    check_policy_inputs(config, policy)
+    check_run_length(config, policy)
     check_trackers(config.log.trackers)
+    progress_choice()  # FREEZE_PROGRESS, read by every rank-0 worker: refused here, not mid-run
 
 
 def check_policy_inputs(config: Config, policy: Policy) -> None:
     """ConfigError (one line) when what ``policy`` needs beside the config is not there: a cost
     profile for a policy that prices its freezes, held-out images for one that checks them. The
     launcher calls it through :func:`preflight`, a worker where it builds the policy (plain torchrun)."""
-    if policy.uses_pricing and not Path(config.freeze.cost_profile or "").is_file():
+    needs = policy.needs()
+    if needs.pricing and not Path(config.freeze.cost_profile or "").is_file():
         # the workers read the profile itself (freeze.pipeline.pricing)
         raise ConfigError(
             f"freeze.cost_profile: {config.freeze.cost_profile or 'not set'}; freeze.policy={policy.name} prices its "
             "freezes with a cost-model profile of this machine; accepted: the path of one, made by "
             "`python -m experiments.profile_run --config <the run's config>`"
         )
-    if policy.uses_pricing:
+    if needs.pricing:
         check_profile_fits(config, config.freeze.cost_profile)
     schedule = config.schedule
-    if policy.assumes_cosine_run and (schedule.name != "cosine" or schedule.warmup_epochs or schedule.min_lr):
+    if needs.cosine_run and (schedule.name != "cosine" or schedule.warmup_epochs or schedule.min_lr):
         # its per-block factors are the ratio of each block's cosine to the run's (freeze.policies.rules)
         raise ConfigError(
             f"schedule: name={schedule.name}, warmup_epochs={schedule.warmup_epochs}, min_lr={schedule.min_lr}; "
             f"freeze.policy={policy.spec()} anneals each block against the run's cosine to zero, as published; "
             "accepted: schedule.name=cosine with warmup_epochs=0 and min_lr=0"
         )
-    if policy.uses_probe and not config.data.val_size:
+    if needs.probe and not config.data.val_size:
         raise ConfigError(
             f"data.val_size: freeze.policy={policy.name} checks its freezes on held-out images; accepted: "
             "data.val_size > 0, or the policy's probation=0"
         )
+
+
+def check_run_length(config: Config, policy: Policy) -> None:
+    """ConfigError (one line) for a run asked fewer times than a pricing policy needs before its
+    first decision, counted from the config before any data is read (the Freezer's own check,
+    :meth:`freeze.freezer.clock.RunClock.check_evaluations`): found in the launcher, not when the
+    run's turn comes hours into a study (reliability probe, case 11)."""
+    needs = policy.needs()
+    if not needs.pricing:  # as the Freezer: only a priced run is refused for its length
+        return
+    steps_per_epoch = planned_steps_per_epoch(config)
+    if steps_per_epoch is None:
+        return  # the dataset's size is known only once read: the worker checks
+    clock = RunClock(config.train.epochs, steps_per_epoch, config.freeze.interval_steps)
+    try:
+        clock.check_evaluations(needs, policy.spec())
+    except ValueError as err:
+        raise ConfigError(f"freeze.interval_steps: {config.freeze.interval_steps}; {err}") from None
 
 
 PROFILE_COMMAND = "python -m experiments.profile_run --config <the run's config> [--set ...]"

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from freeze.blocks import Block, children_block_names, split_blocks
+from freeze.blocks import Block
 from freeze.cache import CacheConfig, CacheError
 from freeze.freezer import Freezer
 from freeze.pipeline.config import Config, ConfigError, config_to_toml, default_values
@@ -32,10 +32,15 @@ from freeze.pipeline.data import (
     EvalLoader,
     TrainLoader,
     load_dataset,
+    optimizer_steps_per_epoch,
     split_validation,
 )
 from freeze.pipeline.distributed import WorkerContext, run_and_agree
-from freeze.pipeline.models import imagenet_weights_file, imagenet_weights_placement, state_dict_mismatch
+from freeze.pipeline.models import (
+    imagenet_weights_file,
+    imagenet_weights_placement,
+    state_dict_mismatch,
+)
 from freeze.pipeline.optim import build_optimizer, build_scheduler, global_batch, run_lr
 from freeze.pipeline.preflight import check_policy_inputs, parse_policy_spec
 from freeze.pipeline.pricing import recorded_pricing
@@ -80,10 +85,6 @@ def _weights_also_needed(cfg: Config) -> str:
         f"; this run also needs the ImageNet weights of {cfg.model.arch}, not on this machine either: "
         f"{imagenet_weights_placement(cfg.model.arch)}"
     )
-
-
-def build_blocks(model: nn.Module, how: str) -> list[Block]:
-    return split_blocks(model, children_block_names(model) if how == "children" else None)
 
 
 def _manifest(cfg: Config, ctx: WorkerContext, blocks: list[Block], policy: Policy, split: DataSplit) -> Manifest:
@@ -142,11 +143,21 @@ def build_policy(cfg: Config, blocks: list[Block]) -> Policy:
 
 
 def begin_run(
-    cfg: Config, ctx: WorkerContext, run: RunDir, blocks: list[Block], policy: Policy, split: DataSplit, resume: bool
+    cfg: Config,
+    ctx: WorkerContext,
+    run: RunDir,
+    blocks: list[Block],
+    policy: Policy,
+    split: DataSplit,
+    resume: bool,
+    start_epoch: int = 0,
 ) -> None:
-    """Rank 0 writes the "running" manifest: from here on the run completes or is marked failed."""
-    run_and_agree(
-        lambda: run.begin(dataclasses.asdict(_manifest(cfg, ctx, blocks, policy, split)), resume=resume),
+    """Rank 0 writes the "running" manifest: from here on the run completes or is marked failed.
+    ``start_epoch``: the epoch training goes on from (the checkpoint's; 0 for a fresh start)."""
+    run_and_agree(  # the manifest on rank 0 alone: it reads git and the machine
+        lambda: run.begin(
+            dataclasses.asdict(_manifest(cfg, ctx, blocks, policy, split)), resume=resume, from_epoch=start_epoch
+        ),
         run_here=ctx.is_main,
         error_type=RunError,
     )
@@ -220,14 +231,7 @@ def build_training(
     )
     probe_loader = validation_subset(cfg, ctx, split) if cfg.train.probe_every_steps else None
     accum = cfg.train.accumulate_steps
-    steps_per_epoch = len(loader) // accum
-    if cfg.train.max_steps_per_epoch:
-        steps_per_epoch = min(steps_per_epoch, cfg.train.max_steps_per_epoch)
-    if cfg.train.budget_fraction < 1.0:
-        # The same epochs and evaluations, each epoch a random fraction of its batches (the head of
-        # the epoch's shuffled order), and the schedule over the shorter run: a warm-up given in
-        # epochs shrinks with it and a decaying schedule still decays to its end.
-        steps_per_epoch = max(1, round(steps_per_epoch * cfg.train.budget_fraction))
+    steps_per_epoch = optimizer_steps_per_epoch(cfg.train, len(loader))
     if steps_per_epoch < 1:
         raise ConfigError(
             f"train.accumulate_steps: {accum} micro-batches per optimizer step leave no step in an epoch of "
@@ -237,14 +241,14 @@ def build_training(
 
     # A policy that sets each block's learning rate needs a parameter group per block (freeze.blocks).
     optim = dataclasses.replace(cfg.optim, lr=run_lr(cfg.optim, global_batch(cfg.train, ctx.world_size)))
-    optimizer = build_optimizer(model, optim, blocks if policy.sets_block_lr else None)
+    optimizer = build_optimizer(model, optim, blocks if policy.needs().block_lr else None)
     scheduler = build_scheduler(optimizer, cfg.schedule, steps_per_epoch, total_steps, optim.lr)
     scaler = torch.amp.GradScaler("cuda", enabled=cfg.train.precision == "fp16")
     ddp_kwargs = {"bucket_cap_mb": cfg.freeze.bucket_cap_mb}
     if ctx.device.type == "cuda":
         ddp_kwargs["device_ids"] = [ctx.device.index]
     pricing = None
-    if policy.uses_pricing:
+    if policy.needs().pricing:
         names = [b.name for b in blocks]
         pricing = recorded_pricing(
             cfg, cfg.run_dir(), steps_per_epoch, names, optim.lr, resuming=resuming, write=ctx.is_main

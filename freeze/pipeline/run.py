@@ -10,7 +10,8 @@
     srun --ntasks-per-node=4 python -m experiments.run --config experiments/configs/reference.toml
     # under torchrun, one node or many (gloo on CPU, nccl on CUDA)
     torchrun --nnodes=4 --nproc-per-node=1 --rdzv-backend=c10d --rdzv-endpoint=HOST:29400 \
-        --rdzv-id=study --max-restarts=1 -m experiments.run --config experiments/configs/reference.toml
+        --rdzv-id=study -m experiments.run --config experiments/configs/reference.toml
+    # (no --max-restarts: torchrun would restart a refused run too; the same command resumes a failed one)
 
 Overrides are ``section.key=value``. The config is resolved (file + overrides, validated) once, by
 whoever starts the run: this command, when it starts its own workers, writes the resolved config into

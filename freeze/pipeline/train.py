@@ -29,13 +29,12 @@ from freeze.pipeline.config import Config
 from freeze.pipeline.data import EvalLoader
 from freeze.pipeline.distributed import WorkerContext, all_reduce_sum, any_rank, from_rank0, run_and_agree
 from freeze.pipeline.log import ProgressLine, get_logger, peak_memory_bytes
-from freeze.pipeline.models import build_model
+from freeze.pipeline.models import build_blocks, build_model
 from freeze.pipeline.optim import global_batch, run_lr
 from freeze.pipeline.plugins import load_plugins
 from freeze.pipeline.prepare import (
     Training,
     begin_run,
-    build_blocks,
     build_policy,
     build_training,
     checkpoint_state,
@@ -175,14 +174,16 @@ def train_one_epoch(
     batches = t.loader.iter_keyed()
     probes: list[list[float]] = []
     clock.start()
-    for step in range(t.steps_per_epoch):
-        step_start_s = time.perf_counter()
-        frozen_fraction_sum += freezer.frozen_param_fraction
-        loss, data_s = train_step(t, cfg, ctx.device, batches, clock, sums)
-        # The loss stays on the device: the progress line reads it only when it prints.
-        progress.update(step + 1, t.steps_per_epoch, loss, time.perf_counter() - step_start_s, data_s)
-        if t.probe_loader is not None and _probe_due(freezer.counters.steps, t.steps_per_epoch, cfg):
-            probes.append([freezer.counters.steps, clock.train_seconds(), probe_accuracy(t, cfg, ctx.device, clock)])
+    with progress:  # a bar on a terminal is erased even when a step raises
+        for step in range(t.steps_per_epoch):
+            step_start_s = time.perf_counter()
+            frozen_fraction_sum += freezer.frozen_param_fraction
+            loss, data_s = train_step(t, cfg, ctx.device, batches, clock, sums)
+            # The loss stays on the device: the progress line reads it only when it prints.
+            progress.update(step + 1, t.steps_per_epoch, loss, time.perf_counter() - step_start_s, data_s)
+            if t.probe_loader is not None and _probe_due(freezer.counters.steps, t.steps_per_epoch, cfg):
+                probe = probe_accuracy(t, cfg, ctx.device, clock)
+                probes.append([freezer.counters.steps, clock.train_seconds(), probe])
     freezer.end_epoch(epoch)
     clock.lap("freezer")
     for evaluation in freezer.evaluations:  # why the boundary moved or stayed, in the run's log file
@@ -457,6 +458,8 @@ def _train(
     announce_start(cfg, ctx, run, logger)
     torch.manual_seed(cfg.run.seed)  # model init: identical on all ranks, and the Freezer syncs anyway
     start_s = time.perf_counter()
+    # your own datasets, models and policies, by name (a plain torchrun ran no preflight)
+    load_plugins(cfg)
     split = load_data(cfg, ctx)
     logger.info(
         "data: %d train / %d val / %d test images of %s in %.1f s",
@@ -467,7 +470,6 @@ def _train(
         time.perf_counter() - start_s,
     )
     start_s = time.perf_counter()
-    load_plugins(cfg)  # your own models and policies, by name (a plain torchrun ran no preflight)
     model = build_model(cfg.model.arch, split.num_classes, cfg.model.stem, cfg.model.weights, logger=logger)
     model = model.to(ctx.device)
     blocks = build_blocks(model, cfg.model.blocks)
@@ -479,7 +481,7 @@ def _train(
         time.perf_counter() - start_s,
     )
     policy = build_policy(cfg, blocks)
-    held_out = HeldOutLoss.for_run(cfg, ctx, split) if policy.uses_probe else None
+    held_out = HeldOutLoss.for_run(cfg, ctx, split) if policy.needs().probe else None
     resuming = resume and run.checkpoint_path.exists()
     t = build_training(cfg, ctx, split, model, blocks, policy, probe=held_out, resuming=resuming)
     if held_out is not None:
@@ -491,7 +493,7 @@ def _train(
         # before begin_run: a refused resume keeps its status, and every rank stops on it
         run_and_agree(lambda: run.check_metrics_cover(start_epoch), run_here=ctx.is_main, error_type=RunError)
         logger.info("resumed %s at epoch %d (boundary %d)", run.path, start_epoch, t.freezer.boundary)
-    begin_run(cfg, ctx, run, blocks, policy, split, resume)
+    begin_run(cfg, ctx, run, blocks, policy, split, resume, start_epoch)
     outcome.started = True
     if ctx.is_main:
         run.truncate_metrics(start_epoch)  # epochs after the checkpoint are re-run, not duplicated

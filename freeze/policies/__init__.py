@@ -8,6 +8,8 @@ from freeze.policies import payoff as _payoff  # noqa: F401  (registers the proj
 from freeze.policies import rules as _rules  # noqa: F401  (imported by payoff first: the field's rules list first)
 from freeze.policies.base import (
     POLICIES,
+    DecisionContext,
+    Needs,
     Policy,
     PolicyError,
     Progress,
@@ -20,6 +22,8 @@ from freeze.policies.horizon import Pricing
 
 __all__ = [
     "POLICIES",
+    "DecisionContext",
+    "Needs",
     "Policy",
     "PolicyError",
     "Pricing",

@@ -62,6 +62,45 @@ class Progress:
         return min(max(done, 0.0), 1.0)
 
 
+@dataclass(frozen=True)
+class Needs:
+    """What a policy needs beyond the boundary, history, progress and block count: the one
+    declaration the Freezer, its monitor and the pipeline read (:meth:`Policy.needs`), so a new
+    input is one field here and one reader, not a flag read in every place that builds a run."""
+
+    gradient_sums: bool = False  # the monitor sums each interval's gradients (eta, the gradient rules)
+    descent_span: int = 0  # > 0: the monitor tracks each block's descent over this many intervals
+    block_bytes: bool = False  # decide/explain take block_bytes= (each block's parameter bytes)
+    pricing: bool = False  # decide/explain/wants_probe take pricing=; the run must supply one
+    probe: bool = False  # may ask for the held-out loss (wants_probe); the run must supply probe=
+    run_length: bool = False  # reads progress.fraction: the run's epochs (and steps) must be given
+    intervals_needed: int = 0  # closed intervals before its first decision can freeze
+    may_unfreeze: bool = False  # may return k < boundary
+    block_lr: bool = False  # scales each block's learning rate through the optimizer (one group per block)
+    cosine_run: bool = False  # its block factors assume the run's LR is a cosine to zero, no warm-up
+
+
+@dataclass(frozen=True)
+class DecisionContext:
+    """Everything a policy may read at one evaluation, built once by the Freezer;
+    :meth:`Policy.decide_in` passes a policy the parts its :class:`Needs` ask for."""
+
+    boundary: int
+    history: Sequence[IntervalStats]
+    progress: Progress
+    num_blocks: int
+    block_bytes: Sequence[int] | None = None
+    pricing: Any = None
+
+    def _call(self, method, needs: Needs):
+        inputs: dict[str, Any] = {}
+        if needs.block_bytes:
+            inputs["block_bytes"] = self.block_bytes
+        if needs.pricing:
+            inputs["pricing"] = self.pricing
+        return method(self.boundary, self.history, self.progress, self.num_blocks, **inputs)
+
+
 def param(
     default: Any,
     *,
@@ -101,6 +140,47 @@ class Policy(ABC):
     uses_pricing: ClassVar[bool] = False  # decide/explain/wants_probe take pricing= (freeze.policies.horizon.Pricing)
     uses_descent: ClassVar[bool] = False  # decisions read IntervalStats.descent (the monitor tracks it)
     uses_probe: ClassVar[bool] = False  # may ask for the held-out loss (wants_probe); the Freezer needs probe=
+
+    def needs(self) -> Needs:
+        """What this policy needs beyond the boundary, history, progress and block count. By default
+        from its class flags (``uses_gradients``, ``uses_pricing``, ...), so a policy written with
+        them keeps working; an instance method, so parameters can change it (``horizon:probation=0``
+        needs no probe)."""
+        return Needs(
+            gradient_sums=self.uses_gradients and not self.uses_descent,
+            descent_span=self.descent_span if self.uses_descent else 0,
+            block_bytes=self.uses_block_bytes,
+            pricing=self.uses_pricing,
+            probe=self.uses_probe,
+            run_length=self.needs_run_length,
+            intervals_needed=self.intervals_needed,
+            may_unfreeze=self.may_unfreeze,
+            block_lr=self.sets_block_lr,
+            cosine_run=self.assumes_cosine_run,
+        )
+
+    def decide_in(self, ctx: DecisionContext) -> int:
+        """:meth:`decide` at ``ctx``, with the inputs :meth:`needs` declares (what the Freezer calls)."""
+        return ctx._call(self.decide, self.needs())
+
+    def explain_in(self, ctx: DecisionContext) -> str:
+        """:meth:`explain` at ``ctx``, with the inputs :meth:`needs` declares."""
+        return ctx._call(self.explain, self.needs())
+
+    def wants_probe_in(self, ctx: DecisionContext) -> bool:
+        """:meth:`wants_probe` at ``ctx``, with the inputs :meth:`needs` declares."""
+        return bool(ctx._call(self.wants_probe, self.needs()))
+
+    @property
+    def intervals_needed(self) -> int:
+        """Closed intervals the policy needs before its first decision can freeze anything; a run
+        asked fewer times is refused before it starts (0: no minimum)."""
+        return 0
+
+    @property
+    def descent_span(self) -> int:
+        """Intervals one descent estimate spans, for a policy that reads ``IntervalStats.descent``."""
+        return 1
 
     @property
     def sets_block_lr(self) -> bool:

@@ -137,6 +137,10 @@ class Horizon(Policy):
         return self.window * (self.span + 1) + 1
 
     @property
+    def descent_span(self) -> int:
+        return self.span
+
+    @property
     def uses_probe(self) -> bool:
         """Whether the Freezer must measure held-out losses for this policy (``probe=``)."""
         return self.probation > 0

@@ -172,3 +172,38 @@ def test_kept_fresh_weights_are_named_in_the_run_log(tmp_path):
             handler.close()
     text = log_file.read_text()
     assert "kept fresh" in text and "conv1.weight" in text and "fc.weight" in text
+
+
+def test_an_explicit_block_split_from_the_config_cuts_the_model_and_round_trips(tmp_path):
+    """model.blocks takes split_blocks' own entries (names, globs, groups) from a config (issue 47)."""
+    from freeze.pipeline.config import config_to_toml, load_config
+    from freeze.pipeline.models import build_blocks
+    from freeze.pipeline.preflight import preflight
+
+    entries = '[["conv1", "bn1"], "layer1.*", "layer2", "layer3", "layer4", "fc"]'
+    config = load_config(None, [f"model.blocks={entries}"])
+    assert config.model.blocks == (("conv1", "bn1"), "layer1.*", "layer2", "layer3", "layer4", "fc")
+    preflight(config)  # cut on the meta device: no weights, no memory
+    blocks = build_blocks(build_model("resnet18", num_classes=10), config.model.blocks)
+    assert [b.name for b in blocks] == ["stem", "layer1.0", "layer1.1", "layer2", "layer3", "layer4", "fc"]
+    path = tmp_path / "config.toml"
+    path.write_text(config_to_toml(config))
+    assert load_config(path) == config  # written out and read back (a resume compares them)
+
+
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        ('["fc"]', "accepted: default, children, or a list of 2 or more entries"),
+        ('["conv1", ""]', "accepted: default, children, or a list"),
+        ("layers", "'layers' is not accepted; accepted: default, children"),
+        ('["conv1", "layer9.*", "fc"]', "model.blocks: "),  # no such module in a ResNet-18: split_blocks' line
+    ],
+)
+def test_a_block_split_that_cannot_cut_the_model_is_one_line_before_any_run(value, expected):
+    from freeze.pipeline.config import ConfigError, load_config
+    from freeze.pipeline.preflight import preflight
+
+    with pytest.raises(ConfigError) as refused:
+        preflight(load_config(None, [f"model.blocks={value}"]))
+    assert expected in str(refused.value) and "\n" not in str(refused.value)

@@ -3,6 +3,7 @@ refusals before any worker starts, in this process."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -139,6 +140,9 @@ def test_killed_worker_is_restarted_and_resumes_to_the_same_result(uninterrupted
     assert "resumed" in out
     ckpt, metrics, manifest = _final(straight_tmp, "killed")
     assert manifest["status"] == "complete"
+    # the manifest keeps both starts, the second at the checkpoint's epoch the workers went on from
+    resumed_at = int(re.search(r"resumed \S+ at epoch (\d+)", out).group(1))
+    assert [s["from_epoch"] for s in manifest["sessions"]] == [0, resumed_at] and resumed_at >= 1
     assert [m["epoch"] for m in metrics] == [0, 1, 2]  # re-run epochs are not duplicated
     assert [m["boundary"] for m in metrics] == [m["boundary"] for m in ref_metrics]
     assert ckpt["freezer"]["decisions"] == ref_ckpt["freezer"]["decisions"]

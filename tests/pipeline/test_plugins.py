@@ -9,8 +9,10 @@ import re
 import sys
 
 import pytest
+import torch
 
 from freeze.pipeline.config import ConfigError, load_config
+from freeze.pipeline.data import DATASETS, DataError, ImageArrays, load_dataset, register_dataset
 from freeze.pipeline.models import MODELS, build_model
 from freeze.pipeline.plugins import load_plugins
 from freeze.pipeline.preflight import preflight
@@ -31,16 +33,16 @@ def doc_file(name: str) -> str:
 
 @pytest.fixture
 def plugin_dir(tmp_path, monkeypatch):
-    """The page's two modules in a folder on sys.path; the registries and sys.modules as they were after."""
-    (tmp_path / "my_policies.py").write_text(doc_file("my_policies.py"))
-    (tmp_path / "my_models.py").write_text(doc_file("my_models.py"))
+    """The page's modules in a folder on sys.path; the registries and sys.modules as they were after."""
+    for name in ("my_policies", "my_models", "my_data"):
+        (tmp_path / f"{name}.py").write_text(doc_file(f"{name}.py"))
     monkeypatch.syspath_prepend(str(tmp_path))
-    policies, models = dict(POLICIES), dict(MODELS)
+    policies, models, datasets = dict(POLICIES), dict(MODELS), dict(DATASETS)
     yield tmp_path
-    for registry, before in ((POLICIES, policies), (MODELS, models)):
+    for registry, before in ((POLICIES, policies), (MODELS, models), (DATASETS, datasets)):
         registry.clear()
         registry.update(before)
-    for name in ("my_policies", "my_models"):
+    for name in ("my_policies", "my_models", "my_data"):
         sys.modules.pop(name, None)
 
 
@@ -86,3 +88,51 @@ def test_the_page_s_pipeline_command_runs_its_policy(tmp_path):
     metrics = [json.loads(line) for line in (manifest.parent / "metrics.jsonl").read_text().splitlines()]
     head = len(json.loads(manifest.read_text())["block_names"]) - 1
     assert [m["boundary"] for m in metrics] == [head, head]  # frozen at the end of epoch 1 of 2: half the run
+
+
+def test_a_dataset_registered_by_a_plugin_is_a_data_dataset(plugin_dir):
+    with pytest.raises(ConfigError) as unknown:
+        preflight(config(plugin_dir, "data.dataset=stripes"))  # the module not named: refused before any run
+    assert str(unknown.value).startswith("data.dataset: 'stripes' is not accepted; accepted: cifar10, synthetic-")
+    preflight(config(plugin_dir, "plugins.modules=my_data", "data.dataset=stripes"))
+    arrays = load_dataset("stripes", plugin_dir / "data")
+    assert arrays.train_x.shape == (500, 3, 32, 32) and arrays.classes == ("plain", "striped")
+    assert arrays.train_y.dtype == torch.int64 and not arrays.synthetic
+
+
+@pytest.mark.parametrize(
+    "images, labels, expected",
+    [
+        (torch.zeros(4, 3, 8, 8), torch.zeros(4, dtype=torch.long), "train set: images must be a uint8 tensor"),
+        (torch.zeros(4, 3, 8, 8, dtype=torch.uint8), torch.full((4,), 2), "labels must be integers in 0..1"),
+        (torch.zeros(4, 1, 8, 8, dtype=torch.uint8), torch.zeros(4, dtype=torch.long), "[N, 3, H, W]"),
+    ],
+)
+def test_a_builders_wrong_arrays_are_one_line_naming_the_dataset(plugin_dir, images, labels, expected):
+    @register_dataset("broken-for-test")
+    def broken(root):
+        return ImageArrays(images, labels, images, labels, classes=("a", "b"))
+
+    with pytest.raises(DataError) as refused:
+        load_dataset("broken-for-test", plugin_dir)
+    assert expected in str(refused.value) and "'broken-for-test'" in str(refused.value)
+    assert "\n" not in str(refused.value)
+    with pytest.raises(DataError, match="already registered"):
+        register_dataset("broken-for-test")(lambda root: None)
+    with pytest.raises(DataError, match="one of this pipeline's datasets"):
+        register_dataset("cifar10")(lambda root: None)
+
+
+@pytest.mark.processes
+def test_the_page_s_data_command_trains_on_the_registered_dataset(tmp_path):
+    (tmp_path / "my_data.py").write_text(doc_file("my_data.py"))
+    text = " ".join(PAGE.read_text().split())  # the command wraps over two lines of the page
+    (command,) = re.findall(r"`(python -m experiments\.run [^`]*plugins\.modules=my_data[^`]*)`", text)
+    args = command.split()[1:]
+    args[args.index("experiments/configs/smoke.toml")] = str(SMOKE)
+    tiny = ["train.epochs=1", "dist.nproc=1", f"run.out_dir={tmp_path / 'runs'}", f"data.root={tmp_path / 'data'}"]
+    proc = run_python([*args, *tiny], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (manifest,) = (tmp_path / "runs").glob("*/*/manifest.json")
+    recorded = json.loads(manifest.read_text())
+    assert (recorded["status"], recorded["num_classes"], recorded["test_images"]) == ("complete", 2, 100)

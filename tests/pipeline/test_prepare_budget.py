@@ -10,8 +10,8 @@ import torch
 
 from freeze.pipeline.config import ConfigError, load_config
 from freeze.pipeline.distributed import WorkerContext
-from freeze.pipeline.models import build_model
-from freeze.pipeline.prepare import build_blocks, build_policy, build_training, load_data
+from freeze.pipeline.models import build_blocks, build_model
+from freeze.pipeline.prepare import build_policy, build_training, load_data
 
 SMOKE = Path(__file__).resolve().parents[2] / "experiments" / "configs" / "smoke.toml"
 ONE_PROCESS = WorkerContext(0, 1, 0, 1, torch.device("cpu"), None)

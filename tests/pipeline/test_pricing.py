@@ -166,3 +166,19 @@ def test_a_profile_of_another_process_count_is_refused_where_the_runs_are_planne
     study's up-front check and was refused only when its turn came, up to an hour in."""
     with pytest.raises(ConfigError, match="measured with 2 processes, this run has 1"):
         preflight(config("dist.nproc=1", f"freeze.cost_profile={PROFILES / 'profile-loopback-adamw.json'}"))
+
+
+def test_a_priced_run_too_short_for_its_first_decision_is_refused_before_it_starts():
+    """Reliability probe case 11: too few evaluations for the first rates was found only when the
+    run's turn came (a study's other runs hours in); the launcher now counts them from the config."""
+    from freeze.pipeline.data import planned_steps_per_epoch
+
+    assert planned_steps_per_epoch(config(*LOOPBACK)) == 34  # 4352 images / (64 x 2 workers), as the loader
+    assert planned_steps_per_epoch(config(*CLUSTER)) == 34  # 1 worker on each of 2 nodes
+    assert planned_steps_per_epoch(config(*LOOPBACK, "train.budget_fraction=0.5")) == 17
+    preflight(config(*LOOPBACK))  # every 6 steps: 28 evaluations, 9 needed
+    with pytest.raises(ConfigError) as refused:
+        preflight(config(*LOOPBACK, "freeze.interval_steps=24"))  # 170 // 24 = 7
+    message = str(refused.value)
+    assert message.startswith("freeze.interval_steps: 24; Freezer: policy 'horizon:")
+    assert "needs 9 evaluations before its first decision and this run has 7" in message and "\n" not in message

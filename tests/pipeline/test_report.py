@@ -824,3 +824,18 @@ def test_the_summary_is_one_row_per_arm_with_every_interval_named_in_its_header(
     header = (out / "summary.md").read_text()
     assert "test acc % [95% CI]" in header and "speedup [95% CI]" in header
     assert "95 % t intervals" in (out / "tables.md").read_text()  # the caption, in the combined tables
+
+
+def test_an_eta_heatmap_says_whether_its_policy_decides_from_eta():
+    """The payoff heatmap showed eta, a signal payoff does not compare (research note newcomer.md,
+    F-C9): the title says which policies freeze on eta and which only recorded it."""
+    from freeze.pipeline.report.plots import _eta_role
+
+    def run(policy):
+        return SimpleNamespace(manifest={"policy": policy})
+
+    assert "falls below the threshold" in _eta_role(run("autofreeze:percentile=50"))
+    assert "falls below the threshold" in _eta_role(run("cs744"))
+    assert _eta_role(run("payoff")).startswith("recorded only: payoff does not decide from eta")
+    assert _eta_role(run("static:k=2")).startswith("recorded only: static")
+    assert "unknown" in _eta_role(run("my-plugin-policy"))  # a plugin not imported here: no guess

@@ -361,3 +361,46 @@ def test_two_runs_side_by_side_each_on_its_own_core_end_as_one_after_another(tmp
         a = torch.load(run / "model.pt", weights_only=True)
         b = torch.load(tmp_path / "serial" / "tiny" / f"seed={seed}" / "model.pt", weights_only=True)
         assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_budgets_add_the_baseline_at_fewer_steps_after_each_baseline_run(tmp_path, capsys):
+    """A user's own ablation asks the project's question: each seed block holds its own frontier."""
+    from freeze.pipeline.sweep import main
+
+    path = _write_sweep(tmp_path, '"run.seed" = [0, 1]\n"freeze.policy" = ["none", "static:k=3"]')
+    path.write_text(path.read_text().replace("[grid]", "budgets = [0.5, 0.7]\n[grid]"))
+    sweep = read_sweep(path)
+    specs = expand(sweep["base"], sweep["study"], sweep["grid"], sweep["overrides"], budgets=sweep["budgets"])
+    assert [s.name for s in specs] == [
+        "seed=0_none", "seed=0_budget-0.5", "seed=0_budget-0.7", "seed=0_static-k=3",
+        "seed=1_none", "seed=1_budget-0.5", "seed=1_budget-0.7", "seed=1_static-k=3",
+    ]  # fmt: skip
+    budget = {s.name: s.config for s in specs}["seed=1_budget-0.7"]
+    assert (budget.freeze.policy, budget.train.budget_fraction, budget.run.group) == ("none", 0.7, "budget-0.7")
+    # a budget run is the baseline on fewer steps even when the base file names another policy
+    specs = expand(sweep["base"], sweep["study"], sweep["grid"], [*sweep["overrides"], "freeze.policy=autofreeze"],
+                   budgets=[0.5])  # fmt: skip
+    assert {s.name: s.config.freeze.policy for s in specs}["seed=0_budget-0.5"] == "none"
+    assert {s.config.train.budget_fraction for s in specs if "budget" not in s.name} == {1.0}
+    # the budget runs own train.budget_fraction: a command-line value would change them silently
+    assert main(["--sweep", str(path), "--dry-run", "train.budget_fraction=0.9"]) == 2
+    assert "override 'train.budget_fraction=0.9': its grid varies it" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "budgets, grid, expected",
+    [
+        ("[1.5]", '"freeze.policy" = ["none"]', r"budgets = \[1.5\]; accepted: a list of distinct fractions"),
+        ("[0.5, 0.5]", '"freeze.policy" = ["none"]', "accepted: a list of distinct fractions"),
+        ("[0.5]", '"freeze.policy" = ["static:k=3"]', 'accepted: "none" in grid."freeze.policy"'),
+        ("[0.5]", '"freeze.policy" = ["none"]\n"train.budget_fraction" = [0.5]', "both set it"),
+        # one frontier per setting: budgets of several learning rates would mix into one
+        ("[0.5]", '"freeze.policy" = ["none"]\n"optim.lr" = [0.1, 0.01]', "budgets with grid keys optim.lr"),
+    ],
+)
+def test_bad_budgets_are_one_line_before_any_run(tmp_path, budgets, grid, expected):
+    path = _write_sweep(tmp_path, grid)
+    path.write_text(path.read_text().replace("[grid]", f"budgets = {budgets}\n[grid]"))
+    with pytest.raises(SweepError, match=expected) as refused:
+        read_sweep(path)
+    assert "\n" not in str(refused.value)

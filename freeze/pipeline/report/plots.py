@@ -19,6 +19,7 @@ from freeze._atomic import atomic_write
 from freeze.pipeline.report.load import Run
 from freeze.pipeline.report.tables import PHASE_COLUMNS, GroupKey, Table, complete_groups, group_label
 from freeze.pipeline.schema import TRAIN_PHASES
+from freeze.policies import Policy, PolicyError, parse_policy
 
 _DPI = 110
 
@@ -133,6 +134,19 @@ def plot_freeze_boundary(groups: dict[GroupKey, list[Run]], path: Path) -> Path:
     return _save(fig, path)
 
 
+def _eta_role(run: Run) -> str:
+    """Whether the run's policy decides from eta (it compares eta with a threshold) or only records
+    it: a heatmap of a signal the policy never reads must not read as its reason (issue 48)."""
+    spec = str(run.manifest.get("policy") or "")
+    try:
+        policy = parse_policy(spec)
+    except PolicyError:
+        return f"policy {spec or 'unknown'}: whether it reads eta is unknown here"
+    if type(policy).threshold is not Policy.threshold:
+        return f"{policy.name} freezes a block when its eta falls below the threshold"
+    return f"recorded only: {policy.name} does not decide from eta (its explain lines say what it reads)"
+
+
 def plot_eta_heatmap(key: GroupKey, run: Run, path: Path) -> Path:
     """Per-block eta over epochs for one run; grey cells are null (frozen, or no previous interval)."""
     eta = np.ma.masked_invalid(run.eta.T)  # blocks x epochs
@@ -154,7 +168,7 @@ def plot_eta_heatmap(key: GroupKey, run: Run, path: Path) -> Path:
     ax.set_ylabel("block (input at top)")
     ax.set_title(
         f"{group_label(key)} ({key[2]} workers), seed {run.seed}\n"
-        "eta = |G_prev - G_cur| / G_prev; grey = null (frozen or undefined)",
+        "eta = |G_prev - G_cur| / G_prev; grey = null (frozen or undefined)\n" + _eta_role(run),
         fontsize="small",
     )
     fig.colorbar(image, ax=ax, label="eta (unitless)")

@@ -9,7 +9,7 @@ here, side by side (--executor local), or as a SLURM job array (--executor slurm
 Sweep file (docs/experiments.md, "Sweeps"; a learnable ablation to copy: "Your own ablation",
 experiments/configs/sweep_ablation.toml; sweep_smoke.toml below is a pipeline check only):
 
-    [sweep]                                          # accepted keys: base, study, overrides
+    [sweep]                                          # accepted keys: base, study, overrides, budgets
     base = "experiments/configs/smoke.toml"          # the run config every run starts from
     study = "smoke-sweep"                            # runs/<study>/<run-name>/
     overrides = ["train.epochs=2"]                   # applied to every run (section.key=value)
@@ -18,6 +18,9 @@ experiments/configs/sweep_ablation.toml; sweep_smoke.toml below is a pipeline ch
     "run.seed" = [0, 1, 2]
 
 Run names join the grid values (none_seed=0); runs that differ only in run.seed share a group.
+``budgets = [0.5, 0.7]`` under [sweep] adds, after each baseline run (policy none), the same run at
+those fractions of its steps (``train.budget_fraction``; named budget-0.5_seed=0): the budget
+frontier the report reads every freezing arm against ("beyond the frontier", docs/frontier.md).
 
 Every run's config is resolved and validated once, before anything runs (:func:`expand`); each run
 then starts from the resolved config.toml written into its run directory.

@@ -9,7 +9,7 @@ import sys
 from freeze.pipeline import sweep as _package
 from freeze.pipeline.config import ConfigError
 from freeze.pipeline.sweep.executor_args import add_executor_arguments, executor_from_args
-from freeze.pipeline.sweep.grid import SweepError, dry_run_lines, expand, read_sweep
+from freeze.pipeline.sweep.grid import BUDGET_KEY, SweepError, dry_run_lines, expand, read_sweep
 from freeze.pipeline.sweep.runner import INTERRUPTED_EXIT_CODE, INTERRUPTED_MESSAGE
 
 # Keys a sweep sets for every run itself: an override would be overwritten, so it is refused.
@@ -48,10 +48,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         executor = executor_from_args(args)
         sweep = read_sweep(args.sweep)
-        check_command_line_overrides(args.overrides, sweep["grid"])
+        # the budget runs set train.budget_fraction themselves: varied like a grid key
+        varied = {**sweep["grid"], **({BUDGET_KEY: sweep["budgets"]} if sweep["budgets"] else {})}
+        check_command_line_overrides(args.overrides, varied)
         overrides = [*sweep["overrides"], *args.overrides]
         try:
-            specs = expand(sweep["base"], sweep["study"], sweep["grid"], overrides, args.out_dir)
+            specs = expand(
+                sweep["base"], sweep["study"], sweep["grid"], overrides, args.out_dir, budgets=sweep["budgets"]
+            )
         except SweepError as e:  # a grid or override key of the sweep file (the base file names itself)
             raise SweepError(f"sweep file {args.sweep}: {e}") from None
         if not args.dry_run:  # a dry run lists names for other machines: this one's hardware is moot

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from freeze.pipeline.config import Config
 from freeze.pipeline.failures import killed_line, record_failure
 from freeze.pipeline.lifetime import launcher_env, worker_argv
+from freeze.pipeline.log import PROGRESS_PREFIX_ENV
 from freeze.pipeline.run import INTERRUPTED_EXIT_CODE, exported, launch_cluster, launch_local, prepare_run_dir
 from freeze.pipeline.run_lock import RunBusyError, RunLock
 from freeze.pipeline.runs import IN_SWEEP_ENV, RunDir, RunError
@@ -204,6 +205,15 @@ class WorkEta:
         if fresh_run_wall_s is not None:
             self.fresh_run_wall_s.append(fresh_run_wall_s)
 
+    def position(self) -> str:
+        """The next run's place in the work and the time left for all of it, for its progress bar:
+        "run 4/203, about 2 h 10 min left" (the time once a run trained here)."""
+        place = f"run {min(self.runs_done + 1, self.runs_total)}/{self.runs_total}"
+        if not self.fresh_run_wall_s:
+            return place
+        mean_s = sum(self.fresh_run_wall_s) / len(self.fresh_run_wall_s)
+        return f"{place}, about {_duration((self.runs_total - self.runs_done) * mean_s / self.runs_at_once)} left"
+
     def line(self) -> str:
         left = self.runs_total - self.runs_done
         if left <= 0:
@@ -235,7 +245,8 @@ def run_specs(specs: list[RunSpec], log=print, eta: WorkEta | None = None) -> Sw
     with exported({IN_SWEEP_ENV: "1"}):  # the runs' workers inherit it (see runs.IN_SWEEP_ENV)
         for i, spec in enumerate(specs, 1):
             start_s, fresh_before = time.perf_counter(), _fresh_complete(summary)
-            run_one(spec, f"[{i}/{len(specs)}] {spec.name}", summary, log)
+            with exported({PROGRESS_PREFIX_ENV: eta.position()}):  # the run's bar leads with it
+                run_one(spec, f"[{i}/{len(specs)}] {spec.name}", summary, log)
             eta.record(time.perf_counter() - start_s if _fresh_complete(summary) > fresh_before else None)
             log(eta.line())
     return summary
