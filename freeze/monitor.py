@@ -156,11 +156,16 @@ class GradNormMonitor:
         history_kept: int = 64,
         track_descent: bool = False,
         descent_span: int = 1,
+        track_step_norms: bool = True,
     ):
         if not isinstance(history_kept, int) or history_kept < 2:
             raise ValueError(f"GradNormMonitor: history_kept must be an integer >= 2, got {history_kept!r}")
         self.blocks = list(blocks)
         self.track_summed = track_summed
+        # Off: a step only counts (no norm, no overflow check): for a policy that reads no gradient
+        # statistic, whose monitor would otherwise launch a norm per step that nothing reads. Sums
+        # and descent need the per-step norms (their overflow masks), so they keep them on.
+        self.track_step_norms = track_step_norms or track_summed or track_descent
         self.history_kept = history_kept
         self.history: list[IntervalStats] = []  # the last history_kept closed intervals
         self.intervals_closed = 0
@@ -272,10 +277,12 @@ class GradNormMonitor:
                 ``get_scale()``, or its scale tensor to stay off the host); None: unscaled.
         """
         _refuse_bad_float_scale(grad_scale)  # before the step counts
-        positions = [pos for pos in self._active_positions if self._params[pos].grad is not None]
         self._tick()
         for b in range(self._first_active, len(self.blocks)):
             self._block_steps[b] += 1
+        if not self.track_step_norms:
+            return
+        positions = [pos for pos in self._active_positions if self._params[pos].grad is not None]
         if not positions:
             return
         grads = [self._params[pos].grad for pos in positions]

@@ -134,7 +134,9 @@ def test_an_fp64_model_trains_under_every_policy_with_finite_fp64_statistics(pol
     torch.manual_seed(0)
     freezer = _train_fp64(TinyNet().double(), policy)
     observed = [v for s in freezer.history for v in s.mean_step_grad_norm + s.summed_grad_norm if v is not None]
-    assert observed and all(math.isfinite(v) for v in observed)
+    # a policy that reads no gradient statistic gets none (its monitor only counts steps)
+    assert bool(observed) == freezer.policy.needs().gradient_norms
+    assert all(math.isfinite(v) for v in observed)
     assert freezer.monitor._norm_dtype == torch.float64
 
 
@@ -306,3 +308,24 @@ def test_the_operations_a_step_launches_do_not_grow_with_the_parameters(monkeypa
     # alone is 4 operations), its host read and one foreach add per flat buffer on the host (one copy,
     # mask and add per flat buffer through staging on a GPU: 17 in torch 2.14)
     assert many <= (20 if track_summed else 3)
+
+
+def test_a_policy_that_reads_no_gradient_statistic_costs_no_norm_unless_asked():
+    """Issue 49: the per-step norms were most of the engine's host work over the static limit, read
+    by nothing under policy none; track_summed_grads=True still records every statistic."""
+    torch.manual_seed(0)
+    model = TinyNet()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    quiet = Freezer(model, split_blocks(model), make_policy("static:k=1"), optimizer=optimizer, epochs=1)
+    other = TinyNet()
+    recorded = Freezer(other, split_blocks(other), make_policy("static:k=1"), epochs=1, track_summed_grads=True)
+    for freezer in (quiet, recorded):
+        x, y = torch.randn(4, 3, 8, 8), torch.randint(0, 5, (4,))
+        F.cross_entropy(freezer.module(x), y).backward()
+        freezer.after_backward()
+        freezer.end_epoch(0)
+    (quiet_stats,), (recorded_stats,) = quiet.history, recorded.history
+    assert quiet_stats.steps == 1 and set(quiet_stats.mean_step_grad_norm) == {None}
+    assert all(v is not None for v in recorded_stats.mean_step_grad_norm[1:])  # block 0 frozen from the start
+    quiet.close()
+    recorded.close()

@@ -112,13 +112,19 @@ def test_a_policys_needs_are_one_declaration_read_from_its_flags_and_parameters(
     from freeze.policies.base import Needs
 
     assert make_policy("none").needs() == Needs()
-    assert make_policy("autofreeze").needs() == Needs(gradient_sums=True)
+    assert make_policy("autofreeze").needs() == Needs(gradient_norms=True, gradient_sums=True)
     assert make_policy("freezeout").needs() == Needs(run_length=True)
     payoff = make_policy("payoff").needs()
     assert payoff.block_bytes and payoff.gradient_sums and payoff.intervals_needed == 3
     horizon = make_policy("horizon")
     assert horizon.needs() == Needs(
-        descent_span=3, pricing=True, probe=True, run_length=True, intervals_needed=9, may_unfreeze=True
+        gradient_norms=True,
+        descent_span=3,
+        pricing=True,
+        probe=True,
+        run_length=True,
+        intervals_needed=9,
+        may_unfreeze=True,
     )
     assert not make_policy("horizon:probation=0").needs().probe  # a parameter changes what it needs
     assert make_policy("at:k=6,t=0.5,anneal=0.15").needs().block_lr

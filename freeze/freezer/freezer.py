@@ -80,8 +80,9 @@ class Freezer:
             or "powersgd4": PowerSGD of rank 1 or 4 after 17 iterations of plain all-reduce, its
             error feedback kept per parameter across re-wraps and saved in :meth:`state_dict`.
         process_group: the DDP process group (default: the world).
-        track_summed_grads: also sum gradients over intervals when the policy does not read them
-            (a pass over every trainable gradient per step); default: only if it does.
+        track_summed_grads: also record the gradient statistics (each step's per-block norms and
+            the interval's summed gradient, a pass over every trainable gradient per step) when the
+            policy reads none; default: only what the policy reads (``policy.needs()``).
         grad_checkpointing: recompute the activations of trainable blocks in backward.
         frozen_mode: "eval" (default): frozen blocks run like inference, dropout off; "train":
             dropout stays on (norm layers with running statistics stay in eval either way).
@@ -149,6 +150,9 @@ class Freezer:
             track_summed=bool(track_summed_grads) or self.needs.gradient_sums,
             track_descent=self.needs.descent_span > 0,
             descent_span=self.needs.descent_span or 1,
+            # a policy that reads no gradient statistic gets none: the step only counts (issue 49:
+            # the norms were most of the engine's host time over the static limit)
+            track_step_norms=self.needs.gradient_norms,
         )
         self.counters = FreezerCounters()
         # What close() checks (steering.warn_if_no_epoch_ended): steps taken and epochs ended in this

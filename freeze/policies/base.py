@@ -68,6 +68,7 @@ class Needs:
     declaration the Freezer, its monitor and the pipeline read (:meth:`Policy.needs`), so a new
     input is one field here and one reader, not a flag read in every place that builds a run."""
 
+    gradient_norms: bool = False  # per-step gradient norms (IntervalStats.mean_step_grad_norm, the overflow mask)
     gradient_sums: bool = False  # the monitor sums each interval's gradients (eta, the gradient rules)
     descent_span: int = 0  # > 0: the monitor tracks each block's descent over this many intervals
     block_bytes: bool = False  # decide/explain take block_bytes= (each block's parameter bytes)
@@ -147,6 +148,7 @@ class Policy(ABC):
         them keeps working; an instance method, so parameters can change it (``horizon:probation=0``
         needs no probe)."""
         return Needs(
+            gradient_norms=self.uses_gradients,
             gradient_sums=self.uses_gradients and not self.uses_descent,
             descent_span=self.descent_span if self.uses_descent else 0,
             block_bytes=self.uses_block_bytes,
