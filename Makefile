@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: test test-fast lint format study study-full study-frontier study-horizon study-anneal bench gpu-check clean-venv
+.PHONY: test test-fast lint format study study-full study-frontier study-horizon study-anneal bench bench-host gpu-check gpu-workloads clean-venv
 
 $(STAMP): requirements.txt setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -70,6 +70,15 @@ OUT ?= report/gpu
 GPU_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
 gpu-check:
 	PYTHONPATH=. $(GPU_PYTHON) -m experiments.gpu_check --out $(OUT)
+# The realistic workloads (ResNet-50, ViT-B/16, BERT-base) and the engine bench in a window of their own.
+gpu-workloads:
+	PYTHONPATH=. $(GPU_PYTHON) -m experiments.gpu_check --out $(OUT) --budget-s 360 \
+		--parts bench,workload-resnet50,workload-vit_b_16,workload-bert-base
+
+# Host time per step (experiments/bench_host.py): the engine's host work against the static limit on a
+# model whose compute is negligible, into report/host/; run it alone on the machine.
+bench-host: $(STAMP)
+	$(BIN)/python -m experiments.bench_host
 
 clean-venv:
 	rm -rf $(VENV)

@@ -31,7 +31,13 @@ from freeze.testing import SpawnError, run_gloo_rank, spawn_and_collect
 
 NUM_CLASSES = 10
 RESNETS = ("resnet18", "resnet34", "resnet50")
-MODELS = RESNETS + ("mlp",)  # image models: every approach, and the cluster benchmark
+# ResNet-18's module tree (10 blocks, 62 parameter tensors, BatchNorm buffers) at 4-8 channels: a
+# step whose compute is negligible, so the host's work is what a timing shows (experiments.bench_host)
+TINY_RESNET = "resnet18-tiny"
+# torchvision's ViT-B/16, built at the bench's image size (a multiple of its 16-pixel patch), and the
+# same class at 2 layers of width 32: ViT's code path in seconds (tests, the GPU check's dry run)
+VITS = ("vit_b_16", "vit-tiny")
+MODELS = RESNETS + ("mlp", TINY_RESNET) + VITS  # image models: every approach, and the cluster benchmark
 # Hugging Face BertForSequenceClassification with random weights from a config (no download):
 # "bert-base" is BertConfig()'s defaults, "bert-tiny" the same code path in seconds (tests, smoke runs).
 TEXT_MODELS = ("bert-base", "bert-tiny")
@@ -102,6 +108,14 @@ def build_model(name: str, image_size: int) -> nn.Module:
         return BertForSequenceClassification(bert_config(name))
     if name in RESNETS:
         return getattr(torchvision.models, name)(num_classes=NUM_CLASSES)
+    if name == "vit-tiny":
+        return torchvision.models.VisionTransformer(
+            image_size, patch_size=16, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=64, num_classes=NUM_CLASSES
+        )
+    if name in VITS:
+        return getattr(torchvision.models, name)(num_classes=NUM_CLASSES, image_size=image_size)
+    if name == TINY_RESNET:
+        return tiny_resnet18()
     if name == "mlp":
         width = 128
         return nn.Sequential(
@@ -115,6 +129,23 @@ def build_model(name: str, image_size: int) -> nn.Module:
             nn.Linear(width, NUM_CLASSES),
         )
     raise ValueError(f"model: '{name}' is not accepted; accepted: {', '.join(MODELS + TEXT_MODELS)}")
+
+
+def tiny_resnet18() -> nn.Module:
+    """torchvision's ResNet-18 with every layer rebuilt at 4-8 channels: the same modules, blocks and
+    parameter tensors in the same order (split_blocks cuts it as it cuts ResNet-18)."""
+    from torchvision.models.resnet import BasicBlock, ResNet
+
+    model = ResNet(BasicBlock, [2, 2, 2, 2], num_classes=NUM_CLASSES)
+    model.inplanes = 4  # _make_layer reads and advances it, as ResNet.__init__ does
+    model.conv1 = nn.Conv2d(3, 4, kernel_size=7, stride=2, padding=3, bias=False)
+    model.bn1 = nn.BatchNorm2d(4)
+    model.layer1 = model._make_layer(BasicBlock, 4, 2)
+    model.layer2 = model._make_layer(BasicBlock, 8, 2, stride=2)
+    model.layer3 = model._make_layer(BasicBlock, 8, 2, stride=2)
+    model.layer4 = model._make_layer(BasicBlock, 8, 2, stride=2)
+    model.fc = nn.Linear(8, NUM_CLASSES)
+    return model
 
 
 def run_model(module: nn.Module, x, **kwargs) -> torch.Tensor:

@@ -12,8 +12,14 @@ not the machine's window; the whole check stays within --budget-s, 345 s by defa
   static limit, find-unused and engine + cache at several boundaries, CUDA events, peak memory -> bench.csv
 - ``finetune-fp32``, ``finetune-fp16``: the quick study's recipe (experiments/configs/study_offline.toml)
   from the committed weights on one GPU -> finetune.csv, with the CPU reference beside it
+- ``workload-resnet50``, ``workload-vit_b_16``, ``workload-bert-base``: what freezing can buy where users
+  fine-tune (ResNet-50 and ViT-B/16 at 224 px, batch 64; BERT-base at 128 tokens, batch 32; random
+  weights from their configs): the engine, the static limit and the engine with the cache at five
+  boundaries, step time and peak memory, and the speedup bound 1 + backward/forward at k = 0 beside
+  the measured one -> workloads.csv. Each fits its own limit; they run only when named (``--parts``,
+  ``make gpu-workloads``), in a device window of their own
 
-Then ``summary.md`` (device, versions, every number) and ``log.txt`` (each part's output): 6 files,
+Then ``summary.md`` (device, versions, every number) and ``log.txt`` (each part's output): 7 files,
 flat, within the device tool's limits. Nothing is installed; it runs with the python it is started with
 (the GPU machine's python3: torch 2.11), the package from the checkout (PYTHONPATH=.).
 
@@ -55,6 +61,7 @@ class Part:
     name: str
     limit_s: float
     command: list[str]
+    default: bool = True  # run without --parts (the workloads need a device window of their own)
 
 
 @dataclass
@@ -64,6 +71,24 @@ class Outcome:
     seconds: float
     limit_s: float
     returncode: int | None = None
+
+
+# Realistic workloads (issue 49): the model, input and per-GPU batch users fine-tune with; weights are
+# random (built from their configs: nothing to download, and the step costs the same).
+WORKLOADS = {
+    "resnet50": {"model": "resnet50", "image_size": 224, "batch_size": 64},
+    "vit_b_16": {"model": "vit_b_16", "image_size": 224, "batch_size": 64},
+    "bert-base": {"model": "bert-base", "seq_len": 128, "batch_size": 32},
+}
+WORKLOAD_LIMIT_S = 90
+WORKLOAD_APPROACHES = ("freeze_engine", "static_limit", "freeze_engine_cache")  # + prefix_forward at k >= 1
+
+
+def workload_ks(num_blocks: int) -> tuple[int, ...]:
+    """Five boundaries from none frozen to all but the head's input: 0, a quarter, half, three
+    quarters of the way, and L-2."""
+    last = num_blocks - 2
+    return tuple(sorted({0, round(last / 4), round(last / 2), round(3 * last / 4), last}))
 
 
 def parts(out: Path, work: Path, python: str) -> list[Part]:
@@ -102,6 +127,15 @@ def parts(out: Path, work: Path, python: str) -> list[Part]:
                 ],
             )  # fmt: skip
             for p in ("fp32", "fp16")
+        ),
+        *(
+            Part(
+                f"workload-{name}",
+                WORKLOAD_LIMIT_S,
+                [*me, "--child", "workload", "--workload", name, "--out", str(out)],
+                default=False,
+            )
+            for name in WORKLOADS
         ),
     ]
 
@@ -195,7 +229,40 @@ def child_bench(out: Path) -> int:
     return 0
 
 
-def bench_rows(cfg) -> list[dict]:
+def workload_config(name: str, device: str = "cuda", **overrides):
+    """The bench config of workload ``name``: one rank on ``device``, its boundaries, a cache of 512
+    inputs (the cache's rows are the prefix's output: a few GB at 224 px); ``overrides`` shrink it
+    for a dry run on the CPU."""
+    from experiments import bench_workers as bw
+    from experiments.bench.config import BenchConfig
+
+    spec = dict(WORKLOADS[name]) | {"workers": 1, "device": device, "steps": 8, "rounds": 1, "warmup": 3}
+    spec |= {"phase_ks": (), "cache_keys": 512, "cache_chunk": 64, "momentum": 0.9} | overrides
+    num_blocks = len(bw.split_blocks(bw.build_model(spec["model"], spec.get("image_size", 32))))
+    return BenchConfig.for_model(spec.pop("model"), ks=workload_ks(num_blocks), **spec)
+
+
+def workload_rows(name: str, cfg) -> list[dict]:
+    """The bench's rows of the workload's approaches, each with its workload and peak memory."""
+    rows = bench_rows(cfg, WORKLOAD_APPROACHES)
+    return [{"workload": name, **row} for row in rows]
+
+
+WORKLOAD_COLUMNS = ("workload", "approach", "k", "frozen_param_fraction", "median_ms", "iqr_ms", "forward_ms",
+                    "backward_ms", "optimizer_ms", "ratio_to_static", "bytes_match_trainable", "peak_mb")  # fmt: skip
+
+
+def child_workload(out: Path, name: str) -> int:
+    from experiments.bench.rows import write_csv
+
+    rows = workload_rows(name, workload_config(name))
+    path = out / "workloads.csv"
+    earlier = [r for r in _read_csv(path) if r["workload"] != name]  # each part adds its own rows
+    write_csv(earlier + rows, path, WORKLOAD_COLUMNS)
+    return 0
+
+
+def bench_rows(cfg, approaches: tuple[str, ...] = ()) -> list[dict]:
     """The bench's CSV rows of the engine, the static limit, find-unused and engine + cache (with the
     prefix forward) under ``cfg``, each with its median peak memory above the step's start (MB)."""
     import numpy as np
@@ -205,7 +272,8 @@ def bench_rows(cfg) -> list[dict]:
 
     cfg.validate()
     cfg = cfg.resolved(len(bw.split_blocks(bw.build_model(cfg.model, cfg.image_size))))
-    extra = {"approaches": (bw.ENGINE, bw.STATIC, bw.FIND_UNUSED, bw.ENGINE_CACHE), "monitor_cell": False}
+    approaches = approaches or (bw.ENGINE, bw.STATIC, bw.FIND_UNUSED, bw.ENGINE_CACHE)
+    extra = {"approaches": approaches, "monitor_cell": False}
     rows, cells, _ = measure_rows(cfg, extra, None, deadline_s=600)
     for row in rows:
         row["peak_mb"] = float(np.median(cells[(row["approach"], row["k"])]["peak_mb"]))
@@ -334,6 +402,68 @@ def bench_lines(rows: list[dict]) -> list[str]:
     ]
 
 
+def _cell(by: dict, approach: str, k: int, column: str = "median_ms") -> float | None:
+    row = by.get((approach, k))
+    return float(row[column]) if row is not None and row[column] not in ("", None) else None
+
+
+def workload_lines(rows: list[dict]) -> list[str]:
+    """Per workload and k: the engine against the static limit, the cache, peak memory; then what
+    freezing can buy there: the bound 1 + backward/forward (at k = 0, every backward skipped and
+    the forward kept) beside the measured k = 0 step over the deepest boundary's, with and without
+    the cache (the cache also skips the frozen forward)."""
+    if not rows:
+        return ["No workload results (see the parts table and log.txt)."]
+    table, bounds = [], []
+    for name in dict.fromkeys(r["workload"] for r in rows):
+        by = {(r["approach"], int(r["k"])): r for r in rows if r["workload"] == name}
+        ks = sorted({k for _, k in by})
+        for k in ks:
+            eng, static, cache, prefix = (_cell(by, a, k) for a in (*WORKLOAD_APPROACHES, "prefix_forward"))
+            recovered = (eng - cache) / prefix if eng and cache and prefix else None
+            peaks = [_cell(by, a, k, "peak_mb") for a in WORKLOAD_APPROACHES]
+            table.append([name, k, eng, static, eng / static if eng and static else None, cache, prefix, recovered,
+                          *peaks])  # fmt: skip
+        forward, backward = (
+            _cell(by, "freeze_engine", ks[0], "forward_ms"),
+            _cell(by, "freeze_engine", ks[0], "backward_ms"),
+        )
+        step0, deepest = _cell(by, "freeze_engine", ks[0]), _cell(by, "freeze_engine", ks[-1])
+        cached = _cell(by, "freeze_engine_cache", ks[-1])
+        bounds.append([
+            name,
+            1 + backward / forward if forward and backward is not None else None,
+            ks[-1],
+            step0 / deepest if step0 and deepest else None,
+            step0 / cached if step0 and cached else None,
+        ])  # fmt: skip
+    return [
+        *_table(
+            (
+                "workload",
+                "k",
+                "engine ms",
+                "static ms",
+                "engine/static",
+                "engine+cache ms",
+                "prefix ms",
+                "cache recovered",
+                "peak MB engine",
+                "static",
+                "engine+cache",
+            ),
+            table,
+        ),  # fmt: skip
+        "",
+        *_table(
+            ("workload", "bound 1 + bwd/fwd at k=0", "deepest k", "measured k=0 / deepest", "with the cache"), bounds
+        ),  # fmt: skip
+        "",
+        "ms: the median step (1 round x 8 steps after 3 warm-up, CUDA events, one NCCL rank); the bound is what "
+        "skipping every backward would give with the forward kept; the cache also skips the frozen forward.",
+    ]
+
+
 def write_summary(out: Path, outcomes: list[Outcome], work: Path, command: str) -> None:
     tests = _read_csv(out / "tests.csv")
     counts = {o: sum(t["outcome"] == o for t in tests) for o in ("passed", "failed", "error", "skipped")}
@@ -355,6 +485,8 @@ def write_summary(out: Path, outcomes: list[Outcome], work: Path, command: str) 
               "line in 'where'); caller = the training loop itself; none = no sync at all.",
               "", "## Engine bench on CUDA (bench.csv; ResNet-18 32x32, batch 64, one NCCL rank)", "",
               *bench_lines(_read_csv(out / "bench.csv")), "",
+              "## Realistic workloads (workloads.csv; ResNet-50 and ViT-B/16 at 224 px, batch 64; BERT-base, 128 "
+              "tokens, batch 32)", "", *workload_lines(_read_csv(out / "workloads.csv")), "",
               f"## Fine-tune, the quick study's recipe on one GPU (finetune.csv; CPU reference: test accuracy "
               f"{CPU_REFERENCE['test_acc']}, final train loss {CPU_REFERENCE['train_loss']}, {CPU_REFERENCE['where']})",
               ""]  # fmt: skip
@@ -371,7 +503,7 @@ def gpu_check(out: Path, budget_s: float, only: set[str] | None, command: str) -
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp, open(out / "log.txt", "w") as log:
         work = Path(tmp)
         for part in parts(out, work, sys.executable):
-            if only is not None and part.name not in only:
+            if (part.name not in only) if only is not None else not part.default:
                 continue
             outcomes.append(run_part(part, min(part.limit_s, deadline - time.monotonic()), log))
             print(f"gpu-check: {part.name}: {outcomes[-1].status} ({outcomes[-1].seconds:.0f} s)", flush=True)
@@ -404,9 +536,15 @@ def get_args_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m experiments.gpu_check", description=__doc__.split("\n")[0])
     p.add_argument("--out", type=Path, default=ROOT / "report" / "gpu", help="where the 6 result files go")
     p.add_argument("--budget-s", type=float, default=345.0, help="the whole check's time limit")
-    p.add_argument("--parts", default=None, help="comma-separated subset: tests,sync,bench,finetune-fp32,finetune-fp16")
+    p.add_argument(
+        "--parts",
+        default=None,
+        help="comma-separated parts (default: tests,sync,bench,finetune-fp32,finetune-fp16; the workloads: "
+        "workload-resnet50,workload-vit_b_16,workload-bert-base, make gpu-workloads)",
+    )
     p.add_argument("--no-cpu-claims", action="store_true", help="without CUDA: only say so (the suite's dry run)")
-    p.add_argument("--child", choices=("sync", "bench"), help=argparse.SUPPRESS)
+    p.add_argument("--child", choices=("sync", "bench", "workload"), help=argparse.SUPPRESS)
+    p.add_argument("--workload", choices=tuple(WORKLOADS), help=argparse.SUPPRESS)
     return p
 
 
@@ -425,6 +563,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     if args.child:
+        if args.child == "workload":
+            return child_workload(args.out, args.workload)
         return {"sync": child_sync, "bench": child_bench}[args.child](args.out)
     names = [p.name for p in parts(args.out, Path("."), sys.executable)]
     only = None if args.parts is None else {n.strip() for n in args.parts.split(",") if n.strip()}

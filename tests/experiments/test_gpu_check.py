@@ -128,3 +128,34 @@ def test_a_budget_that_is_no_time_limit_is_refused_in_one_line(tmp_path, capsys,
     assert gc.main(["--out", str(tmp_path / "gpu"), "--budget-s", budget]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: --budget-s") and "accepted: seconds > 0" in err[0]
+
+
+def test_workload_boundaries_run_from_none_frozen_to_all_but_the_heads_input():
+    assert gc.workload_ks(18) == (0, 4, 8, 12, 16)  # ResNet-50: stem, 16 bottlenecks, head
+    assert gc.workload_ks(4) == (0, 1, 2)
+
+
+@pytest.mark.processes
+@pytest.mark.parametrize(
+    "name, overrides",
+    [
+        ("resnet50", {"image_size": 32}),
+        ("bert-base", {"model": "bert-tiny", "seq_len": 16}),  # the same code path in seconds
+        ("vit_b_16", {"model": "vit-tiny", "image_size": 32}),  # torchvision's ViT class at 2 layers
+    ],
+)
+def test_each_workload_dry_runs_on_the_cpu_and_the_summary_reads_it(tmp_path, monkeypatch, name, overrides):
+    small = {"batch_size": 2, "steps": 1, "warmup": 1, "cache_keys": 8, "cache_chunk": 4} | overrides
+    cfg = gc.workload_config(name, device="cpu", **small)
+    rows = gc.workload_rows(name, cfg)
+    ks = cfg.ks
+    assert len(ks) >= 3 and ks[0] == 0
+    assert {(r["approach"], r["k"]) for r in rows} == {
+        *((a, k) for a in gc.WORKLOAD_APPROACHES for k in ks),
+        *(("prefix_forward", k) for k in ks if k > 0),
+    }
+    assert all(r["bytes_match_trainable"] for r in rows if r["approach"] == "freeze_engine")
+    write_csv(rows, tmp_path / "workloads.csv", gc.WORKLOAD_COLUMNS)
+    lines = gc.workload_lines(gc._read_csv(tmp_path / "workloads.csv"))
+    bound = next(line for line in lines if line.startswith(f"| {name} | ") and line.count("|") == 6)
+    assert float(bound.split("|")[2]) > 1  # 1 + backward / forward
