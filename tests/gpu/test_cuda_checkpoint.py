@@ -24,7 +24,13 @@ def build(device: torch.device) -> tuple[Freezer, torch.optim.Optimizer]:
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
     source = CacheSource(lambda k: INPUTS[k], N_KEYS)
     freezer = Freezer(
-        model, split_blocks(model), optimizer=optimizer, interval_steps=3, cache="memory", cache_source=source
+        model,
+        split_blocks(model),
+        optimizer=optimizer,
+        interval_steps=3,
+        cache="memory",
+        cache_source=source,
+        track_summed_grads=True,  # the monitor's statistics are part of what travels (policy none reads none)
     )
     return freezer, optimizer
 

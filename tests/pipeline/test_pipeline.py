@@ -207,6 +207,7 @@ def test_recipe_options_run_together(tmp_path):
             "train.grad_checkpointing=true",
             "train.batch_size=16",
             "optim.grad_clip_norm=1e-6",
+            "freeze.track_summed_grads=true",  # the gradient statistics checked below (policy none reads none)
         ]
     )
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -19,7 +19,8 @@ def test_monitor_reads_gradients_before_clipping():
     model = TinyNet()
     params = list(model.parameters())
     optimizer = torch.optim.SGD(params, lr=0.1)
-    freezer = Freezer(model, split_blocks(model), optimizer=optimizer)
+    # the statistics under test: policy none reads none, so they are asked for
+    freezer = Freezer(model, split_blocks(model), optimizer=optimizer, track_summed_grads=True)
     _backward(model)
     unclipped = torch.nn.utils.get_total_norm([p.grad for p in params])
     observe_then_clip(freezer, params, optimizer, torch.amp.GradScaler("cpu", enabled=False), grad_clip_norm=1e-3)
@@ -34,7 +35,7 @@ def test_overflowed_fp16_step_is_counted_as_skipped():
     model = TinyNet()
     params = list(model.parameters())
     optimizer = torch.optim.SGD(params, lr=0.1)
-    freezer = Freezer(model, split_blocks(model), optimizer=optimizer, interval_steps=2)
+    freezer = Freezer(model, split_blocks(model), optimizer=optimizer, interval_steps=2, track_summed_grads=True)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**4)
     for step in range(2):
         optimizer.zero_grad(set_to_none=True)
