@@ -87,14 +87,23 @@ def _requires_grad(value: Any) -> bool:
 
 
 class FrozenForward:
-    """Pre- and post-hook of a frozen module: no autograd inside it unless its input needs it.
+    """Pre- and post-hook of a frozen module: its held modules back in eval, and no autograd inside
+    it unless its input needs it. One pair of hooks per frozen module (they were three: each hook
+    costs host time on every forward, issue 49's bench).
 
-    A stack, not a flag: a module may be called again from inside its own forward."""
+    Eval: a user's model.train() would switch a frozen norm layer back to batch statistics and
+    running-stat updates (and frozen dropout back on); re-asserting eval before the forward makes
+    that impossible. Grad mode: a stack, not a flag, as a module may be called again from inside its
+    own forward."""
 
-    def __init__(self) -> None:
+    def __init__(self, held: list[nn.Module]) -> None:
+        self.held = held
         self._saved_modes: list[bool] = []
 
     def pre(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        for m in self.held:
+            if m.training:  # nn.Module's __setattr__ is slow; a write is needed only after a train()
+                m.training = False
         self._saved_modes.append(torch.is_grad_enabled())
         if not (_requires_grad(args) or _requires_grad(kwargs)):
             torch.set_grad_enabled(False)
@@ -103,20 +112,6 @@ class FrozenForward:
         # always_call=True: also runs when the forward raised, so grad mode is never left disabled.
         if self._saved_modes:
             torch.set_grad_enabled(self._saved_modes.pop())
-
-
-class KeepEval:
-    """Pre-hook of a frozen block's module: its held modules back in eval right before it runs. A
-    user's model.train() would switch a frozen norm layer back to batch statistics and running-stat
-    updates (and frozen dropout back on); re-asserting eval before the forward makes that impossible."""
-
-    def __init__(self, held: list[nn.Module]):
-        self.held = held
-
-    def __call__(self, module: nn.Module, args: tuple) -> None:
-        for m in self.held:
-            if m.training:  # nn.Module's __setattr__ is slow; a write is needed only after a train()
-                m.training = False
 
 
 class OrderCheck:
@@ -188,12 +183,10 @@ class Steering:
             for mod in block.modules:
                 if frozen:
                     recompute.disable_checkpointing(mod)
-                    hook = FrozenForward()
+                    hook = FrozenForward(held_in_eval([_Only(mod)], self.frozen_mode))
                     pre, post = ModuleHook(mod, hook.pre), ModuleHook(mod, hook.post)
                     self._handles.append(mod.register_forward_pre_hook(pre, with_kwargs=True))
                     self._handles.append(mod.register_forward_hook(post, always_call=True))
-                    held = held_in_eval([_Only(mod)], self.frozen_mode)
-                    self._handles.append(mod.register_forward_pre_hook(ModuleHook(mod, KeepEval(held))))
                 elif self.grad_checkpointing:
                     recompute.enable_checkpointing(mod)
                 else:
