@@ -28,6 +28,11 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from freeze.pipeline.interrupts import INTERRUPTED_EXIT, InterruptGuard, exit_on_interrupt_while_loading, exit_with
+
+if __name__ == "__main__":  # torch loads below (RunError's module): a Ctrl-C meanwhile is one line
+    exit_on_interrupt_while_loading("convert_runs: interrupted before it began; nothing changed")
+
 from freeze._atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
 from freeze.pipeline.jsonl import JsonLinesError, read_json_lines
 from freeze.pipeline.run_lock import RunBusyError, RunLock
@@ -159,34 +164,43 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {args.runs_dir} is not a directory", file=sys.stderr)
         return 2
     changed = unchanged = busy = 0
-    try:
-        for run_dir in find_run_dirs(args.runs_dir):
-            files = convert_run(run_dir, args.dry_run)
-            if files is None:
-                busy += 1
-            elif files:
-                changed += 1
-                print(f"{'would convert' if args.dry_run else 'converted'} {run_dir}: {', '.join(files)}")
-            else:
-                unchanged += 1
-    except RunError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    except UnicodeDecodeError as err:  # a hand-edited config.toml or manifest.json in another encoding
-        print(
-            f"error: {run_dir}: a file is not UTF-8 ({err.reason} at byte {err.start}); left as it is", file=sys.stderr
-        )
-        return 1
-    except KeyboardInterrupt:
-        # each run converts under its lock, file by file: a run cut mid-way is finished by the next call
-        done = f"{changed} run(s) converted before it" if not args.dry_run else "nothing changed"
-        print(f"interrupted: {done}; run the same command again to convert the rest", file=sys.stderr)
-        return 130
-    verb = "would convert" if args.dry_run else "converted"
-    left = f", {busy} busy (another process writes them)" if busy else ""
-    print(f"convert_runs: {verb} {changed} run(s); {unchanged} already current{left}")
-    return 0
+    interrupted = False
+    with InterruptGuard() as interrupt:
+        try:
+            for run_dir in find_run_dirs(args.runs_dir):
+                files = convert_run(run_dir, args.dry_run)
+                if files is None:
+                    busy += 1
+                elif files:
+                    changed += 1
+                    print(f"{'would convert' if args.dry_run else 'converted'} {run_dir}: {', '.join(files)}")
+                else:
+                    unchanged += 1
+        except RunError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 1
+        except UnicodeDecodeError as err:  # a hand-edited config.toml or manifest.json in another encoding
+            print(
+                f"error: {run_dir}: a file is not UTF-8 ({err.reason} at byte {err.start}); left as it is",
+                file=sys.stderr,
+            )
+            return 1
+        except KeyboardInterrupt:
+            interrupted = True
+        except Exception:
+            if not interrupt.seen:
+                raise
+            # an error after a Ctrl-C a library swallowed (a module left half imported) is the interrupt's
+        if interrupted or interrupt.seen:  # raised here, or swallowed on its way
+            # each run converts under its lock, file by file: a run cut mid-way is finished by the next call
+            done = f"{changed} run(s) converted before it" if not args.dry_run else "nothing changed"
+            print(f"interrupted: {done}; run the same command again to convert the rest", file=sys.stderr)
+            return INTERRUPTED_EXIT
+        verb = "would convert" if args.dry_run else "converted"
+        left = f", {busy} busy (another process writes them)" if busy else ""
+        print(f"convert_runs: {verb} {changed} run(s); {unchanged} already current{left}")
+        return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main())

@@ -15,6 +15,12 @@ import argparse
 import sys
 from pathlib import Path
 
+from freeze.pipeline.interrupts import INTERRUPTED_EXIT, InterruptGuard, exit_on_interrupt_while_loading, exit_with
+
+if __name__ == "__main__":  # torch loads below: a Ctrl-C meanwhile is one line
+    exit_on_interrupt_while_loading("profile_run: interrupted before it began; no profile written")
+
+from freeze.pipeline.cluster.spec import ClusterSpecError, run_cores
 from freeze.pipeline.config import ConfigError, load_config
 from freeze.pipeline.costmodel import noise_warnings, save_profile
 
@@ -29,19 +35,32 @@ def main(argv: list[str] | None = None) -> int:
     if out.exists():
         print(f"--out: {out} exists; accepted: a new path (a profile is never overwritten)", file=sys.stderr)
         return 2
+    with InterruptGuard() as interrupt:
+        try:
+            return _measure(args.config, args.set, out, interrupt)
+        except KeyboardInterrupt:
+            pass
+        except Exception:
+            if not interrupt.seen:
+                raise
+            # an error after a Ctrl-C a library swallowed (a module left half imported) is the interrupt's
+        print(f"profile_run: interrupted: no profile written ({out} does not exist)", file=sys.stderr)
+        return INTERRUPTED_EXIT
+
+
+def _measure(config_path: str, overrides: list[str], out: Path, interrupt: InterruptGuard) -> int:
     try:
-        config = load_config(args.config, args.set)
-    except ConfigError as e:
+        config = load_config(config_path, overrides)
+        run_cores()  # FREEZE_CLUSTER_CORES, when set, names the cores the layout is planned over
+    except (ConfigError, ClusterSpecError) as e:
         print(e, file=sys.stderr)
         return 2
     from freeze.pipeline.study.predict import measure_profile  # torch only after the arguments are checked
 
-    try:
-        profile = measure_profile(config)
-        save_profile(profile, out)  # atomic: a Ctrl-C leaves the profile whole or absent
-    except KeyboardInterrupt:
-        print(f"interrupted: no profile written ({out} does not exist)", file=sys.stderr)
-        return 130
+    profile = measure_profile(config)
+    if interrupt.seen:  # swallowed on its way: a profile measured while interrupted is not kept
+        raise KeyboardInterrupt
+    save_profile(profile, out)  # atomic: a Ctrl-C leaves the profile whole or absent
     for line in noise_warnings(profile, str(out)):
         print(f"warning: {line}", file=sys.stderr)
     print(
@@ -52,4 +71,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main())

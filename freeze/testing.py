@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import os
 import pickle
+import signal
 import sys
 import time
 import traceback
@@ -69,8 +70,16 @@ def spawn_and_collect(
     workdir.mkdir(parents=True, exist_ok=True)
     saved = os.environ.get("OMP_NUM_THREADS")
     os.environ["OMP_NUM_THREADS"] = str(threads_per_proc)  # inherited by the spawned children
+    # The children start with Ctrl-C blocked (the mask is kept across exec): the parent alone answers it
+    # and kills them below, so a terminal's Ctrl-C to the group prints no traceback per child while they
+    # import. Blocked in the parent too while they start, not ignored: a Ctrl-C meanwhile waits, and is
+    # raised once the mask is lifted, inside the try that kills them.
+    unblocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         ctx = mp.start_processes(fn, args=args, nprocs=nprocs, join=False, start_method="spawn")
+    except BaseException:
+        signal.pthread_sigmask(signal.SIG_SETMASK, unblocked)
+        raise
     finally:
         if saved is None:
             os.environ.pop("OMP_NUM_THREADS", None)
@@ -78,6 +87,7 @@ def spawn_and_collect(
             os.environ["OMP_NUM_THREADS"] = saved
     deadline = time.monotonic() + deadline_s
     try:
+        signal.pthread_sigmask(signal.SIG_SETMASK, unblocked)
         while not ctx.join(timeout=1.0):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{nprocs} spawned processes did not finish within {deadline_s:.0f} s")

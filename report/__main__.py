@@ -1,8 +1,7 @@
 """`python -m report` from a checkout; the code is freeze.pipeline.report (also `freeze-report`)."""
 
-import sys
-
+from freeze.pipeline.interrupts import exit_with
 from freeze.pipeline.report.cli import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main())

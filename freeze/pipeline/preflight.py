@@ -47,14 +47,7 @@ def check_policy_inputs(config: Config, policy: Policy) -> None:
     profile for a policy that prices its freezes, held-out images for one that checks them. The
     launcher calls it through :func:`preflight`, a worker where it builds the policy (plain torchrun)."""
     needs = policy.needs()
-    if needs.pricing and not Path(config.freeze.cost_profile or "").is_file():
-        # the workers read the profile itself (freeze.pipeline.pricing)
-        raise ConfigError(
-            f"freeze.cost_profile: {config.freeze.cost_profile or 'not set'}; freeze.policy={policy.name} prices its "
-            "freezes with a cost-model profile of this machine; accepted: the path of one, made by "
-            "`python -m experiments.profile_run --config <the run's config>`"
-        )
-    if needs.pricing:
+    if needs.pricing:  # the workers read the profile itself (freeze.pipeline.pricing)
         check_profile_fits(config, config.freeze.cost_profile)
     schedule = config.schedule
     if needs.cosine_run and (schedule.name != "cosine" or schedule.warmup_epochs or schedule.min_lr):
@@ -92,11 +85,18 @@ def check_run_length(config: Config, policy: Policy) -> None:
 PROFILE_COMMAND = "python -m experiments.profile_run --config <the run's config> [--set ...]"
 
 
-def check_profile_fits(config: Config, path: str) -> Profile:
+def check_profile_fits(config: Config, path: str | None) -> Profile:
     """The profile at ``path``, refused (ConfigError, one line) when it cannot price this run on any
-    machine: unreadable, another batch size, optimizer or process count, or a comm hook the cost model
-    does not describe. Checked where runs are planned (a login node too); the worker adds what only the
-    machine that trains can check: the exact cores and the CPU (freeze.pipeline.pricing)."""
+    machine: none, unreadable, another batch size, optimizer or process count, or a comm hook the cost
+    model does not describe. The application's one refusal of a pricing policy without its pricing (the
+    library's is the Freezer's): checked where runs are planned (a login node too) and again where the
+    worker prices, which adds what only the machine that trains can check: the exact cores and the
+    CPU (freeze.pipeline.pricing)."""
+    if not path or not Path(path).is_file():
+        raise ConfigError(
+            f"freeze.cost_profile: {path or 'not set'}; freeze.policy={config.freeze.policy} prices its freezes "
+            f"with a cost-model profile of this machine; accepted: the path of one, made by `{PROFILE_COMMAND}`"
+        )
     try:
         profile = load_profile(path)
     except (OSError, ProfileError) as e:

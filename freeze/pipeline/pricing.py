@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
 from freeze._atomic import atomic_write_text
+from freeze.pipeline.cluster.spec import CLUSTER_CORES_ENV
 from freeze.pipeline.config import Config, ConfigError
 from freeze.pipeline.costmodel.link import LinkError
 from freeze.pipeline.costmodel.model import predict_step
@@ -124,19 +126,16 @@ def _check_layout(cfg: Config, profiled: list[dict] | None, path: str) -> None:
     time depends on them (threads per process, processes sharing a core), so a profile from another
     layout or another machine would misprice every freeze."""
     layout = process_layout(cfg)
-    try:
-        measured = None if profiled is None else [NodeCores(tuple(n["cores"]), n["threads"]) for n in profiled]
-    except (TypeError, KeyError, ValueError):  # a hand-edited meta: one line, not a traceback per rank
-        raise ConfigError(
-            f"freeze.cost_profile: {path}: meta.layout = {profiled!r} is malformed; accepted: a profile made by "
-            f"`{PROFILE_COMMAND}`"
-        ) from None
+    # its shape was checked when the profile was read (freeze.pipeline.costmodel.profile)
+    measured = None if profiled is None else [NodeCores(tuple(n["cores"]), n["threads"]) for n in profiled]
     if measured == layout:
         return
     where = "an unrecorded layout" if measured is None else f"core layout {layout_name(measured)}"
+    named = os.environ.get(CLUSTER_CORES_ENV)
+    source = f" (laid over {CLUSTER_CORES_ENV}={named})" if named else ""
     raise ConfigError(
         f"freeze.cost_profile: {path} was measured in {where}, this run's on this machine is "
-        f"{layout_name(layout)}; accepted: a profile in the run's layout, made here by `{PROFILE_COMMAND}`"
+        f"{layout_name(layout)}{source}; accepted: a profile in the run's layout, made here by `{PROFILE_COMMAND}`"
     )
 
 
@@ -157,12 +156,7 @@ def _check_machine(meta: dict, path: str) -> None:
 
 def _step_times(cfg: Config, block_names: Sequence[str], probe_dir: Path) -> tuple[tuple[float, ...], float]:
     path = cfg.freeze.cost_profile
-    if not path:
-        raise ConfigError(
-            f"freeze.cost_profile: freeze.policy={cfg.freeze.policy} prices its freezes with the cost model and needs "
-            f"a profile of this machine; accepted: the path of one, made by `{PROFILE_COMMAND}`"
-        )
-    profile = check_profile_fits(cfg, path)
+    profile = check_profile_fits(cfg, path)  # none, unreadable, or another run's: one line
     if [b.name for b in profile.blocks] != list(block_names):
         raise ConfigError(
             f"freeze.cost_profile: {path} profiles blocks {[b.name for b in profile.blocks]}, this run's are "

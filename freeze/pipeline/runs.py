@@ -39,12 +39,14 @@ from freeze.pipeline.jsonl import JsonLinesError, read_json_lines
 from freeze.pipeline.schema import (
     CHECKPOINT_FILE,
     CONFIG_FILE,
+    LEGACY_RECORD_KEYS,
     LOG_FILE,
     MANIFEST_FILE,
     METRICS_FILE,
     MODEL_FILE,
     RUN_STATUSES,
     RunEnd,
+    foreign_record_keys,
 )
 
 # Set (to "1") by a sweep or a study for the runs it starts: the sweep says what comes next, so a run
@@ -256,7 +258,7 @@ class RunDir:
         if resume and status != "absent":
             self._check_started_config(config_toml, defaults)
         if resume:
-            self.epoch_records()  # a bad line stops the run here, before any worker trains
+            self.check_resumable_records()  # a bad line stops the run here, before any worker trains
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             atomic_write_text(self.config_path, config_toml)
@@ -456,6 +458,24 @@ class RunDir:
                     f"{str(record)[:120]}; repair it, or choose another run.name"
                 )
         return records
+
+    def check_resumable_records(self) -> None:
+        """:meth:`epoch_records`, and RunError (one line) for a record with a key this version does not
+        write: the report would refuse the run this resume completes (reliability case 24). Readers
+        that tolerate older keys (a tracker's replay) call :meth:`epoch_records` alone."""
+        for record in self.epoch_records():
+            foreign = foreign_record_keys(record)
+            if any(key in LEGACY_RECORD_KEYS for key in foreign):
+                raise RunError(
+                    f"cannot resume {self.path}: {self.metrics_path} was written by an older version (keys "
+                    f"{', '.join(foreign)}); convert it once (python -m experiments.convert_runs {self.path}), or choose "
+                    "another run.name"
+                )
+            if foreign:
+                raise RunError(
+                    f"cannot resume {self.path}: {self.metrics_path}: epoch {record['epoch']} has keys no version "
+                    f"of freeze writes: {', '.join(foreign)}; remove them from that line, or choose another run.name"
+                )
 
     def check_metrics_cover(self, epochs_done: int) -> None:
         """RunError (one line) unless metrics.jsonl holds a record of every epoch before

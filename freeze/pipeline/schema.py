@@ -148,6 +148,14 @@ def _runtime_types(hint: Any) -> tuple[type, ...]:
     return tuple(typing.get_origin(m) or m for m in members)
 
 
+def foreign_record_keys(record: dict) -> list[str]:
+    """The keys of a metrics.jsonl record that are no field of :class:`EpochRecord` (legacy keys
+    included: :data:`LEGACY_RECORD_KEYS` says which a conversion renames). The resume and the report
+    refuse the same records, so a run the resume completes is one the report reads."""
+    fields = {f.name for f in dataclasses.fields(EpochRecord)}
+    return [key for key in record if key not in fields]
+
+
 def run_name_part(text: str) -> str:
     """``text`` as part of a run directory's name (sweeps and studies name runs with it): each run
     of characters other than letters, digits and ``. = _ + -`` becomes one '-'."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 import os
 import socket
 import time
@@ -363,6 +364,14 @@ def _log_epoch(logger: logging.Logger, record: EpochRecord, epochs: int) -> None
         record.epoch_wall_s,
         record.allreduce_bytes_per_step / 1e6,
     )
+    if not math.isfinite(record.train_loss):  # it would still complete, and its accuracies would enter tables
+        logger.warning(
+            "epoch %d/%d: train loss %s: the run diverged (optim.lr too high, or data with nan); it goes on as "
+            "configured, but its numbers mean nothing",
+            record.epoch + 1,
+            epochs,
+            record.train_loss,
+        )
 
 
 def save_epoch(

@@ -15,7 +15,8 @@ import pytest
 from freeze.pipeline.report import build_tables
 from freeze.pipeline.report.atlas import atlas_table, clock_arm, freeze_step
 from freeze.pipeline.report.load import ReportInputError, Run, read_metrics
-from freeze.pipeline.report.tables import Baseline, to_markdown
+from freeze.pipeline.report.tables import Baseline
+from freeze.pipeline.report.writers import to_markdown
 from tests.pipeline.handmade_runs import epoch_record, handmade_run
 
 SEEDS = (0, 1, 2)

@@ -671,6 +671,9 @@ def _interrupted_run_with_metrics(tmp_path, metrics: bytes):
     [
         (b'garbage{\n{"epoch":1}\n', "line 1: not valid JSON"),
         (b'{"epoch":0}\n{"loss":1}\n', "a record has no integer 'epoch'"),
+        # reliability case 24: accepted, and the report then refused the run the resume completed
+        (b'{"epoch":0,"note":"x"}\n', "epoch 0 has keys no version of freeze writes: note"),
+        (b'{"epoch":0,"boundary_during":1}\n', "written by an older version (keys boundary_during)"),
     ],
 )
 def test_a_bad_middle_metrics_line_refuses_the_resume_before_any_worker_starts(tmp_path, capsys, metrics, expected):
@@ -791,13 +794,14 @@ def test_ctrl_c_in_the_report_and_in_profile_run_is_one_line_and_exit_130(tmp_pa
     """Reliability probe case 42: both printed a 28-73-line KeyboardInterrupt traceback; profile_run
     must leave no partial profile (it writes atomically, after measuring)."""
     import experiments.profile_run as profile_run
+    import freeze.pipeline.report.build as report_build
     import freeze.pipeline.report.cli as report_cli
     import freeze.pipeline.study.predict as predict
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(report_cli, "build_report", interrupted)
+    monkeypatch.setattr(report_build, "build_report", interrupted)
     assert report_cli.main([str(tmp_path), "--out", str(tmp_path / "report")]) == 130
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("report: interrupted:")
@@ -807,4 +811,4 @@ def test_ctrl_c_in_the_report_and_in_profile_run_is_one_line_and_exit_130(tmp_pa
     smoke = Path(__file__).parents[2] / "experiments" / "configs" / "smoke.toml"
     assert profile_run.main(["--config", str(smoke), "--out", str(out)]) == 130
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"interrupted: no profile written ({out} does not exist)"] and not out.exists()
+    assert err == [f"profile_run: interrupted: no profile written ({out} does not exist)"] and not out.exists()

@@ -141,12 +141,13 @@ def run_cores() -> list[int]:
     named = os.environ.get(CLUSTER_CORES_ENV, "")
     if not named:
         return available_cores()
-    cores = named.split(",")
-    if not all(c.isdigit() for c in cores):
-        raise ClusterSpecError(
-            f"{CLUSTER_CORES_ENV}={named!r}: accepted: core numbers separated by commas, as the cluster launcher sets it"
-        )
-    return [int(c) for c in cores]
+    # Only the form is checked here: inside a node the cores named are not this process's to run on,
+    # and a well-formed foreign list is named by the pricing's layout check (freeze.pipeline.pricing).
+    accepted = "distinct core numbers separated by commas, as the cluster launcher sets it"
+    parts = named.split(",")
+    if not all(c.isdigit() for c in parts) or len(set(parts)) != len(parts):
+        raise ClusterSpecError(f"{CLUSTER_CORES_ENV}={named!r}: accepted: {accepted}")
+    return [int(c) for c in parts]
 
 
 def planned_cores(plan: list[NodeCpu]) -> list[int]:

@@ -86,11 +86,38 @@ class Profile:
         return sum(b.grad_bytes for b in self.blocks[k:])
 
 
-def _number(value, where: str, minimum: float = 0.0, none_ok: bool = False) -> None:
+# Upper bounds of a measured cost: an hour for one block's part of one step, a pebibyte for one block's
+# bytes. Anything above is a hand edit, and would reach the workers as an infinite price (1e308 ms).
+MAX_MS = 3.6e6
+MAX_BYTES = float(1 << 50)
+
+
+def _number(value, where: str, minimum: float = 0.0, none_ok: bool = False, maximum: float = MAX_MS) -> None:
     if value is None and none_ok:
         return
-    if not is_number(value) or not math.isfinite(value) or value < minimum:
-        raise ProfileError(f"profile {where}: expected a finite number >= {minimum:g}, got {value!r}")
+    if not is_number(value) or not math.isfinite(value) or not minimum <= value <= maximum:
+        raise ProfileError(f"profile {where}: expected a number from {minimum:g} to {maximum:g}, got {value!r}")
+
+
+def _check_meta_layout(layout) -> None:
+    """meta.layout, when recorded: one {"cores": [core, ...], "threads": n} per process (the pricing
+    compares it with the run's, so a string where a number belongs would read as another layout)."""
+    if layout is None:
+        return
+    accepted = 'a list of {"cores": [integers >= 0], "threads": integer >= 1}, one per process'
+    if not isinstance(layout, list) or not layout:
+        raise ProfileError(f"profile meta.layout: expected {accepted}, got {layout!r}")
+    for i, node in enumerate(layout):
+        cores = node.get("cores") if isinstance(node, dict) else None
+        threads = node.get("threads") if isinstance(node, dict) else None
+        if (
+            not isinstance(cores, list)
+            or not cores
+            or any(not is_int(c) or c < 0 for c in cores)
+            or not is_int(threads)
+            or threads < 1
+        ):
+            raise ProfileError(f"profile meta.layout[{i}]: expected {accepted}, got {node!r}")
 
 
 def _check_profile(p: Profile) -> None:
@@ -110,17 +137,22 @@ def _check_profile(p: Profile) -> None:
     last = len(p.blocks) - 1
     for i, b in enumerate(p.blocks):
         where = f"blocks[{i}] ({b.name})"
-        if not b.param_bytes or any(not is_int(n) or n < 0 for n in b.param_bytes):
-            raise ProfileError(f"profile {where}.param_bytes: expected a non-empty list of integers >= 0")
+        if not b.param_bytes or any(not is_int(n) or not 0 <= n <= MAX_BYTES for n in b.param_bytes):
+            raise ProfileError(
+                f"profile {where}.param_bytes: expected a non-empty list of integers from 0 to {MAX_BYTES:g}"
+            )
         for key in ("forward_ms", "backward_first_ms"):
             _number(getattr(b, key), f"{where}.{key}")
-        _number(b.buffer_bytes, f"{where}.buffer_bytes")
-        _number(b.activation_bytes_per_sample, f"{where}.activation_bytes_per_sample")
+        _number(b.buffer_bytes, f"{where}.buffer_bytes", maximum=MAX_BYTES)
+        _number(b.activation_bytes_per_sample, f"{where}.activation_bytes_per_sample", maximum=MAX_BYTES)
         # The last block is never frozen, block 0 never needs an input gradient, and a cache at
         # boundary 0 would hold the inputs themselves: those three are null, every other is a number.
         _number(b.forward_frozen_ms, f"{where}.forward_frozen_ms", none_ok=i == last)
         _number(b.backward_ms, f"{where}.backward_ms", none_ok=i == 0)
         _number(b.cache_read_ms, f"{where}.cache_read_ms", none_ok=True)
+    if not isinstance(p.meta, dict):
+        raise ProfileError(f"profile meta: expected an object (how it was measured), got {p.meta!r}")
+    _check_meta_layout(p.meta.get("layout"))
 
 
 def profile_to_dict(p: Profile) -> dict:
@@ -162,7 +194,7 @@ def profile_from_dict(d: dict, where: str = "profile") -> Profile:
             forward_overhead_ms=d["forward_overhead_ms"],
             after_backward_ms=tuple(d["after_backward_ms"]),
             blocks=blocks,
-            meta=dict(d.get("meta") or {}),
+            meta=d.get("meta") or {},
         )
     except KeyError as e:
         raise ProfileError(f"{where}: key {e} is missing") from None

@@ -9,18 +9,22 @@ import argparse
 import sys
 from pathlib import Path
 
-from freeze.pipeline.report import FORMATS, ON_DUPLICATE, ReportInputError, build_report
-from freeze.pipeline.report.paired import DEFAULT_MARGIN_POINTS
-from freeze.pipeline.report.verdict import verdict_lines
+from freeze.pipeline.interrupts import INTERRUPTED_EXIT, InterruptGuard
 
-
-class _Parser(argparse.ArgumentParser):
-    # argparse prints usage + message over two lines; the contract is one line and exit code 2.
-    def error(self, message: str):
-        raise ReportInputError(message)
+# What an interrupted report leaves: earlier figures went first (freeze.pipeline.report.build_report).
+INTERRUPTED = "report: interrupted: the folder may hold part of this report; run it again"
 
 
 def _parser() -> argparse.ArgumentParser:
+    from freeze.pipeline.report.build import FORMATS
+    from freeze.pipeline.report.load import ReportInputError
+    from freeze.pipeline.report.tables import ON_DUPLICATE
+
+    class _Parser(argparse.ArgumentParser):
+        # argparse prints usage + message over two lines; the contract is one line and exit code 2.
+        def error(self, message: str):
+            raise ReportInputError(message)
+
     parser = _Parser(
         prog="python -m report",
         description="Tables, figures and what they mean, from run directories. What the tables say and which "
@@ -56,6 +60,9 @@ def print_meaning(written: dict[str, Path]) -> None:
     csv files just written: the same answer whichever command made the report."""
     if "paired.csv" not in written:
         return  # written without the csv format: the sentences have nothing to read
+    from freeze.pipeline.report.paired import DEFAULT_MARGIN_POINTS
+    from freeze.pipeline.report.verdict import verdict_lines
+
     lines = verdict_lines(written["paired.csv"].parent, DEFAULT_MARGIN_POINTS)
     if lines:
         print("== what this means")
@@ -63,6 +70,25 @@ def print_meaning(written: dict[str, Path]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    with InterruptGuard() as interrupt:
+        try:
+            return _report(argv, interrupt)
+        except KeyboardInterrupt:
+            pass
+        except Exception:
+            if not interrupt.seen:
+                raise
+            # an error after a Ctrl-C a library swallowed (a module left half imported) is the interrupt's
+        print(INTERRUPTED, file=sys.stderr)
+        return INTERRUPTED_EXIT
+
+
+def _report(argv: list[str] | None, interrupt: InterruptGuard) -> int:
+    # pandas and matplotlib load here, inside the caller's guard, and before the try: its except
+    # clauses name what the import binds
+    from freeze.pipeline.report.build import build_report
+    from freeze.pipeline.report.load import ReportInputError
+
     try:
         args = _parser().parse_args(argv)
         formats = tuple(f.strip() for f in args.formats.split(",") if f.strip())
@@ -72,16 +98,12 @@ def main(argv: list[str] | None = None) -> int:
     except ReportInputError as exc:
         print(f"report: error: {exc}", file=sys.stderr)
         return 2
-    except OSError as exc:  # the output folder is read-only or full
+    except OSError as exc:  # the disk filled up while writing (a read-only folder is refused up front)
         where = exc.filename or "the output folder"
         print(f"report: error: cannot write {where}: {exc.strerror or exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print(
-            "report: interrupted: the folder may hold this report's tables beside older figures; run it again",
-            file=sys.stderr,
-        )
-        return 130
+    if interrupt.seen:  # raised inside a library that swallowed it (a weakref callback)
+        raise KeyboardInterrupt
     if "main.md" in written:  # the answer on the terminal, as the study prints its tables; the rest is in files
         print(written["main.md"].read_text(encoding="utf-8"))
     print_meaning(written)

@@ -32,6 +32,7 @@ from freeze.pipeline.schema import (
     Manifest,
     field_types,
     find_run_dirs,
+    foreign_record_keys,
     required_fields,
 )
 
@@ -148,14 +149,12 @@ class Run:
     @property
     def num_classes(self) -> int | None:
         """How many classes the run's data has (None: a run made before manifests recorded it)."""
-        value = self.manifest.get("num_classes")
-        return value if is_int(value) and value >= 1 else None
+        return self.manifest.get("num_classes")  # checked when read: an integer >= 1 or absent
 
     @property
     def test_images(self) -> int | None:
         """How many images its test accuracy is measured on (None: not recorded)."""
-        value = self.manifest.get("test_images")
-        return value if is_int(value) and value >= 1 else None
+        return self.manifest.get("test_images")  # checked when read: an integer >= 1 or absent
 
     @property
     def comm_hook(self) -> str:
@@ -224,6 +223,15 @@ def read_manifest(path: Path) -> dict:
     for key, low in _MANIFEST_MINIMUMS.items():
         if manifest[key] < low:
             raise ReportInputError(f"{path}: key '{key}' must be an integer >= {low}, got {manifest[key]!r}")
+    if manifest["epochs_done"] > manifest["epochs_planned"]:  # a run never trains past its plan
+        raise ReportInputError(
+            f"{path}: key 'epochs_done' must be an integer from 0 to epochs_planned "
+            f"({manifest['epochs_planned']}), got {manifest['epochs_done']!r}"
+        )
+    for key in ("num_classes", "test_images"):  # absent in manifests older than these keys
+        value = manifest.get(key)
+        if value is not None and not (is_int(value) and value >= 1):
+            raise ReportInputError(f"{path}: key '{key}' must be an integer >= 1, got {value!r}")
     if manifest["status"] not in RUN_STATUSES:
         raise ReportInputError(f"{path}: status {manifest['status']!r} is not one of {', '.join(RUN_STATUSES)}")
     return manifest
@@ -308,7 +316,7 @@ def _check_record_keys(record: dict, where: str) -> None:
     missing = [k for k in _RECORD_REQUIRED if k not in record]
     if missing:
         raise ReportInputError(f"{where}: malformed metrics line (missing keys: {', '.join(missing)})")
-    unknown = [k for k in record if k not in _RECORD_TYPES]
+    unknown = foreign_record_keys(record)
     if any(k in LEGACY_RECORD_KEYS for k in unknown):
         raise ReportInputError(
             f"{where}: metrics line of an older version (keys {', '.join(unknown)}); convert the run "

@@ -1,0 +1,160 @@
+"""The report's stages: run directories loaded, every table built, tables and figures written
+(the package's docstring says what goes in and out)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from freeze._atomic import atomic_write_text
+from freeze.pipeline.report.atlas import atlas_table
+from freeze.pipeline.report.blocks import blocks_table
+from freeze.pipeline.report.decisions import decisions_table
+from freeze.pipeline.report.frontier_tables import frontier_table, iso_speedup_table, iso_speedups
+from freeze.pipeline.report.load import ReportInputError, Run, load_runs
+from freeze.pipeline.report.paired import DEFAULT_MARGIN_POINTS, convergence_table, paired_table
+from freeze.pipeline.report.per_seed import per_seed_table
+from freeze.pipeline.report.summary import summary_table
+from freeze.pipeline.report.tables import (
+    Table,
+    drop_duplicate_runs,
+    incomplete_table,
+    main_table,
+    phase_table,
+    resolve_baseline,
+    static_sweep_table,
+)
+from freeze.pipeline.report.writers import combined_markdown, to_latex, to_markdown
+
+FORMATS = ("md", "tex", "csv", "png")
+
+
+def default_out_dir(runs_dir: str | Path) -> Path:
+    """``<runs_dir>-report``, beside the runs folder: runs/offline -> runs/offline-report.
+
+    Args:
+        runs_dir: the folder of run directories the report reads.
+    """
+    runs = Path(runs_dir)
+    runs = runs if runs.name else runs.resolve()  # "." has no name of its own
+    return runs.with_name(f"{runs.name}-report")
+
+
+def build_tables(
+    runs: list[Run],
+    baseline: str | None = None,
+    target_fraction: float = 0.95,
+    margin_points: float = DEFAULT_MARGIN_POINTS,
+) -> list[Table]:
+    chosen = resolve_baseline(runs, baseline)
+    iso = iso_speedups(runs, chosen)  # against the budget frontier; {} without budget runs
+    iso_by_group = {key: reading.iso for key, reading in iso.items()}
+    main = main_table(runs, chosen, target_fraction, margin_points, iso_by_group)
+    paired = paired_table(runs, chosen, target_fraction, margin_points, iso_by_group)
+    return [
+        summary_table(main, paired, iso),
+        main,
+        paired,
+        frontier_table(runs, chosen),
+        iso_speedup_table(iso),
+        atlas_table(runs, chosen, target_fraction, margin_points, iso_by_group),
+        decisions_table(runs, chosen),
+        convergence_table(runs, chosen, margin_points),
+        static_sweep_table(runs, chosen),
+        phase_table(runs, chosen),
+        incomplete_table(runs),
+        blocks_table(runs),
+        per_seed_table(runs),
+    ]
+
+
+def _check_out_dir(out: Path) -> None:
+    """ReportInputError when ``out``, or the nearest part of it that exists, is not a directory or
+    cannot be written (a read-only file system; root passes every permission check, so a file is
+    made and removed rather than asking os.access)."""
+    for existing in (out, *out.parents):
+        if existing.exists():
+            if not existing.is_dir():
+                raise ReportInputError(f"output folder {out}: {existing} is a file, not a directory; give a directory")
+            try:
+                handle, probe = tempfile.mkstemp(dir=existing, prefix=".report-write-check-")
+                os.close(handle)
+                os.unlink(probe)
+            except OSError as exc:
+                raise ReportInputError(
+                    f"output folder {out}: {existing} cannot be written ({exc.strerror}); give a writable folder"
+                ) from None
+            return
+
+
+def build_report(
+    runs_dir: str | Path,
+    out_dir: str | Path | None = None,
+    baseline: str | None = None,
+    target_fraction: float = 0.95,
+    formats: tuple[str, ...] = FORMATS,
+    on_duplicate: str = "error",
+    log=None,
+    margin_points: float = DEFAULT_MARGIN_POINTS,
+    extra_tables: Sequence[Table] = (),
+) -> dict[str, Path]:
+    """Write every table and figure for the runs under ``runs_dir``; returns file name -> path.
+
+    ``out_dir`` defaults to :func:`default_out_dir` (``runs/<study>-report`` beside
+    ``runs/<study>``, where the study command writes too). ``extra_tables`` (e.g. the study's
+    predicted-vs-measured table) are written after the report's own, in the same formats.
+    Raises ReportInputError (one line) on bad input.
+    """
+    unknown = sorted(set(formats) - set(FORMATS))
+    if unknown or not formats:
+        rejected = ", ".join(unknown) or "(empty)"
+        raise ReportInputError(f"formats {rejected} not accepted; accepted: {', '.join(FORMATS)}")
+    if not 0.0 < target_fraction <= 1.0:
+        raise ReportInputError(f"target_fraction must be in (0, 1], got {target_fraction}")
+    if not margin_points > 0:
+        raise ReportInputError(f"margin_points must be > 0, got {margin_points}")
+    out = Path(out_dir) if out_dir is not None else default_out_dir(runs_dir)
+    _check_out_dir(out)  # before the work, not after it
+    runs, dropped = drop_duplicate_runs(load_runs(runs_dir), on_duplicate, runs_dir)
+    for old, kept in dropped:
+        if log is not None:
+            log(
+                f"report: left out {old.run_dir}: same group and seed as the newer {kept.run_dir} (--on-duplicate newest)"
+            )
+    tables = [*build_tables(runs, baseline, target_fraction, margin_points), *extra_tables]
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ReportInputError(f"output folder {out} cannot be created: {exc.strerror}") from None
+    # An earlier report's figures in the same folder would sit beside tables that contradict them (and a
+    # study's --update-report would publish them), also when this one is cut short: they go first.
+    for stale in sorted(out.glob("*.png")):
+        stale.unlink()
+    written: dict[str, Path] = {}
+
+    def write(name: str, text: str) -> None:
+        atomic_write_text(out / name, text)
+        written[name] = out / name
+
+    for table in tables:
+        if "md" in formats:
+            write(f"{table.name}.md", to_markdown(table))
+        if "tex" in formats:
+            write(f"{table.name}.tex", to_latex(table))
+        if "csv" in formats:
+            write(f"{table.name}.csv", table.data.to_csv(index=False))
+    if "md" in formats:
+        write("tables.md", combined_markdown(tables, runs))
+    if "png" in formats:
+        # Imported here so table-only reports never pay for matplotlib.
+        from freeze.pipeline.report.plots import write_plots
+
+        written.update(write_plots(runs, out, tables, margin_points))
+    if runs and not any(run.is_complete for run in runs):
+        raise ReportInputError(
+            f"none of the {len(runs)} runs under {runs_dir} is complete: no table has a result "
+            f"({out / 'incomplete.md'} lists each run and why)"
+        )
+    return written
