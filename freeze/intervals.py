@@ -5,7 +5,7 @@ monitor that fills these records lives in :mod:`freeze.monitor`."""
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,8 @@ class IntervalStats:
     # The loss on a fixed held-out subset, measured at this interval's close when the policy asked
     # for it (Freezer(probe=...)); None otherwise.
     held_out_loss: float | None = None
+    # The values of the signals the policy declared (freeze.signals), per block, by signal name.
+    signals: dict[str, tuple[float | None, ...]] = field(default_factory=dict, hash=False)
 
     @property
     def finite_steps(self) -> int:
@@ -58,6 +60,7 @@ class IntervalStats:
             # .get: intervals saved before these statistics existed have neither
             descent=tuple(d.get("descent", ())),
             held_out_loss=None if d.get("held_out_loss") is None else float(d["held_out_loss"]),
+            signals={str(name): tuple(values) for name, values in d.get("signals", {}).items()},
         )
 
 

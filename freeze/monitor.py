@@ -36,6 +36,7 @@ from freeze.blocks import Block
 from freeze.checks import is_number
 from freeze.descent import DescentTracker
 from freeze.intervals import NORMS, IntervalStats, relative_change, summed_norms
+from freeze.signals import Signal
 
 __all__ = ["NORMS", "GradNormMonitor", "IntervalStats", "relative_change", "summed_norms"]
 
@@ -147,6 +148,8 @@ class GradNormMonitor:
             ``track_summed`` the gradient is summed only in the intervals the descent reads (one
             of every span + 1), so a policy that reads nothing else pays a quarter of the sums.
         descent_span: the intervals a descent's displacement spans (freeze.descent).
+        signals: signals of the policy's own (freeze.signals), one instance each: observed after
+            every step, their values recorded in ``IntervalStats.signals`` at each close.
     """
 
     def __init__(
@@ -157,10 +160,14 @@ class GradNormMonitor:
         track_descent: bool = False,
         descent_span: int = 1,
         track_step_norms: bool = True,
+        signals: Sequence[Signal] = (),
     ):
         if not isinstance(history_kept, int) or history_kept < 2:
             raise ValueError(f"GradNormMonitor: history_kept must be an integer >= 2, got {history_kept!r}")
         self.blocks = list(blocks)
+        self.signals = list(signals)
+        for signal in self.signals:
+            signal.bind(self.blocks)
         self.track_summed = track_summed
         # Off: a step only counts (no norm, no overflow check): for a policy that reads no gradient
         # statistic, whose monitor would otherwise launch a norm per step that nothing reads. Sums
@@ -280,6 +287,8 @@ class GradNormMonitor:
         self._tick()
         for b in range(self._first_active, len(self.blocks)):
             self._block_steps[b] += 1
+        for signal in self.signals:
+            signal.observe(self._first_active, grad_scale)
         if not self.track_step_norms:
             return
         positions = [pos for pos in self._active_positions if self._params[pos].grad is not None]
@@ -481,6 +490,7 @@ class GradNormMonitor:
         # A block frozen for the whole interval was never observed.
         for b in range(min(self._first_active, num_blocks)):
             summed[b] = summed_l1[b] = mean[b] = None
+        signals = {signal.name: self._signal_values(signal, num_blocks) for signal in self.signals}
         stats = IntervalStats(
             index=self.intervals_closed,
             epoch=epoch,
@@ -492,6 +502,7 @@ class GradNormMonitor:
             summed_grad_l1_norm=tuple(summed_l1),
             mean_step_grad_norm=tuple(mean),
             descent=descent,
+            signals=signals,
         )
         self.history.append(stats)
         self.intervals_closed += 1
@@ -500,6 +511,16 @@ class GradNormMonitor:
         self._interval_steps = 0
         self._interval_skipped_steps = 0
         return stats
+
+    def _signal_values(self, signal: Signal, num_blocks: int) -> tuple[float | None, ...]:
+        """The signal's values at this close, None for the frozen blocks; one line if it gave a value
+        per block of some other model."""
+        values = tuple(None if v is None else float(v) for v in signal.close(self._first_active))
+        if len(values) != num_blocks:
+            raise ValueError(
+                f"signal '{signal.name}': close() gave {len(values)} values; accepted: one per block ({num_blocks})"
+            )
+        return tuple(None if b < self._first_active else v for b, v in enumerate(values))
 
     def _sums_next_interval(self) -> bool:
         return self.track_summed or (self._descent is not None and self._descent.reads_next_sum)
@@ -525,6 +546,7 @@ class GradNormMonitor:
             "overflow_steps": None if self._overflow_steps is None else self._overflow_steps.detach().cpu().clone(),
             "overflow_steps_total": self.overflow_steps_total,
             "descent": None if self._descent is None else self._descent.state_dict(),
+            "signals": {signal.name: signal.state_dict() for signal in self.signals},
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -564,4 +586,8 @@ class GradNormMonitor:
             self._descent.load_state_dict(saved_descent)
         elif self._descent is not None:  # saved without it: the estimates start afresh
             self._descent = DescentTracker(self._params, self._param_block, len(self.blocks), self._descent.span)
+        saved_signals = state.get("signals") or {}  # .get: saved before signals existed
+        for signal in self.signals:
+            if signal.name in saved_signals:
+                signal.load_state_dict(saved_signals[signal.name])
         self._summing = self._sums_next_interval()

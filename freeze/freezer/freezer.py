@@ -52,6 +52,7 @@ from freeze.monitor import GradNormMonitor, IntervalStats
 from freeze.names import CommHook
 from freeze.policies import Policy, Pricing, make_policy
 from freeze.policies.base import DecisionContext, Needs
+from freeze.signals import check_signals
 
 _log = logging.getLogger("freeze")
 
@@ -109,7 +110,7 @@ class Freezer:
         ddp_kwargs: dict | None = None,
         comm_hook: CommHook = "allreduce",
         process_group=None,
-        track_summed_grads: bool | None = None,
+        track_summed_grads: bool = False,
         grad_checkpointing: bool = False,
         frozen_mode: str = "eval",
         cache: CacheConfig | str | None = None,
@@ -147,12 +148,13 @@ class Freezer:
         self.monitor = GradNormMonitor(
             self.blocks,
             # a policy that reads only the descent has the monitor sum just the intervals it reads
-            track_summed=bool(track_summed_grads) or self.needs.gradient_sums,
+            track_summed=track_summed_grads or self.needs.gradient_sums,
             track_descent=self.needs.descent_span > 0,
             descent_span=self.needs.descent_span or 1,
             # a policy that reads no gradient statistic gets none: the step only counts (issue 49:
             # the norms were most of the engine's host time over the static limit)
             track_step_norms=self.needs.gradient_norms,
+            signals=[signal() for signal in self.needs.signals],
         )
         self.counters = FreezerCounters()
         # What close() checks (steering.warn_if_no_epoch_ended): steps taken and epochs ended in this
@@ -166,9 +168,18 @@ class Freezer:
         if comm.is_distributed():
             # What DDP's constructor would do: start every replica from rank 0's weights and buffers.
             comm.broadcast_from_rank0(list(model.parameters()) + list(model.buffers()), process_group)
-        cache_args = (cache, cache_source, epochs, process_group, frozen_mode, self.needs.may_unfreeze)
+        activation_cache = make_cache(
+            model,
+            self.blocks,
+            cache=cache,
+            source=cache_source,
+            epochs=epochs,
+            process_group=process_group,
+            frozen_mode=frozen_mode,
+            may_unfreeze=self.needs.may_unfreeze,
+        )
         ddp = {"comm_hook": comm_hook, "ddp_kwargs": ddp_kwargs, "process_group": process_group}
-        self.engine = Engine(model, self.blocks, make_cache(model, self.blocks, *cache_args), **ddp)
+        self.engine = Engine(model, self.blocks, activation_cache, **ddp)
         self.counters.attach(self.engine.comm)  # the byte total's one owner
         self.module = FreezerModule(model, self.engine, train=self.train)
         self._apply(self._clamp(self.policy.initial_boundary(len(self.blocks))), first=True)
@@ -481,6 +492,7 @@ class Freezer:
             num_blocks=len(self.blocks),
             block_bytes=self._steering.block_grad_bytes,
             pricing=self.pricing,
+            needs=self.needs,
         )
         # rank 0's answer on every rank: the probe runs collectives, which all ranks must enter
         if self.needs.probe and comm.broadcast_int_from_rank0(int(self.policy.wants_probe_in(ctx)), self.process_group):
@@ -554,6 +566,7 @@ def _checked_policy_inputs(
     """Refuse, when the Freezer is built, a policy (``spec``) whose pricing or held-out probe is
     missing or wrong."""
     name = spec.split(":", 1)[0]
+    check_signals(needs.signals, spec)
     if needs.pricing:
         if pricing is None:
             raise ValueError(

@@ -58,28 +58,6 @@ class RunConfig:
     keep_checkpoint: bool = False
 
 
-# The datasets this pipeline has itself: the official CIFAR-10, and the tasks of its generators
-# (freeze.pipeline.data.GENERATORS; tests/pipeline/test_data.py holds the two lists equal). A plugin
-# adds its own (freeze.pipeline.data.register_dataset).
-DatasetName = Literal[
-    "cifar10",
-    "synthetic-source",
-    "synthetic-target",
-    "fdsl32-source",
-    "fdsl32-target",
-    "fdsl32-fine",
-    "fdsl32-pale",
-    "fdsl32-muted",
-    "fdsl32-mix",
-    "fdsl32-size",
-    "fdsl32-place",
-    "planted-d3",
-    "planted-d5",
-    "planted-d7",
-]
-DATASET_NAMES: tuple[str, ...] = typing.get_args(DatasetName)
-
-
 @dataclass(frozen=True)
 class Augment:
     """``data.augment``, parsed once where the config is read (freeze.pipeline.augment applies it):
@@ -120,7 +98,7 @@ def parse_augment(spec: object) -> Augment:
 
 @dataclass(frozen=True)
 class DataConfig:
-    # cifar10, a generated task (DATASET_NAMES), or a name a plugin registered with
+    # cifar10, a generated task (freeze.pipeline.data.DATASET_NAMES), or a name a plugin registered with
     # freeze.pipeline.data.register_dataset: checked where plugins are loaded (preflight, the worker)
     dataset: str = "cifar10"
     root: str = "data"

@@ -40,6 +40,7 @@ from freeze.pipeline.datasets.fdsl import render_fdsl_split
 from freeze.pipeline.datasets.images import normalize_uint8
 from freeze.pipeline.datasets.synthetic import SYNTHETIC_VERSION, render_synthetic_split, synthetic_class_names
 from freeze.pipeline.datasets.synthetic import TASKS as SYNTHETIC_TASKS
+from freeze.pipeline.registry import registration
 
 CIFAR10_FOLDER = CIFAR10.base_folder
 NUM_CLASSES = 10  # of the official CIFAR-10; generated data may hold more (FDSL-32's source: 128)
@@ -444,22 +445,9 @@ def register_dataset(name: str) -> Callable[[Callable[[Path], ImageArrays]], Cal
     Raises:
         DataError: the name is empty, one of this pipeline's own, or another builder's.
     """
-    if not isinstance(name, str) or not name.strip():
-        raise DataError(f"register_dataset: name {name!r}; accepted: a non-empty name")
-
-    def register(builder: Callable[[Path], ImageArrays]) -> Callable[[Path], ImageArrays]:
-        if name in DATASET_NAMES:
-            raise DataError(
-                f"register_dataset: {name!r} is one of this pipeline's datasets; accepted: a name of your own"
-            )
-        if DATASETS.get(name, builder) is not builder:
-            raise DataError(
-                f"register_dataset: {name!r} is already registered by {DATASETS[name]!r}; accepted: a new name"
-            )
-        DATASETS[name] = builder
-        return builder
-
-    return register
+    return registration(
+        "register_dataset", name, DATASETS, lambda: DATASET_NAMES, "one of this pipeline's datasets", DataError
+    )
 
 
 def check_dataset(name: str) -> None:

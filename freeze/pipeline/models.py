@@ -21,6 +21,7 @@ from torch import nn
 from freeze.block_finder import BlockError
 from freeze.blocks import Block, children_block_names, split_blocks
 from freeze.pipeline.config import STEMS
+from freeze.pipeline.registry import registration
 from freeze.pipeline.runs import UnsafeFileError, load_torch_file
 
 _log = logging.getLogger(__name__)
@@ -51,20 +52,7 @@ def register_model(name: str) -> Callable[[Callable[[int], nn.Module]], Callable
     Raises:
         ModelError: the name is empty, a torchvision model's, or another builder's.
     """
-    if not isinstance(name, str) or not name.strip():
-        raise ModelError(f"register_model: name {name!r}; accepted: a non-empty name")
-
-    def register(builder: Callable[[int], nn.Module]) -> Callable[[int], nn.Module]:
-        if name in classification_models():
-            raise ModelError(f"register_model: {name!r} is a torchvision model; accepted: a name of your own")
-        if MODELS.get(name, builder) is not builder:
-            raise ModelError(
-                f"register_model: {name!r} is already registered by {MODELS[name]!r}; accepted: a new name"
-            )
-        MODELS[name] = builder
-        return builder
-
-    return register
+    return registration("register_model", name, MODELS, classification_models, "a torchvision model", ModelError)
 
 
 def check_arch(arch: str) -> None:

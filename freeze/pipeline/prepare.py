@@ -265,7 +265,7 @@ def build_training(
             ddp_kwargs=ddp_kwargs,
             comm_hook=cfg.freeze.comm_hook,
             grad_checkpointing=cfg.train.grad_checkpointing,
-            track_summed_grads=cfg.freeze.track_summed_grads or None,
+            track_summed_grads=cfg.freeze.track_summed_grads,
             cache=CacheConfig(
                 mode=cfg.freeze.cache,
                 budget_bytes=cfg.freeze.cache_budget_bytes,

@@ -3,9 +3,8 @@ field (:mod:`freeze.policies.rules`) and the project's own (:mod:`freeze.policie
 :mod:`freeze.policies.horizon`).
 Importing this package registers every built-in rule."""
 
-from freeze.policies import horizon as _horizon  # noqa: F401  (registers the project's rules; payoff first)
-from freeze.policies import payoff as _payoff  # noqa: F401  (registers the project's own rule)
-from freeze.policies import rules as _rules  # noqa: F401  (imported by payoff first: the field's rules list first)
+import importlib
+
 from freeze.policies.base import (
     POLICIES,
     DecisionContext,
@@ -18,7 +17,12 @@ from freeze.policies.base import (
     parse_policy,
     register_policy,
 )
-from freeze.policies.horizon import Pricing
+
+# Registered in this order, which every list of accepted policies shows: the field's rules, then ours.
+for _module in ("rules", "payoff", "horizon"):
+    importlib.import_module(f"freeze.policies.{_module}")
+
+from freeze.policies.horizon import Pricing  # noqa: E402  (after the loop: its registration comes last)
 
 __all__ = [
     "POLICIES",

@@ -79,6 +79,8 @@ class Needs:
     may_unfreeze: bool = False  # may return k < boundary
     block_lr: bool = False  # scales each block's learning rate through the optimizer (one group per block)
     cosine_run: bool = False  # its block factors assume the run's LR is a cosine to zero, no warm-up
+    # freeze.signals.Signal subclasses the monitor runs for it: IntervalStats.signals[name] in history
+    signals: tuple[type, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -92,8 +94,11 @@ class DecisionContext:
     num_blocks: int
     block_bytes: Sequence[int] | None = None
     pricing: Any = None
+    # the policy's declaration, asked once by the Freezer; None: asked at each call
+    needs: Needs | None = None
 
-    def _call(self, method, needs: Needs):
+    def _call(self, method, policy: Policy):
+        needs = self.needs if self.needs is not None else policy.needs()
         inputs: dict[str, Any] = {}
         if needs.block_bytes:
             inputs["block_bytes"] = self.block_bytes
@@ -163,15 +168,15 @@ class Policy(ABC):
 
     def decide_in(self, ctx: DecisionContext) -> int:
         """:meth:`decide` at ``ctx``, with the inputs :meth:`needs` declares (what the Freezer calls)."""
-        return ctx._call(self.decide, self.needs())
+        return ctx._call(self.decide, self)
 
     def explain_in(self, ctx: DecisionContext) -> str:
         """:meth:`explain` at ``ctx``, with the inputs :meth:`needs` declares."""
-        return ctx._call(self.explain, self.needs())
+        return ctx._call(self.explain, self)
 
     def wants_probe_in(self, ctx: DecisionContext) -> bool:
         """:meth:`wants_probe` at ``ctx``, with the inputs :meth:`needs` declares."""
-        return bool(ctx._call(self.wants_probe, self.needs()))
+        return bool(ctx._call(self.wants_probe, self))
 
     @property
     def intervals_needed(self) -> int:

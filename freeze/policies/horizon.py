@@ -45,7 +45,6 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from freeze.intervals import IntervalStats
-from freeze.policies import payoff as _payoff  # noqa: F401  (registered first: the older rules list before this one)
 from freeze.policies.base import Policy, PolicyError, Progress, param, register_policy
 
 

@@ -33,7 +33,6 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from freeze.intervals import IntervalStats
-from freeze.policies import rules as _rules  # noqa: F401  (registered first: the field's rules list before ours)
 from freeze.policies.base import Policy, PolicyError, Progress, param, register_policy
 
 

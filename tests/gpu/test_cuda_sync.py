@@ -3,7 +3,7 @@ activation cache (its store on the device, and on the host behind the pinned sta
 and bf16, and with the horizon rule's monitoring, make no synchronising CUDA call at all; with fp16
 and a GradScaler the only one is torch's own (GradScaler.step reads found_inf on the host), none of
 ours. Run under ``torch.cuda.set_sync_debug_mode``: "warn" to name every sync
-(tests/gpu/sync_audit.py), then "error", the mode that raises at the first."""
+(experiments/sync_audit.py), then "error", the mode that raises at the first."""
 
 import os
 import traceback
@@ -12,8 +12,8 @@ import warnings
 import pytest
 import torch
 
+from experiments.sync_audit import FREEZE_DIR, TORCH_DIR, _attribute, audit, make_step, recording, summarize
 from tests.gpu.devices import CUDA_MARKS
-from tests.gpu.sync_audit import FREEZE_DIR, TORCH_DIR, _attribute, audit, make_step, recording, summarize
 
 NO_SYNC = ["fp32", "fp32-cache-device", "fp32-cache-host", "bf16-cache-device", "fp32-horizon"]
 

@@ -394,9 +394,3 @@ def test_keys_without_augmentation_are_the_samples_and_crop_flip_has_none():
     assert torch.equal(kb, yb) and torch.equal(xb, normalize_uint8(x[kb]))
     (_, _, none_keys), *_ = _keyed_epoch(TrainLoader(x, y, 16, 0, 1, seed=0, augment=parse_augment("crop-flip")), 1)
     assert none_keys is None
-
-
-def test_the_config_accepts_exactly_the_datasets_the_data_module_can_make():
-    from freeze.pipeline import config, data
-
-    assert set(config.DATASET_NAMES) == set(data.DATASET_NAMES)

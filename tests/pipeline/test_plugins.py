@@ -31,10 +31,13 @@ def doc_file(name: str) -> str:
     return block
 
 
+MODULES = ("my_policies", "my_models", "my_data", "my_signals")  # the page's modules
+
+
 @pytest.fixture
 def plugin_dir(tmp_path, monkeypatch):
     """The page's modules in a folder on sys.path; the registries and sys.modules as they were after."""
-    for name in ("my_policies", "my_models", "my_data"):
+    for name in MODULES:
         (tmp_path / f"{name}.py").write_text(doc_file(f"{name}.py"))
     monkeypatch.syspath_prepend(str(tmp_path))
     policies, models, datasets = dict(POLICIES), dict(MODELS), dict(DATASETS)
@@ -42,7 +45,7 @@ def plugin_dir(tmp_path, monkeypatch):
     for registry, before in ((POLICIES, policies), (MODELS, models), (DATASETS, datasets)):
         registry.clear()
         registry.update(before)
-    for name in ("my_policies", "my_models", "my_data"):
+    for name in MODULES:
         sys.modules.pop(name, None)
 
 
@@ -136,3 +139,76 @@ def test_the_page_s_data_command_trains_on_the_registered_dataset(tmp_path):
     (manifest,) = (tmp_path / "runs").glob("*/*/manifest.json")
     recorded = json.loads(manifest.read_text())
     assert (recorded["status"], recorded["num_classes"], recorded["test_images"]) == ("complete", 2, 100)
+
+
+PAGE_MODULES = MODULES
+# The page's model and data, tiny: 400 training and 100 test images of "stripes", an MLP
+OWN_RUN = [
+    f"plugins.modules={','.join(PAGE_MODULES)}",
+    "model.arch=tiny-mlp",
+    "data.dataset=stripes",
+    "data.val_size=100",
+    "data.train_size=0",
+    "data.test_size=0",
+    "train.epochs=2",
+    "train.batch_size=100",
+    "dist.nproc=1",
+]
+
+
+def _page_modules(folder) -> None:
+    for name in PAGE_MODULES:
+        (folder / f"{name}.py").write_text(doc_file(f"{name}.py"))
+
+
+def _toml_list(items) -> str:
+    return "[" + ", ".join(json.dumps(item) for item in items) + "]"
+
+
+@pytest.mark.processes
+def test_a_sweep_and_a_study_of_your_own_policies_model_and_data_run_from_the_page(tmp_path):
+    """Issue 47's done-when: a policy, a signal, a model and a dataset written outside the package
+    (the page's four modules, as written) run in a sweep and in a study, from the folder that holds
+    them, as a new user would run them."""
+    _page_modules(tmp_path)
+    data = [f"data.root={tmp_path / 'data'}"]
+    sweep = tmp_path / "sweep.toml"
+    sweep.write_text(
+        f'[sweep]\nbase = "{SMOKE}"\nstudy = "mine"\noverrides = {_toml_list([*OWN_RUN, *data])}\n'
+        '[grid]\n"freeze.policy" = ["none", "halfway:at=0.5", "settled:below=0.5"]\n'
+    )
+    swept = run_python(
+        ["-m", "experiments.sweep", "--sweep", str(sweep), "--out-dir", str(tmp_path / "runs")], cwd=tmp_path
+    )
+    assert swept.returncode == 0, swept.stderr[-3000:]
+    manifests = [json.loads(p.read_text()) for p in (tmp_path / "runs" / "mine").glob("*/manifest.json")]
+    assert sorted(m["policy"] for m in manifests) == ["halfway:at=0.5", "none", "settled:below=0.5"]
+    assert {m["status"] for m in manifests} == {"complete"}
+
+    study = tmp_path / "study.toml"
+    study.write_text(
+        f'[study]\nname = "own"\nfinetune = "{SMOKE}"\nseeds = [0, 1]\n'
+        f"overrides = {_toml_list([*OWN_RUN, *data])}\n"
+        '[arms]\nnone = []\nhalfway = ["freeze.policy=halfway:at=0.5"]\nsettled = ["freeze.policy=settled:below=0.5"]\n'
+    )
+    studied = run_python(
+        ["-m", "experiments.study", "--config", str(study), "--out-dir", str(tmp_path / "runs")], cwd=tmp_path
+    )
+    assert studied.returncode == 0, studied.stderr[-3000:]
+    assert len(list((tmp_path / "runs" / "own").glob("*/manifest.json"))) == 6
+    table = (tmp_path / "runs" / "own-report" / "main.md").read_text()
+    assert "halfway:at=0.5" in table and "settled:below=0.5" in table
+
+
+def test_a_typo_in_your_own_policys_parameters_is_refused_before_the_sweeps_first_run(plugin_dir):
+    from freeze.pipeline.sweep import SweepError, expand, read_sweep
+
+    sweep = plugin_dir / "sweep.toml"
+    sweep.write_text(
+        f'[sweep]\nbase = "{SMOKE}"\nstudy = "mine"\noverrides = {_toml_list(OWN_RUN)}\n'
+        '[grid]\n"freeze.policy" = ["halfway:at=0.5", "halfway:att=0.5"]\n'
+    )
+    with pytest.raises((SweepError, ConfigError)) as err:
+        read = read_sweep(sweep)
+        expand(read["base"], read["study"], read["grid"], read["overrides"], str(plugin_dir / "runs"))
+    assert "att" in str(err.value) and "\n" not in str(err.value)
