@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: test test-fast lint format study study-full study-frontier study-horizon study-anneal bench bench-host gpu-check gpu-workloads clean-venv
+.PHONY: test test-fast lint format study study-full study-frontier study-horizon study-anneal bench bench-host gpu-check gpu-workloads gpu-anneal clean-venv
 
 $(STAMP): requirements.txt setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -74,6 +74,11 @@ gpu-check:
 gpu-workloads:
 	PYTHONPATH=. $(GPU_PYTHON) -m experiments.gpu_check --out $(OUT) --budget-s 360 \
 		--parts bench,workload-resnet50,workload-vit_b_16,workload-bert-base
+# Issue 46's contrast at 10x the annealing study's steps (study_anneal_gpu.toml), 2 seed blocks a window.
+ANNEAL_SEEDS ?= 0,1
+gpu-anneal:
+	PYTHONPATH=. $(GPU_PYTHON) -m experiments.gpu_check --out $(OUT) --budget-s 560 \
+		--parts anneal-contrast --anneal-seeds $(ANNEAL_SEEDS)
 
 # Host time per step (experiments/bench_host.py): the engine's host work against the static limit on a
 # model whose compute is negligible, into report/host/; run it alone on the machine.

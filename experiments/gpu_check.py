@@ -7,7 +7,7 @@ Parts, run one after another, each in its own process with its own time limit (a
 not the machine's window; the whole check stays within --budget-s, 345 s by default):
 
 - ``tests``: ``pytest -m cuda tests/gpu`` (the CUDA variants of the GPU claims) -> tests.csv
-- ``sync``: the host-sync audit of steady-state training steps (tests/gpu/sync_audit.py) -> sync_audit.csv
+- ``sync``: the host-sync audit of steady-state training steps (experiments/sync_audit.py) -> sync_audit.csv
 - ``bench``: the engine bench on CUDA (experiments.bench's workers, one NCCL rank): freeze engine,
   static limit, find-unused and engine + cache at several boundaries, CUDA events, peak memory -> bench.csv
 - ``finetune-fp32``, ``finetune-fp16``: the quick study's recipe (experiments/configs/study_offline.toml)
@@ -18,9 +18,14 @@ not the machine's window; the whole check stays within --budget-s, 345 s by defa
   boundaries, step time and peak memory, and the speedup bound 1 + backward/forward at k = 0 beside
   the measured one -> workloads.csv. Each fits its own limit; they run only when named (``--parts``,
   ``make gpu-workloads``), in a device window of their own
+- ``anneal-contrast`` (issue 46): the annealing study's contrast at 10x its steps on one GPU
+  (experiments/configs/study_anneal_gpu.toml: none, budget-0.5, hard and annealed freezes at t = 0.5),
+  seed block after seed block, the per-seed rows copied out after each, beside the rows earlier
+  windows committed in report/gpu/anneal_gpu.csv -> anneal_gpu.csv. Only when
+  named (``make gpu-anneal``), in a window of its own; ``--anneal-seeds`` picks the blocks
 
-Then ``summary.md`` (device, versions, every number) and ``log.txt`` (each part's output): 7 files,
-flat, within the device tool's limits. Nothing is installed; it runs with the python it is started with
+Then ``summary.md`` (device, versions, every number) and ``log.txt`` (each part's output): at most 8
+files, flat, within the device tool's limits. Nothing is installed; it runs with the python it is started with
 (the GPU machine's python3: torch 2.11), the package from the checkout (PYTHONPATH=.).
 
 Without a CUDA device it says so in one line, runs the CPU variants of the claims (unless
@@ -31,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import importlib.util
 import json
 import math
 import os
@@ -81,6 +87,10 @@ WORKLOADS = {
     "bert-base": {"model": "bert-base", "seq_len": 128, "batch_size": 32},
 }
 WORKLOAD_LIMIT_S = 90
+ANNEAL_CONFIG = ROOT / "experiments/configs/study_anneal_gpu.toml"
+ANNEAL_LIMIT_S = 540  # 2 seed blocks of about 4 minutes each, within one device call of 10 minutes
+ANNEAL_CONTRASTS = (("anneal-k9-t0.5", "at-k9-t0.5"), ("anneal-k9-t0.5", "budget-0.5"), ("at-k9-t0.5", "budget-0.5"),
+                    ("none", "budget-0.5"))  # fmt: skip
 WORKLOAD_APPROACHES = ("freeze_engine", "static_limit", "freeze_engine_cache")  # + prefix_forward at k >= 1
 
 
@@ -91,7 +101,7 @@ def workload_ks(num_blocks: int) -> tuple[int, ...]:
     return tuple(sorted({0, round(last / 4), round(last / 2), round(3 * last / 4), last}))
 
 
-def parts(out: Path, work: Path, python: str) -> list[Part]:
+def parts(out: Path, work: Path, python: str, anneal_seeds: tuple[int, ...] = (0, 1)) -> list[Part]:
     me = [python, "-m", "experiments.gpu_check"]
     finetune = [python, "-m", "experiments.run", "--config", str(_study()["finetune"]), *_recipe_overrides()]
     return [
@@ -137,6 +147,22 @@ def parts(out: Path, work: Path, python: str) -> list[Part]:
             )
             for name in WORKLOADS
         ),
+        Part(
+            "anneal-contrast",
+            ANNEAL_LIMIT_S,
+            [
+                *me,
+                "--child",
+                "anneal",
+                "--out",
+                str(out),
+                "--work",
+                str(work),
+                "--anneal-seeds",
+                ",".join(map(str, anneal_seeds)),
+            ],
+            default=False,
+        ),  # fmt: skip
     ]
 
 
@@ -179,7 +205,7 @@ def run_part(part: Part, limit_s: float, log) -> Outcome:
 def child_sync(out: Path) -> int:
     """The audit of every config alone, then of two under DDP (one NCCL rank): DDP's own syncs are
     torch's, named in the table with the line of ours that reached them."""
-    from tests.gpu.sync_audit import CONFIGS
+    from experiments.sync_audit import CONFIGS
 
     steps, rows = 4, []
     for config in CONFIGS:
@@ -205,7 +231,7 @@ DDP_SYNC_CONFIGS = ("fp32", "fp32-cache-device")
 
 
 def _audit_rows(label: str, config: str, steps: int) -> list[tuple]:
-    from tests.gpu.sync_audit import audit, summarize
+    from experiments.sync_audit import audit, summarize
 
     try:
         found = summarize(audit(config, steps=steps), steps)
@@ -227,6 +253,79 @@ def child_bench(out: Path) -> int:
     cfg = BenchConfig(workers=1, device="cuda", steps=20, rounds=2, warmup=3, ks=BENCH_KS, phase_ks=())
     write_csv(bench_rows(cfg), out / "bench.csv", (*CSV_COLUMNS, "peak_mb"))
     return 0
+
+
+def child_anneal(
+    out: Path,
+    work: Path,
+    seeds: tuple[int, ...],
+    config: Path = ANNEAL_CONFIG,
+    overrides: tuple[str, ...] = (),
+    earlier: Path = ROOT / "report" / "gpu" / "anneal_gpu.csv",
+) -> int:
+    """The annealing contrast's seed blocks one after another, each a study call of its own whose
+    report covers every complete run so far: its per-seed rows go to ``out/anneal_gpu.csv`` after
+    each block, so a window that ends mid-way keeps the blocks it finished.
+
+    Args:
+        out: the check's results folder.
+        work: where the runs go (the check's scratch folder).
+        seeds: the seed blocks to run, in order.
+        config: the study file (a test's tiny CPU variant).
+        overrides: applied to every run after the study file's (a test's).
+        earlier: the rows of earlier device windows (the committed file), kept beside this window's.
+    """
+    missing = [name for name in ("pandas", "scipy", "matplotlib") if importlib.util.find_spec(name) is None]
+    if missing:  # the study's report needs them; the device's python had them when last listed
+        print(f"anneal contrast: {sys.executable} lacks {', '.join(missing)}; carry them as wheels", flush=True)
+        return 2
+    runs = work / "anneal-runs"
+    study = [sys.executable, "-m", "experiments.study", "--config", str(config), "--out-dir", str(runs)]
+    name = tomllib.loads(config.read_text(encoding="utf-8"))["study"]["name"]
+    failed = 0
+    for seed in seeds:
+        print(f"anneal contrast: seed block {seed}", flush=True)
+        code = subprocess.run([*study, "--seeds", str(seed), *overrides], cwd=ROOT).returncode
+        failed += code != 0
+        per_seed = runs / f"{name}-report" / "per_seed.csv"
+        if per_seed.is_file():  # the report of every complete run so far, also after a failed run
+            _write_anneal_rows(out / "anneal_gpu.csv", _read_csv(per_seed), _read_csv(earlier))
+    return 1 if failed else 0
+
+
+def _write_anneal_rows(path: Path, rows: list[dict], earlier: list[dict]) -> None:
+    """This window's rows after the earlier windows' (each window is a fresh machine: the committed
+    file holds what the earlier ones measured); a run measured again keeps its new row."""
+    if not rows and not earlier:
+        return
+    runs = {row["run"] for row in rows}
+    kept = [row for row in earlier if row["run"] not in runs]
+    columns = list(rows[0]) if rows else list(earlier[0])
+    _write_csv(path, columns, [tuple(row.get(c, "") for c in columns) for row in (*kept, *rows)])
+
+
+def anneal_lines(rows_csv: Path) -> list[str]:
+    """The contrast's paired differences from the per-seed rows (experiments.per_seed_contrast's
+    arithmetic), or why there are none."""
+    if not rows_csv.is_file():
+        return ["No annealing contrast in this check (its part runs only when named: make gpu-anneal)."]
+    import pandas as pd
+
+    from experiments.per_seed_contrast import contrast_row
+
+    frame = pd.read_csv(rows_csv, keep_default_na=False, na_values=[""])
+    groups = set(frame["group"])
+    rows = [contrast_row(frame, a, b) for a, b in ANNEAL_CONTRASTS if a in groups and b in groups]
+    table = [
+        (r["contrast"], r["seeds"], f"{r['diff_points']:+.2f} [{r['low']:+.2f}, {r['high']:+.2f}]", r["per_seed"])
+        for r in rows
+    ]
+    steps = frame.groupby("group")["steps"].mean()
+    return [
+        *_table(("contrast", "seeds", "test accuracy, points [95 % t]", "per seed"), table),
+        "",
+        "Steps per run: " + ", ".join(f"{g} {steps[g]:.0f}" for g in sorted(steps.index)) + ".",
+    ]
 
 
 def workload_config(name: str, device: str = "cuda", **overrides):
@@ -492,17 +591,21 @@ def write_summary(out: Path, outcomes: list[Outcome], work: Path, command: str) 
               ""]  # fmt: skip
     finetune = _read_csv(out / "finetune.csv")
     lines += _table(FINETUNE_HEADER, [tuple(r.values()) for r in finetune]) if finetune else ["No fine-tune results."]
+    lines += ["", "## Annealed against hard freezing at 10x the annealing study's steps (anneal_gpu.csv; "
+              "experiments/configs/study_anneal_gpu.toml)", "", *anneal_lines(out / "anneal_gpu.csv")]  # fmt: skip
     (out / "summary.md").write_text("\n".join(lines) + "\n")
 
 
 # ---------------------------------------------------------------------------------------- main
-def gpu_check(out: Path, budget_s: float, only: set[str] | None, command: str) -> int:
+def gpu_check(
+    out: Path, budget_s: float, only: set[str] | None, command: str, anneal_seeds: tuple[int, ...] = (0, 1)
+) -> int:
     out.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + budget_s
     outcomes = []
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp, open(out / "log.txt", "w") as log:
         work = Path(tmp)
-        for part in parts(out, work, sys.executable):
+        for part in parts(out, work, sys.executable, anneal_seeds):
             if (part.name not in only) if only is not None else not part.default:
                 continue
             outcomes.append(run_part(part, min(part.limit_s, deadline - time.monotonic()), log))
@@ -540,11 +643,17 @@ def get_args_parser() -> argparse.ArgumentParser:
         "--parts",
         default=None,
         help="comma-separated parts (default: tests,sync,bench,finetune-fp32,finetune-fp16; the workloads: "
-        "workload-resnet50,workload-vit_b_16,workload-bert-base, make gpu-workloads)",
+        "workload-resnet50,workload-vit_b_16,workload-bert-base, make gpu-workloads; anneal-contrast, make gpu-anneal)",
     )
     p.add_argument("--no-cpu-claims", action="store_true", help="without CUDA: only say so (the suite's dry run)")
-    p.add_argument("--child", choices=("sync", "bench", "workload"), help=argparse.SUPPRESS)
+    p.add_argument(
+        "--anneal-seeds",
+        default="0,1",
+        help="the annealing contrast's seed blocks, in order (default 0,1: one device window; then 2,3 ...)",
+    )
+    p.add_argument("--child", choices=("sync", "bench", "workload", "anneal"), help=argparse.SUPPRESS)
     p.add_argument("--workload", choices=tuple(WORKLOADS), help=argparse.SUPPRESS)
+    p.add_argument("--work", type=Path, help=argparse.SUPPRESS)
     return p
 
 
@@ -562,9 +671,18 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
 
+    try:
+        anneal_seeds = tuple(int(part) for part in args.anneal_seeds.split(","))
+    except ValueError:
+        anneal_seeds = ()
+    if not anneal_seeds or any(seed < 0 for seed in anneal_seeds):
+        print(f"error: --anneal-seeds {args.anneal_seeds!r}; accepted: seeds >= 0 separated by commas", file=sys.stderr)
+        return 2
     if args.child:
         if args.child == "workload":
             return child_workload(args.out, args.workload)
+        if args.child == "anneal":
+            return child_anneal(args.out, args.work, anneal_seeds)
         return {"sync": child_sync, "bench": child_bench}[args.child](args.out)
     names = [p.name for p in parts(args.out, Path("."), sys.executable)]
     only = None if args.parts is None else {n.strip() for n in args.parts.split(",") if n.strip()}
@@ -576,7 +694,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         return dry_run(torch.__version__, not args.no_cpu_claims)
     command = shlex.join(getattr(sys, "orig_argv", [sys.executable, "-m", "experiments.gpu_check"]))
-    return gpu_check(args.out, args.budget_s, only, command)
+    return gpu_check(args.out, args.budget_s, only, command, anneal_seeds)
 
 
 if __name__ == "__main__":

@@ -47,7 +47,7 @@ def test_a_hanging_part_costs_its_own_limit_and_its_children_die(tmp_path, monke
         f"open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(120)"
     )
     fake = [gc.Part("tests", 3, [sys.executable, "-c", hang]), gc.Part("sync", 30, [sys.executable, "-c", "print(1)"])]
-    monkeypatch.setattr(gc, "parts", lambda out, work, python: fake)
+    monkeypatch.setattr(gc, "parts", lambda out, work, python, anneal_seeds=(): fake)
     monkeypatch.setattr(gc, "device_lines", lambda: ["- Device: none (test)"])
     start = time.monotonic()
     assert gc.gpu_check(tmp_path / "out", budget_s=60, only=None, command="test") == 1
@@ -159,3 +159,48 @@ def test_each_workload_dry_runs_on_the_cpu_and_the_summary_reads_it(tmp_path, mo
     lines = gc.workload_lines(gc._read_csv(tmp_path / "workloads.csv"))
     bound = next(line for line in lines if line.startswith(f"| {name} | ") and line.count("|") == 6)
     assert float(bound.split("|")[2]) > 1  # 1 + backward / forward
+
+
+def test_the_annealing_contrasts_study_file_plans_its_four_arms_on_every_seed():
+    from freeze.pipeline.study.plan import main_specs, read_study
+
+    study = read_study(gc.ANNEAL_CONFIG)
+    specs = main_specs(study, {}, None)
+    assert sorted({s.group for s in specs}) == ["anneal-k9-t0.5", "at-k9-t0.5", "budget-0.5", "none"]
+    assert len(specs) == 4 * len(study.seeds)
+    config = specs[0].config
+    assert (config.train.epochs, config.train.batch_size, config.dist.device) == (50, 128, "cuda")
+    for a, b in gc.ANNEAL_CONTRASTS:
+        assert {a, b} <= {s.group for s in specs}
+
+
+@pytest.mark.processes
+def test_the_annealing_contrast_copies_its_rows_out_after_each_seed_block(tmp_path):
+    """The part's child on the CPU with a tiny variant of the study: after each block the per-seed rows
+    of every complete run so far are in out/anneal_gpu.csv, and the summary's section reads them."""
+    smoke = gc.ROOT / "experiments" / "configs" / "smoke.toml"
+    tiny = tmp_path / "study_anneal_tiny.toml"
+    tiny.write_text(
+        f'[study]\nname = "anneal-tiny"\nfinetune = "{smoke}"\nseeds = [0, 1]\n'
+        'overrides = ["train.epochs=2", "data.train_size=128", "data.test_size=64", "train.batch_size=32", '
+        f'"dist.nproc=1", "freeze.interval_steps=1", "data.root={tmp_path / "data"}"]\n'
+        "[frontier]\nfractions = [0.5]\n"
+        '[arms]\nnone = []\n"at-k9-t0.5" = ["freeze.policy=at:k=9,t=0.5"]\n'
+        '"anneal-k9-t0.5" = ["freeze.policy=at:k=9,t=0.5,anneal=0.15"]\n'
+    )
+    first, second = tmp_path / "window1", tmp_path / "window2"  # each device window: a fresh machine
+    first.mkdir()
+    second.mkdir()
+    assert gc.child_anneal(first, tmp_path / "work1", (0,), config=tiny, earlier=tmp_path / "none.csv") == 0
+    assert {r["seed"] for r in gc._read_csv(first / "anneal_gpu.csv")} == {"0"}
+    committed = tmp_path / "committed.csv"  # what the first window's rows became in the repository
+    committed.write_bytes((first / "anneal_gpu.csv").read_bytes())
+    assert gc.child_anneal(second, tmp_path / "work2", (1,), config=tiny, earlier=committed) == 0
+    out = second
+    rows = gc._read_csv(out / "anneal_gpu.csv")
+    assert sorted((r["group"], r["seed"]) for r in rows) == sorted(
+        (g, s) for g in ("anneal-k9-t0.5", "at-k9-t0.5", "budget-0.5", "none") for s in ("0", "1")
+    )
+    lines = "\n".join(gc.anneal_lines(out / "anneal_gpu.csv"))
+    assert "| anneal-k9-t0.5 - at-k9-t0.5 | 2 |" in lines and "budget-0.5 4" in lines and "none 8" in lines
+    assert "No annealing contrast" in gc.anneal_lines(tmp_path / "missing.csv")[0]
