@@ -185,12 +185,10 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 1
-        except KeyboardInterrupt:
-            interrupted = True
-        except Exception:
-            if not interrupt.seen:
+        except BaseException as error:
+            if not interrupt.caused(error):
                 raise
-            # an error after a Ctrl-C a library swallowed (a module left half imported) is the interrupt's
+            interrupted = True
         if interrupted or interrupt.seen:  # raised here, or swallowed on its way
             # each run converts under its lock, file by file: a run cut mid-way is finished by the next call
             done = f"{changed} run(s) converted before it" if not args.dry_run else "nothing changed"

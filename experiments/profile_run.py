@@ -38,12 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     with InterruptGuard() as interrupt:
         try:
             return _measure(args.config, args.set, out, interrupt)
-        except KeyboardInterrupt:
-            pass
-        except Exception:
-            if not interrupt.seen:
+        except BaseException as error:
+            if not interrupt.caused(error):
                 raise
-            # an error after a Ctrl-C a library swallowed (a module left half imported) is the interrupt's
         print(f"profile_run: interrupted: no profile written ({out} does not exist)", file=sys.stderr)
         return INTERRUPTED_EXIT
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from freeze.checks import is_int
+from freeze.names import split_policy_spec
 from freeze.policies import Progress
 from freeze.policies.base import Needs
 
@@ -41,7 +42,7 @@ class RunClock:
 
     def check_needs(self, needs: Needs, spec: str) -> None:
         """Refuse a run-length policy (``spec``, its ``needs``) the run length was not given for."""
-        name = spec.split(":", 1)[0]
+        name = split_policy_spec(spec)[0]
         if needs.run_length and not self.epochs:
             raise ValueError(f"Freezer: policy '{name}' needs the run length: pass epochs=N")
         if needs.run_length and self.interval_steps and not self.steps_per_epoch:

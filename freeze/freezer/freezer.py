@@ -49,7 +49,7 @@ from freeze.freezer.records import (
     saved_records,
 )
 from freeze.monitor import GradNormMonitor, IntervalStats
-from freeze.names import CommHook
+from freeze.names import CommHook, split_policy_spec
 from freeze.policies import Policy, Pricing, make_policy
 from freeze.policies.base import DecisionContext, Needs
 from freeze.signals import check_signals
@@ -565,7 +565,7 @@ def _checked_policy_inputs(
 ) -> tuple[Pricing | None, Callable[[], float] | None]:
     """Refuse, when the Freezer is built, a policy (``spec``) whose pricing or held-out probe is
     missing or wrong."""
-    name = spec.split(":", 1)[0]
+    name = split_policy_spec(spec)[0]
     check_signals(needs.signals, spec)
     if needs.pricing:
         if pricing is None:

@@ -49,6 +49,11 @@ class InterruptGuard:
         sys.unraisablehook = self._unraisable
         return self
 
+    def caused(self, error: BaseException) -> bool:
+        """Whether ``error`` ends the command as interrupted: the KeyboardInterrupt itself, or any error
+        after a Ctrl-C a library swallowed (a module it left half imported fails when used next)."""
+        return isinstance(error, KeyboardInterrupt) or self.seen
+
     def _unraisable(self, unraisable) -> None:
         if isinstance(unraisable.exc_value, KeyboardInterrupt):
             self.seen = True

@@ -73,12 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     with InterruptGuard() as interrupt:
         try:
             return _report(argv, interrupt)
-        except KeyboardInterrupt:
-            pass
-        except Exception:
-            if not interrupt.seen:
+        except BaseException as error:
+            if not interrupt.caused(error):
                 raise
-            # an error after a Ctrl-C a library swallowed (a module left half imported) is the interrupt's
         print(INTERRUPTED, file=sys.stderr)
         return INTERRUPTED_EXIT
 
