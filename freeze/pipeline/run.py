@@ -43,6 +43,8 @@ import traceback
 from collections.abc import Iterator
 from pathlib import Path
 
+import torch
+
 from freeze.cache import CacheError
 from freeze.pipeline.cluster.jobs import run_config_entry, run_on_cluster
 from freeze.pipeline.cluster.spec import ClusterSpecError
@@ -62,7 +64,7 @@ from freeze.pipeline.preflight import preflight
 from freeze.pipeline.run_lock import RunLock
 from freeze.pipeline.runs import RunDir, RunError, in_sweep
 from freeze.pipeline.slurm import Allocation, SlurmEnvError, srun_rank_env
-from freeze.pipeline.torchrun_agent import quiet_torchrun_logs, restore_signal_handlers, signal_handlers
+from freeze.pipeline.torchrun_agent import restore_signal_handlers, run_agent, signal_handlers
 from freeze.pipeline.train import WorkerOutcome, train_worker
 
 
@@ -183,7 +185,7 @@ def launch_local(
     job's id and restart count, instead of the standalone rendezvous of one machine."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import get_args_parser, run
+    from torch.distributed.run import get_args_parser
 
     argv = ["--standalone"] if allocation is None else _rendezvous_argv(allocation)
     argv += [
@@ -206,8 +208,8 @@ def launch_local(
     # else (between runs, in the cluster launcher, in the report) instead of KeyboardInterrupt.
     saved_handlers = signal_handlers()
     try:
-        with exported(env), quiet_torchrun_logs():
-            run(get_args_parser().parse_args(argv))
+        with exported(env):
+            run_agent(get_args_parser().parse_args(argv))
     except ChildFailedError as e:
         code, line, killed = worker_failure(e.failures.values())
         if line is not None:
@@ -267,6 +269,10 @@ def run_worker(config: Config, resume: bool, argv: list[str] | None = None) -> i
     """This process trains: alone, or as one worker of torchrun (ours or a plain torchrun command).
     ``argv``: the command's arguments, for the resume command an interrupted single process prints."""
     ctx, outcome = None, WorkerOutcome()
+    # setup_worker sets this worker's torch threads; a run in the caller's own process (dist.nproc=1,
+    # main() from a notebook or a test) gives the caller its count back, or its later arithmetic
+    # runs on other threads and sums in another order (found by the suite's golden runs).
+    caller_threads = torch.get_num_threads()
     _Interrupt.install()
     try:
         ctx = setup_worker(config.dist)
@@ -319,6 +325,7 @@ def run_worker(config: Config, resume: bool, argv: list[str] | None = None) -> i
             # Ctrl-C while the process group shuts down (the run's outcome is settled): the
             # launcher, or the return code, says it; a traceback from gc.collect() says nothing.
             _Interrupt.seen = True
+        torch.set_num_threads(caller_threads)
 
 
 def _interrupted(config: Config, ctx, outcome, argv: list[str] | None) -> int:

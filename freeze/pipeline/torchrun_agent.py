@@ -1,12 +1,15 @@
 """torchrun's agent as our launchers run it (the local launcher, :mod:`freeze.pipeline.run`, and each
 emulated node's agent, :mod:`freeze.pipeline.cluster.agent`): quiet where the launcher says the
-outcome in one line itself, and giving back the signal handlers it takes over."""
+outcome in one line itself, leaving no log folder behind, and giving back the signal handlers it
+takes over."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import logging
 import signal
+import tempfile
 import threading
 from collections.abc import Iterator
 
@@ -37,6 +40,21 @@ def quiet_torchrun_logs() -> Iterator[None]:
     finally:
         exit_log.disabled = was_disabled
         agent_log.removeFilter(death_line)
+
+
+def run_agent(args: argparse.Namespace) -> None:
+    """torchrun's ``run(args)``, quiet (:func:`quiet_torchrun_logs`), with its workers' log folder
+    (their error files, from which a failure's one line is read) made here and removed after it:
+    without ``--log-dir`` the agent makes a ``torchelastic_*`` folder in the temp dir per launch and
+    never removes it (one per run; a sweep left hundreds)."""
+    from torch.distributed.run import run
+
+    with contextlib.ExitStack() as stack:
+        if args.log_dir is None:
+            args.log_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="freeze-agent-"))
+        stack.enter_context(quiet_torchrun_logs())
+        # A failure's ChildFailedError has read the error files by the time it leaves run().
+        run(args)
 
 
 _LAUNCHER_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")

@@ -27,7 +27,7 @@ from freeze.pipeline.cluster.spec import (
 )
 from freeze.pipeline.config import ConfigError, load_config
 from tests.pipeline.tiny_runs import TINY_RUN
-from tests.processes import REPO, start_python
+from tests.processes import REPO, python_env, start_python
 
 SMOKE = REPO / "experiments" / "configs" / "smoke.toml"
 # 2 nodes x 1 worker, 2 steps per epoch, a policy evaluation every step: autofreeze decides in-run.
@@ -197,9 +197,12 @@ def _cluster_id_of(pid: int, deadline: float) -> str:
 
 
 def _launch(args: list[str], tmp_path: Path) -> subprocess.Popen:
+    # The launcher's temp files in tmp_path: one this test SIGKILLs cannot remove its own.
+    (tmp_path / "tmp").mkdir(exist_ok=True)
     with open(tmp_path / "launcher.log", "ab") as log:  # the child keeps its own copy of the fd
         return start_python(
             ["-m", "experiments.cluster", *args],
+            env=python_env(TMPDIR=str(tmp_path / "tmp")),
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,

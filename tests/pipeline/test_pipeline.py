@@ -13,15 +13,15 @@ import pytest
 import torch
 
 import freeze.pipeline.run as run_module
-from tests.processes import REPO, run_python, start_python
+from tests.processes import REPO, python_env, run_python, start_python
 
 SMOKE = REPO / "experiments" / "configs" / "smoke.toml"
 # 3 epochs of 4 steps, a policy evaluation every 2 steps: autofreeze makes decisions within the run.
 TINY = ["freeze.interval_steps=2", "train.epochs=3", "data.train_size=256", "train.batch_size=32"]
 
 
-def _run(args: list[str]) -> subprocess.CompletedProcess:
-    return run_python(["-m", "freeze.pipeline.run", *args])
+def _run(args: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return run_python(["-m", "freeze.pipeline.run", *args], env=env)
 
 
 def _common(tmp_path: Path, name: str) -> list[str]:
@@ -55,7 +55,8 @@ def _children(pid: int) -> list[int]:
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("pipeline")
-    proc = _run(_common(tmp_path, "straight") + ["dist.nproc=2"])
+    (tmp_path / "tmp").mkdir()  # the launch's temp dir, to see what it leaves there
+    proc = _run(_common(tmp_path, "straight") + ["dist.nproc=2"], env=python_env(TMPDIR=str(tmp_path / "tmp")))
     assert proc.returncode == 0, proc.stderr[-3000:]
     return tmp_path, _final(tmp_path, "straight")
 
@@ -64,6 +65,8 @@ def uninterrupted(tmp_path_factory):
 def test_two_worker_run_end_to_end(uninterrupted):
     tmp_path, (ckpt, metrics, manifest) = uninterrupted
     assert manifest["status"] == "complete" and manifest["world_size"] == 2
+    # Nothing left in the temp dir (torchrun's agent left a torchelastic_* folder per launch).
+    assert list((tmp_path / "tmp").iterdir()) == []
     assert manifest["load_avg_1min_start"] >= 0 and manifest["load_avg_1min_end"] >= 0  # what it ran under
     # what the report needs to tell an arm that learned nothing (issue 32): 10 synthetic-target classes
     assert manifest["num_classes"] == 10 and manifest["test_images"] == 128  # smoke.toml: data.test_size
@@ -116,6 +119,7 @@ def test_killed_worker_is_restarted_and_resumes_to_the_same_result(uninterrupted
         "--standalone",
         "--nproc-per-node=2",
         "--max-restarts=1",
+        f"--log-dir={tmp_path / 'torchrun-logs'}",  # a user's plain torchrun: its logs here, not in /tmp
         "-m",
         "freeze.pipeline.run",
         *args,
@@ -181,7 +185,9 @@ def test_bad_config_is_one_line_and_writes_nothing(tmp_path, capsys, override, e
 
 def test_missing_dataset_is_one_line_error(tmp_path, capsys):
     # dist.nproc=1: this process is the worker, and refuses before the run starts
+    threads = torch.get_num_threads()
     assert run_module.main(_common(tmp_path, "nodata") + ["data.dataset=cifar10", "dist.nproc=1"]) == 2
+    assert torch.get_num_threads() == threads  # the worker's thread count was this process's for a while only
     err = capsys.readouterr().err
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "cifar-10-batches-py" in lines[0], err

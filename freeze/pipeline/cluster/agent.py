@@ -18,15 +18,14 @@ from pathlib import Path
 def main(argv: list[str] | None = None) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import get_args_parser, run
+    from torch.distributed.run import get_args_parser
 
     from freeze.pipeline.failures import INTERRUPTED_EXIT_CODE, record_failure, worker_failure
-    from freeze.pipeline.torchrun_agent import quiet_torchrun_logs
+    from freeze.pipeline.torchrun_agent import run_agent
 
     args = get_args_parser().parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        with quiet_torchrun_logs():
-            run(args)
+        run_agent(args)
     except SignalException:
         return INTERRUPTED_EXIT_CODE  # its launcher stopped it, and says so in one line
     except ChildFailedError as e:
