@@ -41,7 +41,7 @@ def test_an_overflowed_step_is_masked_and_counted_without_a_host_sync(monkeypatc
     """As on a GPU (the summed gradient masked through staging) no step reads a value on the host; on
     the host, where a read costs nothing, the step's finiteness is read and the sums are the same."""
     if on_device:
-        monkeypatch.setattr("freeze.monitor._FREE_TO_READ_DEVICE_TYPES", frozenset())
+        monkeypatch.setattr("freeze.monitor.grad_sums._FREE_TO_READ_DEVICE_TYPES", frozenset())
     model, clean = _model(), _model()
     mon, ref = GradNormMonitor(split_blocks(model)), GradNormMonitor(split_blocks(clean))
     steps = [[1.0, 2.0, 3.0], [math.inf, 2.0, 3.0], [-1.0, math.nan, 1.0], [0.5, 0.5, 0.5]]
@@ -280,5 +280,5 @@ def test_a_bad_grad_scale_tensor_is_masked_on_the_device_and_refused_when_the_ep
     )  # refused before the clock moved
     with pytest.raises(ValueError, match="grad_scale"):  # and again: the bad step stays in the interval
         freezer.monitor.close_interval(0, 0, freezer.counters.steps)
-    norm_sum = freezer.monitor._norm_sum
+    norm_sum = freezer.monitor.step_norms.norm_sum
     assert bool(torch.isfinite(norm_sum).all()) and bool((norm_sum >= 0).all())  # nothing poisoned the sums

@@ -137,7 +137,7 @@ def test_an_fp64_model_trains_under_every_policy_with_finite_fp64_statistics(pol
     # a policy that reads no gradient statistic gets none (its monitor only counts steps)
     assert bool(observed) == freezer.policy.needs().gradient_norms
     assert all(math.isfinite(v) for v in observed)
-    assert freezer.monitor._norm_dtype == torch.float64
+    assert freezer.monitor.norm_dtype == torch.float64
 
 
 def test_one_fp64_block_among_fp32_ones_is_read_in_fp64_and_equals_the_fp64_reference():
@@ -204,7 +204,7 @@ def _random_steps(model, n: int, seed: int):
 
 
 # The monitor's two ways of summing a step's gradients: in place where the host reads for free, through
-# staging elsewhere (freeze.monitor._FREE_TO_READ_DEVICE_TYPES); a test given ``free_to_read`` sets it.
+# staging elsewhere (freeze.monitor.grad_sums._FREE_TO_READ_DEVICE_TYPES); a test given ``free_to_read`` sets it.
 _BOTH_SUM_PATHS = pytest.mark.parametrize("free_to_read", [{"cpu"}, set()], ids=["added in place", "through staging"])
 
 
@@ -216,8 +216,8 @@ def test_folding_pending_steps_gives_the_per_step_sums_bit_for_bit(monkeypatch, 
     boundary moved mid-interval, a checkpoint mid-interval, the summed gradient in flat chunks and,
     with tiny chunks, tensor by tensor (a transposed, non-contiguous gradient among them); summed in
     place as on the host, and through the staging buffer as on a GPU (masked without a host read)."""
-    monkeypatch.setattr("freeze.monitor._FLAT_CHUNK_ELEMENTS", chunk_elements)
-    monkeypatch.setattr("freeze.monitor._FREE_TO_READ_DEVICE_TYPES", frozenset(free_to_read))
+    monkeypatch.setattr("freeze.monitor.grad_sums._FLAT_CHUNK_ELEMENTS", chunk_elements)
+    monkeypatch.setattr("freeze.monitor.grad_sums._FREE_TO_READ_DEVICE_TYPES", frozenset(free_to_read))
     model = _deep()
     blocks = split_blocks(model)
     steps = _random_steps(model, 10, seed=0)
@@ -233,7 +233,7 @@ def test_folding_pending_steps_gives_the_per_step_sums_bit_for_bit(monkeypatch, 
         for p, g in zip(model.parameters(), grads):
             p.grad = g
         mon.observe(grad_scale=scale)
-    sums_at_close = {pos: t.clone() for pos, t in mon._summed.items()}
+    sums_at_close = {pos: t.clone() for pos, t in mon.grad_sums.sums.items()}
     stats = mon.close_interval(epoch=0, boundary=1, end_step=len(steps))
     mean, summed = _reference_stats(blocks, steps, lambda step: 1 if step >= 3 else 0)
     assert list(stats.mean_step_grad_norm[1:]) == mean[1:]  # exact: same operations, same order
@@ -255,13 +255,13 @@ def test_half_precision_gradients_sum_alike_in_place_and_through_staging(monkeyp
     steps = [g for g, _ in _random_steps(model, 6, seed=1)]
 
     def sums(free_to_read):
-        monkeypatch.setattr("freeze.monitor._FREE_TO_READ_DEVICE_TYPES", frozenset(free_to_read))
+        monkeypatch.setattr("freeze.monitor.grad_sums._FREE_TO_READ_DEVICE_TYPES", frozenset(free_to_read))
         mon = GradNormMonitor(split_blocks(model))
         for grads in steps:
             for p, g in zip(model.parameters(), grads):
                 p.grad = None if g is None else g.to(dtype)
             mon.observe()
-        return {pos: t.clone() for pos, t in mon._summed.items()}
+        return {pos: t.clone() for pos, t in mon.grad_sums.sums.items()}
 
     in_place, staged = sums({"cpu"}), sums(set())
     assert in_place.keys() == staged.keys() and all(torch.equal(in_place[p], staged[p]) for p in in_place)
@@ -271,7 +271,7 @@ def test_on_the_host_a_finite_unscaled_step_is_summed_in_place(monkeypatch):
     """The host's one-pass sum is the path a CPU step takes (one foreach add per flat buffer, not a
     copy, mask and add through staging): fewer operations than the staging path for the same step."""
     in_place = _ops_per_step(40, track_summed=True)
-    monkeypatch.setattr("freeze.monitor._FREE_TO_READ_DEVICE_TYPES", frozenset())
+    monkeypatch.setattr("freeze.monitor.grad_sums._FREE_TO_READ_DEVICE_TYPES", frozenset())
     assert in_place < _ops_per_step(40, track_summed=True)
 
 
@@ -301,7 +301,7 @@ def _ops_per_step(depth: int, track_summed: bool) -> int:
 def test_the_operations_a_step_launches_do_not_grow_with_the_parameters(monkeypatch, track_summed, free_to_read):
     """On a GPU a small model's step is bound by launching kernels (the first GPU check: the monitor
     took 0.8-1.2 ms a step, ~15 operations of a per-step fold, 2P more with the summed gradient)."""
-    monkeypatch.setattr("freeze.monitor._FREE_TO_READ_DEVICE_TYPES", frozenset(free_to_read))
+    monkeypatch.setattr("freeze.monitor.grad_sums._FREE_TO_READ_DEVICE_TYPES", frozenset(free_to_read))
     few, many = _ops_per_step(4, track_summed), _ops_per_step(40, track_summed)
     assert few == many  # 8 parameters or 80: the same operations
     # the row (select, foreach norm, stack); with the summed gradient, the step's finiteness (9: isfinite
