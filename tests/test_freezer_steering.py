@@ -1,5 +1,5 @@
-"""freeze.freezer.steering: what a boundary does to the model's parameters and modules (frozen blocks run
-without autograd and in eval, the user's frozen parameters stay frozen), the block-order check, the
+"""freeze.freezer.steering: what a boundary does to the model's parameters and modules (frozen blocks record
+no autograd graph and run in eval, the user's frozen parameters stay frozen), the block-order check, the
 no-step warnings, and hooks that leave copies of the model alone and come off at close."""
 
 import copy
@@ -11,27 +11,79 @@ import torch
 import torch.nn.functional as F
 
 from freeze import Freezer, make_policy, split_blocks
+from freeze.blocks import Block
 from freeze.freezer.steering import BlockOrderError
-from tests.tiny_models import InstanceNormNet, SharedLayerNet, TinyNet, global_batch
+from tests.tiny_models import InstanceNormNet, SharedLayerNet, TiedLM, TinyNet, global_batch
 from tests.tiny_models import freezer_step as _step
 
 
-def test_frozen_prefix_runs_without_autograd_and_grad_mode_is_restored():
+def _hooks(module: torch.nn.Module) -> int:
+    return len(module._forward_pre_hooks) + len(module._forward_hooks)
+
+
+def test_frozen_prefix_records_no_graph_and_carries_no_hook_pair():
     model = TinyNet()
     freezer = Freezer(model, split_blocks(model))
     freezer.set_boundary(2)
     seen = {}
-    # observed from inside the frozen block (the Freezer's own hooks wrap the block itself)
-    model.block1[0].register_forward_hook(
-        lambda m, a, out: seen.update(prefix=out.grad_fn, mode=torch.is_grad_enabled())
-    )
+    model.block1[0].register_forward_hook(lambda m, a, out: seen.update(prefix=out.grad_fn))
     out = model(torch.randn(2, 3, 8, 8))
-    assert seen["prefix"] is None and seen["mode"] is False
+    assert seen["prefix"] is None  # no graph inside the frozen prefix
     assert torch.is_grad_enabled() and out.requires_grad
-    # an exception inside the frozen prefix must not leave grad mode disabled
+    # Issue 49: autograd records nothing where neither input nor parameters require grad, so the
+    # frozen modules carry no hooks of their own (a pre/post pair each cost host time every forward);
+    # only the prefix's first block holds its modules in eval (the order check is gone after one forward).
+    assert _hooks(model.stem) == 1 and _hooks(model.block1) == 0
     with pytest.raises(RuntimeError):
         model(torch.randn(2, 5, 8, 8))
     assert torch.is_grad_enabled()
+
+
+def test_a_frozen_module_holding_a_trained_tied_weight_adds_no_gradient_to_it():
+    """Blocks made by hand: the embedding is frozen, the weight it shares with the head is held (and
+    trained) by the head's block. The frozen use must not add to its gradient: as if its output were
+    detached."""
+    torch.manual_seed(0)
+    model = TiedLM()
+    reference = copy.deepcopy(model)
+    found = split_blocks(model)  # embed (with the tied weight), layers.0 .. layers.2
+    weight = model.embed.weight
+    blocks = [Block("embed", ("embed",), (model.embed,), (), ())] + found[1:]
+    blocks.append(Block("head", ("head",), (model.head,), ("head.weight",), (weight,)))
+    freezer = Freezer(model, blocks)
+    freezer.set_boundary(1)
+    tokens = torch.randint(0, 11, (4, 5))
+    freezer.module(tokens).sum().backward()
+    # after the first forward (the order check is gone): eval at the prefix's start, grad pre/post
+    assert weight.requires_grad and _hooks(model.embed) == 3
+
+    x = reference.embed(tokens).detach()
+    for layer in reference.layers:
+        x = layer(x)
+    reference.head(x).sum().backward()
+    torch.testing.assert_close(weight.grad, reference.embed.weight.grad)
+    assert torch.is_grad_enabled()
+
+
+def test_a_submodule_called_instead_of_the_model_still_runs_its_frozen_blocks_in_eval():
+    """A trainer that calls a child of the model the Freezer steers (Lightning's training_step calling
+    self.net) never runs the model's own forward hook: the prefix's first block holds them in eval."""
+
+    class Wrapper(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = TinyNet()
+
+    wrapper = Wrapper()
+    freezer = Freezer(wrapper, split_blocks(wrapper, names=["net.stem", "net.block1", "net.block2", "net.head"]))
+    freezer.set_boundary(2)
+    wrapper.train()  # as Lightning does after each validation
+    assert wrapper.net.block1[1].training
+    before = wrapper.net.block1[1].running_mean.clone()
+    wrapper.net(torch.randn(4, 3, 8, 8))
+    assert not wrapper.net.stem[1].training and not wrapper.net.block1[1].training
+    assert torch.equal(wrapper.net.block1[1].running_mean, before)
+    assert wrapper.net.block2[1].training
 
 
 def test_frozen_instance_norm_with_running_stats_is_frozen_like_batchnorm():

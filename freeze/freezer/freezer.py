@@ -212,7 +212,7 @@ class Freezer:
         Args:
             mode: True for training mode, False for evaluation mode.
         """
-        self._steering.train(mode, self.boundary)
+        self._steering.train(mode)
         return self
 
     def eval(self) -> Freezer:

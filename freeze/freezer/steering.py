@@ -6,13 +6,18 @@ frozen at every boundary.
 
 Three things happen in a forward pass at boundary ``k``:
 
-* a frozen block runs without autograd, unless its input requires grad: then a trainable block ran
-  before it (a module called twice, e.g. a shared layer called again after a trainable one) and
-  the gradient must flow through it to that block; its own parameters still get none;
-* a frozen block runs in eval right before it runs, whatever ``model.train()`` did: every module of
-  it (``frozen_mode="eval"``, the default, as AutoFreeze and PipeTransformer run frozen layers:
+* a frozen block records no autograd graph, unless its input requires grad: then a trainable block
+  ran before it (a module called twice, e.g. a shared layer called again after a trainable one) and
+  the gradient must flow through it to that block; its own parameters still get none. With neither
+  its input nor its parameters requiring grad autograd records nothing there by itself, so such a
+  block carries no hook; one holding a parameter that still trains (a weight tied to a trainable
+  block's, in blocks made by hand) runs without autograd unless its input needs it, so that the
+  frozen use adds no gradient to the shared weight;
+* a frozen block runs in eval, whatever ``model.train()`` did: every module of it
+  (``frozen_mode="eval"``, the default, as AutoFreeze and PipeTransformer run frozen layers:
   dropout off, so a frozen block computes one output per input) or only its norm layers with
-  running statistics (``"train"``: dropout stays on);
+  running statistics (``"train"``: dropout stays on), set again at the start of every forward of
+  the model and of the first frozen block;
 * on the first forward after a boundary change, the order in which the blocks first run is checked
   against their order in the block list: "freeze the first k blocks" means the first k to run.
 
@@ -86,24 +91,16 @@ def _requires_grad(value: Any) -> bool:
     return False
 
 
-class FrozenForward:
-    """Pre- and post-hook of a frozen module: its held modules back in eval, and no autograd inside
-    it unless its input needs it. One pair of hooks per frozen module (they were three: each hook
-    costs host time on every forward, issue 49's bench).
+class NoGradUnlessInputNeeds:
+    """Pre- and post-hook of a frozen module that holds a parameter still training: no autograd
+    inside it unless its input needs it. Only such modules carry hooks (a hook pair per frozen module
+    was most of the engine's host time over the static limit: issue 49's bench). Grad mode: a stack,
+    not a flag, as a module may be called again from inside its own forward."""
 
-    Eval: a user's model.train() would switch a frozen norm layer back to batch statistics and
-    running-stat updates (and frozen dropout back on); re-asserting eval before the forward makes
-    that impossible. Grad mode: a stack, not a flag, as a module may be called again from inside its
-    own forward."""
-
-    def __init__(self, held: list[nn.Module]) -> None:
-        self.held = held
+    def __init__(self) -> None:
         self._saved_modes: list[bool] = []
 
     def pre(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        for m in self.held:
-            if m.training:  # nn.Module's __setattr__ is slow; a write is needed only after a train()
-                m.training = False
         self._saved_modes.append(torch.is_grad_enabled())
         if not (_requires_grad(args) or _requires_grad(kwargs)):
             torch.set_grad_enabled(False)
@@ -167,8 +164,9 @@ class Steering:
         self.order = OrderCheck([b.name for b in self.blocks])
         self._handles: list = []
         self._order_handles: list = []
+        self._held: list[nn.Module] = []  # the frozen blocks' modules that run in eval
         self._train_forwards = 0
-        self._count_handle = model.register_forward_pre_hook(ModuleHook(model, self._count_train_forward))
+        self._count_handle = model.register_forward_pre_hook(ModuleHook(model, self._before_forward))
 
     def apply(self, boundary: int) -> None:
         """Steer blocks ``0 .. boundary-1`` as frozen and the rest as trainable."""
@@ -181,24 +179,42 @@ class Steering:
                 if frozen:
                     p.grad = None
             for mod in block.modules:
-                if frozen:
-                    recompute.disable_checkpointing(mod)
-                    hook = FrozenForward(held_in_eval([_Only(mod)], self.frozen_mode))
-                    pre, post = ModuleHook(mod, hook.pre), ModuleHook(mod, hook.post)
-                    self._handles.append(mod.register_forward_pre_hook(pre, with_kwargs=True))
-                    self._handles.append(mod.register_forward_hook(post, always_call=True))
-                elif self.grad_checkpointing:
+                if self.grad_checkpointing and not frozen:
                     recompute.enable_checkpointing(mod)
                 else:
                     recompute.disable_checkpointing(mod)
+        self._held = held_in_eval(self.blocks[:boundary], self.frozen_mode)
+        self._hold_in_eval()
+        if boundary:
+            # Where the frozen prefix starts (blocks run in list order: OrderCheck), for a trainer that
+            # calls a submodule of the model instead of the model (Lightning's training_step calling
+            # self.net), whose forward pre-hook (_before_forward) then never runs.
+            for mod in self.blocks[0].modules:
+                self._handles.append(mod.register_forward_pre_hook(ModuleHook(mod, self._prefix_starts)))
+        # After every block is steered: a frozen module whose parameter a trainable block owns.
+        for mod in (mod for block in self.blocks[:boundary] for mod in block.modules):
+            if any(p.requires_grad for p in mod.parameters()):
+                hook = NoGradUnlessInputNeeds()
+                pre, post = ModuleHook(mod, hook.pre), ModuleHook(mod, hook.post)
+                self._handles.append(mod.register_forward_pre_hook(pre, with_kwargs=True))
+                self._handles.append(mod.register_forward_hook(post, always_call=True))
         self._arm_order_check()
 
-    def train(self, mode: bool, boundary: int) -> None:
-        """``model.train(mode)``, then blocks ``0 .. boundary-1`` back in eval (every module of them,
-        or with ``frozen_mode="train"`` their norm layers with running statistics)."""
+    def _prefix_starts(self, module: nn.Module, args: tuple) -> None:
+        self._hold_in_eval()
+
+    def _hold_in_eval(self) -> None:
+        """The frozen blocks' modules back in eval: a user's ``model.train()`` would switch a frozen
+        norm layer back to batch statistics and running-stat updates (and frozen dropout back on)."""
+        for m in self._held:
+            if m.training:  # nn.Module's __setattr__ is slow; a write is needed only after a train()
+                m.training = False
+
+    def train(self, mode: bool) -> None:
+        """``model.train(mode)``, then the frozen blocks back in eval (every module of them, or with
+        ``frozen_mode="train"`` their norm layers with running statistics)."""
         self.model.train(mode)
-        for m in held_in_eval(self.blocks[:boundary], self.frozen_mode):
-            m.training = False
+        self._hold_in_eval()
 
     def trainable_grad_bytes(self, boundary: int) -> int:
         """Gradient bytes of the parameters that train at ``boundary`` (the user's frozen ones excluded)."""
@@ -220,7 +236,9 @@ class Steering:
             message = f"epoch {epoch} ended without a training step; the policy decides on an empty interval"
         warnings.warn(f"Freezer: {message}", RuntimeWarning, stacklevel=3)  # the user's end_epoch call
 
-    def _count_train_forward(self, module: nn.Module, args: tuple) -> None:
+    def _before_forward(self, module: nn.Module, args: tuple) -> None:
+        """At the start of each forward of the model: the frozen blocks in eval, and a training forward counted."""
+        self._hold_in_eval()
         if module.training and torch.is_grad_enabled():
             self._train_forwards += 1
 
@@ -251,13 +269,6 @@ class Steering:
     def _disarm_order_check(self) -> None:
         self.order.disarm()
         _remove(self._order_handles)
-
-
-class _Only:
-    """One module seen as a block (for :func:`held_in_eval` of a single block module)."""
-
-    def __init__(self, module: nn.Module):
-        self.modules = (module,)
 
 
 def _remove(handles: list) -> None:
