@@ -90,12 +90,12 @@ def _anchor(groups: dict[GroupKey, list[Run]], baseline: Baseline, key: GroupKey
     what a user could do instead, so it is read against the plain frontier: the baseline group."""
     arm = groups[key][0]
     hook = arm.comm_hook if arm.policy != "none" else None
-    base = groups.get((key[0], baseline.group, key[2]), [])
+    base = groups.get(key._replace(group=baseline.group), [])
     if base and (hook is None or base[0].comm_hook == hook):
         return {r.seed: r for r in base}
     for (setting, _, world), members in sorted(groups.items()):
         first = members[0]
-        same_place = (setting, world) == (key[0], key[2])
+        same_place = (setting, world) == (key.setting, key.world_size)
         if same_place and first.policy == "none" and first.budget_fraction == 1.0 and first.comm_hook == hook:
             return {r.seed: r for r in members}
     return {}
@@ -107,14 +107,14 @@ def _frontier_points(
     """The frontier an arm in ``key``'s setting is read against, and where it was measured; a borrowed
     frontier's times carried over as step fractions (``carry="steps"``) or as the measured time
     fractions of the setting that ran the budgets (``carry="time"``)."""
-    own = _frontier_runs(groups, baseline, key[0], key[2])
+    own = _frontier_runs(groups, baseline, key.setting, key.world_size)
     if own is not None:
-        return {f: {s: _point(r) for s, r in by_seed.items()} for f, by_seed in own.items()}, key[0]
+        return {f: {s: _point(r) for s, r in by_seed.items()} for f, by_seed in own.items()}, key.setting
     anchor = _anchor(groups, baseline, key)
     if not anchor:
         return None
-    for setting in sorted({k[0] for k in groups}):
-        borrowed = _frontier_runs(groups, baseline, setting, key[2])
+    for setting in sorted({k.setting for k in groups}):
+        borrowed = _frontier_runs(groups, baseline, setting, key.world_size)
         if borrowed is None:
             continue
         full = borrowed[1.0]
@@ -138,7 +138,7 @@ def _timed_against(groups: dict[GroupKey, list[Run]], baseline: Baseline, key: G
     """Per seed, the runs whose times an arm in ``key``'s setting is read against: its own setting's
     budget runs, or the anchor whose times a borrowed frontier carries. An arm's seed timed on other
     hardware than these is left out of its iso-accuracy speedup, as from the paired speedups."""
-    own = _frontier_runs(groups, baseline, key[0], key[2])
+    own = _frontier_runs(groups, baseline, key.setting, key.world_size)
     if own is not None:
         seeds = {s for by_seed in own.values() for s in by_seed}
         return {s: [by_seed[s] for by_seed in own.values() if s in by_seed] for s in seeds}
@@ -152,8 +152,8 @@ def frontier_table(runs: list[Run], baseline: Baseline) -> Table:
     rows = []
     if baseline.group is not None:
         for key, members in groups.items():
-            base = {r.seed: r for r in groups.get((key[0], baseline.group, key[2]), [])}
-            if not (_is_budget(members) or key[1] == baseline.group) or not base:
+            base = {r.seed: r for r in groups.get(key._replace(group=baseline.group), [])}
+            if not (_is_budget(members) or key.group == baseline.group) or not base:
                 continue
             paired = [r for r in members if r.seed in base]
             time_fraction, low, high = ratio_ci95([_carried_fraction(r, base[r.seed], "time") for r in paired])
@@ -161,8 +161,8 @@ def frontier_table(runs: list[Run], baseline: Baseline) -> Table:
             acc, half = mean_ci95([final_test_acc(r) for r in members])
             rows.append(
                 {
-                    "setting": key[0],
-                    "group": key[1],
+                    "setting": key.setting,
+                    "group": key.group,
                     "budget_fraction": members[0].budget_fraction,
                     "n_runs": len(members),
                     "step_fraction": float(np.mean([_carried_fraction(r, base[r.seed], "steps") for r in paired])),
@@ -266,10 +266,10 @@ def iso_speedups(runs: list[Run], baseline: Baseline) -> dict[GroupKey, Frontier
         except ValueError:
             continue  # no seed shared with every budget: nothing paired to read
         by_time = None
-        if frontier[1] != key[0]:  # borrowed: read it with the measured time fractions too
+        if frontier[1] != key.setting:  # borrowed: read it with the measured time fractions too
             by_time = iso_accuracy_speedup(_frontier_points(groups, baseline, key, carry="time")[0], arm)
-        base = {r.seed: r for r in groups.get((key[0], baseline.group, key[2]), [])}
-        control = key[1] != baseline.group and any(r.seed in base for r in members)
+        base = {r.seed: r for r in groups.get(key._replace(group=baseline.group), [])}
+        control = key.group != baseline.group and any(r.seed in base for r in members)
         control = control and all(is_control(r.config, base[r.seed].config) for r in members if r.seed in base)
         found[key] = FrontierReading(iso, frontier[1], by_time, control)
     return found
@@ -278,7 +278,11 @@ def iso_speedups(runs: list[Run], baseline: Baseline) -> dict[GroupKey, Frontier
 def failed_controls(readings: dict[GroupKey, FrontierReading]) -> list[str]:
     """The controls that read "beyond the frontier": they compute what the frontier's full budget
     computes, so such a reading is the statistic's false positive, and no verdict of the table stands."""
-    return [f"{key[0]}/{key[1]}" for key, reading in readings.items() if reading.control and reading.verdict() == "yes"]
+    return [
+        f"{key.setting}/{key.group}"
+        for key, reading in readings.items()
+        if reading.control and reading.verdict() == "yes"
+    ]
 
 
 def iso_speedup_table(readings: dict[GroupKey, FrontierReading]) -> Table:
@@ -302,7 +306,7 @@ def iso_speedup_table(readings: dict[GroupKey, FrontierReading]) -> Table:
     if not rows:
         return Table("iso_speedup", "Iso-accuracy speedup", NO_FRONTIER, data, display, align)
     notes = tuple(
-        f"control {key[0]}/{key[1]} (computes what the full budget computes): {reading.iso.label()} - "
+        f"control {key.setting}/{key.group} (computes what the full budget computes): {reading.iso.label()} - "
         + (
             "CALIBRATION FAILED: it reads beyond the frontier, so no verdict in this table stands"
             if reading.verdict() == "yes"
@@ -333,9 +337,9 @@ ISO_DEFINITION = (
 def _iso_row(key: GroupKey, reading: FrontierReading) -> dict:
     iso, by_time = reading.iso, reading.by_time
     return {
-        "setting": key[0],
-        "group": key[1],
-        "world_size": key[2],
+        "setting": key.setting,
+        "group": key.group,
+        "world_size": key.world_size,
         "seeds": iso.seeds,
         "frontier_setting": reading.source,
         "iso_speedup": iso.speedup,

@@ -21,6 +21,7 @@ from freeze.pipeline.report.paired import fmt_interval, paired_row
 from freeze.pipeline.report.tables import (
     NA,
     Column,
+    GroupKey,
     Table,
     baseline_runs,
     complete_groups,
@@ -55,14 +56,14 @@ def _side(members: list[Run], base: list[Run], target_fraction: float, margin_po
     }
 
 
-def horizons_row(short: dict, long: dict, key: tuple[str, str, int], policy: str) -> dict:
+def horizons_row(short: dict, long: dict, key: GroupKey, policy: str) -> dict:
     """One group's row from its two sides (:func:`_side`)."""
     change = long["diff_points"] - short["diff_points"]
     half = math.hypot(short["diff_high"] - short["diff_points"], long["diff_high"] - long["diff_points"])
     return {
-        "setting": key[0],
-        "group": key[1],
-        "world_size": key[2],
+        "setting": key.setting,
+        "group": key.group,
+        "world_size": key.world_size,
         "policy": policy,
         **{f"short_{k}": v for k, v in short.items()},
         **{f"long_{k}": v for k, v in long.items()},
@@ -120,7 +121,7 @@ def horizons_table(
         if not s_base or not l_base or s_members[0].group == s_base[0].group:
             continue
         if s_members[0].policy != l_members[0].policy:  # the same name, another arm: not comparable
-            unmatched.append(f"{key[0]}/{key[1]} ({s_members[0].policy} against {l_members[0].policy})")
+            unmatched.append(f"{key.setting}/{key.group} ({s_members[0].policy} against {l_members[0].policy})")
             continue
         row = horizons_row(
             _side(s_members, s_base, target_fraction, margin_points),

@@ -222,9 +222,9 @@ def paired_table(
     if baseline.group is not None:
         for key, members in groups.items():
             base = baseline_runs(groups, baseline, key)
-            if key[1] != baseline.group and base:
+            if key.group != baseline.group and base:
                 rows.append({**paired_row(members, base, target_fraction, margin_points), **iso_fields(iso.get(key))})
-    columns: list[Column] = [("setting", "l", lambda r: r["setting"])] if any(k[0] for k in groups) else []
+    columns: list[Column] = [("setting", "l", lambda r: r["setting"])] if any(k.setting for k in groups) else []
     columns += [
         ("group", "l", lambda r: r["group"]),
         ("policy", "l", lambda r: r["policy"]),
@@ -313,7 +313,7 @@ def convergence_table(runs: list[Run], baseline: Baseline, margin_points: float 
     groups = complete_groups(runs)
     rows = []
     for key, members in groups.items():
-        if key[1] != baseline.group:
+        if key.group != baseline.group:
             continue
         epochs = min(len(r.metrics) for r in members)
         # The last fifth is rows floor(0.8 E)..E-1; its reference is the row just before it.
@@ -327,9 +327,9 @@ def convergence_table(runs: list[Run], baseline: Baseline, margin_points: float 
         state = convergence_state(change, half, margin_points)
         rows.append(
             {
-                "setting": key[0],
-                "group": key[1],
-                "world_size": key[2],
+                "setting": key.setting,
+                "group": key.group,
+                "world_size": key.world_size,
                 "n_runs": len(changes),
                 "epochs": epochs,
                 "from_epoch": start + 1,
@@ -340,7 +340,7 @@ def convergence_table(runs: list[Run], baseline: Baseline, margin_points: float 
                 "flat": state == "converged",
             }
         )
-    columns: list[Column] = [("setting", "l", lambda r: r["setting"])] if any(k[0] for k in groups) else []
+    columns: list[Column] = [("setting", "l", lambda r: r["setting"])] if any(k.setting for k in groups) else []
     columns += [
         ("baseline", "l", lambda r: r["group"]),
         ("workers", "r", lambda r: str(r["world_size"])),

@@ -26,7 +26,7 @@ _DPI = 110
 
 def _label(key: GroupKey, multi_world_size: bool) -> str:
     label = group_label(key)
-    return f"{label} ({key[2]} workers)" if multi_world_size else label
+    return f"{label} ({key.world_size} workers)" if multi_world_size else label
 
 
 def _slug(text: str) -> str:
@@ -167,7 +167,7 @@ def plot_eta_heatmap(key: GroupKey, run: Run, path: Path) -> Path:
     ax.set_xlabel("epoch (1 = first epoch)")
     ax.set_ylabel("block (input at top)")
     ax.set_title(
-        f"{group_label(key)} ({key[2]} workers), seed {run.seed}\n"
+        f"{group_label(key)} ({key.world_size} workers), seed {run.seed}\n"
         "eta = |G_prev - G_cur| / G_prev; grey = null (frozen or undefined)\n" + _eta_role(run),
         fontsize="small",
     )
@@ -313,6 +313,6 @@ def write_plots(
         # Runs record summed-gradient norms only when their policy reads them (or when
         # freeze.track_summed_grads is set); an all-undefined heatmap would say nothing.
         if np.isfinite(members[0].eta).any():
-            name = f"eta_{_slug(group_label(key))}_ws{key[2]}.png"
+            name = f"eta_{_slug(group_label(key))}_ws{key.world_size}.png"
             paths.append(plot_eta_heatmap(key, members[0], out_dir / name))
     return {p.name: p for p in paths}

@@ -69,7 +69,7 @@ def summary_table(main: Table, paired: Table, readings: dict[GroupKey, FrontierR
 
 
 def _key(row: dict) -> GroupKey:
-    return (row["setting"], row["group"], row["world_size"])
+    return GroupKey(row["setting"], row["group"], row["world_size"])
 
 
 def _interval(row: dict, name: str, spec: str, suffix: str = "") -> str:

@@ -14,6 +14,7 @@ import tomllib
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -25,7 +26,15 @@ from freeze.pipeline.report.frontier import IsoSpeedup
 from freeze.pipeline.report.load import ReportInputError, Run
 from freeze.pipeline.schema import TRAIN_PHASES
 
-GroupKey = tuple[str, str, int]  # (setting, group, world_size)
+
+class GroupKey(NamedTuple):
+    """Which arm a run belongs to in a report: runs of one key differ only in their seed."""
+
+    setting: str  # a study's setting ("" for a plain sweep)
+    group: str
+    world_size: int
+
+
 # table phase name -> metrics column; total is epoch_wall_s (no eval)
 PHASE_COLUMNS = {phase: f"phase_{phase}_s" for phase in TRAIN_PHASES} | {"total": "epoch_wall_s"}
 NA = "n/a"
@@ -93,7 +102,7 @@ def complete_groups(runs: list[Run]) -> dict[GroupKey, list[Run]]:
     groups: dict[GroupKey, list[Run]] = {}
     for run in runs:
         if run.is_complete:
-            groups.setdefault((run.setting, run.group, run.world_size), []).append(run)
+            groups.setdefault(GroupKey(run.setting, run.group, run.world_size), []).append(run)
     for (setting, group, world_size), members in groups.items():
         members.sort(key=lambda r: (r.seed, r.name))
         for a, b in zip(members, members[1:]):
@@ -110,12 +119,12 @@ def baseline_runs(groups: dict[GroupKey, list[Run]], baseline: Baseline, key: Gr
     """The baseline group's runs in the setting and world size of ``key`` (None without a baseline)."""
     if baseline.group is None:
         return None
-    return groups.get((key[0], baseline.group, key[2]))
+    return groups.get(key._replace(group=baseline.group))
 
 
 def group_label(key: GroupKey) -> str:
     """ "setting/group" (just the group outside a study with settings)."""
-    return f"{key[0]}/{key[1]}" if key[0] else key[1]
+    return f"{key.setting}/{key.group}" if key.setting else key.group
 
 
 def resolve_baseline(runs: list[Run], baseline: str | None) -> Baseline:
@@ -392,7 +401,7 @@ def main_table(
             row.update(_comparison(members, row, base, target_fraction, margin_points))
         row.update(iso_fields(iso.get(key)))
         rows.append(row)
-    columns: list[Column] = [("setting", "l", lambda r: r["setting"])] if any(k[0] for k in groups) else []
+    columns: list[Column] = [("setting", "l", lambda r: r["setting"])] if any(k.setting for k in groups) else []
     columns += [
         ("group", "l", lambda r: r["group"]),
         ("workers", "r", lambda r: str(r["world_size"])),
@@ -592,15 +601,15 @@ def static_sweep_table(runs: list[Run], baseline: Baseline) -> Table:
         # Only policy none (k = 0), or nothing: a table of k = 0 rows compares nothing with nothing.
         empty = pd.DataFrame(columns=STATIC_SWEEP_COLUMNS)
         return Table("static_sweep", "Static-k sweep", NO_STATIC_ARM, empty, empty, (), ())
-    order = sorted(groups, key=lambda key: (key[0], key[2], k_of[key], key[1]))
+    order = sorted(groups, key=lambda key: (key.setting, key.world_size, k_of[key], key.group))
     notes = []
     rows = []
     for key in order:
         members = groups[key]
         # The k = 0 reference: the chosen baseline when it is a k = 0 group, else policy none first.
         zero = sorted(
-            (z for z in order if z[0] == key[0] and z[2] == key[2] and k_of[z] == 0),
-            key=lambda z: (z[1] != baseline.group, groups[z][0].policy != "none", z[1]),
+            (z for z in order if z.setting == key.setting and z.world_size == key.world_size and k_of[z] == 0),
+            key=lambda z: (z.group != baseline.group, groups[z][0].policy != "none", z.group),
         )
         s_per_epoch = _per_run_mean(members, "epoch_wall_s")
         ref_s = _per_run_mean(groups[zero[0]], "epoch_wall_s") if zero else math.nan
@@ -608,9 +617,9 @@ def static_sweep_table(runs: list[Run], baseline: Baseline) -> Table:
         rows.append(
             {
                 "k": k_of[key],
-                "setting": key[0],
-                "group": key[1],
-                "world_size": key[2],
+                "setting": key.setting,
+                "group": key.group,
+                "world_size": key.world_size,
                 "n_runs": len(members),
                 "epoch_wall_s": s_per_epoch,
                 "test_acc_mean": acc_mean,
@@ -620,8 +629,10 @@ def static_sweep_table(runs: list[Run], baseline: Baseline) -> Table:
             }
         )
         if not zero:
-            notes.append(f"no k = 0 group with world_size {key[2]}{' in ' + key[0] if key[0] else ''}: speedup n/a")
-    columns: list[Column] = [("setting", "l", lambda r: r["setting"])] if any(k[0] for k in groups) else []
+            notes.append(
+                f"no k = 0 group with world_size {key.world_size}{' in ' + key.setting if key.setting else ''}: speedup n/a"
+            )
+    columns: list[Column] = [("setting", "l", lambda r: r["setting"])] if any(k.setting for k in groups) else []
     columns += [
         ("k", "r", lambda r: str(r["k"])),
         ("group", "l", lambda r: r["group"]),
@@ -653,7 +664,7 @@ def phase_table(runs: list[Run], baseline: Baseline) -> Table:
     rows = []
     for key, members in groups.items():
         base_runs = baseline_runs(groups, baseline, key)
-        row = {"setting": key[0], "group": key[1], "world_size": key[2], "n_runs": len(members)}
+        row = {"setting": key.setting, "group": key.group, "world_size": key.world_size, "n_runs": len(members)}
         for phase, column in PHASE_COLUMNS.items():
             seconds = _per_run_mean(members, column)
             speedup = _ratio(_per_run_mean(base_runs, column), seconds) if base_runs else math.nan
@@ -667,7 +678,7 @@ def phase_table(runs: list[Run], baseline: Baseline) -> Table:
 
         return fmt
 
-    columns: list[Column] = [("setting", "l", lambda r: r["setting"])] if any(k[0] for k in groups) else []
+    columns: list[Column] = [("setting", "l", lambda r: r["setting"])] if any(k.setting for k in groups) else []
     columns += [
         ("group", "l", lambda r: r["group"]),
         ("workers", "r", lambda r: str(r["world_size"])),
