@@ -191,7 +191,9 @@ def main(argv: list[str] | None = None) -> int:
             interrupted = True
         if interrupted or interrupt.seen:  # raised here, or swallowed on its way
             # each run converts under its lock, file by file: a run cut mid-way is finished by the next call
-            done = f"{changed} run(s) converted before it" if not args.dry_run else "nothing changed"
+            done = "nothing changed"
+            if not args.dry_run:
+                done = f"{changed} run(s) converted before it, the one it was converting maybe in part (the rerun finishes it)"
             print(f"interrupted: {done}; run the same command again to convert the rest", file=sys.stderr)
             return INTERRUPTED_EXIT
         verb = "would convert" if args.dry_run else "converted"

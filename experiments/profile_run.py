@@ -20,7 +20,7 @@ from freeze.pipeline.interrupts import INTERRUPTED_EXIT, InterruptGuard, exit_on
 if __name__ == "__main__":  # torch loads below: a Ctrl-C meanwhile is one line
     exit_on_interrupt_while_loading("profile_run: interrupted before it began; no profile written")
 
-from freeze.pipeline.cluster.spec import ClusterSpecError, run_cores
+from freeze.pipeline.cluster.spec import CLUSTER_CORES_ENV, ClusterSpecError, available_cores, run_cores
 from freeze.pipeline.config import ConfigError, load_config
 from freeze.pipeline.costmodel import noise_warnings, save_profile
 
@@ -48,9 +48,9 @@ def main(argv: list[str] | None = None) -> int:
 def _measure(config_path: str, overrides: list[str], out: Path, interrupt: InterruptGuard) -> int:
     try:
         config = load_config(config_path, overrides)
-        run_cores()  # FREEZE_CLUSTER_CORES, when set, names the cores the layout is planned over
+        _check_cores(run_cores())  # FREEZE_CLUSTER_CORES, when set, names the cores the layout is planned over
     except (ConfigError, ClusterSpecError) as e:
-        print(e, file=sys.stderr)
+        print(f"error: {e}", file=sys.stderr)
         return 2
     from freeze.pipeline.study.predict import measure_profile  # torch only after the arguments are checked
 
@@ -65,6 +65,19 @@ def _measure(config_path: str, overrides: list[str], out: Path, interrupt: Inter
         f"measured in {profile.meta.get('wall_s', float('nan')):.0f} s"
     )
     return 0
+
+
+def _check_cores(cores: list[int]) -> None:
+    """The profiler pins its processes to the cores the layout is planned over: each must be one this
+    process may run on (a foreign FREEZE_CLUSTER_CORES failed in the pinned child, as a traceback)."""
+    own = available_cores()
+    foreign = [c for c in cores if c not in own]
+    if foreign:
+        raise ClusterSpecError(
+            f"{CLUSTER_CORES_ENV}={','.join(map(str, cores))}: cores {', '.join(map(str, foreign))} are not this "
+            f"process's to run on (it may run on {', '.join(map(str, own))}); accepted: cores of this machine, "
+            f"or {CLUSTER_CORES_ENV} unset outside an emulated cluster's node"
+        )
 
 
 if __name__ == "__main__":

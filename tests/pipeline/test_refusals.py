@@ -84,14 +84,23 @@ def test_a_malformed_or_foreign_cluster_cores_variable_is_refused_naming_it(monk
     assert _one_line(str(err.value)).startswith(f"{CLUSTER_CORES_ENV}={named!r}: accepted:")
 
 
-def test_profile_run_refuses_a_malformed_cluster_cores_variable_before_measuring(monkeypatch, capsys, tmp_path):
-    """Was: a 21-line ClusterSpecError traceback from inside the measurement."""
+@pytest.mark.parametrize(
+    "cores, says",
+    [
+        ("0,one", f"error: {CLUSTER_CORES_ENV}='0,one': accepted"),
+        # a well-formed list of cores this process cannot run on (the probe's case 10: 23 lines, exit 1)
+        ("4096,4097", f"error: {CLUSTER_CORES_ENV}=4096,4097: cores 4096, 4097 are not this process's to run on"),
+    ],
+)
+def test_profile_run_refuses_a_bad_cluster_cores_variable_before_measuring(monkeypatch, capsys, tmp_path, cores, says):
+    """Was: a 21-line ClusterSpecError traceback from inside the measurement (malformed), and a
+    23-line OSError traceback from the pinned child (foreign cores)."""
     import experiments.profile_run as profile_run
 
-    monkeypatch.setenv(CLUSTER_CORES_ENV, "0,one")
+    monkeypatch.setenv(CLUSTER_CORES_ENV, cores)
     out = tmp_path / "profile.json"
     assert profile_run.main(["--config", str(SMOKE), "--out", str(out)]) == 2
-    assert _one_line(capsys.readouterr().err).startswith(f"{CLUSTER_CORES_ENV}='0,one'")
+    assert _one_line(capsys.readouterr().err).startswith(says)
     assert not out.exists()
 
 
@@ -168,6 +177,28 @@ def test_a_report_folder_that_cannot_be_written_is_refused_before_the_work(tmp_p
     assert list(out.iterdir()) == []
 
 
+def test_a_disk_that_fills_up_mid_report_is_one_line_saying_the_folder_holds_part_of_it(tmp_path, monkeypatch, capsys):
+    """The probe's case 37 on a full 64 kB tmpfs: the line did not say that the folder was left
+    holding part of the report (summary.md written, summary.tex not)."""
+    import freeze.pipeline.report.build as build
+    from freeze.pipeline.report.cli import main
+
+    written = []
+
+    def fills_up(path, text, *args, **kwargs):
+        if written:
+            raise OSError(28, "No space left on device", str(path))
+        written.append(path)
+        Path(path).write_text(text)
+
+    monkeypatch.setattr(build, "atomic_write_text", fills_up)
+    out = tmp_path / "report"
+    assert main([str(FIXTURE_RUNS), "--out", str(out)]) == 1
+    line = _one_line(capsys.readouterr().err)
+    assert line.startswith(f"report: error: cannot write {out}") and "No space left on device" in line
+    assert line.endswith("the folder holds part of this report: free space and run it again")
+
+
 # ----------------------------------------------------------------------- cases 22 and 42: Ctrl-C
 def test_an_interrupted_report_leaves_no_figure_of_an_earlier_one(tmp_path, monkeypatch, capsys):
     """Was: a cut mid-figures left the earlier report's figures beside this one's tables."""
@@ -229,7 +260,8 @@ def test_convert_runs_says_interrupted_when_a_ctrl_c_was_swallowed(tmp_path, mon
 
     monkeypatch.setattr(convert_runs, "convert_run", swallowing)
     assert convert_runs.main([str(runs)]) == INTERRUPTED_EXIT
-    assert _one_line(capsys.readouterr().err).startswith("interrupted: 0 run(s) converted before it")
+    line = _one_line(capsys.readouterr().err)
+    assert line.startswith("interrupted: 0 run(s) converted before it, the one it was converting maybe in part")
 
 
 @pytest.mark.processes

@@ -71,6 +71,19 @@ def test_a_measured_speedup_an_inferior_arm_a_drifting_control_and_a_converged_b
     assert lines[4].startswith("The baseline none had converged")
 
 
+def test_a_control_of_one_pair_is_not_read_as_drift(tmp_path):
+    """The probe's case 38: with one seed the control read "0.90x (one pair of runs: no interval), not
+    1.00x: the machine's timing drifted more than the intervals allow", a line that contradicts itself."""
+    report = _write(
+        tmp_path,
+        [_paired_row("control", 0.90, NAN, NAN, diff_low=NAN, diff_high=NAN, verdict="n/a", control=True)],
+        [{"setting": "", "group": "none", "val_change_points": 0.2, "flat": True}],
+    )
+    line = verdict_lines(report, 0.5)[0]
+    assert line.startswith("The control control (the baseline run again) reads 0.90x (one pair of runs: no interval)")
+    assert "cannot be judged" in line and "run more seeds" in line and "drifted" not in line
+
+
 def test_no_tables_no_sentences(tmp_path):
     assert verdict_lines(tmp_path, 0.5) == []
 

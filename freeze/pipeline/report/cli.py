@@ -97,7 +97,13 @@ def _report(argv: list[str] | None, interrupt: InterruptGuard) -> int:
         return 2
     except OSError as exc:  # the disk filled up while writing (a read-only folder is refused up front)
         where = exc.filename or "the output folder"
-        print(f"report: error: cannot write {where}: {exc.strerror or exc}", file=sys.stderr)
+        # Each file is written whole or not at all, but the folder now holds part of this report (the
+        # earlier report's figures removed, some tables new): say so, as a Ctrl-C does.
+        print(
+            f"report: error: cannot write {where}: {exc.strerror or exc}; the folder holds part of this report: "
+            "free space and run it again",
+            file=sys.stderr,
+        )
         return 1
     if interrupt.seen:  # raised inside a library that swallowed it (a weakref callback)
         raise KeyboardInterrupt

@@ -144,7 +144,12 @@ def _frozen_sentence(fraction: float) -> str:
 
 def _control_sentence(row: pd.Series) -> str:
     s, low, high = float(row["speedup"]), float(row["speedup_low"]), float(row["speedup_high"])
-    holds = math.isfinite(low) and low <= 1.0 <= high
+    if not (math.isfinite(low) and math.isfinite(high)):  # one pair: no interval to hold 1.00x or not
+        return (
+            f"The control {_label(row)} (the baseline run again) reads {_interval(s, low, high, 'x')}: without an "
+            "interval the timing's drift cannot be judged; run more seeds before reading a speedup here."
+        )
+    holds = low <= 1.0 <= high
     if holds:
         return (
             f"The control {_label(row)} (the baseline run again) reads {_interval(s, low, high, 'x')}: timing is sound."
