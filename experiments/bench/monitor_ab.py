@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import argparse
 import csv
+import importlib
 import random
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import types
 from pathlib import Path
@@ -39,20 +41,49 @@ VARIANTS = ("this", "this-again", "baseline")
 
 
 def baseline_monitor_class(rev: str) -> type:
-    """``GradNormMonitor`` as commit ``rev`` had it (its module loaded from ``git show``), or as the
-    file ``rev`` holds when it names one (a shallow clone, as on the GPU machine, lacks old commits)."""
-    where = f"{rev}:freeze/monitor.py"
+    """``GradNormMonitor`` as commit ``rev`` had it, or as the file ``rev`` holds when it names one (a
+    shallow clone, as on the GPU machine, lacks old commits). Before fef8643 the monitor was one
+    module, freeze/monitor.py; since, a package of the monitor and its trackers, loaded whole from
+    ``rev`` under another name so that none of this tree's trackers stands in for the commit's."""
     if Path(rev).is_file():
-        text, where = Path(rev).read_text(), rev
-    else:
-        source = subprocess.run(["git", "show", where], cwd=ROOT, capture_output=True, text=True, check=False)
-        if source.returncode != 0:
-            sys.exit(f"--baseline-rev: git show {where} failed: {source.stderr.strip()}")
-        text = source.stdout
-    module = types.ModuleType("monitor_baseline")  # built in memory: no file left behind
+        return _module_from_text(Path(rev).read_text(), rev).GradNormMonitor
+    single = _git_show(f"{rev}:freeze/monitor.py")
+    if single is not None:
+        return _module_from_text(single, f"{rev}:freeze/monitor.py").GradNormMonitor
+    listing = subprocess.run(
+        ["git", "ls-tree", "--name-only", f"{rev}:freeze/monitor"], cwd=ROOT, capture_output=True, text=True
+    )
+    if listing.returncode != 0:
+        sys.exit(f"--baseline-rev: {rev} has neither freeze/monitor.py nor freeze/monitor/: {listing.stderr.strip()}")
+    with tempfile.TemporaryDirectory() as tmp:  # the package is imported from here, then the files go
+        package = Path(tmp) / BASELINE_PACKAGE
+        package.mkdir()
+        for name in listing.stdout.split():
+            if name.endswith(".py"):
+                text = _git_show(f"{rev}:freeze/monitor/{name}") or ""
+                (package / name).write_text(text.replace("freeze.monitor.", f"{BASELINE_PACKAGE}."))
+        for loaded in [m for m in sys.modules if m.split(".")[0] == BASELINE_PACKAGE]:
+            del sys.modules[loaded]  # another revision's, loaded before in this process
+        sys.path.insert(0, tmp)
+        try:
+            return importlib.import_module(f"{BASELINE_PACKAGE}.monitor").GradNormMonitor
+        finally:
+            sys.path.remove(tmp)
+
+
+BASELINE_PACKAGE = "monitor_baseline"
+
+
+def _git_show(where: str) -> str | None:
+    shown = subprocess.run(["git", "show", where], cwd=ROOT, capture_output=True, text=True, check=False)
+    return shown.stdout if shown.returncode == 0 else None
+
+
+def _module_from_text(text: str, where: str) -> types.ModuleType:
+    module = types.ModuleType(f"{BASELINE_PACKAGE}_module")  # built in memory: no file left behind
     sys.modules[module.__name__] = module  # its dataclasses look their module up while being built
     exec(compile(text, where, "exec"), module.__dict__)
-    return module.GradNormMonitor
+    return module
 
 
 def real_gradients(device: torch.device) -> tuple[torch.nn.Module, list]:
