@@ -18,10 +18,9 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from freeze import Freezer, make_policy, split_blocks
-from tests.tiny_models import TinyNet, global_batch
+from tests.tiny_models import TinyNet, freezer_step
 
 # Gradient-reading rules: the monitor's step norms, summed gradients (L1 for autofreeze, L2 for
 # cs744) and overflow masks feed their decisions. "none" with every statistic tracked: the record.
@@ -51,11 +50,7 @@ def train_epochs(freezer: Freezer, optimizer: torch.optim.Optimizer, epochs: ran
     for epoch in epochs:
         freezer.train()
         for i in range(STEPS_PER_EPOCH):
-            x, y = global_batch(epoch * STEPS_PER_EPOCH + i, 8)
-            optimizer.zero_grad(set_to_none=True)
-            F.cross_entropy(freezer.module(x), y).backward()
-            freezer.after_backward()
-            optimizer.step()
+            freezer_step(freezer, optimizer, epoch * STEPS_PER_EPOCH + i)
             freezer.after_step()  # a policy evaluation every INTERVAL_STEPS steps
         freezer.end_epoch(epoch)
 
