@@ -54,6 +54,11 @@ class _RecordingFile:
         return getattr(self._f, name)
 
 
+def sync_directory(directory: str | Path) -> None:
+    """The renames made into ``directory`` on disk (for a writer that moves finished files in)."""
+    _fsync_dir(Path(directory))
+
+
 def _with_path(err: OSError, path: Path) -> OSError:
     """``err`` naming ``path`` (the target, not the temp file): "[Errno 28] No space left on device: 'x.pt'"."""
     return type(err)(err.errno, err.strerror or str(err), str(path))

@@ -6,14 +6,18 @@ escape a command's own ``except KeyboardInterrupt``: the imports before ``main``
 pandas and matplotlib), and libraries that swallow it (an exception in a weakref callback is printed
 and dropped, as matplotlib's are, and the command went on to exit 0). :class:`InterruptGuard` covers
 both: a command enters it first, imports its heavy modules inside it, and asks :attr:`seen` at the
-end, however the interrupt travelled. Torch-free: it must load before anything slow.
+end, however the interrupt travelled. :func:`signals_deferred` holds Ctrl-C and SIGTERM through a
+step that must not be cut in two (a report's files moved into their folder). Torch-free: it must load
+before anything slow.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
+import threading
 from types import TracebackType
 from typing import NoReturn
 
@@ -96,3 +100,27 @@ def exit_with(code: int) -> NoReturn:
         sys.stderr.flush()
         os._exit(code)
     sys.exit(code)
+
+
+@contextlib.contextmanager
+def signals_deferred(signums: tuple[int, ...]):
+    """Signals that arrive inside the block are recorded and raised again after it, to the handlers
+    that were in place. Python runs signal handlers in the main thread whichever thread the OS
+    delivered to, so this holds with library threads about; off the main thread it defers nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {signum: signal.getsignal(signum) for signum in signums}
+    if any(handler is None for handler in previous.values()):  # installed outside Python: cannot restore
+        yield
+        return
+    arrived: list[int] = []
+    for signum in signums:
+        signal.signal(signum, lambda signum, frame: arrived.append(signum))
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        if arrived:
+            signal.raise_signal(arrived[0])

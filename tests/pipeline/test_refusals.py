@@ -12,6 +12,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -177,12 +178,18 @@ def test_a_report_folder_that_cannot_be_written_is_refused_before_the_work(tmp_p
     assert list(out.iterdir()) == []
 
 
-def test_a_disk_that_fills_up_mid_report_is_one_line_saying_the_folder_holds_part_of_it(tmp_path, monkeypatch, capsys):
-    """The probe's case 37 on a full 64 kB tmpfs: the line did not say that the folder was left
-    holding part of the report (summary.md written, summary.tex not)."""
+def test_a_disk_that_fills_up_mid_report_is_one_line_and_keeps_the_earlier_report(tmp_path, monkeypatch, capsys):
+    """The probe's case 37 on a full 64 kB tmpfs: the folder was left holding part of the report
+    (summary.md written, summary.tex not, the earlier figures gone). Now it is built aside and moved
+    in whole, so the earlier report stays as it was and the line says so."""
     import freeze.pipeline.report.build as build
     from freeze.pipeline.report.cli import main
 
+    out = tmp_path / "report"
+    out.mkdir()
+    earlier = {"summary.md": "an earlier report's table", "pareto.png": "an earlier report's figure"}
+    for name, text in earlier.items():
+        (out / name).write_text(text)
     written = []
 
     def fills_up(path, text, *args, **kwargs):
@@ -192,30 +199,101 @@ def test_a_disk_that_fills_up_mid_report_is_one_line_saying_the_folder_holds_par
         Path(path).write_text(text)
 
     monkeypatch.setattr(build, "atomic_write_text", fills_up)
-    out = tmp_path / "report"
     assert main([str(FIXTURE_RUNS), "--out", str(out)]) == 1
     line = _one_line(capsys.readouterr().err)
-    assert line.startswith(f"report: error: cannot write {out}") and "No space left on device" in line
-    assert line.endswith("the folder holds part of this report: free space and run it again")
+    assert line.startswith(f"report: error: cannot write {out / 'summary.tex'}: No space left on device;")
+    assert line.endswith("the output folder holds the report it held before: free space and run it again")
+    assert {p.name: p.read_text() for p in out.iterdir()} == earlier  # nothing of this one, no build folder
 
 
 # ----------------------------------------------------------------------- cases 22 and 42: Ctrl-C
-def test_an_interrupted_report_leaves_no_figure_of_an_earlier_one(tmp_path, monkeypatch, capsys):
-    """Was: a cut mid-figures left the earlier report's figures beside this one's tables."""
+def test_an_interrupted_report_leaves_the_earlier_one_whole(tmp_path, monkeypatch, capsys):
+    """Was: a cut mid-figures left the earlier report's figures beside this one's tables (then: the
+    earlier figures removed first, the folder holding part of this report)."""
     import freeze.pipeline.report.plots as plots
     from freeze.pipeline.report.cli import main
 
     out = tmp_path / "report"
     out.mkdir()
-    (out / "accuracy_vs_time.png").write_bytes(b"an earlier report's figure")
+    earlier = {"main.md": "an earlier report's table", "accuracy_vs_time.png": "an earlier report's figure"}
+    for name, text in earlier.items():
+        (out / name).write_text(text)
 
     def cut(*args, **kwargs):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(plots, "write_plots", cut)
     assert main([str(FIXTURE_RUNS), "--out", str(out)]) == INTERRUPTED_EXIT
+    assert _one_line(capsys.readouterr().err).startswith("report: interrupted: the output folder holds the report")
+    assert {p.name: p.read_text() for p in out.iterdir()} == earlier
+
+
+def test_a_report_replaces_the_earlier_one_whole_and_drops_its_figures_it_did_not_draw(tmp_path, capsys):
+    """A complete report over an earlier one: every file of this one, no figure of the earlier one
+    that this one did not draw, no build folder; a build folder a killed report left is removed."""
+    from freeze.pipeline.report.build import STAGING_PREFIX, _process_alive
+    from freeze.pipeline.report.cli import main
+
+    out = tmp_path / "report"
+    # a report killed mid-build leaves its folder behind; its process is gone
+    ended = next(pid for pid in range(4_000_000, 1, -1) if not _process_alive(pid))
+    (out / f"{STAGING_PREFIX}{socket.gethostname()}-{ended}-abcd").mkdir(parents=True)
+    (out / "eta_of_a_group_gone.png").write_text("an earlier report's figure")
+    (out / "main.md").write_text("an earlier report's table")
+    assert main([str(FIXTURE_RUNS), "--out", str(out), "--formats", "md,png"]) == 0
+    names = {p.name for p in out.iterdir()}
+    assert "eta_of_a_group_gone.png" not in names and not any(n.startswith(STAGING_PREFIX) for n in names)
+    assert {"main.md", "paired.md", "tables.md", "accuracy_vs_time.png"} <= names
+    assert (out / "main.md").read_text() != "an earlier report's table"
+
+
+def test_a_ctrl_c_while_the_report_moves_in_lands_after_the_last_file(tmp_path, monkeypatch, capsys):
+    """The renames into the folder are the one moment a Ctrl-C could leave half of each report: it is
+    held until the last one and then ends the command as interrupted, the new report whole."""
+    import freeze.pipeline.report.build as build
+    from freeze.pipeline.report.cli import main
+
+    out = tmp_path / "report"
+    out.mkdir()
+    (out / "main.md").write_text("an earlier report's table")
+    renames, real_replace = [], os.replace
+
+    def replace_under_ctrl_c(src, dst):
+        if Path(dst).parent == out:  # a rename into the folder, not a file written in the build folder
+            if not renames:
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.2)  # where the handler would run
+            renames.append(Path(dst).name)
+        real_replace(src, dst)
+
+    monkeypatch.setattr(build.os, "replace", replace_under_ctrl_c)
+    assert main([str(FIXTURE_RUNS), "--out", str(out), "--formats", "md"]) == INTERRUPTED_EXIT
     assert _one_line(capsys.readouterr().err).startswith("report: interrupted:")
-    assert not list(out.glob("*.png")) and (out / "main.md").is_file()
+    assert len(renames) > 10 and sorted(p.name for p in out.iterdir()) == sorted(renames)
+    assert (out / "main.md").read_text() != "an earlier report's table"
+
+
+def test_a_rename_that_fails_part_way_says_the_folder_holds_part_of_the_report(tmp_path, monkeypatch, capsys):
+    import freeze.pipeline.report.build as build
+    from freeze.pipeline.report.cli import main
+
+    out = tmp_path / "report"
+    renames, real_replace = [], os.replace
+
+    def fails_second(src, dst):
+        if Path(dst).parent == out:  # a rename into the folder, not a file written in the build folder
+            if renames:
+                raise OSError(5, "Input/output error", str(dst))
+            renames.append(dst)
+        real_replace(src, dst)
+
+    monkeypatch.setattr(build.os, "replace", fails_second)
+    assert main([str(FIXTURE_RUNS), "--out", str(out), "--formats", "md"]) == 1
+    line = _one_line(capsys.readouterr().err)
+    assert line.endswith(
+        "Input/output error; the output folder holds part of this report: run it again once it can be written"
+    )
+    assert [p.name for p in out.iterdir()] == ["summary.md"]  # the first rename; no build folder left
 
 
 def test_a_ctrl_c_a_library_swallows_still_ends_the_report_as_interrupted(tmp_path, monkeypatch, capsys):

@@ -4,11 +4,15 @@
 from __future__ import annotations
 
 import os
+import shutil
+import signal
+import socket
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from freeze._atomic import atomic_write_text
+from freeze._atomic import atomic_write_text, sync_directory
+from freeze.pipeline.interrupts import signals_deferred
 from freeze.pipeline.report.atlas import atlas_table
 from freeze.pipeline.report.blocks import blocks_table
 from freeze.pipeline.report.decisions import decisions_table
@@ -29,6 +33,8 @@ from freeze.pipeline.report.tables import (
 from freeze.pipeline.report.writers import combined_markdown, to_latex, to_markdown
 
 FORMATS = ("md", "tex", "csv", "png")
+# the folder a report is built in before it is moved into its output folder (inside it)
+STAGING_PREFIX = ".report-building-"
 
 
 def default_out_dir(runs_dir: str | Path) -> Path:
@@ -89,6 +95,84 @@ def _check_out_dir(out: Path) -> None:
             return
 
 
+def _write_files(
+    folder: Path, runs: list[Run], tables: list[Table], formats: tuple[str, ...], margin_points: float
+) -> list[str]:
+    """Every table in every format, the combined markdown and the figures, into ``folder``; returns
+    the file names."""
+    names: list[str] = []
+
+    def write(name: str, text: str) -> None:
+        atomic_write_text(folder / name, text)
+        names.append(name)
+
+    for table in tables:
+        if "md" in formats:
+            write(f"{table.name}.md", to_markdown(table))
+        if "tex" in formats:
+            write(f"{table.name}.tex", to_latex(table))
+        if "csv" in formats:
+            write(f"{table.name}.csv", table.data.to_csv(index=False))
+    if "md" in formats:
+        write("tables.md", combined_markdown(tables, runs))
+    if "png" in formats:
+        # Imported here so table-only reports never pay for matplotlib.
+        from freeze.pipeline.report.plots import write_plots
+
+        names.extend(write_plots(runs, folder, tables, margin_points))
+    return names
+
+
+class ReportMoveError(OSError):
+    """A rename into the output folder failed after others were made: the folder holds part of this
+    report (renames on one file system do not fail for space; this is the rare remaining case)."""
+
+
+def _move_in(staging: Path, out: Path, names: list[str]) -> dict[str, Path]:
+    """The built files renamed into ``out``, and an earlier report's figures this one did not draw
+    removed (they would sit beside tables that contradict them, and a study's --update-report would
+    publish them). Ctrl-C and SIGTERM wait for the last rename, so the folder holds one report or
+    the other whole."""
+    with signals_deferred((signal.SIGINT, signal.SIGTERM)):
+        try:
+            for name in names:
+                os.replace(staging / name, out / name)
+            drawn = set(names)
+            for stale in sorted(out.glob("*.png")):
+                if stale.name not in drawn:
+                    stale.unlink()
+        except OSError as exc:
+            raise ReportMoveError(exc.errno, exc.strerror, exc.filename) from exc
+    sync_directory(out)
+    return {name: out / name for name in names}
+
+
+def _staging_folder(out: Path) -> Path:
+    """A new build folder inside ``out``, named by this host and process; one that a killed report
+    of this host left (its process gone) is removed first. A report running beside this one into the
+    same folder keeps its own."""
+    host = socket.gethostname()
+    for old in out.glob(f"{STAGING_PREFIX}{host}-*"):
+        pid = old.name[len(f"{STAGING_PREFIX}{host}-") :].split("-", 1)[0]
+        if pid.isdigit() and not _process_alive(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+    try:
+        return Path(tempfile.mkdtemp(dir=out, prefix=f"{STAGING_PREFIX}{host}-{os.getpid()}-"))
+    except OSError as exc:  # name the folder the user asked for, not a random name in it
+        exc.filename = str(out)
+        raise
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 def build_report(
     runs_dir: str | Path,
     out_dir: str | Path | None = None,
@@ -128,30 +212,19 @@ def build_report(
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ReportInputError(f"output folder {out} cannot be created: {exc.strerror}") from None
-    # An earlier report's figures in the same folder would sit beside tables that contradict them (and a
-    # study's --update-report would publish them), also when this one is cut short: they go first.
-    for stale in sorted(out.glob("*.png")):
-        stale.unlink()
-    written: dict[str, Path] = {}
-
-    def write(name: str, text: str) -> None:
-        atomic_write_text(out / name, text)
-        written[name] = out / name
-
-    for table in tables:
-        if "md" in formats:
-            write(f"{table.name}.md", to_markdown(table))
-        if "tex" in formats:
-            write(f"{table.name}.tex", to_latex(table))
-        if "csv" in formats:
-            write(f"{table.name}.csv", table.data.to_csv(index=False))
-    if "md" in formats:
-        write("tables.md", combined_markdown(tables, runs))
-    if "png" in formats:
-        # Imported here so table-only reports never pay for matplotlib.
-        from freeze.pipeline.report.plots import write_plots
-
-        written.update(write_plots(runs, out, tables, margin_points))
+    # Built whole in a folder of its own inside ``out`` (the same file system), then moved in: a full
+    # disk or a Ctrl-C while writing leaves the earlier report in ``out`` as it was, never half of each.
+    staging = _staging_folder(out)
+    try:
+        try:
+            names = _write_files(staging, runs, tables, formats, margin_points)
+        except OSError as exc:  # name the file the user asked for, not the build folder that goes now
+            if exc.filename and Path(exc.filename).parent == staging:
+                exc.filename = str(out / Path(exc.filename).name)
+            raise
+        written = _move_in(staging, out, names)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     if runs and not any(run.is_complete for run in runs):
         raise ReportInputError(
             f"none of the {len(runs)} runs under {runs_dir} is complete: no table has a result "

@@ -6,13 +6,16 @@ Example: python -m report runs/study --baseline none --formats md,png
 from __future__ import annotations
 
 import argparse
+import errno
 import sys
 from pathlib import Path
 
 from freeze.pipeline.interrupts import INTERRUPTED_EXIT, InterruptGuard
 
-# What an interrupted report leaves: earlier figures went first (freeze.pipeline.report.build_report).
-INTERRUPTED = "report: interrupted: the folder may hold part of this report; run it again"
+# What an interrupted report leaves: it is built aside and moved in whole (freeze.pipeline.report.build).
+INTERRUPTED = (
+    "report: interrupted: the output folder holds the report it held before (or this one, whole); run it again"
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -83,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
 def _report(argv: list[str] | None, interrupt: InterruptGuard) -> int:
     # pandas and matplotlib load here, inside the caller's guard, and before the try: its except
     # clauses name what the import binds
-    from freeze.pipeline.report.build import build_report
+    from freeze.pipeline.report.build import ReportMoveError, build_report
     from freeze.pipeline.report.load import ReportInputError
 
     try:
@@ -97,11 +100,12 @@ def _report(argv: list[str] | None, interrupt: InterruptGuard) -> int:
         return 2
     except OSError as exc:  # the disk filled up while writing (a read-only folder is refused up front)
         where = exc.filename or "the output folder"
-        # Each file is written whole or not at all, but the folder now holds part of this report (the
-        # earlier report's figures removed, some tables new): say so, as a Ctrl-C does.
+        # the report is built aside and moved in whole, so what the folder held before is still there,
+        # unless a rename into it failed part way
+        held = "part of this report" if isinstance(exc, ReportMoveError) else "the report it held before"
+        advice = "free space and run it again" if exc.errno == errno.ENOSPC else "run it again once it can be written"
         print(
-            f"report: error: cannot write {where}: {exc.strerror or exc}; the folder holds part of this report: "
-            "free space and run it again",
+            f"report: error: cannot write {where}: {exc.strerror or exc}; the output folder holds {held}: {advice}",
             file=sys.stderr,
         )
         return 1
