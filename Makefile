@@ -35,14 +35,14 @@ format: $(STAMP)
 study: $(STAMP)
 	$(BIN)/python -m experiments.study --config experiments/configs/study_offline.toml
 
-# The study report/REPORT.md carries (FDSL-32, issue 24); it regenerates REPORT.md's tables and
+# The FDSL-32 study of issue 24 (report/fdsl32-study.md); it regenerates that page's tables and
 # figures. About 158 runs, 3-4 hours on 2 cores: complete runs are skipped, so it can be stopped and
 # run again, or run in seed blocks (docs/study.md).
 study-full: $(STAMP)
 	$(BIN)/python -m experiments.study --config experiments/configs/study_fdsl32.toml --update-report
 
 # Issue 35's study: freezing against the budget frontier, gradient compression and the clock on
-# FDSL-32 (docs/frontier.md); 145 runs on 2 cores, resumable, in seed blocks with --seeds N. Its
+# FDSL-32 (docs/frontier.md); 155 runs on 2 cores, resumable, in seed blocks with --seeds N. Its
 # tables go to report/frontier-study.md.
 study-frontier: $(STAMP)
 	$(BIN)/python -m experiments.study --config experiments/configs/study_frontier.toml --update-report

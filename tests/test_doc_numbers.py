@@ -40,7 +40,7 @@ def _text(page: str) -> str:
             r"the search \((\d+) runs\) as one job array.*?the grid \((\d+) runs\)",
             "study_cifar10.toml",
         ),
-        ("docs/study.md", r"\((\d+) search runs and (\d+) study runs", "study_fdsl32.toml"),
+        ("docs/study.md", r"`make study-full`: (\d+) search runs and (\d+) study runs", "study_fdsl32.toml"),
     ],
 )
 def test_stated_search_and_grid_counts_are_the_study_files_plans(page, pattern, study_file):
@@ -62,12 +62,13 @@ def test_stated_run_totals_are_the_study_files_plans(page, pattern, study_file):
     assert int(match.group(1)) == sum(_plan_counts(study_file)), f"{page} states {match.group(0)!r}"
 
 
-def test_the_readmes_count_of_the_annealing_study_is_its_per_seed_table():
-    with open(REPO / "report/per-seed/anneal.csv", newline="", encoding="utf-8") as f:
+@pytest.mark.parametrize("study", ["anneal", "frontier"])
+def test_the_readmes_count_of_a_finished_study_is_its_per_seed_table(study):
+    with open(REPO / f"report/per-seed/{study}.csv", newline="", encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
-    match = re.search(r"report/anneal-study.md\), (\d+) runs\)", _text("README.md"))
-    assert match and int(match.group(1)) == len(rows) == sum(_plan_counts("study_anneal.toml"))
-    assert len({row["seed"] for row in rows}) == len(read_study(CONFIGS / "study_anneal.toml").seeds)
+    match = re.search(rf"report/{study}-study.md\), (\d+) runs\)", _text("README.md"))
+    assert match and int(match.group(1)) == len(rows) == sum(_plan_counts(f"study_{study}.toml"))
+    assert len({row["seed"] for row in rows}) == len(read_study(CONFIGS / f"study_{study}.toml").seeds)
 
 
 def test_the_readmes_times_of_the_two_commands_are_the_measured_table_rounded():
@@ -80,3 +81,22 @@ def test_the_readmes_times_of_the_two_commands_are_the_measured_table_rounded():
     assert said and suite and study
     for stated, (minutes, seconds) in zip(said.groups(), (suite.groups(), study.groups())):
         assert abs(int(stated) - (int(minutes) + int(seconds) / 60)) <= 1.0, (stated, minutes, seconds)
+
+
+def test_the_reports_table_of_studies_counts_what_their_files_plan_and_their_per_seed_tables_hold():
+    """REPORT.md's "The studies": each row's runs are its study file's plan, and where the study's
+    per-seed table is committed (the studies under the calibrated statistic), its rows and seeds."""
+    rows = re.findall(
+        r"^\| \[(\w+)-study\.md\]\(\1-study\.md\) \|.*?\| (\d+) \((\d+) seeds\) \| [^|]+ \| ([^|]+) \|",
+        _text("report/REPORT.md"),
+        re.M,
+    )
+    assert {name for name, *_ in rows} == {"frontier", "anneal", "horizon"}, rows
+    for name, runs, seeds, per_seed in rows:
+        study = read_study(CONFIGS / f"study_{name}.toml")
+        assert int(runs) == sum(_plan_counts(f"study_{name}.toml")) and int(seeds) == len(study.seeds), name
+        if per_seed.strip().startswith("["):  # else a rerun in progress, said in words
+            assert per_seed.strip() == f"[{name}.csv](per-seed/{name}.csv)", per_seed
+            with open(REPO / "report" / "per-seed" / f"{name}.csv", newline="", encoding="utf-8") as f:
+                table = list(csv.DictReader(f))
+            assert len(table) == int(runs) and len({row["seed"] for row in table}) == int(seeds), name

@@ -133,8 +133,8 @@ def test_readme_is_a_front_page_that_links_every_docs_page():
         assert f"](docs/{page.name})" in text, f"README.md does not link docs/{page.name}"
 
 
-def test_every_relative_link_of_the_readme_and_docs_resolves():
-    for page in PAGES:
+def test_every_relative_link_of_the_readme_docs_and_report_resolves():
+    for page in [*PAGES, *sorted((REPO / "report").rglob("*.md"))]:  # a report page moved keeps its links
         for target in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", page.read_text()):
             if "://" not in target:
                 assert (page.parent / target).exists(), f"{page.name} links {target}, which does not exist"

@@ -1,5 +1,5 @@
 """Markdown written by code: the one owner of a table's syntax and of the markers around a span of a
-hand-written file that a command regenerates (REPORT.md's tables, BENCH.md's sections, the family
+hand-written file that a command regenerates (a study page's tables, BENCH.md's sections, the family
 table of docs/blocks.md) or that a command reads (the README's example). Imports nothing heavy.
 
 A span is the lines between two marker lines, each a line of its own::

@@ -23,7 +23,7 @@ block that still learns (a stem: 0.1 % of ResNet-18's bytes) is frozen with the 
 it once they have settled. On ResNet-18 over a link the rule therefore freezes the whole body at
 once (the top two blocks hold 75 % of the bytes); on a model of equal blocks it freezes the settled
 leading run. How it was set: on the planted-boundary tasks and the study's search seeds only
-(report/REPORT.md); its one parameter, ``exchange``, by the study's search on validation.
+(report/fdsl32-study.md); its one parameter, ``exchange``, by the study's search on validation.
 """
 
 from __future__ import annotations

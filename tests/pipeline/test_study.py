@@ -306,7 +306,7 @@ def test_study_chooses_on_validation_runs_interleaved_and_reports(tmp_path, monk
     meaning = out.split("== what this means\n", 1)[1].splitlines()
     assert "single/autofreeze: trained faster than the baseline, 1.67x (95% CI [1.67, 1.67])." in " ".join(meaning)
     assert any(line.startswith("The control single/control (the baseline run again) reads") for line in meaning)
-    assert f"The full study's measured answer is in {report_md} (make study-full; docs/study.md)." in meaning
+    assert f"The measured answer is in {report_md} (docs/study.md)." in meaning
     # --update-report splices the generated tables in; complete runs are skipped, not re-made
     monkeypatch.setattr(
         stages, "run_specs", lambda specs, log=print, eta=None: SweepSummary(skipped=[s.name for s in specs])
@@ -451,6 +451,20 @@ def test_update_report_with_a_broken_span_stops_before_any_run(tmp_path, monkeyp
     assert cli.main(["--config", str(path), "--out-dir", str(tmp_path / "runs"), "--update-report"]) == 2
     err = capsys.readouterr().err
     assert err == f"error: {report_md}: <!-- paired:end --> is on 0 lines, expected on exactly one\n"
+
+
+def test_update_report_into_a_page_without_spans_stops_before_any_run(tmp_path, monkeypatch, capsys):
+    """A page with no table span (report/REPORT.md, the headline, has none) would take nothing and
+    the study would still publish figures and per-seed rows beside it: refused up front, one line."""
+    monkeypatch.setattr(stages, "run_specs", lambda *a, **k: pytest.fail("ran before checking the page"))
+    report_md = tmp_path / "REPORT.md"
+    report_md.write_text("# the headline\nno tables here\n")
+    path = _study(tmp_path, STUDY.replace("order_seed = 7", f'order_seed = 7\nreport_md = "{report_md}"'))
+    assert cli.main(["--config", str(path), "--out-dir", str(tmp_path / "runs"), "--update-report"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: study file {path}: --update-report: report_md {report_md} has no table span")
+    assert err.count("\n") == 1 and report_md.read_text() == "# the headline\nno tables here\n"
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "per-seed").exists()
 
 
 def test_a_bool_is_not_a_margin_nor_a_target_fraction(tmp_path):

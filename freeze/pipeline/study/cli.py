@@ -53,14 +53,14 @@ from freeze.pipeline.sweep.executors import Executor
 from freeze.pipeline.sweep.slurm_executor import SlurmExecutor
 
 # The name of the cost model's table (freeze.pipeline.report.predicted, not imported: a dry run never
-# pays for pandas): predicted.md/.csv/.tex, spliced into REPORT.md's span named predicted.
+# pays for pandas): predicted.md/.csv/.tex, spliced into the study page's span named predicted.
 PREDICTED_TABLE = "predicted"
 SEARCH_TABLE = "search"  # search.md, written by this module when the study file has a [search]
 
 
 def splice_tables(report_md: Path, tables_dir: Path, not_run: Mapping[str, str] | None = None) -> list[str]:
     """Replace each span ``<!-- NAME:start -->...<!-- NAME:end -->`` (freeze.pipeline.markdown) of
-    ``report_md`` with ``tables_dir/NAME.md``: REPORT.md's tables are generated, never typed.
+    ``report_md`` with ``tables_dir/NAME.md``: a study page's tables are generated, never typed.
 
     Args:
         report_md: the markdown file whose spans are regenerated (rewritten atomically).
@@ -149,7 +149,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--update-report",
         action="store_true",
-        help="splice the tables into the study's report_md (e.g. report/REPORT.md) and copy its figures",
+        help="splice the tables into the study's report_md (e.g. report/frontier-study.md), copy its figures and commit its per-seed rows (report/per-seed/<study>.csv)",
     )
     return parser
 
@@ -271,8 +271,14 @@ def _plan(args: argparse.Namespace) -> _Plan:
     study = with_command_line_overrides(study, tuple(args.overrides))
     if args.update_report and not (study.report_md and Path(study.report_md).is_file()):
         raise SweepError(f"study file {args.config}: --update-report needs report_md naming an existing file")
-    if args.update_report:  # a broken span is found now, not after the study's hours of runs
-        markdown.spans(Path(study.report_md).read_text(encoding="utf-8"), study.report_md)
+    # A broken span is found now, not after the study's hours of runs; a page with none would take
+    # nothing while the study still published figures and per-seed rows beside it.
+    if args.update_report and not markdown.spans(Path(study.report_md).read_text(encoding="utf-8"), study.report_md):
+        raise SweepError(
+            f"study file {args.config}: --update-report: report_md {study.report_md} has no table span "
+            "(<!-- NAME:start --> and <!-- NAME:end --> lines, NAME a report table such as summary or paired); "
+            "add one where the table goes, or name another page"
+        )
     out_dir = str(runs_root(study, args.out_dir))
     pretrain, weights = pretrain_stage(study, out_dir)
     search = search_specs(study, out_dir, weights)
@@ -397,8 +403,8 @@ def _conclude(study: StudyFile, report_dir: Path, update_report: bool) -> bool:
             print(f"error: {e}", file=sys.stderr)
             return False
     elif study.report_md:
-        print(f"== {study.report_md} left as it is (pass --update-report to regenerate its tables)")
-        meaning.append(f"The full study's measured answer is in {study.report_md} (make study-full; docs/study.md).")
+        print(f"== {study.report_md} left as it is (--update-report regenerates the tables of a page that has spans)")
+        meaning.append(f"The measured answer is in {study.report_md} (docs/study.md).")
     if meaning:
         print("== what this means")
         for line in meaning:

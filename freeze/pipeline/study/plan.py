@@ -10,7 +10,7 @@
     order_seed = 0                                          # shuffles the arms within each seed's block
     target_fraction = 0.95                                  # time to target: x the baseline's final val acc
     margin_points = 0.5                                     # non-inferiority margin, accuracy points
-    report_md = "report/REPORT.md"                          # spliced only with --update-report
+    report_md = "report/my-study.md"                        # its table spans, spliced with --update-report
     predict = false                                         # true: the cost model's prediction of every
                                                             # run's train time beside the measured one
                                                             # (freeze.pipeline.study.predict; profiles

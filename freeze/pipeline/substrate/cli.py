@@ -8,7 +8,7 @@
     python -m experiments.substrate planted       # planted-boundary tasks + identifiability check
     python -m experiments.substrate planted-check --study experiments/configs/planted_d3.toml   # resumable
     python -m experiments.substrate score --config experiments/configs/planted_score.toml   # resumable
-    python -m experiments.substrate report        # the tables above into report/REPORT.md
+    python -m experiments.substrate report        # the tables above into report/substrate-study.md
 
 Every command lowers its own priority to nice 19 (--no-nice keeps it): the machine is shared.
 """
@@ -75,8 +75,10 @@ def _parser() -> argparse.ArgumentParser:
     score.add_argument("--out-dir", default="report/substrate")
     score.add_argument("--runs-dir", default="runs", help="where the run directories go")
     score.add_argument("--no-run", action="store_true", help="only tabulate the runs complete so far")
-    rep = sub.add_parser("report", help="copy the substrate's tables (report/substrate/) into report/REPORT.md")
-    rep.add_argument("--report", default="report/REPORT.md")
+    rep = sub.add_parser(
+        "report", help="copy the substrate's tables (report/substrate/) into report/substrate-study.md"
+    )
+    rep.add_argument("--report", default="report/substrate-study.md")
     rep.add_argument("--tables-dir", default="report/substrate")
     for p in (diag, pre, gates, stab, plant, check, score, rep):
         p.add_argument("--no-nice", action="store_true", help="keep this process's priority")

@@ -12,7 +12,7 @@ measurement. Then, from the run directories alone:
 - bottom-up stability: ||W_T - W_0|| / ||W_0|| of stem + layer1 and of layer4 during full
   fine-tuning (W_0 the pretrained weights, W_T the final checkpoint), per seed;
 
-and writes ``report/substrate/gates-<study>.md`` (the table REPORT.md can splice, with the bands
+and writes ``report/substrate/gates-<study>.md`` (the table report/substrate-study.md splices, with the bands
 beside the measurements) and ``.json``, then ``report/substrate/curves.md``: the cost curve of every
 gate study measured so far, side by side with the research note's faithful band.
 """

@@ -1,7 +1,7 @@
-"""``python -m experiments.substrate report``: the substrate's tables into report/REPORT.md.
+"""``python -m experiments.substrate report``: the substrate's tables into report/substrate-study.md.
 
 Each table is written under report/substrate/ by its own command (``gates``, ``planted-check``,
-``score``), with that command in its caption; this only copies them into REPORT.md's generated spans
+``score``), with that command in its caption; this only copies them into that page's generated spans
 (``<!-- NAME:start -->`` ... ``<!-- NAME:end -->``), so the report never carries a number its file
 does not. The score command splices its own table the same way when it ends.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 from freeze._atomic import atomic_write_text
 from freeze.pipeline import markdown
 
-# span name in REPORT.md -> (the table file under report/substrate/, a figure beside it or None)
+# span name in report/substrate-study.md -> (the table file under report/substrate/, a figure beside it or None)
 SPANS: dict[str, tuple[str, str | None]] = {
     "substrate-gates": ("gates-substrate-mix-adamw.md", None),  # the substrate's recipe (docs/substrate.md)
     "substrate-curves": ("curves.md", None),
