@@ -7,12 +7,12 @@ folder), 22 and 42 (Ctrl-C at any instant of report, convert_runs and profile_ru
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -230,19 +230,27 @@ def test_an_interrupted_report_leaves_the_earlier_one_whole(tmp_path, monkeypatc
 
 def test_a_report_replaces_the_earlier_one_whole_and_drops_its_figures_it_did_not_draw(tmp_path, capsys):
     """A complete report over an earlier one: every file of this one, no figure of the earlier one
-    that this one did not draw, no build folder; a build folder a killed report left is removed."""
-    from freeze.pipeline.report.build import STAGING_PREFIX, _process_alive
+    that this one did not draw, no build folder of its own; the build folder a killed report left (its
+    lock held by nobody) is removed, that of a report building beside it (its lock held) is kept."""
+    from freeze.pipeline.report.build import STAGING_LOCK, STAGING_PREFIX
     from freeze.pipeline.report.cli import main
 
     out = tmp_path / "report"
-    # a report killed mid-build leaves its folder behind; its process is gone
-    ended = next(pid for pid in range(4_000_000, 1, -1) if not _process_alive(pid))
-    (out / f"{STAGING_PREFIX}{socket.gethostname()}-{ended}-abcd").mkdir(parents=True)
+    killed, building = out / f"{STAGING_PREFIX}killed", out / f"{STAGING_PREFIX}building"
+    for folder in (killed, building):
+        folder.mkdir(parents=True)
+        (folder / STAGING_LOCK).touch()
     (out / "eta_of_a_group_gone.png").write_text("an earlier report's figure")
     (out / "main.md").write_text("an earlier report's table")
-    assert main([str(FIXTURE_RUNS), "--out", str(out), "--formats", "md,png"]) == 0
+    holder = os.open(building / STAGING_LOCK, os.O_RDWR)
+    try:
+        fcntl.flock(holder, fcntl.LOCK_EX)  # another open file: it conflicts even within this process
+        assert main([str(FIXTURE_RUNS), "--out", str(out), "--formats", "md,png"]) == 0
+    finally:
+        os.close(holder)
     names = {p.name for p in out.iterdir()}
-    assert "eta_of_a_group_gone.png" not in names and not any(n.startswith(STAGING_PREFIX) for n in names)
+    assert "eta_of_a_group_gone.png" not in names and not killed.exists()
+    assert [n for n in names if n.startswith(STAGING_PREFIX)] == [building.name]
     assert {"main.md", "paired.md", "tables.md", "accuracy_vs_time.png"} <= names
     assert (out / "main.md").read_text() != "an earlier report's table"
 

@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import shutil
 import signal
-import socket
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from freeze._atomic import atomic_write_text, sync_directory
@@ -35,6 +36,7 @@ from freeze.pipeline.report.writers import combined_markdown, to_latex, to_markd
 FORMATS = ("md", "tex", "csv", "png")
 # the folder a report is built in before it is moved into its output folder (inside it)
 STAGING_PREFIX = ".report-building-"
+STAGING_LOCK = ".lock"  # held while its report builds
 
 
 def default_out_dir(runs_dir: str | Path) -> Path:
@@ -147,30 +149,40 @@ def _move_in(staging: Path, out: Path, names: list[str]) -> dict[str, Path]:
     return {name: out / name for name in names}
 
 
-def _staging_folder(out: Path) -> Path:
-    """A new build folder inside ``out``, named by this host and process; one that a killed report
-    of this host left (its process gone) is removed first. A report running beside this one into the
-    same folder keeps its own."""
-    host = socket.gethostname()
-    for old in out.glob(f"{STAGING_PREFIX}{host}-*"):
-        pid = old.name[len(f"{STAGING_PREFIX}{host}-") :].split("-", 1)[0]
-        if pid.isdigit() and not _process_alive(int(pid)):
-            shutil.rmtree(old, ignore_errors=True)
+@contextlib.contextmanager
+def _staging_folder(out: Path) -> Iterator[Path]:
+    """A new build folder inside ``out``, removed when the block ends. While it builds, an exclusive
+    ``flock`` on its lock file says so (the kernel drops it however the holder ends, as a run's
+    ``.lock``: freeze.pipeline.run_lock), so a folder whose lock nobody holds is what a killed report
+    left and goes first, and a report building beside this one into the same folder keeps its own."""
+    for old in out.glob(f"{STAGING_PREFIX}*"):
+        _remove_if_abandoned(old)
     try:
-        return Path(tempfile.mkdtemp(dir=out, prefix=f"{STAGING_PREFIX}{host}-{os.getpid()}-"))
+        folder = Path(tempfile.mkdtemp(dir=out, prefix=STAGING_PREFIX))
     except OSError as exc:  # name the folder the user asked for, not a random name in it
         exc.filename = str(out)
         raise
-
-
-def _process_alive(pid: int) -> bool:
+    fd = os.open(folder / STAGING_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+        os.close(fd)  # closing the descriptor releases the lock
+
+
+def _remove_if_abandoned(folder: Path) -> None:
+    try:
+        fd = os.open(folder / STAGING_LOCK, os.O_RDWR | os.O_CLOEXEC)
+    except OSError:  # no lock file yet: a report making its folder this instant
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:  # a report building now
+        os.close(fd)
+        return
+    shutil.rmtree(folder, ignore_errors=True)
+    os.close(fd)
 
 
 def build_report(
@@ -214,8 +226,7 @@ def build_report(
         raise ReportInputError(f"output folder {out} cannot be created: {exc.strerror}") from None
     # Built whole in a folder of its own inside ``out`` (the same file system), then moved in: a full
     # disk or a Ctrl-C while writing leaves the earlier report in ``out`` as it was, never half of each.
-    staging = _staging_folder(out)
-    try:
+    with _staging_folder(out) as staging:
         try:
             names = _write_files(staging, runs, tables, formats, margin_points)
         except OSError as exc:  # name the file the user asked for, not the build folder that goes now
@@ -223,8 +234,6 @@ def build_report(
                 exc.filename = str(out / Path(exc.filename).name)
             raise
         written = _move_in(staging, out, names)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     if runs and not any(run.is_complete for run in runs):
         raise ReportInputError(
             f"none of the {len(runs)} runs under {runs_dir} is complete: no table has a result "
