@@ -5,15 +5,17 @@ the reason printed (pytest -rs, and the summary line from conftest.py)."""
 import json
 import os
 import signal
+import socket
 import subprocess
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import torch
 
-from freeze.pipeline.cluster import net, probe
-from freeze.pipeline.cluster.launch import agent_argv, node_env
+from freeze.pipeline.cluster import launch, net, probe, store
+from freeze.pipeline.cluster.launch import agent_argv, node_env, store_argv
 from freeze.pipeline.cluster.net import unavailable_reason
 from freeze.pipeline.cluster.spec import (
     CLUSTER_CORES_ENV,
@@ -27,7 +29,7 @@ from freeze.pipeline.cluster.spec import (
 )
 from freeze.pipeline.config import ConfigError, load_config
 from tests.pipeline.tiny_runs import TINY_RUN
-from tests.processes import REPO, python_env, start_python
+from tests.processes import REPO, python_env, run_python, start_python
 
 SMOKE = REPO / "experiments" / "configs" / "smoke.toml"
 # 2 nodes x 1 worker, 2 steps per epoch, a policy evaluation every step: autofreeze decides in-run.
@@ -126,16 +128,107 @@ def test_cores_named_badly_in_the_environment_are_one_line(monkeypatch):
         run_cores()
 
 
-def test_agents_name_the_store_host_and_their_own_address():
-    """Every namespace has the machine's hostname: only is_host and --local-addr tell agents apart."""
+def test_no_agent_hosts_the_store_and_each_names_its_own_address():
+    """Every namespace has the machine's hostname: by name each agent would think it hosts the store,
+    so is_host=0 says none does (the store is its own process on node 0), and --local-addr tells the
+    agents apart."""
     spec = ClusterSpec.parse(3, "1gbit")
     cluster = net.Cluster(spec, plan_cpus(3, 1, [0, 1]), log=lambda _: None)
     argvs = [agent_argv(cluster, node, ["-m", "x"]) for node in cluster.nodes]
     for node, argv in zip(cluster.nodes, argvs):
-        assert f"--rdzv-conf=is_host={int(node.index == 0)}" in argv
+        assert "--rdzv-conf=is_host=0" in argv
         assert f"--local-addr={node.address}" in argv
         assert "--rdzv-endpoint=10.47.0.1:29400" in argv and "--rdzv-backend=c10d" in argv
         assert argv[:4] == ["unshare", "--pid", "--fork", "--kill-child"] and node.namespace in argv
+    store = store_argv(cluster)
+    assert store[:4] == ["ip", "netns", "exec", cluster.nodes[0].namespace]
+    assert store[-3:] == ["freeze.pipeline.cluster.store", "10.47.0.1", "29400"]
+
+
+class _FakeJob:
+    """run_job's processes, faked: the store runs until stopped; agent i exits with ``exits[i]`` on
+    its first poll, or runs until stopped when that is None. ``events`` is what happened, in order."""
+
+    def __init__(self, monkeypatch, exits: list[int | None]):
+        self.events: list[str] = []
+        job = self
+
+        class Process:
+            def __init__(self, argv, **kwargs):
+                self.name = "store" if "freeze.pipeline.cluster.store" in argv else f"agent{len(job.events)}"
+                self.exit = None if self.name == "store" else exits[len(job.events) - 1]
+                self.returncode = None
+                job.events.append(f"start {self.name}")
+
+            def poll(self):
+                if self.returncode is None and self.exit is not None:
+                    self.returncode = self.exit
+                    job.events.append(f"exit {self.name}")
+                return self.returncode
+
+        def stop(procs):
+            for p in procs:
+                if p.poll() is None:
+                    p.returncode = -signal.SIGTERM
+                    job.events.append(f"stop {p.name}")
+
+        monkeypatch.setattr(launch.subprocess, "Popen", Process)
+        monkeypatch.setattr(launch, "_stop", stop)
+
+
+def test_the_store_starts_before_the_agents_and_stops_after_the_last(monkeypatch):
+    """An agent hosting the store ended the rendezvous for the others when it exited first ("failed
+    to shutdown the rendezvous" and a C++ stack after a good run): the store's process is started
+    first and stopped only once every agent has exited or been stopped, on every way out."""
+    spec = ClusterSpec.parse(2, "1gbit")
+    cluster = net.Cluster(spec, plan_cpus(2, 1, [0, 1]), log=lambda _: None)
+    monkeypatch.setattr(cluster, "counters", lambda: [])
+
+    ended = _FakeJob(monkeypatch, exits=[1, 0])  # one agent fails, the other ends
+    result = launch.run_job(cluster, ["-m", "x"])
+    assert ended.events == ["start store", "start agent1", "start agent2", "exit agent1", "exit agent2", "stop store"]
+    assert result.node_returncodes == (1, 0) and result.returncode == 1
+
+    hung = _FakeJob(monkeypatch, exits=[0, None])  # one agent never ends: the deadline stops it
+    with pytest.raises(TimeoutError):
+        launch.run_job(cluster, ["-m", "x"], deadline_s=0)
+    assert hung.events == ["start store", "start agent1", "start agent2", "exit agent1", "stop agent2", "stop store"]
+
+
+@pytest.mark.processes
+def test_the_store_serves_until_sigterm_then_exits_cleanly():
+    port = _free_port()
+    proc = start_python(["-m", "freeze.pipeline.cluster.store", "127.0.0.1", str(port)], stderr=subprocess.PIPE)
+    try:
+        client = torch.distributed.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=60))
+        client.set("rendezvous", "closed")
+        assert client.get("rendezvous") == b"closed"
+        del client
+        # A second store on the same port cannot listen: one line and exit 1, which the launcher
+        # turns into a stopped job instead of agents waiting 60 s for a store that is not there.
+        taken = run_python(["-m", "freeze.pipeline.cluster.store", "127.0.0.1", str(port)], timeout_s=60)
+        assert taken.returncode == 1
+        assert taken.stderr.startswith(f"error: cluster: the rendezvous store cannot listen on 127.0.0.1:{port}: ")
+        assert taken.stderr.count("\n") == 1, taken.stderr
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        assert proc.stderr.read() == b""
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stderr.close()
+
+
+def test_the_store_refuses_bad_arguments_in_one_line(capsys):
+    assert store.main(["10.47.0.1", "port"]) == 2
+    assert capsys.readouterr().err.strip() == "usage: python -m freeze.pipeline.cluster.store <address> <port>"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def test_a_namespace_deleted_by_a_concurrent_cleanup_is_not_an_error(tmp_path, monkeypatch):
@@ -340,14 +433,14 @@ def test_sigkilled_launcher_leaves_no_process_and_next_start_removes_its_namespa
 
 
 def _probe_until_running(tmp_path: Path, deadline: float) -> tuple[subprocess.Popen, str]:
-    """A probe launcher that runs until killed, once its node 0 has an agent and a worker."""
+    """A probe launcher that runs until killed, once its node 0 has the store, an agent and a worker."""
     proc = _launch(
         ["probe", "--nodes", "2", "--bandwidth", "uncapped", "--out", str(tmp_path / "p.json"), "--repeats", "100000"],
         tmp_path,
     )
     try:
         cluster_id = _cluster_id_of(proc.pid, deadline)
-        while len(net.namespace_pids(f"{net.PREFIX}-{cluster_id}-n0")) < 2:
+        while len(net.namespace_pids(f"{net.PREFIX}-{cluster_id}-n0")) < 3:
             assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "launcher.log").read_text()
             time.sleep(0.1)
     except BaseException:

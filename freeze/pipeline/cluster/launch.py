@@ -1,12 +1,15 @@
 """One torchrun agent per node of an emulated cluster, with a c10d rendezvous on node 0's address.
 
-Each agent runs ``unshare --pid --fork --kill-child ip netns exec <node> python -m
-freeze.pipeline.cluster.agent --nnodes=N --rdzv-backend=c10d --rdzv-endpoint=<node 0>:29400
---rdzv-conf=is_host=<1 on node 0> --local-addr=<node address> ...`` (torchrun's own agent,
-:mod:`freeze.pipeline.cluster.agent`, ending in one line instead of torchrun's tracebacks):
+The rendezvous store runs first, in a process of its own in node 0's namespace
+(:mod:`freeze.pipeline.cluster.store`), and stops after the last agent: an agent hosting it would
+end the rendezvous for the others whenever it exited first. Each agent runs ``unshare --pid --fork
+--kill-child ip netns exec <node> python -m freeze.pipeline.cluster.agent --nnodes=N
+--rdzv-backend=c10d --rdzv-endpoint=<node 0>:29400 --rdzv-conf=is_host=0 --local-addr=<node
+address> ...`` (torchrun's own agent, :mod:`freeze.pipeline.cluster.agent`, ending in one line
+instead of torchrun's tracebacks):
 
 - ``ip netns exec`` does not change the hostname, so every node has the same one and the c10d
-  backend cannot tell by name which node hosts the store: ``is_host`` says it, and
+  backend would guess by name that every node hosts the store: ``is_host=0`` says none does, and
   ``--local-addr`` makes each agent publish its own address instead of the shared hostname.
 - ``GLOO_SOCKET_IFNAME`` binds gloo to the node's link (by default it resolves the hostname).
 - CPU: the agent and its workers are pinned to the node's cores (:func:`plan_cpus`) and
@@ -14,7 +17,8 @@ freeze.pipeline.cluster.agent --nnodes=N --rdzv-backend=c10d --rdzv-endpoint=<no
 - Clean-up without help from the launcher: the agent is PID 1 of its own PID namespace, and
   ``unshare`` gets SIGKILL when the launcher dies (PR_SET_PDEATHSIG) and passes it on
   (``--kill-child``); when PID 1 of a PID namespace dies the kernel kills every process in it,
-  so no worker outlives a launcher killed with SIGKILL.
+  so no worker outlives a launcher killed with SIGKILL. The store, which has no children, gets
+  the same SIGKILL directly.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from freeze.pipeline.cluster.net import RDZV_PORT, Cluster, LinkCounters, Node
+from freeze.pipeline.cluster.net import RDZV_PORT, Cluster, ClusterError, LinkCounters, Node
 from freeze.pipeline.cluster.spec import CLUSTER_CORES_ENV, planned_cores
 
 _PR_SET_PDEATHSIG = 1
@@ -55,12 +59,19 @@ def agent_argv(
         "--rdzv-backend=c10d",
         f"--rdzv-endpoint={head.address}:{RDZV_PORT}",
         f"--rdzv-id={cluster.id}",
-        f"--rdzv-conf=is_host={1 if node.index == 0 else 0}",
+        "--rdzv-conf=is_host=0",  # the store is its own process (store_argv)
         f"--local-addr={node.address}",
         f"--max-restarts={max_restarts}",
         *entry,
     ]
     return ["unshare", "--pid", "--fork", "--kill-child", *cluster.exec_argv(node, torchrun)]
+
+
+def store_argv(cluster: Cluster) -> list[str]:
+    """The command that hosts the cluster's rendezvous store on node 0's address, in its namespace."""
+    head = cluster.nodes[0]
+    store = [sys.executable, "-m", "freeze.pipeline.cluster.store", head.address, str(RDZV_PORT)]
+    return cluster.exec_argv(head, store)
 
 
 def node_env(node: Node, cluster_cores: list[int], base: dict | None = None) -> dict:
@@ -85,10 +96,14 @@ def node_env(node: Node, cluster_cores: list[int], base: dict | None = None) -> 
 
 
 def _child_setup(cores: tuple[int, ...]):
+    launcher_pid = os.getpid()
+
     def setup() -> None:
         os.sched_setaffinity(0, cores)
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != launcher_pid:  # the launcher died before prctl: nobody will send the signal
+            os._exit(1)
 
     return setup
 
@@ -122,15 +137,28 @@ def run_job(
     stderr=None,
     env: dict | None = None,
 ) -> JobResult:
-    """Start one agent per node, wait for all of them, return their exit codes and link counters.
+    """Start the rendezvous store and one agent per node, wait for all agents, stop the store, return
+    their exit codes and link counters.
 
     A node that fails gives the others :data:`_FAILURE_GRACE_S` to exit (gloo notices a dead peer's
     closed sockets at once); after that, or after ``deadline_s``, every agent is killed.
     """
     start_s = time.perf_counter()
     procs: list[subprocess.Popen] = []
+    store: list[subprocess.Popen] = []
     cluster_cores = planned_cores([node.cpu for node in cluster.nodes])
     try:
+        store.append(
+            subprocess.Popen(
+                store_argv(cluster),
+                env=node_env(cluster.nodes[0], cluster_cores, env),
+                stdout=stdout,
+                stderr=stderr,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                preexec_fn=_child_setup(cluster.nodes[0].cpu.cores),
+            )
+        )
         for node in cluster.nodes:
             procs.append(
                 subprocess.Popen(
@@ -146,6 +174,8 @@ def run_job(
         deadline = None if deadline_s is None else time.monotonic() + deadline_s
         failed_at = None
         while any(p.poll() is None for p in procs):
+            if store[0].poll() is not None:  # it said why in one line; the agents would wait 60 s
+                raise ClusterError(f"cluster: the rendezvous store exited with code {store[0].returncode}")
             now = time.monotonic()
             if failed_at is None and any(p.returncode not in (None, 0) for p in procs):
                 failed_at = now
@@ -155,7 +185,10 @@ def run_job(
                 break
             time.sleep(0.1)
     finally:
-        _stop(procs)
+        try:
+            _stop(procs)
+        finally:  # after the agents (the last may still be closing the rendezvous), even on a 2nd Ctrl-C
+            _stop(store)
     codes = tuple(p.returncode if p.returncode is not None else -signal.SIGKILL for p in procs)
     first_bad = next((c for c in codes if c != 0), 0)
     return JobResult(first_bad, codes, time.perf_counter() - start_s, tuple(cluster.counters()))
