@@ -144,38 +144,31 @@ def run_job(
     closed sockets at once); after that, or after ``deadline_s``, every agent is killed.
     """
     start_s = time.perf_counter()
-    procs: list[subprocess.Popen] = []
-    store: list[subprocess.Popen] = []
     cluster_cores = planned_cores([node.cpu for node in cluster.nodes])
-    try:
-        store.append(
-            subprocess.Popen(
-                store_argv(cluster),
-                env=node_env(cluster.nodes[0], cluster_cores, env),
-                stdout=stdout,
-                stderr=stderr,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-                preexec_fn=_child_setup(cluster.nodes[0].cpu.cores),
-            )
+
+    def start_on(node: Node, argv: list[str]) -> subprocess.Popen:
+        # its own session (the launcher stops it with killpg), pinned to the node, dying with the launcher
+        return subprocess.Popen(
+            argv,
+            env=node_env(node, cluster_cores, env),
+            stdout=stdout,
+            stderr=stderr,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=_child_setup(node.cpu.cores),
         )
+
+    store: subprocess.Popen | None = None
+    procs: list[subprocess.Popen] = []
+    try:  # the store started inside it: a Ctrl-C just after its start still stops it
+        store = start_on(cluster.nodes[0], store_argv(cluster))
         for node in cluster.nodes:
-            procs.append(
-                subprocess.Popen(
-                    agent_argv(cluster, node, entry, nproc_per_node, max_restarts),
-                    env=node_env(node, cluster_cores, env),
-                    stdout=stdout,
-                    stderr=stderr,
-                    stdin=subprocess.DEVNULL,
-                    start_new_session=True,
-                    preexec_fn=_child_setup(node.cpu.cores),
-                )
-            )
+            procs.append(start_on(node, agent_argv(cluster, node, entry, nproc_per_node, max_restarts)))
         deadline = None if deadline_s is None else time.monotonic() + deadline_s
         failed_at = None
         while any(p.poll() is None for p in procs):
-            if store[0].poll() is not None:  # it said why in one line; the agents would wait 60 s
-                raise ClusterError(f"cluster: the rendezvous store exited with code {store[0].returncode}")
+            if store.poll() is not None:  # it said why in one line; the agents would wait 60 s
+                raise ClusterError(f"cluster: the rendezvous store exited with code {store.returncode}")
             now = time.monotonic()
             if failed_at is None and any(p.returncode not in (None, 0) for p in procs):
                 failed_at = now
@@ -188,7 +181,7 @@ def run_job(
         try:
             _stop(procs)
         finally:  # after the agents (the last may still be closing the rendezvous), even on a 2nd Ctrl-C
-            _stop(store)
+            _stop([store] if store is not None else [])
     codes = tuple(p.returncode if p.returncode is not None else -signal.SIGKILL for p in procs)
     first_bad = next((c for c in codes if c != 0), 0)
     return JobResult(first_bad, codes, time.perf_counter() - start_s, tuple(cluster.counters()))

@@ -30,8 +30,9 @@ def serve(address: str, port: int) -> int:
     try:
         store = TCPStore(address, port, is_master=True, wait_for_workers=False)
     except (RuntimeError, OSError) as e:  # the address is not this node's, or the port is taken
-        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        print(f"error: cluster: the rendezvous store cannot listen on {address}:{port}: {first_line}", file=sys.stderr)
+        lines = str(e).strip().splitlines()  # torch's message goes on with hints and a C++ stack
+        reason = lines[0] if lines else type(e).__name__
+        print(f"error: cluster: the rendezvous store cannot listen on {address}:{port}: {reason}", file=sys.stderr)
         return 1
     signal.sigwait(stop)
     del store
