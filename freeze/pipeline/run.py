@@ -228,15 +228,16 @@ def launch_local(
 
 
 def _rendezvous_argv(allocation: Allocation) -> list[str]:
-    """torchrun's options for one node of a SLURM job: every node's agent meets the others on the
-    first node; ``is_host`` says which agent hosts the store (on a cluster whose nodes share a name,
-    such as this project's test cluster on one machine, the name cannot tell)."""
+    """torchrun's options for one node of a SLURM job: every node's agent meets the others at the store
+    the batch shell hosts (freeze.pipeline.slurm.store), or, under a script of an older freeze that
+    starts none, at node 0's agent. ``is_host`` is explicit: by name, on a cluster whose nodes share
+    one (this project's test cluster on one machine), each agent would think it hosts the store."""
     return [
         f"--nnodes={len(allocation.nodes)}",
         "--rdzv-backend=c10d",
         f"--rdzv-endpoint={allocation.rendezvous_endpoint}",
         f"--rdzv-id={allocation.rendezvous_id}",
-        f"--rdzv-conf=is_host={1 if allocation.node_rank == 0 else 0}",
+        f"--rdzv-conf=is_host={1 if allocation.agent_hosts_store else 0}",
     ]
 
 

@@ -5,16 +5,14 @@ the reason printed (pytest -rs, and the summary line from conftest.py)."""
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import torch
 
-from freeze.pipeline.cluster import launch, net, probe, store
+from freeze.pipeline.cluster import launch, net, probe
 from freeze.pipeline.cluster.launch import agent_argv, node_env, store_argv
 from freeze.pipeline.cluster.net import unavailable_reason
 from freeze.pipeline.cluster.spec import (
@@ -29,7 +27,7 @@ from freeze.pipeline.cluster.spec import (
 )
 from freeze.pipeline.config import ConfigError, load_config
 from tests.pipeline.tiny_runs import TINY_RUN
-from tests.processes import REPO, python_env, run_python, start_python
+from tests.processes import REPO, python_env, start_python
 
 SMOKE = REPO / "experiments" / "configs" / "smoke.toml"
 # 2 nodes x 1 worker, 2 steps per epoch, a policy evaluation every step: autofreeze decides in-run.
@@ -142,7 +140,7 @@ def test_no_agent_hosts_the_store_and_each_names_its_own_address():
         assert argv[:4] == ["unshare", "--pid", "--fork", "--kill-child"] and node.namespace in argv
     store = store_argv(cluster)
     assert store[:4] == ["ip", "netns", "exec", cluster.nodes[0].namespace]
-    assert store[-3:] == ["freeze.pipeline.cluster.store", "10.47.0.1", "29400"]
+    assert store[-3:] == ["freeze.pipeline.rendezvous_store", "10.47.0.1", "29400"]
 
 
 class _FakeJob:
@@ -155,7 +153,7 @@ class _FakeJob:
 
         class Process:
             def __init__(self, argv, **kwargs):
-                self.name = "store" if "freeze.pipeline.cluster.store" in argv else f"agent{len(job.events)}"
+                self.name = "store" if "freeze.pipeline.rendezvous_store" in argv else f"agent{len(job.events)}"
                 self.exit = None if self.name == "store" else exits[len(job.events) - 1]
                 self.returncode = None
                 job.events.append(f"start {self.name}")
@@ -193,42 +191,6 @@ def test_the_store_starts_before_the_agents_and_stops_after_the_last(monkeypatch
     with pytest.raises(TimeoutError):
         launch.run_job(cluster, ["-m", "x"], deadline_s=0)
     assert hung.events == ["start store", "start agent1", "start agent2", "exit agent1", "stop agent2", "stop store"]
-
-
-@pytest.mark.processes
-def test_the_store_serves_until_sigterm_then_exits_cleanly():
-    port = _free_port()
-    proc = start_python(["-m", "freeze.pipeline.cluster.store", "127.0.0.1", str(port)], stderr=subprocess.PIPE)
-    try:
-        client = torch.distributed.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=60))
-        client.set("rendezvous", "closed")
-        assert client.get("rendezvous") == b"closed"
-        del client
-        # A second store on the same port cannot listen: one line and exit 1, which the launcher
-        # turns into a stopped job instead of agents waiting 60 s for a store that is not there.
-        taken = run_python(["-m", "freeze.pipeline.cluster.store", "127.0.0.1", str(port)], timeout_s=60)
-        assert taken.returncode == 1
-        assert taken.stderr.startswith(f"error: cluster: the rendezvous store cannot listen on 127.0.0.1:{port}: ")
-        assert taken.stderr.count("\n") == 1, taken.stderr
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == 0
-        assert proc.stderr.read() == b""
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        proc.stderr.close()
-
-
-def test_the_store_refuses_bad_arguments_in_one_line(capsys):
-    assert store.main(["10.47.0.1", "port"]) == 2
-    assert capsys.readouterr().err.strip() == "usage: python -m freeze.pipeline.cluster.store <address> <port>"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def test_a_namespace_deleted_by_a_concurrent_cleanup_is_not_an_error(tmp_path, monkeypatch):

@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
 from freeze.pipeline.config import ConfigError
+from freeze.pipeline.run import _rendezvous_argv
 from freeze.pipeline.slurm import (
     SlurmEnvError,
     SlurmOptions,
@@ -83,6 +87,20 @@ def test_the_allocation_from_slurms_variables():
         current_allocation({**env, "SLURM_NODEID": "5"})
     with pytest.raises(SlurmEnvError, match="SLURM_RESTART_COUNT='x' is not an integer"):
         current_allocation({**env, "SLURM_RESTART_COUNT": "x"})
+
+
+def test_no_nodes_agent_hosts_the_rendezvous_store_the_batch_shell_hosts():
+    # the batch shell hosts it (freeze.pipeline.slurm.store) and names its node: an agent hosting it
+    # would take it away from the other nodes whenever it exited first
+    env = {"SLURM_JOB_ID": "1234", "SLURM_JOB_NODELIST": "nodeA,nodeB", "FREEZE_RDZV_STORE_HOST": "nodeB"}
+    for node in ("0", "1"):
+        argv = _rendezvous_argv(current_allocation({**env, "SLURM_NODEID": node}))
+        assert f"--rdzv-endpoint=nodeB:{rendezvous_port('1234')}" in argv and "--rdzv-conf=is_host=0" in argv
+    # a script of an older freeze starts no store and names none: node 0's agent hosts it, as then
+    del env["FREEZE_RDZV_STORE_HOST"]
+    hosts = [_rendezvous_argv(current_allocation({**env, "SLURM_NODEID": node}))[-1] for node in ("0", "1")]
+    assert hosts == ["--rdzv-conf=is_host=1", "--rdzv-conf=is_host=0"]
+    assert current_allocation({**env, "SLURM_NODEID": "0"}).rendezvous_endpoint == f"nodeA:{rendezvous_port('1234')}"
 
 
 @pytest.mark.parametrize(
@@ -166,6 +184,80 @@ def test_the_sbatch_script_requeues_itself_and_appends_its_log(tmp_path):
         assert line in text.splitlines(), line
     # this task only: an array's first task has the array's own job id, which would requeue every task
     assert 'scontrol requeue "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"' in text and "--mem" not in text
+    # a run over 2 nodes: the batch shell hosts the rendezvous store from before srun until srun has
+    # returned (after its wait loop: a USR1 that cuts a wait short must not stop it), so the store
+    # outlives every node's agent; it names its node to the tasks
+    lines = text.splitlines()
+    export = lines.index('export FREEZE_RDZV_STORE_HOST="${SLURMD_NODENAME:-$(hostname)}"')
+    store = lines.index("/v/python -m freeze.pipeline.slurm.store &")
+    srun = next(i for i, line in enumerate(lines) if line.startswith("srun "))
+    loop = next(i for i, line in enumerate(lines) if line.startswith('while kill -0 "$task"'))
+    stop = lines.index('kill -TERM "$store" 2>/dev/null')
+    assert export < store < srun < loop < stop < lines.index('exit "$code"')
+    one_node = sbatch_script(
+        SlurmOptions(), job_name="j", stage_dir=tmp_path, indices=[0], nodes=1, nproc=1, python="p", workdir=tmp_path
+    )
+    # one node: torchrun's standalone rendezvous, no store to host
+    assert "freeze.pipeline.slurm.store" not in one_node and "FREEZE_RDZV_STORE_HOST" not in one_node
+
+
+def _fake_command(path: Path, body: str) -> str:
+    path.write_text("#!/bin/bash\n" + body)
+    path.chmod(0o755)
+    return str(path)
+
+
+@pytest.mark.processes
+def test_the_batch_shell_stops_the_store_only_after_srun_and_keeps_srun_s_exit_code(tmp_path):
+    """The script itself, in bash, with srun, scontrol and the store replaced by commands that log
+    what they see: the time limit's USR1 during srun requeues without stopping the store."""
+    bin_dir, events = tmp_path / "bin", tmp_path / "events.log"
+    bin_dir.mkdir()
+    _fake_command(
+        bin_dir / "srun",
+        'echo "srun start $FREEZE_RDZV_STORE_HOST" >> "$EVENTS"; sleep 2\necho "srun end" >> "$EVENTS"; exit 3\n',
+    )
+    _fake_command(bin_dir / "scontrol", 'echo "scontrol $*" >> "$EVENTS"\n')
+    python = _fake_command(
+        tmp_path / "python",
+        'trap \'echo "store stopped" >> "$EVENTS"; exit 0\' TERM\n'
+        'echo "store $FREEZE_RDZV_STORE_HOST" >> "$EVENTS"; while true; do sleep 0.1; done\n',
+    )
+    script = tmp_path / "job.sbatch"
+    script.write_text(
+        sbatch_script(
+            SlurmOptions(),
+            job_name="j",
+            stage_dir=tmp_path,
+            indices=[0],
+            nodes=2,
+            nproc=1,
+            python=python,
+            workdir=tmp_path,
+        )
+    )
+    env = {
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+        "EVENTS": str(events),
+        **{"SLURM_JOB_ID": "7", "SLURM_ARRAY_JOB_ID": "7", "SLURM_ARRAY_TASK_ID": "0", "SLURMD_NODENAME": "n0"},
+        "SLURM_CPUS_PER_TASK": "1",
+    }
+    shell = subprocess.Popen(["bash", str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 30
+        while "srun start" not in (events.read_text() if events.exists() else ""):
+            assert time.monotonic() < deadline, "srun never started"
+            time.sleep(0.05)
+        shell.send_signal(signal.SIGUSR1)  # the time limit's warning, while srun runs
+        output = shell.communicate(timeout=60)[0].decode()
+    finally:
+        if shell.poll() is None:
+            shell.kill()
+            shell.wait()
+    assert shell.returncode == 3, output  # srun's code, not the store's
+    logged = events.read_text().splitlines()
+    assert {"store n0", "srun start n0"} <= set(logged) and "scontrol requeue 7_0" in logged
+    assert logged.index("srun end") < logged.index("store stopped") == len(logged) - 1, logged
 
 
 def _specs(tmp_path, grid=None, overrides=()):

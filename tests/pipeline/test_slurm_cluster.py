@@ -127,6 +127,10 @@ def test_a_two_node_run_takes_its_ranks_from_the_allocation_and_ends_as_on_one_m
             or m["boundary"] != m["boundary_at_epoch_start"]
         )
     assert any(m["boundary"] > 0 for m in _metrics(run))
+    # the store was the batch shell's, not an agent's, and no node was left without it
+    logs = _task_logs(tmp_path / "runs" / "nodes")
+    assert "== array task 0: exit code 0" in logs
+    assert "failed to shutdown the rendezvous" not in logs and "Traceback" not in logs, logs[-3000:]
     # the same run on 2 workers of one machine, without SLURM: the same bits
     local = run_python(
         [

@@ -1,7 +1,7 @@
 """One torchrun agent per node of an emulated cluster, with a c10d rendezvous on node 0's address.
 
 The rendezvous store runs first, in a process of its own in node 0's namespace
-(:mod:`freeze.pipeline.cluster.store`), and stops after the last agent: an agent hosting it would
+(:mod:`freeze.pipeline.rendezvous_store`), and stops after the last agent: an agent hosting it would
 end the rendezvous for the others whenever it exited first. Each agent runs ``unshare --pid --fork
 --kill-child ip netns exec <node> python -m freeze.pipeline.cluster.agent --nnodes=N
 --rdzv-backend=c10d --rdzv-endpoint=<node 0>:29400 --rdzv-conf=is_host=0 --local-addr=<node
@@ -70,7 +70,7 @@ def agent_argv(
 def store_argv(cluster: Cluster) -> list[str]:
     """The command that hosts the cluster's rendezvous store on node 0's address, in its namespace."""
     head = cluster.nodes[0]
-    store = [sys.executable, "-m", "freeze.pipeline.cluster.store", head.address, str(RDZV_PORT)]
+    store = [sys.executable, "-m", "freeze.pipeline.rendezvous_store", head.address, str(RDZV_PORT)]
     return cluster.exec_argv(head, store)
 
 

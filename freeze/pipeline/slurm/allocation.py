@@ -3,9 +3,11 @@
 Two ways a run meets SLURM, both without a flag the user repeats:
 
 - One task per node (what our sbatch script does): each node's task hosts torchrun's agent for
-  ``dist.nproc`` workers; the agents meet at a c10d rendezvous on the allocation's first node, under
-  the id ``<job id>-<restart count>`` so that a requeued job never joins its previous life's round.
-  :class:`Allocation` gives the nodes, this node's rank and the rendezvous.
+  ``dist.nproc`` workers; the agents meet at a c10d rendezvous on the node the batch shell runs on,
+  whose store the shell hosts (:mod:`.store`; a script of an older freeze did not: node 0's agent
+  then hosts it on the allocation's first node), under the id ``<job id>-<restart count>`` so that a
+  requeued job never joins its previous life's round. :class:`Allocation` gives the nodes, this
+  node's rank and the rendezvous.
 - One task per worker (``srun --ntasks-per-node=G python -m experiments.run ...``, as torchvision's
   references and Lightning's SLURMEnvironment support): no torchrun, so RANK and friends are unset;
   :func:`srun_rank_env` derives them from SLURM_PROCID, SLURM_LOCALID and the task layout.
@@ -25,6 +27,9 @@ from dataclasses import dataclass
 # its MASTER_PORT the same way). Above the usual service ports, below the ephemeral range.
 RDZV_PORT_BASE = 20000
 RDZV_PORT_SPAN = 12000
+# Set by the batch script to the node it runs on, where it hosts the rendezvous store (script.py);
+# srun passes it on to every node's task.
+STORE_HOST_ENV = "FREEZE_RDZV_STORE_HOST"
 
 
 class SlurmEnvError(ValueError):
@@ -105,6 +110,7 @@ class Allocation:
     restart_count: int  # SLURM_RESTART_COUNT: 0 at the first start, +1 per requeue
     nodes: tuple[str, ...]
     node_rank: int  # SLURM_NODEID
+    store_host: str | None = None  # FREEZE_RDZV_STORE_HOST: the node whose batch shell hosts the store
 
     @property
     def head(self) -> str:
@@ -115,8 +121,21 @@ class Allocation:
         return f"{self.job_id}-{self.restart_count}"
 
     @property
+    def rendezvous_host(self) -> str:
+        return self.store_host or self.head
+
+    @property
+    def rendezvous_port(self) -> int:
+        return rendezvous_port(self.job_id)
+
+    @property
     def rendezvous_endpoint(self) -> str:
-        return f"{self.head}:{rendezvous_port(self.job_id)}"
+        return f"{self.rendezvous_host}:{self.rendezvous_port}"
+
+    @property
+    def agent_hosts_store(self) -> bool:
+        """True for node 0's agent when no batch shell hosts the store (a script of an older freeze)."""
+        return self.store_host is None and self.node_rank == 0
 
 
 def current_allocation(environ: Mapping[str, str] | None = None) -> Allocation | None:
@@ -133,7 +152,8 @@ def current_allocation(environ: Mapping[str, str] | None = None) -> Allocation |
     node_rank = _int_var(environ, "SLURM_NODEID", 0)
     if not 0 <= node_rank < len(nodes):
         raise SlurmEnvError(f"SLURM_NODEID={node_rank} is not the index of one of the job's {len(nodes)} nodes")
-    return Allocation(job_id, _int_var(environ, "SLURM_RESTART_COUNT", 0), nodes, node_rank)
+    store_host = environ.get(STORE_HOST_ENV) or None
+    return Allocation(job_id, _int_var(environ, "SLURM_RESTART_COUNT", 0), nodes, node_rank, store_host)
 
 
 def _tasks_on_node(layout: str, node_rank: int) -> int:

@@ -7,7 +7,9 @@ script again (or SLURM requeueing a task) continues where the runs stopped and n
 twice. Before the time limit SLURM sends the batch shell a warning signal (``--signal=B:USR1@S``);
 the shell requeues its own task, SLURM stops it (SIGTERM: the run keeps its completed epochs) and
 starts it again. Preemption by the scheduler (PreemptMode=REQUEUE) goes the same way without the
-warning. The log is appended across restarts (``--open-mode=append``).
+warning. The log is appended across restarts (``--open-mode=append``). For a run over several
+nodes the shell also hosts the agents' rendezvous store from before ``srun`` until it returns
+(:mod:`freeze.pipeline.slurm.store`).
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
+from freeze.pipeline.slurm.allocation import STORE_HOST_ENV
 from freeze.pipeline.slurm.options import SlurmOptions
 
 TASK_MODULE = "freeze.pipeline.sweep.task"
+STORE_MODULE = "freeze.pipeline.slurm.store"  # hosted by the batch shell, when a run spans several nodes
 
 
 def array_spec(indices: list[int], max_parallel: int) -> str:
@@ -33,6 +37,25 @@ def array_spec(indices: list[int], max_parallel: int) -> str:
         if i is not None:
             start = prev = i
     return ",".join(ranges) + (f"%{max_parallel}" if max_parallel else "")
+
+
+def _store_start(python: str) -> list[str]:
+    return [
+        "# The rendezvous store of the run's torchrun agents, hosted here, apart from the agents: it outlives",
+        "# the last of them to close the rendezvous and stops once srun has returned. srun passes the variable",
+        "# (this node's name) to every node's task, whose agent connects to it.",
+        f'export {STORE_HOST_ENV}="${{SLURMD_NODENAME:-$(hostname)}}"',
+        f"{shlex.quote(python)} -m {STORE_MODULE} &",
+        "store=$!",
+    ]
+
+
+_STORE_STOP = [
+    "# srun has returned: every agent has exited. Stop the store (SIGKILL if it has not ended within 10 s).",
+    'kill -TERM "$store" 2>/dev/null',
+    'for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$store" 2>/dev/null || break; sleep 1; done',
+    'kill -KILL "$store" 2>/dev/null; wait "$store" 2>/dev/null',
+]
 
 
 def sbatch_script(
@@ -106,10 +129,12 @@ def sbatch_script(
         "  fi",
         "}",
         "trap requeue USR1",
+        *(_store_start(python) if nodes > 1 else []),
         f"{task} &",
         "task=$!",
         'wait "$task"; code=$?',
         'while kill -0 "$task" 2>/dev/null; do wait "$task"; code=$?; done  # the trap cut a wait short',
+        *(_STORE_STOP if nodes > 1 else []),
         'echo "== array task $SLURM_ARRAY_TASK_ID: exit code $code at $(date -Is)"',
         'exit "$code"',
     ]

@@ -28,6 +28,7 @@ from freeze.pipeline.run import exported, launch_local
 from freeze.pipeline.run_lock import RunLock
 from freeze.pipeline.runs import IN_SWEEP_ENV, RunDir
 from freeze.pipeline.slurm import Allocation, SlurmEnvError, current_allocation
+from freeze.pipeline.slurm.store import StoreUnavailable, await_store
 from freeze.pipeline.sweep.grid import SweepError
 from freeze.pipeline.sweep.nodes import await_decision
 from freeze.pipeline.sweep.runner import SweepSummary, TaskMode, run_one
@@ -107,10 +108,16 @@ def _task(argv: list[str]) -> int:
         return 2
     tag = f"[task {index}] {spec.name}"
     try:
+        if allocation is not None and allocation.node_rank == 0 and allocation.store_host is not None:
+            # one line when the batch shell's store is not there, not every agent's traceback after 60 s
+            await_store(allocation)
         with exported({IN_SWEEP_ENV: "1"}):
             if allocation is None or allocation.node_rank == 0:
                 return _lead(spec, tag, allocation)
             return _follow(spec, allocation)
+    except StoreUnavailable as e:
+        print(f"error: slurm: {e}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:  # the run said "interrupted (its completed epochs are kept)" itself, if it ran
         return INTERRUPTED_EXIT_CODE
     except TimeoutError as e:
