@@ -8,7 +8,11 @@ For each ``A=B``: the paired difference in final test accuracy A - B over the se
 t interval) and how many paired seeds would decide its sign at the spread seen. With ``--frontier``:
 every arm's iso-accuracy speedup against the budget frontier of that setting (budgets: policy none
 with budget_fraction < 1, and the full-budget group ``--baseline``), by the report's own arithmetic
-(freeze.pipeline.report.frontier). Prints markdown; exit 2 with one line on bad input.
+(freeze.pipeline.report.frontier), with its control check: the control group (``--control``, default
+``control`` where the setting has one) must not read beyond the frontier, or every verdict reads
+invalid, as in the report's table. Only the setting's own frontier is read: a setting without budgets
+(the emulated cluster) borrows one in the report, which this does not. Prints markdown; exit 2 with
+one line on bad input.
 """
 
 from __future__ import annotations
@@ -20,11 +24,21 @@ from pathlib import Path
 
 import pandas as pd
 
-from freeze.pipeline.report.frontier import Point, iso_accuracy_speedup
+from freeze.pipeline.report.frontier import Point, control_check, invalid_verdict, iso_accuracy_speedup
 from freeze.pipeline.report.paired import seeds_to_decide
 from freeze.pipeline.report.tables import mean_ci95
 
 REQUIRED = ("setting", "group", "seed", "policy", "budget_fraction", "train_s", "test_acc")
+
+CONTROL_LINES = {
+    "": "No control group in this setting: the statistic's calibration is not checked.",
+    "passed": "The control ({control}) does not read beyond the frontier: the check passed.",
+    "failed": "CALIBRATION FAILED: the control ({control}) reads beyond the frontier it lies on; no verdict stands.",
+    "warning": (
+        "WARNING: the control ({control}) reads below the frontier: timing drift, or budgets as accurate as full "
+        "fine-tuning in some seeds; 'no' readings near 1.00x may be that bias."
+    ),
+}
 
 
 def contrast_row(frame: pd.DataFrame, arm: str, other: str) -> dict:
@@ -46,8 +60,9 @@ def contrast_row(frame: pd.DataFrame, arm: str, other: str) -> dict:
     }
 
 
-def frontier_rows(frame: pd.DataFrame, baseline: str) -> list[dict]:
-    """Every non-budget arm's iso-accuracy speedup against the frontier of the frame's budgets."""
+def frontier_rows(frame: pd.DataFrame, baseline: str, control: str | None = None) -> tuple[list[dict], str]:
+    """Every non-budget arm's iso-accuracy speedup against the frontier of the frame's budgets, and
+    what the ``control`` group's reading says of them (report.frontier.control_check: "" without one)."""
     budgets = frame[(frame["policy"] == "none") & (frame["budget_fraction"] < 1.0)]
     full = frame[frame["group"] == baseline]
     frontier = {
@@ -62,7 +77,13 @@ def frontier_rows(frame: pd.DataFrame, baseline: str) -> list[dict]:
         arm = {int(r.seed): Point(r.train_s, 100 * r.test_acc) for r in members.itertuples()}
         iso = iso_accuracy_speedup(frontier, arm)
         rows.append({"arm": group, "seeds": iso.seeds, "iso": iso.label(), "beyond the frontier": iso.verdict()})
-    return rows
+    by_arm = {row["arm"]: row["beyond the frontier"] for row in rows}
+    check = control_check(by_arm[control]) if control in by_arm else ""
+    if check == "failed":
+        setting = str(frame["setting"].iloc[0])
+        for row in rows:
+            row["beyond the frontier"] = invalid_verdict([f"{setting}/{control}"])
+    return rows, check
 
 
 def _markdown(rows: list[dict]) -> str:
@@ -90,6 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--contrast", action="append", default=[], help="A=B: arm A minus arm B, paired by seed")
     parser.add_argument("--frontier", action="store_true", help="every arm's iso-accuracy speedup")
     parser.add_argument("--baseline", default="none", help="the full-budget group of the frontier")
+    parser.add_argument(
+        "--control", default="control", help="the group that runs the baseline again (the check; default: control)"
+    )
     args = parser.parse_args(argv)
     try:
         frame = pd.read_csv(args.csv, keep_default_na=False, na_values=[""])
@@ -127,8 +151,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.baseline not in groups:
             print(f"error: --baseline {args.baseline!r} is not a group of {args.csv}", file=sys.stderr)
             return 2
+        if args.control not in groups and args.control != "control":
+            print(f"error: --control {args.control!r} is not a group of {args.csv}", file=sys.stderr)
+            return 2
+        found, check = frontier_rows(frame, args.baseline, args.control)
         print("\nIso-accuracy speedup against the budget frontier (the report's arithmetic):\n")
-        print(_markdown(frontier_rows(frame, args.baseline)))
+        print(_markdown(found))
+        print("\n" + CONTROL_LINES[check].format(control=args.control))
     return 0
 
 

@@ -17,7 +17,7 @@ from freeze.pipeline.interrupts import signals_deferred
 from freeze.pipeline.report.atlas import atlas_table
 from freeze.pipeline.report.blocks import blocks_table
 from freeze.pipeline.report.decisions import decisions_table
-from freeze.pipeline.report.frontier_tables import frontier_table, iso_speedup_table, iso_speedups
+from freeze.pipeline.report.frontier_tables import frontier_table, iso_speedup_table, iso_speedups, settle
 from freeze.pipeline.report.load import ReportInputError, Run, load_runs
 from freeze.pipeline.report.paired import DEFAULT_MARGIN_POINTS, convergence_table, paired_table
 from freeze.pipeline.report.per_seed import per_seed_table
@@ -57,7 +57,8 @@ def build_tables(
     margin_points: float = DEFAULT_MARGIN_POINTS,
 ) -> list[Table]:
     chosen = resolve_baseline(runs, baseline)
-    iso = iso_speedups(runs, chosen)  # against the budget frontier; {} without budget runs
+    # against the budget frontier ({} without budget runs), each verdict settled once for every table
+    iso = settle(iso_speedups(runs, chosen))
     iso_by_group = {key: reading.iso for key, reading in iso.items()}
     main = main_table(runs, chosen, target_fraction, margin_points, iso_by_group)
     paired = paired_table(runs, chosen, target_fraction, margin_points, iso_by_group)

@@ -68,6 +68,10 @@ class IsoSpeedup:
     # at that end's time), so the interval's low / high end rests on a cap, not an estimate.
     seeds_below_start: int = 0
     seeds_past_end: int = 0
+    # The verdict the report settled on for the arm, when more than this interval decides it (the same
+    # arm read with measured time fractions; a control's false reading, which voids every verdict):
+    # what every table then says. None: this interval's own (interval_verdict).
+    settled: str | None = None
 
     @property
     def low_is_capped(self) -> bool:
@@ -94,6 +98,10 @@ class IsoSpeedup:
         return f"{mark}{self.speedup:.2f}x{interval}"
 
     def verdict(self) -> str:
+        """The settled verdict if the report settled one, else :meth:`interval_verdict`."""
+        return self.interval_verdict() if self.settled is None else self.settled
+
+    def interval_verdict(self) -> str:
         """Whether the arm lies beyond the frontier by the margin: yes, no, undecided (the interval
         holds the margin, an end that decides rests on a bound, or too few seeds), n/a (one seed)."""
         if self.seeds < 2 or not np.isfinite(self.ci_low):
@@ -105,8 +113,32 @@ class IsoSpeedup:
         if self.ci_low > BEYOND_MARGIN:
             return "undecided (its accuracy reaches below the shortest budget)" if self.low_is_capped else "yes"
         if self.ci_high < BEYOND_MARGIN and not self.high_is_capped:
-            return "no (below the frontier)" if self.ci_high < 1.0 else f"no (not by {BEYOND_MARGIN:.2f}x)"
+            return BELOW_FRONTIER if self.ci_high < 1.0 else f"no (not by {BEYOND_MARGIN:.2f}x)"
         return "undecided"
+
+
+BEYOND_FRONTIER = "yes"
+BELOW_FRONTIER = "no (below the frontier)"
+
+
+def control_check(control_verdict: str) -> str:
+    """What a control's own verdict (it computes what the full budget computes) says of its table:
+
+    - "failed": it reads beyond the frontier, the statistic's false positive (the running maximum
+      only raises the frontier, so timing drift is the cause): no verdict of the table stands;
+    - "warning": it reads below: timing drift, or the running maximum lifting the frontier above full
+      fine-tuning in seeds where a shorter budget was as accurate (a bias against every arm), so
+      "no" readings near 1.00x in the table may be that bias; the verdicts stand, with the warning;
+    - "passed": anything else."""
+    if control_verdict == BEYOND_FRONTIER:
+        return "failed"
+    return "warning" if control_verdict == BELOW_FRONTIER else "passed"
+
+
+def invalid_verdict(failed_controls: list[str]) -> str:
+    """The verdict every arm of a table gets when its controls (``setting/group``) read beyond."""
+    noun = "control" if len(failed_controls) == 1 else "controls"
+    return f"invalid: the {noun} {', '.join(failed_controls)} read{'s' if noun == 'control' else ''} beyond"
 
 
 def monotone_curve(times_s: np.ndarray, accuracies_pct: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

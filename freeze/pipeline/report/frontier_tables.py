@@ -18,12 +18,20 @@ the two differ (time per step against full fine-tuning's).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
 
-from freeze.pipeline.report.frontier import BEYOND_MARGIN, MIN_VERDICT_SEEDS, IsoSpeedup, Point, iso_accuracy_speedup
+from freeze.pipeline.report.frontier import (
+    BEYOND_MARGIN,
+    MIN_VERDICT_SEEDS,
+    IsoSpeedup,
+    Point,
+    control_check,
+    invalid_verdict,
+    iso_accuracy_speedup,
+)
 from freeze.pipeline.report.load import Run
 from freeze.pipeline.report.paired import is_control
 from freeze.pipeline.report.tables import (
@@ -237,10 +245,15 @@ class FrontierReading:
     control: bool = False  # the group computes what the baseline computes (report.paired.is_control)
 
     def verdict(self) -> str:
+        """The verdict every table gives the arm: :meth:`reading_verdict`, or the one :func:`settle`
+        put on its ``iso``."""
+        return self.reading_verdict() if self.iso.settled is None else self.iso.settled
+
+    def reading_verdict(self) -> str:
         """yes / no only where every reading says so; else undecided (or the reading's n/a)."""
         if self.by_time is None:
-            return self.iso.verdict()
-        both = {self.iso.verdict(), self.by_time.verdict()}
+            return self.iso.interval_verdict()
+        both = {self.iso.interval_verdict(), self.by_time.interval_verdict()}
         if len(both) == 1:
             return both.pop()
         # "below the frontier" by one reading and "beyond, but not by the margin" by the other: no by both
@@ -276,22 +289,37 @@ def iso_speedups(runs: list[Run], baseline: Baseline) -> dict[GroupKey, Frontier
 
 
 def failed_controls(readings: dict[GroupKey, FrontierReading]) -> list[str]:
-    """The controls that read "beyond the frontier": they compute what the frontier's full budget
-    computes, so such a reading is the statistic's false positive, and no verdict of the table stands."""
+    """The controls (``setting/group``) that read beyond the frontier: they compute what the
+    frontier's full budget computes, so such a reading is the statistic's false positive, and no
+    verdict of the table stands (:func:`report.frontier.control_check`)."""
     return [
         f"{key.setting}/{key.group}"
         for key, reading in readings.items()
-        if reading.control and reading.verdict() == "yes"
+        if reading.control and control_check(reading.reading_verdict()) == "failed"
     ]
+
+
+def settle(readings: dict[GroupKey, FrontierReading]) -> dict[GroupKey, FrontierReading]:
+    """Each arm's verdict fixed on its ``iso``, so that the main, paired, atlas and summary tables
+    (which carry only ``iso``) say what this table says: both readings of a borrowed frontier
+    combined, and "invalid" everywhere when a control reads beyond the frontier."""
+    failed = failed_controls(readings)
+    return {
+        key: replace(
+            reading,
+            iso=replace(
+                reading.iso,
+                settled=invalid_verdict(failed) if failed else reading.reading_verdict(),
+            ),
+        )
+        for key, reading in readings.items()
+    }
 
 
 def iso_speedup_table(readings: dict[GroupKey, FrontierReading]) -> Table:
     """The iso-accuracy speedups of :func:`iso_speedups`, one row per group."""
+    readings = settle(readings)
     rows = [_iso_row(key, reading) for key, reading in readings.items()]
-    failed = failed_controls(readings)
-    for row in rows if failed else ():
-        row["verdict"] = f"invalid: the control ({', '.join(failed)}) reads beyond"
-        row["beyond_frontier"] = False
     columns: list[Column] = [
         ("setting", "l", lambda r: r["setting"]),
         ("group", "l", lambda r: r["group"]),
@@ -305,17 +333,25 @@ def iso_speedup_table(readings: dict[GroupKey, FrontierReading]) -> Table:
     data = pd.DataFrame([{k: v for k, v in r.items() if k not in ("iso", "by_time")} for r in rows])
     if not rows:
         return Table("iso_speedup", "Iso-accuracy speedup", NO_FRONTIER, data, display, align)
-    notes = tuple(
-        f"control {key.setting}/{key.group} (computes what the full budget computes): {reading.iso.label()} - "
-        + (
-            "CALIBRATION FAILED: it reads beyond the frontier, so no verdict in this table stands"
-            if reading.verdict() == "yes"
-            else f"reads '{reading.verdict()}', as a calibrated statistic must"
-        )
-        for key, reading in readings.items()
-        if reading.control
-    )
+    notes = tuple(_control_note(key, reading) for key, reading in readings.items() if reading.control)
     return Table("iso_speedup", "Iso-accuracy speedup", ISO_DEFINITION, data, display, align, notes)
+
+
+def _control_note(key: GroupKey, reading: FrontierReading) -> str:
+    verdict = reading.reading_verdict()
+    head = f"control {key.setting}/{key.group} (computes what the full budget computes): {reading.iso.label()} - "
+    return (
+        head
+        + {
+            "failed": "CALIBRATION FAILED: it reads beyond the frontier, so no verdict in this table stands",
+            "warning": (
+                "WARNING: it reads below the frontier: timing drift (its paired speedup in the paired table says "
+                "whether), or budgets as accurate as full fine-tuning in some seeds, which lift the frontier above it; "
+                "'no' readings near 1.00x here may be that bias"
+            ),
+            "passed": f"reads '{verdict}', as a calibrated statistic must",
+        }[control_check(verdict)]
+    )
 
 
 ISO_DEFINITION = (
@@ -326,7 +362,8 @@ ISO_DEFINITION = (
     f"is above {BEYOND_MARGIN:.2f}x (a practical margin over loopback's 7 % per-seed timing noise), no when "
     f"its high end is below {BEYOND_MARGIN:.2f}x, else undecided; at least {MIN_VERDICT_SEEDS} seeds. "
     ">= / <= mark bounds past the frontier's ends, and an interval end resting on such a seed (an upper "
-    "bound never counts as beyond). A control must not read beyond: if one does, the table says so. "
+    "bound never counts as beyond). A control must not read beyond: if one does, the table says so "
+    "and no verdict in it stands; one that reads below is named with a warning. "
     "A setting without budgets of its own borrows another's frontier, anchored on full fine-tuning sent as the "
     "arm sends its gradients (frontier of: 'loopback, times of bf16': training less with the bf16 hook), its "
     "times carried over as the budgets' step fractions (the column before) and as their measured time "

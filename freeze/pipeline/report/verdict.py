@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from freeze.pipeline.report.frontier import BEYOND_MARGIN
+from freeze.pipeline.report.frontier import BELOW_FRONTIER, BEYOND_MARGIN
 
 
 def _label(row: pd.Series) -> str:
@@ -116,7 +116,7 @@ def _frontier_sentence(row: pd.Series) -> str:
     verdict = str(row.get("iso_verdict", ""))
     meaning = {
         "yes": f"beyond the budget frontier by at least {BEYOND_MARGIN:.2f}x: it beats training fewer steps",
-        "no (below the frontier)": "not beyond the budget frontier: training fewer steps does as well or better",
+        BELOW_FRONTIER: "not beyond the budget frontier: training fewer steps does as well or better",
         f"no (not by {BEYOND_MARGIN:.2f}x)": (
             f"not beyond the budget frontier by {BEYOND_MARGIN:.2f}x: at best it matches training fewer steps "
             "within timing noise"
@@ -125,6 +125,11 @@ def _frontier_sentence(row: pd.Series) -> str:
     }.get(verdict, f"against the budget frontier: {verdict}")
     if verdict.startswith("undecided ("):  # the reason in parentheses: too few seeds, or a capped interval
         meaning = f"too uncertain to tell whether it beats training fewer steps ({verdict.split('(', 1)[1]}"
+    if verdict.startswith("invalid:"):  # a control read beyond the frontier: no verdict of the report stands
+        meaning = (
+            f"no verdict against the budget frontier stands ({verdict.split(': ', 1)[1]} the frontier it lies on: "
+            "the timing drifted more than the intervals say)"
+        )
     return f" Its iso-accuracy speedup is {iso}: {meaning}."
 
 
@@ -143,6 +148,26 @@ def _frozen_sentence(fraction: float) -> str:
 
 
 def _control_sentence(row: pd.Series) -> str:
+    return _control_timing_sentence(row) + _control_frontier_sentence(row)
+
+
+def _control_frontier_sentence(row: pd.Series) -> str:
+    """What the control's own iso-accuracy reading says of the report's frontier verdicts."""
+    verdict = str(row.get("iso_verdict", ""))
+    if verdict.startswith("invalid:"):
+        return (
+            f" No verdict against the budget frontier in this report stands: {verdict.split(': ', 1)[1]} the "
+            "frontier it lies on, that statistic's false positive."
+        )
+    if verdict == BELOW_FRONTIER:
+        return (
+            " Against the budget frontier it lies on it reads below: timing drift, or budgets as accurate as full "
+            "fine-tuning in some seeds; readings 'not beyond' near 1.00x may be that bias."
+        )
+    return ""
+
+
+def _control_timing_sentence(row: pd.Series) -> str:
     s, low, high = float(row["speedup"]), float(row["speedup_low"]), float(row["speedup_high"])
     if not (math.isfinite(low) and math.isfinite(high)):  # one pair: no interval to hold 1.00x or not
         return (
