@@ -6,6 +6,7 @@ two-node run on a real SLURM cluster: tests/pipeline/test_slurm_cluster.py."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import socket
 import subprocess
@@ -27,11 +28,29 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+@contextlib.contextmanager
+def _running(args: list[str], env: dict[str, str] | None = None):
+    """A store process, killed on the way out if the test left it running."""
+    proc = start_python(args, env=env, stderr=subprocess.PIPE)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stderr.close()
+
+
+def _stops_quietly_on_sigterm(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0
+    assert proc.stderr.read() == b""
+
+
 @pytest.mark.processes
 def test_the_store_serves_until_sigterm_then_exits_cleanly():
     port = _free_port()
-    proc = start_python(["-m", "freeze.pipeline.rendezvous_store", "127.0.0.1", str(port)], stderr=subprocess.PIPE)
-    try:
+    with _running(["-m", "freeze.pipeline.rendezvous_store", "127.0.0.1", str(port)]) as proc:
         client = torch.distributed.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=60))
         client.set("rendezvous", "closed")
         assert client.get("rendezvous") == b"closed"
@@ -42,14 +61,7 @@ def test_the_store_serves_until_sigterm_then_exits_cleanly():
         assert taken.returncode == 1
         assert taken.stderr.startswith(f"error: the rendezvous store cannot listen on 127.0.0.1:{port}: ")
         assert taken.stderr.count("\n") == 1, taken.stderr
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == 0
-        assert proc.stderr.read() == b""
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        proc.stderr.close()
+        _stops_quietly_on_sigterm(proc)
 
 
 def test_the_store_refuses_bad_arguments_in_one_line(capsys):
@@ -106,17 +118,9 @@ def test_the_batch_shells_store_is_the_one_node_0_waits_for_and_stops_on_sigterm
         "SLURM_JOB_NODELIST": "127.0.0.1,localhost",
         "FREEZE_RDZV_STORE_HOST": "127.0.0.1",
     }
-    proc = start_python(["-m", "freeze.pipeline.slurm.store"], env=python_env(**env), stderr=subprocess.PIPE)
-    try:
+    with _running(["-m", "freeze.pipeline.slurm.store"], env=python_env(**env)) as proc:
         slurm_store.await_store(current_allocation({**env, "SLURM_NODEID": "0"}), timeout_s=60)
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == 0
-        assert proc.stderr.read() == b""
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        proc.stderr.close()
+        _stops_quietly_on_sigterm(proc)
 
 
 def test_the_slurm_entry_runs_inside_a_job_that_names_the_stores_node(monkeypatch, capsys):
