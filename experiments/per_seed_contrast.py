@@ -24,7 +24,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from freeze.pipeline.report.frontier import Point, control_check, invalid_verdict, iso_accuracy_speedup
+from freeze.pipeline.report.frontier import (
+    CONTROL_BELOW_REASONS,
+    Point,
+    control_check,
+    invalid_verdict,
+    iso_accuracy_speedup,
+)
 from freeze.pipeline.report.paired import seeds_to_decide
 from freeze.pipeline.report.tables import mean_ci95
 
@@ -34,10 +40,7 @@ CONTROL_LINES = {
     "": "No control group in this setting: the statistic's calibration is not checked.",
     "passed": "The control ({control}) does not read beyond the frontier: the check passed.",
     "failed": "CALIBRATION FAILED: the control ({control}) reads beyond the frontier it lies on; no verdict stands.",
-    "warning": (
-        "WARNING: the control ({control}) reads below the frontier: timing drift, or budgets as accurate as full "
-        "fine-tuning in some seeds; 'no' readings near 1.00x may be that bias."
-    ),
+    "warning": "WARNING: the control ({control}) reads below the frontier: " + CONTROL_BELOW_REASONS + ".",
 }
 
 

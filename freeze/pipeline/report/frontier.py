@@ -119,6 +119,13 @@ class IsoSpeedup:
 
 BEYOND_FRONTIER = "yes"
 BELOW_FRONTIER = "no (below the frontier)"
+INVALID_PREFIX = "invalid: "  # every arm's verdict when a control reads beyond (invalid_verdict)
+# Why a control can read below the frontier it computes, for every place that says so (table note,
+# sentence, per-seed script): control_check's "warning".
+CONTROL_BELOW_REASONS = (
+    "timing drift, or budgets as accurate as full fine-tuning in some seeds, which lift the frontier above it; "
+    "'no' readings near 1.00x may be that bias"
+)
 
 
 def control_check(control_verdict: str) -> str:
@@ -138,7 +145,7 @@ def control_check(control_verdict: str) -> str:
 def invalid_verdict(failed_controls: list[str]) -> str:
     """The verdict every arm of a table gets when its controls (``setting/group``) read beyond."""
     noun = "control" if len(failed_controls) == 1 else "controls"
-    return f"invalid: the {noun} {', '.join(failed_controls)} read{'s' if noun == 'control' else ''} beyond"
+    return f"{INVALID_PREFIX}the {noun} {', '.join(failed_controls)} read{'s' if noun == 'control' else ''} beyond"
 
 
 def monotone_curve(times_s: np.ndarray, accuracies_pct: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

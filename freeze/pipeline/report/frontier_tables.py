@@ -25,6 +25,7 @@ import pandas as pd
 
 from freeze.pipeline.report.frontier import (
     BEYOND_MARGIN,
+    CONTROL_BELOW_REASONS,
     MIN_VERDICT_SEEDS,
     IsoSpeedup,
     Point,
@@ -345,9 +346,8 @@ def _control_note(key: GroupKey, reading: FrontierReading) -> str:
         + {
             "failed": "CALIBRATION FAILED: it reads beyond the frontier, so no verdict in this table stands",
             "warning": (
-                "WARNING: it reads below the frontier: timing drift (its paired speedup in the paired table says "
-                "whether), or budgets as accurate as full fine-tuning in some seeds, which lift the frontier above it; "
-                "'no' readings near 1.00x here may be that bias"
+                f"WARNING: it reads below the frontier: {CONTROL_BELOW_REASONS} (its paired speedup in the paired "
+                "table says whether it drifted)"
             ),
             "passed": f"reads '{verdict}', as a calibrated statistic must",
         }[control_check(verdict)]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from freeze.pipeline.report.frontier import BELOW_FRONTIER, BEYOND_MARGIN
+from freeze.pipeline.report.frontier import BELOW_FRONTIER, BEYOND_MARGIN, CONTROL_BELOW_REASONS, INVALID_PREFIX
 
 
 def _label(row: pd.Series) -> str:
@@ -125,10 +125,10 @@ def _frontier_sentence(row: pd.Series) -> str:
     }.get(verdict, f"against the budget frontier: {verdict}")
     if verdict.startswith("undecided ("):  # the reason in parentheses: too few seeds, or a capped interval
         meaning = f"too uncertain to tell whether it beats training fewer steps ({verdict.split('(', 1)[1]}"
-    if verdict.startswith("invalid:"):  # a control read beyond the frontier: no verdict of the report stands
+    if verdict.startswith(INVALID_PREFIX):  # a control read beyond the frontier: no verdict of the report stands
         meaning = (
-            f"no verdict against the budget frontier stands ({verdict.split(': ', 1)[1]} the frontier it lies on: "
-            "the timing drifted more than the intervals say)"
+            f"no verdict against the budget frontier stands ({verdict.removeprefix(INVALID_PREFIX)} the frontier it "
+            "lies on: the timing drifted more than the intervals say)"
         )
     return f" Its iso-accuracy speedup is {iso}: {meaning}."
 
@@ -154,16 +154,13 @@ def _control_sentence(row: pd.Series) -> str:
 def _control_frontier_sentence(row: pd.Series) -> str:
     """What the control's own iso-accuracy reading says of the report's frontier verdicts."""
     verdict = str(row.get("iso_verdict", ""))
-    if verdict.startswith("invalid:"):
+    if verdict.startswith(INVALID_PREFIX):
         return (
-            f" No verdict against the budget frontier in this report stands: {verdict.split(': ', 1)[1]} the "
-            "frontier it lies on, that statistic's false positive."
+            f" No verdict against the budget frontier in this report stands: {verdict.removeprefix(INVALID_PREFIX)} "
+            "the frontier it lies on, that statistic's false positive."
         )
     if verdict == BELOW_FRONTIER:
-        return (
-            " Against the budget frontier it lies on it reads below: timing drift, or budgets as accurate as full "
-            "fine-tuning in some seeds; readings 'not beyond' near 1.00x may be that bias."
-        )
+        return f" Against the budget frontier it lies on it reads below: {CONTROL_BELOW_REASONS}."
     return ""
 
 
