@@ -727,7 +727,9 @@ def test_policy_none_groups_are_compared_within_each_study_setting():
         for dotted, value in edits.items():
             section, key = dotted.split("__")
             config.setdefault(section, {})[key] = value
-        return SimpleNamespace(group=group, setting=setting, is_complete=True, policy="none", config=config)
+        return SimpleNamespace(
+            group=group, setting=setting, is_complete=True, policy="none", config=config, from_rows=False
+        )
 
     runs = [
         *(run(g, s) for g in ("none", "control") for s in ("loopback", "cluster-1gbit")),

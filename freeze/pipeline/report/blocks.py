@@ -32,7 +32,8 @@ def _loads(run: Run) -> list[float]:
 
 
 def _machine(run: Run) -> str:
-    return f"{run.processor}, {run.hardware.get('cores', '?')} cores"
+    cores = run.hardware.get("cores")  # not in a per-seed row
+    return f"{run.processor}, {cores} cores" if cores is not None else run.processor
 
 
 def blocks_table(runs: list[Run]) -> Table:
@@ -71,8 +72,13 @@ def blocks_table(runs: list[Run]) -> Table:
     ]
     display, align = display_columns(rows, columns)
     caption = (
-        f"When each seed block ran ({len(runs)} run directories): the first run's start and the last run's end, "
+        f"When each seed block ran ({len(runs)} runs): the first run's start and the last run's end, "
         "the block's span, and the range of the machine's 1-minute load average at the runs' starts and ends "
         "(the study's own two workers account for about 2 on this machine; more is other work)."
     )
+    undated = sum(r.from_rows and not r.manifest.get("start_time") for r in runs)
+    if undated:
+        caption += (
+            f" {undated} runs read back from per-seed rows that record no times: n/a where a block has only those."
+        )
     return Table("blocks", "When and under what load each block ran", caption, pd.DataFrame(rows), display, align)

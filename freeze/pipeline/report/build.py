@@ -18,9 +18,10 @@ from freeze.pipeline.report.atlas import atlas_table
 from freeze.pipeline.report.blocks import blocks_table
 from freeze.pipeline.report.decisions import decisions_table
 from freeze.pipeline.report.frontier_tables import frontier_table, iso_speedup_table, iso_speedups, settle
-from freeze.pipeline.report.load import ReportInputError, Run, load_runs
+from freeze.pipeline.report.load import ReportInputError, Run
 from freeze.pipeline.report.paired import DEFAULT_MARGIN_POINTS, convergence_table, paired_table
 from freeze.pipeline.report.per_seed import per_seed_table
+from freeze.pipeline.report.rows import is_rows_file, load_sources
 from freeze.pipeline.report.summary import summary_table
 from freeze.pipeline.report.tables import (
     Table,
@@ -34,17 +35,24 @@ from freeze.pipeline.report.tables import (
 from freeze.pipeline.report.writers import combined_markdown, to_latex, to_markdown
 
 FORMATS = ("md", "tex", "csv", "png")
+# tables a report does not make when its runs lack what they read (build_tables): an earlier report's
+# copy in the output folder goes, or a study page would splice it as this report's
+OPTIONAL_TABLES = ("phases", "blocks")
 # the folder a report is built in before it is moved into its output folder (inside it)
 STAGING_PREFIX = ".report-building-"
 STAGING_LOCK = ".lock"  # held while its report builds
 
 
 def default_out_dir(runs_dir: str | Path) -> Path:
-    """``<runs_dir>-report``, beside the runs folder: runs/offline -> runs/offline-report.
+    """``<runs_dir>-report``, beside the runs folder: runs/offline -> runs/offline-report (a per-seed
+    CSV: report/per-seed/horizon.csv -> runs/horizon-report, where the study command writes its report,
+    not beside the committed rows).
 
     Args:
-        runs_dir: the folder of run directories the report reads.
+        runs_dir: the folder of run directories, or the per-seed CSV, the report reads.
     """
+    if is_rows_file(runs_dir):
+        return Path("runs") / f"{Path(runs_dir).stem}-report"
     runs = Path(runs_dir)
     runs = runs if runs.name else runs.resolve()  # "." has no name of its own
     return runs.with_name(f"{runs.name}-report")
@@ -62,6 +70,13 @@ def build_tables(
     iso_by_group = {key: reading.iso for key, reading in iso.items()}
     main = main_table(runs, chosen, target_fraction, margin_points, iso_by_group)
     paired = paired_table(runs, chosen, target_fraction, margin_points, iso_by_group)
+    timed = [r for r in runs if r.has_phase_times]
+    # Read back from per-seed rows older than their phase and time columns, a study has no phase times
+    # and no start times at all: those two tables are not made (a page keeps the ones its run
+    # directories gave), rather than made of n/a.
+    only_old_rows = all(r.from_rows for r in runs)
+    phases = [] if only_old_rows and not timed else [phase_table(timed, chosen, left_out=len(runs) - len(timed))]
+    when = not only_old_rows or any(r.manifest.get("start_time") for r in runs)
     return [
         summary_table(main, paired, iso),
         main,
@@ -72,9 +87,9 @@ def build_tables(
         decisions_table(runs, chosen),
         convergence_table(runs, chosen, margin_points),
         static_sweep_table(runs, chosen),
-        phase_table(runs, chosen),
+        *phases,
         incomplete_table(runs),
-        blocks_table(runs),
+        *([blocks_table(runs)] if when else []),
         per_seed_table(runs),
     ]
 
@@ -132,9 +147,9 @@ class ReportMoveError(OSError):
 
 
 def _move_in(staging: Path, out: Path, names: list[str]) -> dict[str, Path]:
-    """The built files renamed into ``out``, and an earlier report's figures this one did not draw
-    removed (they would sit beside tables that contradict them, and a study's --update-report would
-    publish them). Ctrl-C and SIGTERM wait for the last rename, so the folder holds one report or
+    """The built files renamed into ``out``, and an earlier report's figures and optional tables this
+    one did not make removed (they would sit beside tables that contradict them, and a study's
+    --update-report would publish them). Ctrl-C and SIGTERM wait for the last rename, so the folder holds one report or
     the other whole."""
     with signals_deferred((signal.SIGINT, signal.SIGTERM)):
         try:
@@ -144,6 +159,10 @@ def _move_in(staging: Path, out: Path, names: list[str]) -> dict[str, Path]:
             for stale in sorted(out.glob("*.png")):
                 if stale.name not in drawn:
                     stale.unlink()
+            for table in OPTIONAL_TABLES:
+                for stale in sorted(out.glob(f"{table}.*")):
+                    if stale.name not in drawn and stale.suffix in (".md", ".csv", ".tex"):
+                        stale.unlink()
         except OSError as exc:
             raise ReportMoveError(exc.errno, exc.strerror, exc.filename) from exc
     sync_directory(out)
@@ -187,7 +206,7 @@ def _remove_if_abandoned(folder: Path) -> None:
 
 
 def build_report(
-    runs_dir: str | Path,
+    runs_dir: str | Path | Sequence[str | Path],
     out_dir: str | Path | None = None,
     baseline: str | None = None,
     target_fraction: float = 0.95,
@@ -199,8 +218,11 @@ def build_report(
 ) -> dict[str, Path]:
     """Write every table and figure for the runs under ``runs_dir``; returns file name -> path.
 
-    ``out_dir`` defaults to :func:`default_out_dir` (``runs/<study>-report`` beside
-    ``runs/<study>``, where the study command writes too). ``extra_tables`` (e.g. the study's
+    ``runs_dir`` is a folder searched for run directories, a per-seed CSV (report/per-seed/<study>.csv:
+    the runs read back from their rows, freeze.pipeline.report.rows), or several of both: a run with
+    a directory is read from it, and rows fill in the runs that have none. ``out_dir`` defaults to
+    :func:`default_out_dir` of the first (``runs/<study>-report`` beside ``runs/<study>``, where the
+    study command writes too). ``extra_tables`` (e.g. the study's
     predicted-vs-measured table) are written after the report's own, in the same formats.
     Raises ReportInputError (one line) on bad input.
     """
@@ -212,9 +234,13 @@ def build_report(
         raise ReportInputError(f"target_fraction must be in (0, 1], got {target_fraction}")
     if not margin_points > 0:
         raise ReportInputError(f"margin_points must be > 0, got {margin_points}")
-    out = Path(out_dir) if out_dir is not None else default_out_dir(runs_dir)
+    sources = [runs_dir] if isinstance(runs_dir, (str, Path)) else list(runs_dir)
+    if not sources:
+        raise ReportInputError("no runs to report: give a folder of run directories or a per-seed CSV")
+    out = Path(out_dir) if out_dir is not None else default_out_dir(sources[0])
     _check_out_dir(out)  # before the work, not after it
-    runs, dropped = drop_duplicate_runs(load_runs(runs_dir), on_duplicate, runs_dir)
+    where = " ".join(map(str, sources))
+    runs, dropped = drop_duplicate_runs(load_sources(sources, log), on_duplicate, where)
     for old, kept in dropped:
         if log is not None:
             log(
@@ -237,7 +263,7 @@ def build_report(
         written = _move_in(staging, out, names)
     if runs and not any(run.is_complete for run in runs):
         raise ReportInputError(
-            f"none of the {len(runs)} runs under {runs_dir} is complete: no table has a result "
+            f"none of the {len(runs)} runs under {where} is complete: no table has a result "
             f"({out / 'incomplete.md'} lists each run and why)"
         )
     return written

@@ -1,6 +1,7 @@
 """Command line: ``python -m report <runs_dir>`` (console script ``freeze-report``).
 
 Example: python -m report runs/study --baseline none --formats md,png
+         python -m report report/per-seed/horizon.csv --out /tmp/horizon-report   # from committed rows
 """
 
 from __future__ import annotations
@@ -33,11 +34,18 @@ def _parser() -> argparse.ArgumentParser:
         description="Tables, figures and what they mean, from run directories. What the tables say and which "
         'rows are no finding: docs/experiments.md, "Your own ablation"; the studies: docs/study.md.',
     )
-    parser.add_argument("runs_dir", help="folder searched recursively for run directories (manifest.json)")
+    parser.add_argument(
+        "sources",
+        nargs="+",
+        metavar="runs_dir",
+        help="folder searched recursively for run directories (manifest.json), or a study's per-seed CSV "
+        "(report/per-seed/<study>.csv: its runs read back from their rows); with several, a run with a "
+        "directory is read from it and rows fill in the runs that have none",
+    )
     parser.add_argument(
         "--out",
         default=None,
-        help="output folder (default: <runs_dir>-report beside it, e.g. runs/offline -> runs/offline-report)",
+        help="output folder (default: <runs_dir>-report beside the first, e.g. runs/offline -> runs/offline-report)",
     )
     parser.add_argument(
         "--baseline", default=None, help="group to compare against (default: the group with policy none)"
@@ -93,7 +101,7 @@ def _report(argv: list[str] | None, interrupt: InterruptGuard) -> int:
         args = _parser().parse_args(argv)
         formats = tuple(f.strip() for f in args.formats.split(",") if f.strip())
         written = build_report(
-            args.runs_dir, args.out, args.baseline, args.target_fraction, formats, args.on_duplicate, log=print
+            args.sources, args.out, args.baseline, args.target_fraction, formats, args.on_duplicate, log=print
         )
     except ReportInputError as exc:
         print(f"report: error: {exc}", file=sys.stderr)

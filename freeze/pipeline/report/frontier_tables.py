@@ -34,7 +34,7 @@ from freeze.pipeline.report.frontier import (
     iso_accuracy_speedup,
 )
 from freeze.pipeline.report.load import Run
-from freeze.pipeline.report.paired import is_control
+from freeze.pipeline.report.paired import computes_like
 from freeze.pipeline.report.tables import (
     Baseline,
     Column,
@@ -243,7 +243,7 @@ class FrontierReading:
     iso: IsoSpeedup  # own frontier, or a borrowed one with its times as step fractions
     source: str
     by_time: IsoSpeedup | None = None  # a borrowed frontier with the measured time fractions
-    control: bool = False  # the group computes what the baseline computes (report.paired.is_control)
+    control: bool = False  # the group computes what the baseline computes (report.paired.computes_like)
 
     def verdict(self) -> str:
         """The verdict every table gives the arm: :meth:`reading_verdict`, or the one :func:`settle`
@@ -284,7 +284,7 @@ def iso_speedups(runs: list[Run], baseline: Baseline) -> dict[GroupKey, Frontier
             by_time = iso_accuracy_speedup(_frontier_points(groups, baseline, key, carry="time")[0], arm)
         base = {r.seed: r for r in groups.get(key._replace(group=baseline.group), [])}
         control = key.group != baseline.group and any(r.seed in base for r in members)
-        control = control and all(is_control(r.config, base[r.seed].config) for r in members if r.seed in base)
+        control = control and all(computes_like(r, base[r.seed]) for r in members if r.seed in base)
         found[key] = FrontierReading(iso, frontier[1], by_time, control)
     return found
 

@@ -28,6 +28,7 @@ from freeze.pipeline.schema import (
     METRICS_FILE,
     PHASES,
     RUN_STATUSES,
+    TRAIN_PHASES,
     EpochRecord,
     Manifest,
     field_types,
@@ -42,7 +43,7 @@ _RECORD_REQUIRED = required_fields(EpochRecord)
 # The numbers of a record, each a column of Run.metrics (phase_s and grad_norm are read apart). In
 # the frame: the epoch, the fields the report does without, then those it requires.
 _RECORD_SCALARS = tuple(k for k, kinds in _RECORD_TYPES.items() if set(kinds) <= {int, float, type(None)})
-_METRIC_COLUMNS = (
+METRIC_COLUMNS = (
     "epoch",
     *(k for k in _RECORD_SCALARS if k not in _RECORD_REQUIRED),
     *(k for k in _RECORD_SCALARS if k in _RECORD_REQUIRED and k != "epoch"),
@@ -69,6 +70,29 @@ class Run:
     # (optimizer step, boundary after it) of every boundary change, in order (metrics.jsonl's
     # boundary_steps); () without changes, and in run directories older than that key
     boundary_steps: tuple[tuple[int, int], ...] = ()
+    # the per-seed CSV this run was read back from (freeze.pipeline.report.rows), None for a run
+    # directory: such a run has no bytes, phase times or per-block eta (NaN)
+    rows_file: Path | None = None
+
+    @property
+    def from_rows(self) -> bool:
+        return self.rows_file is not None
+
+    @property
+    def recorded_config(self) -> dict:
+        """The config fields a per-seed row records (freeze.pipeline.report.rows): what a run is compared
+        on when it, or the run it is compared with, was read back from a row."""
+        return {
+            "freeze": {"policy": self.policy, "comm_hook": self.comm_hook},
+            "train": {"budget_fraction": self.budget_fraction},
+        }
+
+    @property
+    def has_phase_times(self) -> bool:
+        """Whether every epoch recorded its training phases' seconds (rows written before they carried
+        them: no)."""
+        columns = [f"phase_{phase}_s" for phase in TRAIN_PHASES]
+        return bool(np.isfinite(self.metrics[columns].to_numpy(dtype=float)).all())
 
     @property
     def final_step(self) -> float:
@@ -279,7 +303,7 @@ def read_metrics(
             boundary_steps += _boundary_steps(record, f"{path}:{line_no}")
             rows.append(row)
             eta_rows.append(eta)
-    columns = [*_METRIC_COLUMNS, *(f"phase_{name}_s" for name in PHASES)]
+    columns = [*METRIC_COLUMNS, *(f"phase_{name}_s" for name in PHASES)]
     frame = pd.DataFrame(rows, columns=columns).astype(float).astype({"epoch": int})
     eta = np.array(eta_rows, dtype=float).reshape(len(eta_rows), n_blocks)
     return frame, eta, tuple(probes), tuple(boundary_steps)

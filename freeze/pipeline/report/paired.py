@@ -79,6 +79,14 @@ def _computation(config: dict) -> dict:
     }
 
 
+def computes_like(run: Run, baseline: Run) -> bool:
+    """:func:`is_control` for two runs: their resolved configs, or where either was read back from a
+    per-seed row, the fields a row records (policy, hook, budget: ``Run.recorded_config``)."""
+    if run.from_rows or baseline.from_rows:
+        return run.recorded_config == baseline.recorded_config
+    return is_control(run.config, baseline.config)
+
+
 def is_control(run_config: dict, baseline_config: dict) -> bool:
     """Does a run compute exactly what its baseline run computes (its timing then measures the machine)?
 
@@ -185,7 +193,7 @@ def paired_row(members: list[Run], base: list[Run], target_fraction: float, marg
         "ttt_speedup_high": ttt_high,
         "arm_train_min": float(np.mean([train_wall_s(r) for r, _ in timed_pairs])) / 60 if timed_pairs else math.nan,
         "base_train_min": float(np.mean([train_wall_s(b) for _, b in timed_pairs])) / 60 if timed_pairs else math.nan,
-        "control": bool(pairs) and all(is_control(r.config, b.config) for r, b in pairs),
+        "control": bool(pairs) and all(computes_like(r, b) for r, b in pairs),
         # the seeds left out of the time ratios, each with both runs' hardware
         "mixed_timing": "; ".join(
             f"seed {r.seed} ({r.timing_kind} / {b.timing_kind})" for r, b in pairs if not r.timed_like(b)

@@ -4,7 +4,10 @@ A study's run directories are not committed (they hold checkpoints and weights);
 ``report/per-seed/<study>.csv`` (the study command's ``--update-report``), so that a reader can
 recompute a paired difference, a speedup, an iso-accuracy ratio or a freeze step without ``runs/``.
 Lists inside a cell are ``;``-separated: per epoch, and per boundary change (``step:k``) and probe
-(``train s:val acc``) in the order they happened.
+(``train s:val acc``) in the order they happened. The rows are also a report's input when the run
+directories are gone (freeze.pipeline.report.rows): what the main, phase and blocks tables read (bytes
+on the wire, peak memory, mean phase seconds per epoch, when the run started and ended and the load
+then) is in them too.
 """
 
 from __future__ import annotations
@@ -15,6 +18,18 @@ import pandas as pd
 
 from freeze.pipeline.report.load import Run
 from freeze.pipeline.report.tables import Column, Table, display_columns, final_test_acc, fmt_number, train_wall_s
+from freeze.pipeline.schema import TRAIN_PHASES
+
+# manifest fields a row carries as they are, with their kinds: when and under what load a run ran (the
+# blocks table's), its classes and test images (the report's at-chance check)
+MANIFEST_COLUMNS = {
+    "start_time": str,
+    "end_time": str,
+    "load_avg_1min_start": float,
+    "load_avg_1min_end": float,
+    "num_classes": int,
+    "test_images": int,
+}
 
 CAPTION = (
     "Every complete run, one row per seed and arm: final-epoch test and validation accuracy (never the best "
@@ -63,10 +78,21 @@ def _row(run: Run) -> dict:
         "boundary_steps": ";".join(f"{step}:{k}" for step, k in run.boundary_steps),
         "boundary_per_epoch": ";".join(_number(k) for k in metrics["boundary"]),
         "val_acc_per_epoch": ";".join(_number(v) for v in metrics["val_acc"]),
+        "frozen_fraction_per_epoch": ";".join(_number(v) for v in metrics["frozen_param_fraction"]),
         "train_s_per_epoch": ";".join(_number(v) for v in metrics["cumulative_wall_s"]),
         "probes": ";".join(f"{_number(s)}:{_number(acc)}" for s, acc in run.probes),
         "timed_on": run.timing_kind,
+        "allreduce_bytes": float(metrics["allreduce_bytes"].sum(min_count=1)),
+        "peak_memory_bytes": float(metrics["peak_memory_bytes"].max()),
+        # mean seconds per epoch, as the phase table reads them
+        **{f"phase_{phase}_s": float(metrics[f"phase_{phase}_s"].mean()) for phase in TRAIN_PHASES},
+        **{key: _manifest_value(run.manifest.get(key)) for key in MANIFEST_COLUMNS},
+        "machine_cores": _manifest_value(run.hardware.get("cores")),  # the blocks table's machine
     }
+
+
+def _manifest_value(value: object) -> object:
+    return value if isinstance(value, (str, int, float)) and not isinstance(value, bool) else ""
 
 
 def _number(value: object) -> str:

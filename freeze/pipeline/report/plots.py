@@ -304,15 +304,20 @@ def write_plots(
         plot_accuracy_vs_epoch(groups, out_dir / "accuracy_vs_epoch.png"),
         plot_accuracy_vs_time(groups, out_dir / "accuracy_vs_time.png"),
         plot_freeze_boundary(groups, out_dir / "freeze_boundary.png"),
-        plot_phase_times(groups, out_dir / "phase_times.png"),
     ]
+    # runs read back from per-seed rows older than their phase columns have no phase times
+    timed = complete_groups([r for r in runs if r.has_phase_times])
+    if timed:
+        paths.append(plot_phase_times(timed, out_dir / "phase_times.png"))
     paired = next((t for t in tables if t.name == "paired"), None)
     if paired is not None and len(paired.data):  # the frontier's budget rows are in it too
         paths.append(plot_pareto(paired.data, margin_points, out_dir / "pareto.png"))
     for key, members in groups.items():
         # Runs record summed-gradient norms only when their policy reads them (or when
-        # freeze.track_summed_grads is set); an all-undefined heatmap would say nothing.
-        if np.isfinite(members[0].eta).any():
+        # freeze.track_summed_grads is set); an all-undefined heatmap would say nothing. The first
+        # seed that has them (runs read back from per-seed rows have no eta).
+        drawn = next((r for r in members if np.isfinite(r.eta).any()), None)
+        if drawn is not None:
             name = f"eta_{_slug(group_label(key))}_ws{key.world_size}.png"
-            paths.append(plot_eta_heatmap(key, members[0], out_dir / name))
+            paths.append(plot_eta_heatmap(key, drawn, out_dir / name))
     return {p.name: p for p in paths}

@@ -170,6 +170,8 @@ def _default_policy_none_group(runs: list[Run], candidates: list[str]) -> str:
     if len(candidates) == 1:
         return candidates[0]
     defaults = _flat_config(tomllib.loads(config_to_toml(load_config(None, check_files=False))))
+    # runs read back from per-seed rows record only some fields: then every group is compared on those
+    recorded = any(r.from_rows for r in runs if r.group in candidates)
     differing: set[str] = set()
     off_defaults: set[str] = set()  # groups with a non-default value where the groups of a setting differ
     computations: dict[str, set[str]] = {}  # group -> its configs, one per setting
@@ -178,7 +180,7 @@ def _default_policy_none_group(runs: list[Run], candidates: list[str]) -> str:
         for group in candidates:
             run = next((r for r in runs if r.group == group and r.setting == setting and r.is_complete), None)
             if run is not None:
-                configs[group] = _flat_config(run.config)
+                configs[group] = _flat_config(run.recorded_config if recorded else run.config)
         keys = sorted({k for c in configs.values() for k in c})
         value = {g: {k: c.get(k, defaults.get(k)) for k in keys} for g, c in configs.items()}  # absent: default
         here = [k for k in keys if len({repr(v[k]) for v in value.values()}) > 1]
@@ -236,7 +238,11 @@ def froze_nothing(members: list[Run]) -> bool:
     the policy. Policy none is excluded: freezing nothing is what it is for."""
     if split_policy_spec(members[0].policy)[0] == "none":
         return False
-    return all(float(r.metrics["frozen_param_fraction"].sum()) == 0.0 for r in members)
+    # an unknown fraction (a run read back from a per-seed row older than that column) is no zero
+    return all(
+        r.metrics["frozen_param_fraction"].notna().all() and float(r.metrics["frozen_param_fraction"].sum()) == 0.0
+        for r in members
+    )
 
 
 def chance_note(group: str, members: list[Run]) -> str:
@@ -348,8 +354,8 @@ def paired_speedups(members: list[Run], base: list[Run]) -> list[float]:
 
 
 def _per_run_mean(runs: list[Run], column: str) -> float:
-    """Mean over seeds of each run's mean over epochs."""
-    return float(np.mean([r.metrics[column].mean() for r in runs])) if runs else math.nan
+    """Mean over seeds of each run's mean over epochs (NaN where an epoch's value is unknown)."""
+    return float(np.mean([r.metrics[column].mean(skipna=False) for r in runs])) if runs else math.nan
 
 
 def _ratio(numerator: float, denominator: float) -> float:
@@ -486,7 +492,8 @@ def _main_row(members: list[Run]) -> dict:
         "test_acc_mean": acc_mean,
         "test_acc_ci95": acc_half,
         "wall_min": float(np.mean([train_wall_s(r) for r in members])) / 60,
-        "allreduce_gb": float(np.mean([r.metrics["allreduce_bytes"].sum() / 1e9 for r in members])),
+        # a row read back holds the run's total in its last epoch; an older row none (NaN, not 0)
+        "allreduce_gb": float(np.mean([r.metrics["allreduce_bytes"].sum(min_count=1) / 1e9 for r in members])),
         "frozen_fraction": _per_run_mean(members, "frozen_param_fraction"),
         # the process's peak over the whole run (older run directories did not record it: NaN)
         "peak_memory_mb": float(np.mean([r.metrics["peak_memory_bytes"].max() for r in members])) / 1e6,
@@ -659,7 +666,9 @@ def static_sweep_table(runs: list[Run], baseline: Baseline) -> Table:
     )
 
 
-def phase_table(runs: list[Run], baseline: Baseline) -> Table:
+def phase_table(runs: list[Run], baseline: Baseline, left_out: int = 0) -> Table:
+    """Mean phase times per group. ``left_out``: how many runs without phase times (read back from
+    per-seed rows older than those columns) the caller left out, said in the caption."""
     groups = complete_groups(runs)
     rows = []
     for key, members in groups.items():
@@ -693,6 +702,11 @@ def phase_table(runs: list[Run], baseline: Baseline) -> Table:
         f"Mean per-epoch phase times in seconds over {sum(map(len, groups.values()))} complete runs; backward includes "
         f"communication; total is epoch_wall_s (no eval){vs}."
     )
+    if left_out:
+        caption += (
+            f" Not in it: {left_out} runs read back from per-seed rows that record no phase times "
+            "(their training seconds are in the main and paired tables)."
+        )
     return Table("phases", "Phase times per epoch", caption, pd.DataFrame(rows), display, align, (baseline.note,))
 
 

@@ -5,6 +5,8 @@ time (opt-in: ``[study] predict = true``, freeze.pipeline.study.predict), then t
     python -m experiments.study --config experiments/configs/study_offline.toml        # = make study
     python -m experiments.study --config experiments/configs/study_fdsl32.toml --seeds 0   # one seed block
     python -m experiments.study --config experiments/configs/study_fdsl32.toml --update-report  # = make study-full
+    python -m experiments.study --config experiments/configs/study_horizon.toml --from-rows --update-report
+        # the page regenerated from its committed per-seed rows, running only what they lack
 
 The study file's format is in :mod:`freeze.pipeline.study.plan`. Re-running resumes: complete runs
 are skipped, interrupted ones continue from their checkpoints, and the search's choice is recomputed
@@ -23,6 +25,7 @@ from typing import NamedTuple
 from freeze._atomic import atomic_write_bytes, atomic_write_text
 from freeze.pipeline import markdown
 from freeze.pipeline.config import ConfigError
+from freeze.pipeline.study.committed_rows import check_from_rows, has_run_dirs, per_seed_path, still_to_run
 from freeze.pipeline.study.plan import (
     StudyFile,
     main_specs,
@@ -151,6 +154,13 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="splice the tables into the study's report_md (e.g. report/frontier-study.md), copy its figures and commit its per-seed rows (report/per-seed/<study>.csv)",
     )
+    parser.add_argument(
+        "--from-rows",
+        action="store_true",
+        help="read every run that has no directory under the out dir from the study's committed per-seed rows "
+        "(report/per-seed/<study>.csv, and the shorter horizon's) and do not run it again: a study finished on "
+        "another machine, or its page regenerated on a fresh clone without training",
+    )
     return parser
 
 
@@ -168,7 +178,10 @@ def _print_plan(study: StudyFile, pretrain: list[RunSpec], search: list[RunSpec]
     print(f"{len(pretrain)} pretraining, {len(search)} search and {len(grid)} study runs")
 
 
-def _publish(study: StudyFile, report_dir: Path) -> None:
+def _publish(study: StudyFile, report_dir: Path, from_rows: bool = False) -> None:
+    """Splice the tables into report_md, copy the figures, commit the per-seed rows. ``from_rows``: the
+    report read runs back from committed rows, which cannot draw every figure (eta, phase times): the
+    figures it did not draw stay, drawn from the directories of the same runs."""
     report_md = Path(study.report_md)
     names = splice_tables(report_md, report_dir, not_run_tables(study))
     figures = report_md.parent / "figures" / study.name
@@ -176,10 +189,13 @@ def _publish(study: StudyFile, report_dir: Path) -> None:
     current = sorted(report_dir.glob("*.png"))
     for path in current:
         atomic_write_bytes(figures / path.name, path.read_bytes())
-    for stale in sorted(set(figures.glob("*.png")) - {figures / p.name for p in current}):
+    undrawn = sorted(set(figures.glob("*.png")) - {figures / p.name for p in current})
+    for stale in [] if from_rows else undrawn:
         stale.unlink()  # an earlier report's figure this one did not draw
+    if from_rows and undrawn:
+        print(f"== kept {len(undrawn)} figures in {figures} that the per-seed rows cannot draw (eta, phase times)")
     # the runs' own numbers, committed beside the report (runs/ is not): every paired number recomputes
-    per_seed = report_md.parent / "per-seed" / f"{study.name}.csv"
+    per_seed = per_seed_path(study)
     per_seed.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(per_seed, (report_dir / "per_seed.csv").read_bytes())
     print(
@@ -208,6 +224,7 @@ class _Plan(NamedTuple):
     pretrain: list[RunSpec]
     search: list[RunSpec]
     grid: list[RunSpec]  # with placeholder choices for the searched arms until the search has chosen
+    rows: Path | None  # --from-rows: the committed per-seed rows that stand in for missing run directories
 
 
 class _Searched(NamedTuple):
@@ -243,14 +260,18 @@ def _main(argv: list[str] | None) -> int:
         if searched is None:
             return _stopped_after_stage(plan)
         grid = searched.grid
-    ok = run_stage("study grid (interleaved per seed)", grid, eta, plan.executor, "grid")
+    if grid or plan.rows is None:
+        ok = run_stage("study grid (interleaved per seed)", grid, eta, plan.executor, "grid")
+    else:
+        print(f"== study grid: every run is in a run directory or in {plan.rows} (--from-rows): nothing to run")
+        ok = True
     if not ok and _emit_only(plan):
         return _stopped_after_stage(plan)
 
     runs_dir = Path(plan.out_dir) / study.name
     report_dir = runs_dir.parent / f"{study.name}-report"
-    written = _report(study, runs_dir, report_dir, searched)
-    if written is None or not _conclude(study, report_dir, args.update_report):
+    written = _report(study, runs_dir, report_dir, searched, plan.rows)
+    if written is None or not _conclude(study, report_dir, args.update_report, plan.rows is not None):
         return 1
     print(f"== study wall time {time.perf_counter() - start_s:.0f} s ({len(written)} report files)")
     return 0 if ok else 1
@@ -286,10 +307,15 @@ def _plan(args: argparse.Namespace) -> _Plan:
     if study.search:
         placeholder = study.search.choices_for(placeholder)
     grid = main_specs(study, placeholder, out_dir, weights)  # validates every run's config up front
+    rows = check_from_rows(study) if args.from_rows else None
+    if rows is not None:
+        grid = still_to_run(grid, rows)
+        pretrain = pretrain if grid else []  # the weights only the runs still to run would load
     executor = executor_from_args(args)
-    if not args.dry_run:  # a dry run lists names for other machines: this one's hardware is moot
+    # a dry run lists names for other machines: this one's hardware is moot; so with nothing to run
+    if not args.dry_run and (pretrain or search or grid):
         executor.check(pretrain + search + grid)
-    return _Plan(executor, study, out_dir, weights, pretrain, search, grid)
+    return _Plan(executor, study, out_dir, weights, pretrain, search, grid, rows)
 
 
 def _emit_only(plan: _Plan) -> bool:
@@ -328,22 +354,27 @@ def _search(plan: _Plan, eta: WorkEta) -> _Searched | None:
     return _Searched(grid, search_md, candidates, base_val)
 
 
-def _horizons(study: StudyFile, runs_dir: Path):
+def _horizons(study: StudyFile, runs_dir: Path, sources: list[Path], from_rows: bool):
     """The horizons table: this study's arms against the same arms of ``study.shorter_horizon``,
-    whose run directories sit beside this study's."""
+    whose run directories sit beside this study's (with ``from_rows``, and its committed rows)."""
     from freeze.pipeline.report import ReportInputError
     from freeze.pipeline.report.horizons import horizons_table
-    from freeze.pipeline.report.load import load_runs
+    from freeze.pipeline.report.rows import load_sources
 
     shorter_dir = runs_dir.parent / study.shorter_horizon
-    if not shorter_dir.is_dir():
+    shorter_rows = per_seed_path(study, study.shorter_horizon)
+    shorter = [shorter_dir] if has_run_dirs(shorter_dir) else []
+    if from_rows and shorter_rows.is_file():
+        shorter.append(shorter_rows)
+    if not shorter:
         raise ReportInputError(
-            f"shorter_horizon: {shorter_dir} is not a folder of runs; run that study first (its runs beside this one's)"
+            f"shorter_horizon: {shorter_dir} is not a folder of runs; run that study first (its runs beside "
+            "this one's), or read its committed rows with --from-rows"
         )
-    print(f"== horizons: {shorter_dir} against {runs_dir}", flush=True)
+    print(f"== horizons: {' '.join(map(str, shorter))} against {' '.join(map(str, sources))}", flush=True)
     return horizons_table(
-        load_runs(shorter_dir),
-        load_runs(runs_dir),
+        load_sources(shorter),
+        load_sources(sources),
         study.shorter_horizon,
         study.name,
         study.target_fraction,
@@ -351,10 +382,12 @@ def _horizons(study: StudyFile, runs_dir: Path):
     )
 
 
-def _report(study: StudyFile, runs_dir: Path, report_dir: Path, searched: _Searched | None) -> dict[str, Path] | None:
-    """Build the report from the run directories (with the cost model's table when the study asks),
-    write the search's table, print the main tables. Returns the files written; None: the report
-    could not be built (said on stderr)."""
+def _report(
+    study: StudyFile, runs_dir: Path, report_dir: Path, searched: _Searched | None, rows: Path | None = None
+) -> dict[str, Path] | None:
+    """Build the report from the run directories, and ``rows`` for the runs that have none (with the
+    cost model's table when the study asks), write the search's table, print the main tables. Returns
+    the files written; None: the report could not be built (said on stderr)."""
     # The report reads run directories only; imported here so a dry run never pays for pandas.
     from freeze.pipeline.report import ReportInputError, build_report
     from freeze.pipeline.report.load import load_runs
@@ -368,12 +401,16 @@ def _report(study: StudyFile, runs_dir: Path, report_dir: Path, searched: _Searc
 
             print("== cost model: predicted training time of every complete study run", flush=True)
             extra.append(predict_study(runs_dir))
+        # the run directories first; with --from-rows the committed rows fill in (all of them when runs/ is gone)
+        sources = [runs_dir] if rows is None or has_run_dirs(runs_dir) else []
+        sources += [rows] if rows is not None else []
         if study.shorter_horizon:
-            extra.append(_horizons(study, runs_dir))
+            extra.append(_horizons(study, runs_dir, sources, rows is not None))
         written = build_report(
-            runs_dir,
+            sources,
             report_dir,
             target_fraction=study.target_fraction,
+            log=print,
             margin_points=study.margin_points,
             extra_tables=extra,
         )
@@ -390,7 +427,7 @@ def _report(study: StudyFile, runs_dir: Path, report_dir: Path, searched: _Searc
     return written
 
 
-def _conclude(study: StudyFile, report_dir: Path, update_report: bool) -> bool:
+def _conclude(study: StudyFile, report_dir: Path, update_report: bool, from_rows: bool = False) -> bool:
     """What the report means, and with --update-report the study's report_md regenerated. False:
     report_md's spans changed during the study (said on stderr)."""
     from freeze.pipeline.report.verdict import verdict_lines
@@ -398,7 +435,7 @@ def _conclude(study: StudyFile, report_dir: Path, update_report: bool) -> bool:
     meaning = verdict_lines(report_dir, study.margin_points)
     if update_report:
         try:
-            _publish(study, report_dir)
+            _publish(study, report_dir, from_rows)
         except markdown.MarkerError as e:  # the file changed during the study
             print(f"error: {e}", file=sys.stderr)
             return False
