@@ -88,7 +88,10 @@ WORKLOADS = {
 }
 WORKLOAD_LIMIT_S = 90
 ANNEAL_CONFIG = ROOT / "experiments/configs/study_anneal_gpu.toml"
-ANNEAL_LIMIT_S = 540  # within one device call of 10 minutes: one seed block took 350 s on an H200
+ANNEAL_LIMIT_S = 540  # within one device call of 10 minutes: one seed block took 350 s on an H200, its runs in turn
+# A block's 4 runs side by side on the one GPU, each on its own 4 of the 16 cores: its steps are bound by
+# the host's kernel launches (8-15 ms a step, the GPU mostly idle), and the contrast is read for accuracy
+ANNEAL_SIDE_BY_SIDE = 4
 ANNEAL_CONTRASTS = (("anneal-k9-t0.5", "at-k9-t0.5"), ("anneal-k9-t0.5", "budget-0.5"), ("at-k9-t0.5", "budget-0.5"),
                     ("none", "budget-0.5"))  # fmt: skip
 WORKLOAD_APPROACHES = ("freeze_engine", "static_limit", "freeze_engine_cache")  # + prefix_forward at k >= 1
@@ -262,6 +265,7 @@ def child_anneal(
     config: Path = ANNEAL_CONFIG,
     overrides: tuple[str, ...] = (),
     earlier: Path = ROOT / "report" / "gpu" / "anneal_gpu.csv",
+    side_by_side: int = ANNEAL_SIDE_BY_SIDE,
 ) -> int:
     """The annealing contrast's seed blocks one after another, each a study call of its own whose
     report covers every complete run so far: its per-seed rows go to ``out/anneal_gpu.csv`` after
@@ -274,6 +278,7 @@ def child_anneal(
         config: the study file (a test's tiny CPU variant).
         overrides: applied to every run after the study file's (a test's).
         earlier: the rows of earlier device windows (the committed file), kept beside this window's.
+        side_by_side: a block's runs at once, sharing the GPU (1: one after another, as a CPU test runs).
     """
     missing = [name for name in ("pandas", "scipy", "matplotlib") if importlib.util.find_spec(name) is None]
     if missing:  # the study's report needs them; the device's python had them when last listed
@@ -281,6 +286,8 @@ def child_anneal(
         return 2
     runs = work / "anneal-runs"
     study = [sys.executable, "-m", "experiments.study", "--config", str(config), "--out-dir", str(runs)]
+    if side_by_side > 1:
+        study += ["--executor", "local", "--parallel", str(side_by_side), "--share-gpus"]
     name = tomllib.loads(config.read_text(encoding="utf-8"))["study"]["name"]
     failed = 0
     for seed in seeds:
@@ -649,8 +656,8 @@ def get_args_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--anneal-seeds",
         default="0,1",
-        help="the annealing contrast's seed blocks, in order (default 0,1; one took 350 s on an H200, so a "
-        "window finishes one: name the next, seed 0 ran)",
+        help="the annealing contrast's seed blocks, in order (default 0,1; seed 0 ran on 2026-11-29: make "
+        "gpu-anneal names the next)",
     )
     p.add_argument("--child", choices=("sync", "bench", "workload", "anneal"), help=argparse.SUPPRESS)
     p.add_argument("--workload", choices=tuple(WORKLOADS), help=argparse.SUPPRESS)

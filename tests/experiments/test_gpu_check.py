@@ -191,11 +191,17 @@ def test_the_annealing_contrast_copies_its_rows_out_after_each_seed_block(tmp_pa
     first, second = tmp_path / "window1", tmp_path / "window2"  # each device window: a fresh machine
     first.mkdir()
     second.mkdir()
-    assert gc.child_anneal(first, tmp_path / "work1", (0,), config=tiny, earlier=tmp_path / "none.csv") == 0
+    # the first window's block side by side (as on the GPU, here on the 2 cores), the second's in turn
+    work = tmp_path / "work1"
+    two = min(2, len(os.sched_getaffinity(0)))
+    assert gc.child_anneal(first, work, (0,), config=tiny, earlier=tmp_path / "none.csv", side_by_side=two) == 0
+    assert (
+        two == 1 or "2 runs side by side" in (work / "anneal-runs" / "anneal-tiny-report" / "per_seed.csv").read_text()
+    )
     assert {r["seed"] for r in gc._read_csv(first / "anneal_gpu.csv")} == {"0"}
     committed = tmp_path / "committed.csv"  # what the first window's rows became in the repository
     committed.write_bytes((first / "anneal_gpu.csv").read_bytes())
-    assert gc.child_anneal(second, tmp_path / "work2", (1,), config=tiny, earlier=committed) == 0
+    assert gc.child_anneal(second, tmp_path / "work2", (1,), config=tiny, earlier=committed, side_by_side=1) == 0
     out = second
     rows = gc._read_csv(out / "anneal_gpu.csv")
     assert sorted((r["group"], r["seed"]) for r in rows) == sorted(

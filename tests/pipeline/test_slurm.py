@@ -288,10 +288,13 @@ def _args(*argv):
 def test_executor_flags_that_do_not_fit_are_one_line():
     assert isinstance(executor_from_args(_args()), SerialExecutor)
     assert executor_from_args(_args("--executor", "local", "--parallel", "2")) == LocalExecutor(2)
+    shared = executor_from_args(_args("--executor", "local", "--parallel", "4", "--share-gpus"))
+    assert shared == LocalExecutor(4, share_gpus=True)
     slurm = executor_from_args(_args("--executor", "slurm", "--slurm", "partition=gpu", "--emit-sbatch"))
     assert slurm.options.partition == "gpu" and slurm.emit_only
     for argv, message in (
         (("--parallel", "2"), "--parallel is an option of --executor local"),
+        (("--share-gpus",), "--share-gpus is an option of --executor local"),
         (("--slurm", "time=5"), "--slurm is an option of --executor slurm"),
         (("--emit-sbatch",), "--emit-sbatch is an option of --executor slurm"),
         (("--executor", "local"), "--executor local needs --parallel N"),
@@ -313,8 +316,13 @@ def test_slots_give_each_run_its_own_cores_and_gpus(monkeypatch):
     }
     with pytest.raises(ConfigError, match="--parallel 3: each run needs its own cores and this process may use 2"):
         plan_slots(3, [0, 1], gpus=[], gpus_per_run=0)
-    with pytest.raises(ConfigError, match="3 runs x dist.nproc=2 GPUs each need 6, and 4 are visible"):
+    with pytest.raises(ConfigError, match="3 runs x dist.nproc=2 GPUs each need 6, and 4 are visible .--share-gpus"):
         plan_slots(3, list(range(8)), gpus=["0", "1", "2", "3"], gpus_per_run=2)
+    # shared: every run on the same first GPU(s), each on its own cores (the 10x annealing contrast's 4 arms)
+    shared = plan_slots(4, list(range(16)), gpus=["0"], gpus_per_run=1, share_gpus=True)
+    assert [s.gpus for s in shared] == [("0",)] * 4 and [s.cores for s in shared][3] == (12, 13, 14, 15)
+    with pytest.raises(ConfigError, match="--parallel 2 --share-gpus: the runs share dist.nproc=2 GPUs, and 1 are"):
+        plan_slots(2, list(range(4)), gpus=["0"], gpus_per_run=2, share_gpus=True)
     # inside an allocation (or on a shared box) this process sees GPUs 4-7: a child's list names those
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
     assert visible_gpus(4) == ["4", "5", "6", "7"]

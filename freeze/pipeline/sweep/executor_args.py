@@ -25,6 +25,13 @@ def add_executor_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument("--parallel", type=int, default=None, help="local: runs side by side")
     group.add_argument(
+        "--share-gpus",
+        action="store_true",
+        help="local: the runs side by side share the visible GPUs instead of each owning its own (for studies "
+        "read for accuracy: steps bound by kernel launches run about as fast side by side; their times are "
+        "recorded as side by side and pair only with runs that shared alike)",
+    )
+    group.add_argument(
         "--slurm",
         action="append",
         default=None,
@@ -41,14 +48,16 @@ def add_executor_arguments(parser: argparse.ArgumentParser) -> None:
 
 def executor_from_args(args: argparse.Namespace) -> Executor:
     """The executor the command line asks for; SweepError (one line) for flags that do not fit it."""
-    if args.executor != "local" and args.parallel is not None:
-        raise SweepError("--parallel is an option of --executor local")
+    if args.executor != "local" and (args.parallel is not None or args.share_gpus):
+        raise SweepError(
+            f"{'--parallel' if args.parallel is not None else '--share-gpus'} is an option of --executor local"
+        )
     if args.executor != "slurm" and (args.slurm or args.emit_sbatch):
         raise SweepError(f"{'--slurm' if args.slurm else '--emit-sbatch'} is an option of --executor slurm")
     if args.executor == "local":
         if args.parallel is None or args.parallel < 1:
             raise SweepError("--executor local needs --parallel N (N >= 1 runs side by side)")
-        return LocalExecutor(args.parallel)
+        return LocalExecutor(args.parallel, share_gpus=args.share_gpus)
     if args.executor == "slurm":
         try:
             return SlurmExecutor(parse_slurm_options(args.slurm), emit_only=args.emit_sbatch)

@@ -1,5 +1,6 @@
 """Runs side by side on one machine (``--executor local --parallel N``), each on its own cores and,
-on CUDA, its own GPUs, each in its own task process (:mod:`freeze.pipeline.sweep.task`, as on SLURM).
+on CUDA, its own GPUs (or, with ``--share-gpus``, all of them sharing the same ones), each in its own
+task process (:mod:`freeze.pipeline.sweep.task`, as on SLURM).
 
 Runs start in the stage's order, so a study's interleaving of arms within a seed block is kept. A
 run's times compare with another's only when each owned its devices: the manifests record how many
@@ -55,19 +56,28 @@ def visible_gpus(count: int) -> list[str]:
     return listed[:count] if listed else [str(i) for i in range(count)]
 
 
-def plan_slots(parallel: int, cores: list[int], gpus: list[str], gpus_per_run: int) -> list[Slot]:
+def plan_slots(
+    parallel: int, cores: list[int], gpus: list[str], gpus_per_run: int, share_gpus: bool = False
+) -> list[Slot]:
     """``parallel`` slots, each with its own cores (an equal share, disjoint) and ``gpus_per_run`` of
-    ``gpus``. ConfigError when the machine cannot give every run its own."""
+    ``gpus``: its own, or with ``share_gpus`` the first ``gpus_per_run`` for every slot. ConfigError
+    when the machine cannot give every run what it needs."""
     if len(cores) < parallel:
         raise ConfigError(f"--parallel {parallel}: each run needs its own cores and this process may use {len(cores)}")
-    if gpus_per_run and parallel * gpus_per_run > len(gpus):
+    if gpus_per_run and share_gpus and gpus_per_run > len(gpus):
+        raise ConfigError(
+            f"--parallel {parallel} --share-gpus: the runs share dist.nproc={gpus_per_run} GPUs, and {len(gpus)} are visible"
+        )
+    if gpus_per_run and not share_gpus and parallel * gpus_per_run > len(gpus):
         raise ConfigError(
             f"--parallel {parallel}: {parallel} runs x dist.nproc={gpus_per_run} GPUs each need "
-            f"{parallel * gpus_per_run}, and {len(gpus)} are visible"
+            f"{parallel * gpus_per_run}, and {len(gpus)} are visible (--share-gpus: the runs share the visible "
+            "GPUs, for studies read for accuracy)"
         )
     share = len(cores) // parallel
+    first = [0] * parallel if share_gpus else [i * gpus_per_run for i in range(parallel)]
     return [
-        Slot(tuple(cores[i * share : (i + 1) * share]), tuple(gpus[i * gpus_per_run : (i + 1) * gpus_per_run]))
+        Slot(tuple(cores[i * share : (i + 1) * share]), tuple(gpus[first[i] : first[i] + gpus_per_run]))
         for i in range(parallel)
     ]
 
@@ -75,6 +85,7 @@ def plan_slots(parallel: int, cores: list[int], gpus: list[str], gpus_per_run: i
 @dataclass(frozen=True)
 class LocalExecutor:
     parallel: int
+    share_gpus: bool = False  # every run side by side on the same GPUs (plan_slots)
 
     def check(self, specs: list[RunSpec]) -> None:
         SerialExecutor().check(specs)
@@ -89,7 +100,9 @@ class LocalExecutor:
         on_cuda = any(device_type(s.config.dist.device) == "cuda" for s in specs)
         gpus = visible_gpus(torch.cuda.device_count()) if on_cuda else []
         nproc = max(s.config.dist.nproc for s in specs)
-        return plan_slots(self.parallel, sorted(os.sched_getaffinity(0)), gpus, nproc if on_cuda else 0)
+        return plan_slots(
+            self.parallel, sorted(os.sched_getaffinity(0)), gpus, nproc if on_cuda else 0, self.share_gpus
+        )
 
     def run(self, stage_name: str, specs: list[RunSpec], eta: WorkEta | None = None, log=print) -> SweepSummary:
         stage = Stage.of(stage_name, specs)
