@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +49,9 @@ METRIC_COLUMNS = (
     *(k for k in _RECORD_SCALARS if k not in _RECORD_REQUIRED),
     *(k for k in _RECORD_SCALARS if k in _RECORD_REQUIRED and k != "epoch"),
 )
+# Run.timing_kind's words after the processor, each a number and this suffix (a run alone leaves out
+# "1 runs side by side"); timing_from_words reads them back (a run read from a per-seed row).
+_TIMING_SUFFIXES = {"cores_allowed": " cores", "runs_side_by_side": " runs side by side"}
 # A world of 0 workers or -5 planned epochs would divide by zero or count a run as complete.
 _MANIFEST_MINIMUMS = {"seed": 0, "world_size": 1, "epochs_planned": 1, "epochs_done": 0}
 
@@ -159,9 +163,9 @@ class Run:
         fields = self.timing_fields
         words = [str(fields["processor"])]
         if "cores_allowed" in fields:
-            words.append(f"{fields['cores_allowed']} cores")
+            words.append(f"{fields['cores_allowed']}{_TIMING_SUFFIXES['cores_allowed']}")
         if fields.get("runs_side_by_side", 1) != 1:
-            words.append(f"{fields['runs_side_by_side']} runs side by side")
+            words.append(f"{fields['runs_side_by_side']}{_TIMING_SUFFIXES['runs_side_by_side']}")
         return ", ".join(words)
 
     @property
@@ -211,6 +215,23 @@ class Run:
     @property
     def is_complete(self) -> bool:
         return self.incomplete_reason is None
+
+
+def timing_from_words(text: str) -> tuple[str, dict]:
+    """:attr:`Run.timing_kind`'s words back into a processor and a placement; a placement that names
+    its cores ran alone (timing_kind leaves out "1 runs side by side")."""
+    words = [w.strip() for w in text.split(", ")]
+    patterns = {key: re.compile(rf"(\d+){re.escape(suffix)}") for key, suffix in _TIMING_SUFFIXES.items()}
+    placement = {}
+    while len(words) > 1:
+        found = next(((key, m) for key, p in patterns.items() if (m := p.fullmatch(words[-1]))), None)
+        if found is None:
+            break
+        placement[found[0]] = int(found[1].group(1))
+        words.pop()
+    if "cores_allowed" in placement:
+        placement.setdefault("runs_side_by_side", 1)
+    return ", ".join(words) or "?", placement
 
 
 def load_runs(runs_dir: str | Path) -> list[Run]:

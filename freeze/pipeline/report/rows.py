@@ -26,14 +26,13 @@ peak memory in every epoch). Two properties are reconstructed rather than read:
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from freeze.pipeline.report.load import METRIC_COLUMNS, ReportInputError, Run, load_runs
+from freeze.pipeline.report.load import METRIC_COLUMNS, ReportInputError, Run, load_runs, timing_from_words
 from freeze.pipeline.report.per_seed import MANIFEST_COLUMNS
 from freeze.pipeline.schema import PHASES, TRAIN_PHASES
 
@@ -58,11 +57,6 @@ ROW_COLUMNS = (
     "train_s_per_epoch",
     "probes",
     "timed_on",
-)
-# Run.timing_kind's words after the processor, read back into the manifest's placement.
-_PLACEMENT_WORDS = (
-    ("cores_allowed", re.compile(r"(\d+) cores")),
-    ("runs_side_by_side", re.compile(r"(\d+) runs side by side")),
 )
 
 
@@ -131,7 +125,28 @@ def load_sources(sources: Iterable[str | Path], log: Callable[[str], None] | Non
 
 
 def _run(path: Path, row: dict, where: str) -> Run:
+    """One row as a complete Run: its per-epoch metrics, its manifest and the config fields it records."""
     epochs = _integer(row, "epochs", where, low=1)
+    boundary_steps = tuple(_pairs(row, "boundary_steps", where, integers=True))
+    # the fields Run.recorded_config reads (a control is compared on them when a run comes from a row)
+    config = {
+        "freeze": {"policy": row["policy"], "comm_hook": row["comm_hook"]},
+        "train": {"budget_fraction": _float(row, "budget_fraction", where)},
+    }
+    return Run(
+        run_dir=path,
+        manifest=_manifest(row, epochs, where),
+        config=config,
+        metrics=_metrics(row, epochs, boundary_steps, where),
+        eta=np.empty((epochs, 0)),
+        probes=tuple(_pairs(row, "probes", where, integers=False)),
+        boundary_steps=boundary_steps,
+        rows_file=path,
+    )
+
+
+def _metrics(row: dict, epochs: int, boundary_steps: tuple, where: str) -> pd.DataFrame:
+    """Run.metrics from a row: its per-epoch lists, its final numbers in the last epoch, NaN for the rest."""
     val = _per_epoch(row, "val_acc_per_epoch", epochs, where, low=0.0, high=1.0)
     wall = _per_epoch(row, "train_s_per_epoch", epochs, where, low=0.0)
     boundary = _per_epoch(row, "boundary_per_epoch", epochs, where, low=0.0, whole=True)
@@ -145,7 +160,6 @@ def _run(path: Path, row: dict, where: str) -> Run:
     metrics["boundary"] = boundary
     metrics["cumulative_wall_s"] = wall
     metrics["epoch_wall_s"] = np.diff(wall, prepend=0.0)
-    boundary_steps = tuple(_pairs(row, "boundary_steps", where, integers=True))
     metrics["frozen_param_fraction"] = _frozen_fraction(row, boundary, boundary_steps, where)
     # steps: "" in a row of a run directory older than the step count
     metrics.loc[epochs - 1, "step"] = _float(row, "steps", where, nullable=True, low=0.0)
@@ -154,16 +168,19 @@ def _run(path: Path, row: dict, where: str) -> Run:
     metrics["peak_memory_bytes"] = _optional(row, "peak_memory_bytes", where)
     for phase in TRAIN_PHASES:
         metrics[f"phase_{phase}_s"] = _optional(row, f"phase_{phase}_s", where)
-    metrics = metrics.astype(float).astype({"epoch": int})
-    processor, placement = _timed_on(row["timed_on"])
-    world_size = _integer(row, "world_size", where, low=1)
-    manifest = {
+    return metrics.astype(float).astype({"epoch": int})
+
+
+def _manifest(row: dict, epochs: int, where: str) -> dict:
+    """The manifest fields the report reads, as a complete run's (a row is written for complete runs only)."""
+    processor, placement = timing_from_words(row["timed_on"])
+    return {
         "run_name": row["run"],
         "group": row["group"],
         "policy": row["policy"],
         "seed": _integer(row, "seed", where, low=0),
         "setting": row["setting"],
-        "world_size": world_size,
+        "world_size": _integer(row, "world_size", where, low=1),
         "status": "complete",
         "epochs_planned": epochs,
         "epochs_done": epochs,
@@ -171,26 +188,11 @@ def _run(path: Path, row: dict, where: str) -> Run:
         "hardware": {"cpu": processor, **_cores(row, where)},
         "placement": placement,
         **{
-            key: _manifest_value(row, key, kind, where)
+            key: _manifest_cell(row, key, kind, where)
             for key, kind in MANIFEST_COLUMNS.items()
             if row.get(key, "").strip()
         },
     }
-    # the fields Run.recorded_config reads (a control is compared on them when a run comes from a row)
-    config = {
-        "freeze": {"policy": row["policy"], "comm_hook": row["comm_hook"]},
-        "train": {"budget_fraction": _float(row, "budget_fraction", where)},
-    }
-    return Run(
-        run_dir=path,
-        manifest=manifest,
-        config=config,
-        metrics=metrics,
-        eta=np.empty((epochs, 0)),
-        probes=tuple(_pairs(row, "probes", where, integers=False)),
-        boundary_steps=boundary_steps,
-        rows_file=path,
-    )
 
 
 def _cores(row: dict, where: str) -> dict:
@@ -205,24 +207,6 @@ def _frozen_fraction(row: dict, boundary: np.ndarray, changes: tuple, where: str
         return _per_epoch(row, "frozen_fraction_per_epoch", len(boundary), where, low=0.0, high=1.0)
     froze = bool(changes) or bool((boundary > 0).any())
     return np.full(len(boundary), np.nan if froze else 0.0)
-
-
-def _timed_on(text: str) -> tuple[str, dict]:
-    """Run.timing_kind's words back into a processor and a placement: timing_kind leaves out "1 runs
-    side by side", so a placement that names its cores ran alone."""
-    words = [w.strip() for w in text.split(", ")]
-    placement = {}
-    while len(words) > 1:
-        for key, pattern in _PLACEMENT_WORDS:
-            if match := pattern.fullmatch(words[-1]):
-                placement[key] = int(match.group(1))
-                words.pop()
-                break
-        else:
-            break
-    if "cores_allowed" in placement:
-        placement.setdefault("runs_side_by_side", 1)
-    return ", ".join(words) or "?", placement
 
 
 def _float(
@@ -255,7 +239,7 @@ def _optional(row: dict, column: str, where: str) -> float:
     return _float(row, column, where, nullable=True) if column in row else math.nan
 
 
-def _manifest_value(row: dict, key: str, kind: type, where: str) -> str | float | int:
+def _manifest_cell(row: dict, key: str, kind: type, where: str) -> str | float | int:
     """A time stays the text it was; a load average is a number, a count an integer >= 1."""
     if kind is str:
         return row[key]
